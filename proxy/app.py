@@ -1,0 +1,66 @@
+"""The aiohttp application: routes, error handling, lifecycle."""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from proxy import errors
+from proxy.chat import handle_chat
+from proxy.config import Config
+from proxy.forward import passthrough
+from proxy.state import ProxyState
+
+log = logging.getLogger("proxy")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error the proxy makes is OpenAI-shaped; none carries a traceback."""
+    try:
+        return await handler(request)
+    except errors.ProxyError as e:
+        return e.response()
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+        return errors.ProxyError(e.status, e.reason or "error", code=code).response()
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return errors.ProxyError(500, "The proxy failed to handle this request.", type="server_error", code="proxy_error").response()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    state: ProxyState = request.app["state"]
+    return web.json_response({"status": "ok", "store": "ok" if getattr(state.store, "healthy", True) else "down"})
+
+
+async def handle_passthrough(request: web.Request) -> web.StreamResponse:
+    state: ProxyState = request.app["state"]
+    return await passthrough(request, state.session, state.cfg.upstream, state.max_body)
+
+
+def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
+    max_body = int(cfg.server.max_body_mb * 1024 * 1024)
+    app = web.Application(
+        middlewares=[error_middleware],
+        client_max_size=max_body,
+        handler_args={"max_field_size": cfg.server.max_header_kb * 1024, "max_line_size": cfg.server.max_header_kb * 1024},
+    )
+    app["config"] = cfg
+
+    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        app["state"] = await (state_factory or ProxyState.create)(cfg)
+        yield
+        await app["state"].close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
+    return app

@@ -1,0 +1,186 @@
+"""Parsing and checking a chat completion request body (pure: bytes in, request or error out).
+
+Only the structure the proxy relies on is checked (types of the fields it reads). Semantics such as
+tool-call pairing are the upstream's to judge: the proxy forwards and lets the upstream answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError, bad_request
+from proxy.hashing import message_digest
+from proxy.tokens import REPLY_OVERHEAD, TokenCounter, encoding_name_for
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """Parse and validate; raises ProxyError(400) naming the offending field."""
+    if not raw.strip():
+        raise bad_request("Request body is empty; expected a JSON object.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"Request body is not valid JSON: {e}") from None
+    validate_chat_body(body)
+    return body
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__
+    )
+
+
+def validate_chat_body(body: Any) -> None:
+    if not isinstance(body, dict):
+        raise bad_request(f"Request body must be a JSON object, got {_type_name(body)}.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request(
+            "'model' is required and must be a non-empty string." if model is None
+            else f"'model' must be a string, got {_type_name(model)}.",
+            param="model",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise bad_request(
+            "'messages' is required." if messages is None
+            else f"'messages' must be an array, got {_type_name(messages)}.",
+            param="messages",
+        )
+    if not messages:
+        raise bad_request("'messages' must contain at least one message.", param="messages")
+    for i, msg in enumerate(messages):
+        _validate_message(msg, f"messages[{i}]")
+    for name in ("stream",):
+        if name in body and body[name] is not None and not isinstance(body[name], bool):
+            raise bad_request(f"'{name}' must be a boolean, got {_type_name(body[name])}.", param=name)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request(f"'tools' must be an array, got {_type_name(tools)}.", param="tools")
+
+
+def _validate_message(msg: Any, where: str) -> None:
+    if not isinstance(msg, dict):
+        raise bad_request(f"{where} must be an object, got {_type_name(msg)}.", param=where)
+    role = msg.get("role")
+    if not isinstance(role, str):
+        raise bad_request(f"{where}.role is required and must be a string.", param=f"{where}.role")
+    if role not in ROLES:
+        raise bad_request(
+            f"{where}.role '{role[:40]}' is not one of {sorted(ROLES - {'function'})}.", param=f"{where}.role"
+        )
+    content = msg.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise bad_request(
+            f"{where}.content must be a string, an array of content parts, or null; got {_type_name(content)}.",
+            param=f"{where}.content",
+        )
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad_request(
+                    f"{where}.content[{j}] must be an object with a string 'type'.", param=f"{where}.content[{j}]"
+                )
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.content[{j}].text must be a string.", param=f"{where}.content[{j}].text")
+    calls = msg.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad_request(f"{where}.tool_calls must be an array.", param=f"{where}.tool_calls")
+        for j, call in enumerate(calls):
+            p = f"{where}.tool_calls[{j}]"
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                raise bad_request(f"{p} must be an object with a string 'id'.", param=p)
+            fn = call.get("function")
+            if fn is not None and (
+                not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments", ""), str)
+            ):
+                raise bad_request(f"{p}.function must have a string 'name' and string 'arguments'.", param=f"{p}.function")
+    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        raise bad_request(f"{where}.tool_call_id is required for role 'tool' and must be a string.", param=f"{where}.tool_call_id")
+    if "name" in msg and msg["name"] is not None and not isinstance(msg["name"], str):
+        raise bad_request(f"{where}.name must be a string.", param=f"{where}.name")
+
+
+def leading_system_count(messages: list[dict[str, Any]]) -> int:
+    n = 0
+    for m in messages:
+        if m.get("role") not in SYSTEM_ROLES:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Conversation:
+    """A request's messages with what every later step needs: digests and token counts."""
+
+    body: dict[str, Any]
+    messages: list[dict[str, Any]]
+    digests: list[bytes]  # of the ORIGINAL messages: store keys never depend on our rewrites
+    tokens: list[int]  # of the messages as they will be forwarded (after tool-result notes)
+    tools_tokens: int
+    encoding: str
+    ratio: float
+    n_system: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_system = leading_system_count(self.messages)
+
+    @property
+    def model(self) -> str:
+        return self.body["model"]
+
+    def total(self) -> int:
+        return self.scaled(sum(self.tokens) + self.tools_tokens + REPLY_OVERHEAD)
+
+    def scaled(self, n: int) -> int:
+        return n if self.ratio == 1.0 else int(n * self.ratio)
+
+
+def analyze(body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float) -> Conversation:
+    messages = body["messages"]
+    enc = encoding or encoding_name_for(body["model"])
+    digests = [message_digest(m) for m in messages]
+    tokens = [counter.count_message(m, enc, d) for m, d in zip(messages, digests)]
+    return Conversation(
+        body=body,
+        messages=messages,
+        digests=digests,
+        tokens=tokens,
+        tools_tokens=counter.count_tools(body.get("tools"), enc),
+        encoding=enc,
+        ratio=ratio,
+    )
+
+
+def message_text(msg: dict[str, Any]) -> str:
+    """The plain text of a message's content (text parts joined)."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def latest_user_index(messages: list[dict[str, Any]]) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    return None
+
+
+def ensure_error(e: Exception) -> ProxyError:
+    return e if isinstance(e, ProxyError) else bad_request(str(e))

@@ -1,0 +1,83 @@
+"""`compaction-proxy` / `python -m proxy`: parse flags, load config, serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from proxy import __version__
+from proxy.config import Config, ConfigError, load_config
+
+log = logging.getLogger("proxy")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="compaction-proxy",
+        description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8787)")
+    p.add_argument("--upstream", metavar="URL", help="upstream base URL (default https://api.openai.com/v1)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p.parse_args(argv)
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.host is not None:
+        out.setdefault("server", {})["host"] = args.host
+    if args.port is not None:
+        out.setdefault("server", {})["port"] = args.port
+    if args.upstream is not None:
+        out.setdefault("upstream", {})["base_url"] = args.upstream
+    return out
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # Windows, or a platform without wheels: the default loop works too
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg: Config = load_config(args.config, overrides=flag_overrides(args))
+    except ConfigError as e:
+        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.server.log_level)
+    install_uvloop()
+    from proxy.app import create_app
+
+    log.info(
+        "compaction-proxy %s listening on http://%s:%d -> %s (store %s)",
+        __version__, cfg.server.host, cfg.server.port, cfg.upstream.base_url, cfg.store.url.split("@")[-1],
+    )
+    web.run_app(
+        create_app(cfg),
+        host=cfg.server.host,
+        port=cfg.server.port,
+        shutdown_timeout=cfg.server.shutdown_grace_s,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+    )
+    return 0

@@ -1,0 +1,394 @@
+"""History compaction for one request: find a stored summary, or make one, and inject it.
+
+Decisions come from the pure modules (budget, plan, inject, extract); this module adds the store,
+the summarizer calls, single-flight, and summaries prepared ahead of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.chat_request import Conversation
+from proxy.compaction import extract
+from proxy.compaction.budget import Budget
+from proxy.compaction.inject import annotation_text, inject, summary_message_text
+from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
+from proxy.compaction.record import SummaryRecord, render_summary
+from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
+from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
+from proxy.config import Config
+from proxy.hashing import hash_chain, message_digest
+from proxy.prompts import Prompts
+from proxy.singleflight import SingleFlight
+from proxy.store.base import Store
+from proxy.text import clamp_middle
+from proxy.tokens import REPLY_OVERHEAD, TokenCounter
+from proxy.upstream import SummarizerError
+
+log = logging.getLogger("proxy.compaction")
+
+MAX_EXTRA_IDENTIFIERS_CHARS = 6000
+
+
+@dataclass
+class RequestContext:
+    """What the compaction of one request needs to know about its client."""
+
+    upstream_headers: dict[str, str]  # credentials for the summarizer calls: the client's own
+    scope: str  # HMAC of the credential (+ session): the store namespace
+    focus: str | None = None
+
+
+@dataclass
+class Outcome:
+    status: str  # none | summarized | reused | failed-open
+    messages: list[dict[str, Any]] | None = None  # None: forward the messages unchanged
+    tokens_after: int | None = None
+    wait_ms: float = 0.0
+    reason: str = ""
+
+
+@dataclass
+class _View:
+    """The request as compaction sees it: the non-system messages and their chain."""
+
+    conv: Conversation
+    fwd: list[dict[str, Any]]
+    chain: list[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chain = hash_chain(self.conv.digests[self.conv.n_system:])
+
+    def chain_hex(self, covered: int) -> str:
+        return self.chain[covered].hex()
+
+
+class CompactionEngine:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        summarizer: HistorySummarizer,
+        counter: TokenCounter,
+        prompts: Prompts,
+        *,
+        clock: Any = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.summarizer = summarizer
+        self.counter = counter
+        self.prompts = prompts
+        self.clock = clock
+        self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
+        self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
+        self._queue: asyncio.Queue[tuple[str, Any]] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self.prepared_jobs = 0
+
+    # -- budgets -------------------------------------------------------------------------------
+    def budget_for(self, model: str) -> Budget:
+        c = self.cfg.compaction
+        return Budget.for_model(
+            self.cfg.model_settings(model).context_window,
+            threshold_tokens=c.threshold_tokens,
+            threshold_percent=c.threshold_percent,
+            reserve_tokens=c.reserve_tokens,
+            keep_recent_tokens=c.keep_recent_tokens,
+        )
+
+    # -- the request path ----------------------------------------------------------------------
+    async def process(
+        self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, *, budget: Budget | None = None
+    ) -> Outcome:
+        """Compact when the request exceeds its threshold (or `budget` is forced after an overflow)."""
+        forced = budget is not None
+        budget = budget or self.budget_for(conv.model)
+        total = conv.total()
+        if not forced and total <= budget.threshold:
+            self._maybe_prepare(conv, fwd, ctx, budget, total)
+            return Outcome("none")
+        view = _View(conv, fwd)
+        limit_for = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
+        # Local records first (no I/O on the common reuse path); the shared store only when no
+        # local record fits, since another replica may have made a longer one.
+        record = self._local_record(view, ctx.scope)
+        if record is None or not self._fits(view, record, ctx, limit_for(record)):
+            stored = await self._stored_record(view, ctx.scope, longer_than=record)
+            record = stored or record
+        if record is not None:
+            out = self._apply(view, record, ctx)
+            if out.tokens_after is not None and out.tokens_after <= limit_for(record):
+                if record.prepared:
+                    out.status = "summarized"  # the first request to carry a prepared summary
+                    record.prepared = False
+                    await self._save(ctx.scope, record)
+                return out
+        started = time.perf_counter()
+        try:
+            plan = self._plan(view, budget, record)
+            if plan is None:
+                return Outcome("failed-open", reason="no valid cut point")
+            new_record = await self._summary_for(view, plan, record, ctx, budget)
+        except SummarizerError as e:
+            log.warning("compaction failed open: %s", e)
+            return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
+        out = self._apply(view, new_record, ctx, clamp=plan.clamp)
+        out.wait_ms = (time.perf_counter() - started) * 1000
+        if new_record.prepared:  # made ahead by another path and reached here first
+            new_record.prepared = False
+            await self._save(ctx.scope, new_record)
+        out.status = "summarized"
+        return out
+
+    def _plan(self, view: _View, budget: Budget, record: SummaryRecord | None) -> Plan | None:
+        conv = view.conv
+        n_sys = conv.n_system
+        roles = [str(m.get("role")) for m in view.fwd]
+        start = n_sys + (record.covered if record else 0)
+        system_tokens = sum(conv.tokens[:n_sys]) + 60  # + the annotation
+        summary_estimate = budget.output_cap + 400  # + the code-written blocks
+        fixed = system_tokens + summary_estimate + conv.tools_tokens + REPLY_OVERHEAD
+        keep_budget = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed))
+        return choose_cut(roles, conv.tokens, start=start, keep_budget=keep_budget)
+
+    def _apply(
+        self, view: _View, record: SummaryRecord, ctx: RequestContext, clamp: dict[int, int] | None = None
+    ) -> Outcome:
+        conv = view.conv
+        cut = conv.n_system + record.covered
+        fwd = view.fwd
+        if clamp:
+            fwd = list(fwd)
+            for i, max_tokens in clamp.items():
+                fwd[i] = _clamp_message(fwd[i], max_tokens, conv.tokens[i])
+        messages = inject(
+            fwd,
+            conv.n_system,
+            cut,
+            summary_message_text(self.prompts, record.summary),
+            annotation_text(self.prompts, record.covered),
+        )
+        # Count the new head (cached by digest); the untouched tail from what we already know.
+        tail_start = cut + 1 if fwd[cut].get("role") == "user" else cut  # a user message is merged
+        head_len = len(messages) - (len(fwd) - tail_start)
+        n = sum(self.counter.count_message(m, conv.encoding, message_digest(m)) for m in messages[:head_len])
+        if clamp:
+            n += sum(self.counter.count_message(m, conv.encoding, message_digest(m)) for m in messages[head_len:])
+        else:
+            n += sum(conv.tokens[tail_start:])
+        n += conv.tools_tokens + REPLY_OVERHEAD
+        return Outcome("reused", messages=messages, tokens_after=conv.scaled(n))
+
+    # -- records -------------------------------------------------------------------------------
+    def _key(self, scope: str, chain_hex: str) -> str:
+        return f"sum:{scope}:{chain_hex}"
+
+    def _candidate_keys(self, view: _View, scope: str) -> list[str]:
+        """Store keys of every prefix a record could cover, longest first."""
+        n_sys = view.conv.n_system
+        fwd = view.fwd
+        return [
+            self._key(scope, view.chain_hex(k))
+            for k in range(len(fwd) - n_sys - 1, 0, -1)
+            if fwd[n_sys + k].get("role") in CUT_ROLES
+        ]
+
+    def _local_record(self, view: _View, scope: str) -> SummaryRecord | None:
+        for key in self._candidate_keys(view, scope):
+            rec = self._records.get(key)
+            if rec is not None:
+                self._records.move_to_end(key)
+                return rec
+        return None
+
+    async def _stored_record(self, view: _View, scope: str, longer_than: SummaryRecord | None) -> SummaryRecord | None:
+        keys = self._candidate_keys(view, scope)
+        if longer_than is not None:
+            keys = keys[: keys.index(self._key(scope, longer_than.chain))]
+        if not keys:
+            return None
+        found = await self.store.get_many(keys)
+        for key in keys:
+            raw = found.get(key)
+            rec = SummaryRecord.from_bytes(raw) if raw is not None else None
+            if rec is not None:
+                self._remember(key, rec)
+                return rec
+        return None
+
+    def _fits(self, view: _View, record: SummaryRecord, ctx: RequestContext, limit: int) -> bool:
+        out = self._apply(view, record, ctx)
+        return out.tokens_after is not None and out.tokens_after <= limit
+
+    def _remember(self, key: str, rec: SummaryRecord) -> None:
+        self._records[key] = rec
+        self._records.move_to_end(key)
+        while len(self._records) > 4096:
+            self._records.popitem(last=False)
+
+    async def _save(self, scope: str, rec: SummaryRecord) -> None:
+        key = self._key(scope, rec.chain)
+        self._remember(key, rec)
+        await self.store.put(key, rec.to_bytes())
+
+    async def _summary_for(
+        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *, prepared: bool = False
+    ) -> SummaryRecord:
+        covered = plan.cut - view.conv.n_system
+        key = self._key(ctx.scope, view.chain_hex(covered))
+
+        async def existing() -> SummaryRecord | None:
+            rec = self._records.get(key)
+            if rec is None:
+                raw = await self.store.get(key)
+                rec = SummaryRecord.from_bytes(raw) if raw is not None else None
+            return rec
+
+        async def make() -> SummaryRecord:
+            async with self._limit:
+                rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared)
+            await self._save(ctx.scope, rec)
+            return rec
+
+        return await self.flight.run(key, make, existing)
+
+    async def _make_record(
+        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *, prepared: bool
+    ) -> SummaryRecord:
+        conv = view.conv
+        fwd = view.fwd
+        names = tool_names_by_call_id(fwd)
+        job = SummaryJob(
+            headers=ctx.upstream_headers,
+            model=self.cfg.compaction.summarizer_model or conv.model,
+            window=budget.window,
+            output_cap=budget.output_cap,
+            timeout_s=self.cfg.compaction.summarizer_timeout_s,
+            focus=ctx.focus or self.cfg.compaction.focus,
+            max_calls=self.cfg.compaction.max_fold_calls,
+        )
+        main_span = fwd[plan.start:plan.main_end]
+        prev_text = previous.summary if previous else None
+        main_coro = (
+            self.summarizer.summarize(job, serialize_messages(main_span, names), prev_text)
+            if main_span
+            else _value(prev_text)
+        )
+        turn_coro = (
+            self.summarizer.summarize(job, serialize_messages(fwd[plan.turn_start:plan.cut], names), None, kind="turn")
+            if plan.turn_start is not None
+            else _value(None)
+        )
+        model_text, turn_text = await asyncio.gather(main_coro, turn_coro)
+        if model_text is None:
+            model_text = ""
+        summarized = fwd[plan.start:plan.cut]
+        files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
+        text = extract.span_text(summarized)
+        candidates = (previous.identifiers if previous else []) + extract.find_identifiers(text)
+        idents = _cap_chars(extract.dropped(candidates, model_text + "\n" + (turn_text or "")), MAX_EXTRA_IDENTIFIERS_CHARS)
+        errors = extract.dropped(extract.find_error_lines(text), model_text)[:10]
+        summary = render_summary(
+            model_text,
+            turn_prefix=turn_text,
+            files=files,
+            identifiers=idents,
+            errors=errors,
+            latest_requests=extract.latest_requests(fwd, conv.n_system, plan.cut),
+        )
+        return SummaryRecord(
+            covered=plan.cut - conv.n_system,
+            chain=view.chain_hex(plan.cut - conv.n_system),
+            summary=summary,
+            files=files,
+            identifiers=_cap_chars(candidates, MAX_EXTRA_IDENTIFIERS_CHARS * 2),
+            created=self.clock(),
+            prepared=prepared,
+        )
+
+    # -- summaries made ahead of time -----------------------------------------------------------
+    def start(self) -> None:
+        c = self.cfg.compaction
+        if c.prepare_percent <= 0 or self._queue is not None:
+            return
+        self._queue = asyncio.Queue(maxsize=c.prepare_queue)
+        self._workers = [asyncio.create_task(self._worker(), name=f"prepare-{i}") for i in range(c.prepare_workers)]
+
+    async def stop(self) -> None:
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        await self.flight.cancel_all()
+
+    def _maybe_prepare(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, budget: Budget, total: int) -> None:
+        pct = self.cfg.compaction.prepare_percent
+        if self._queue is None or pct <= 0 or total * 100 < budget.threshold * pct:
+            return
+        try:
+            self._queue.put_nowait(("prepare", (conv, fwd, ctx, budget)))
+        except asyncio.QueueFull:
+            log.debug("prepare queue full; the next compaction will be made on the request path")
+
+    async def _worker(self) -> None:
+        assert self._queue is not None
+        while True:
+            _, (conv, fwd, ctx, budget) = await self._queue.get()
+            try:
+                await self._prepare(conv, fwd, ctx, budget)
+            except asyncio.CancelledError:
+                raise
+            except SummarizerError as e:
+                log.info("preparing a summary failed (the request path will try again): %s", e)
+            except Exception:
+                log.exception("preparing a summary failed unexpectedly")
+            finally:
+                self._queue.task_done()
+
+    async def _prepare(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, budget: Budget) -> None:
+        view = _View(conv, fwd)
+        record = self._local_record(view, ctx.scope) or await self._stored_record(view, ctx.scope, None)
+        plan = self._plan(view, budget, record)
+        if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
+            return
+        key = self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system))
+        if key in self._records:
+            return
+        self.prepared_jobs += 1
+        await self._summary_for(view, plan, record, ctx, budget, prepared=True)
+
+    async def idle(self) -> None:
+        """Wait until the background queue is drained (tests, shutdown)."""
+        if self._queue is not None:
+            await self._queue.join()
+
+
+async def _value(v: Any) -> Any:
+    return v
+
+
+def _cap_chars(items: list[str], limit: int) -> list[str]:
+    out: list[str] = []
+    used = 0
+    for it in items:
+        used += len(it) + 3
+        if used > limit:
+            break
+        out.append(it)
+    return out
+
+
+def _clamp_message(msg: dict[str, Any], max_tokens: int, tokens: int) -> dict[str, Any]:
+    content = msg.get("content")
+    text = content_text(content)
+    max_chars = max(200, int(len(text) * max_tokens / max(tokens, 1)))
+    out = dict(msg)
+    out["content"] = clamp_middle(text, max_chars)
+    return out

@@ -1,0 +1,180 @@
+"""The parts of a summary written by code, not by the model (spec 4.5): pure functions.
+
+They hold even when the model is sloppy: which files tool calls read or wrote, the identifiers the
+model's text dropped, and the user's latest request verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import orjson
+
+from proxy.compaction.serialize import content_text
+
+# -- identifiers -----------------------------------------------------------------------------
+_IDENT_PATTERNS = [
+    re.compile(r"https?://[^\s<>\"'`)\]}]+"),
+    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
+    re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+    # paths: absolute, home- or dot-relative, or relative with a directory and an extension
+    re.compile(r"(?<![\w/.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"),
+    re.compile(r"\b(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b"),
+    # hex hashes (7+), containing at least one digit and one letter
+    re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b"),
+    # IDs mixing letters and digits: OI5L9G, sofia_kim_7287, HAT001
+    re.compile(r"\b(?=[A-Za-z0-9_-]*[A-Za-z])(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{3,}[A-Za-z0-9]\b"),
+    re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"),
+    # function names in Python tracebacks
+    re.compile(r"(?<=, in )[A-Za-z_][\w.]*"),
+]
+_ERROR_LINE = re.compile(
+    r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
+)
+_NOT_AN_ID = re.compile(r"^(?:/+|\.+/?|[\d.]+%?)$")
+MAX_IDENTIFIERS = 150
+MAX_ERROR_LINES = 20
+MAX_ERROR_LINE_CHARS = 300
+
+
+def find_identifiers(text: str) -> list[str]:
+    """Identifiers in order of first appearance, without duplicates."""
+    found: dict[int, str] = {}
+    seen: set[str] = set()
+    for pat in _IDENT_PATTERNS:
+        for m in pat.finditer(text):
+            tok = m.group(0).rstrip(".,;:")
+            if len(tok) < 4 or tok in seen or _NOT_AN_ID.match(tok):
+                continue
+            seen.add(tok)
+            found.setdefault(m.start(), tok)
+    return [found[k] for k in sorted(found)]
+
+
+def find_error_lines(text: str) -> list[str]:
+    out: list[str] = []
+    for m in _ERROR_LINE.finditer(text):
+        line = m.group(0).strip()
+        if line and line not in out:
+            out.append(line[:MAX_ERROR_LINE_CHARS])
+        if len(out) >= MAX_ERROR_LINES:
+            break
+    return out
+
+
+def dropped(candidates: Iterable[str], summary: str) -> list[str]:
+    """Candidates that do not appear verbatim in the model's summary."""
+    out: list[str] = []
+    for c in candidates:
+        if c not in summary and c not in out:
+            out.append(c)
+    return out
+
+
+def span_text(messages: Iterable[dict[str, Any]]) -> str:
+    parts: list[str] = []
+    for m in messages:
+        parts.append(content_text(m.get("content")))
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                parts.append(str(fn.get("arguments", "")))
+    return "\n".join(parts)
+
+
+# -- files -----------------------------------------------------------------------------------
+_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "source", "destination",
+              "src", "dst", "notebook_path", "old_path", "new_path")
+_PATH_LIST_KEYS = ("paths", "files", "file_paths")
+_WRITE_RE = re.compile(r"write|edit|create|replace|patch|apply|insert|delete|remove|move|rename|save|update|append|mkdir", re.I)
+_READ_RE = re.compile(r"read|view|cat|open|get|list|search|grep|find|show|ls|stat|head|tail|glob", re.I)
+MAX_FILES = 50
+
+
+def _op_for(tool: str, args: dict[str, Any]) -> str:
+    command = args.get("command")
+    if isinstance(command, str) and len(command) < 40:  # str_replace_editor style sub-commands
+        if _WRITE_RE.search(command):
+            return "write"
+        if _READ_RE.search(command):
+            return "read"
+    if _WRITE_RE.search(tool):
+        return "write"
+    return "read"
+
+
+def files_touched(messages: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """path -> "read" | "write" | "both", from the arguments of tool calls, in first-seen order."""
+    files: dict[str, str] = {}
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                continue
+            try:
+                args = orjson.loads(fn.get("arguments") or "{}")
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(args, dict):
+                continue
+            paths = [args[k] for k in _PATH_KEYS if isinstance(args.get(k), str)]
+            for k in _PATH_LIST_KEYS:
+                if isinstance(args.get(k), list):
+                    paths += [p for p in args[k] if isinstance(p, str)]
+            op = _op_for(str(fn.get("name", "")), args)
+            for p in paths:
+                p = p.strip()
+                if not p or len(p) > 500 or "\n" in p:
+                    continue
+                files[p] = merge_op(files.get(p), op)
+    return files
+
+
+def merge_op(a: str | None, b: str) -> str:
+    if a is None or a == b:
+        return b
+    return "both"
+
+
+def merge_files(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    out = dict(old)
+    for p, op in new.items():
+        out[p] = merge_op(out.get(p), op)
+    return out
+
+
+def render_files(files: dict[str, str]) -> str:
+    lines = [f"- {p} ({op})" for p, op in list(files.items())[:MAX_FILES]]
+    if len(files) > MAX_FILES:
+        lines.append(f"- ... and {len(files) - MAX_FILES} more")
+    return "<files>\n" + "\n".join(lines) + "\n</files>"
+
+
+# -- the user's request ----------------------------------------------------------------------
+_CONTINUATION = re.compile(
+    r"^\s*(?:ok(?:ay)?|k|yes|yep|sure|go(?: on| ahead)?|continue|proceed|next|do it|please do|"
+    r"sounds good|thanks?|thank you|继续|好的?|可以|是的?|行|嗯)[\s.!。！]*$",
+    re.IGNORECASE,
+)
+
+
+def is_continuation(text: str) -> bool:
+    return bool(_CONTINUATION.match(text))
+
+
+def latest_requests(messages: list[dict[str, Any]], start: int, end: int) -> list[str]:
+    """The latest user request in messages[start:end] verbatim, when it is the conversation's latest
+    user message; and, if that is a bare "ok"/"continue", the last substantive request before it."""
+    users = [i for i in range(len(messages)) if messages[i].get("role") == "user"]
+    if not users or not (start <= users[-1] < end):
+        return []
+    latest = content_text(messages[users[-1]].get("content"))
+    out = [latest]
+    if is_continuation(latest):
+        for i in reversed(users[:-1]):
+            text = content_text(messages[i].get("content"))
+            if text.strip() and not is_continuation(text):
+                out.append(text)
+                break
+    return out

@@ -1,0 +1,175 @@
+"""The history summarizer calls (spec 4.4, 4.6): prompts, folding over windows, halving on overflow.
+
+The conversation arrives already serialized and escaped (serialize.py), as one block per message;
+windows are cut on those block boundaries.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from proxy.compaction.budget import summarizer_input_budget
+from proxy.compaction.serialize import escape_untrusted
+from proxy.prompts import Prompts
+from proxy.text import clamp_middle
+from proxy.upstream import SummarizerError, UpstreamCaller
+
+MAIN_HEADINGS = (
+    "## Active Task",
+    "## Goal",
+    "## Constraints & Preferences",
+    "## Progress",
+    "### Done",
+    "### In Progress",
+    "### Blocked",
+    "## Key Decisions",
+    "## Answered Questions",
+    "## Next Steps",
+    "## Critical Context",
+)
+TURN_HEADINGS = ("## Original Request", "## Early Progress", "## Context for Suffix")
+_THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"^\s*```(?:markdown|md)?\s*\n(.*)\n```\s*$", re.DOTALL)
+
+CountFn = Callable[[str], int]
+
+
+@dataclass
+class SummaryJob:
+    """What one summary needs; the engine fills it in."""
+
+    headers: dict[str, str]
+    model: str
+    window: int
+    output_cap: int
+    timeout_s: float
+    focus: str | None
+    max_calls: int
+
+
+def clean_output(text: str) -> str:
+    """Drop a leading reasoning block and a wrapping code fence, which some models add."""
+    text = _THINK.sub("", text, count=1)
+    m = _FENCE.match(text)
+    return (m.group(1) if m else text).strip()
+
+
+def missing_headings(text: str, required: tuple[str, ...]) -> list[str]:
+    return [h for h in required if not re.search(r"(?m)^" + re.escape(h) + r"\s*$", text)]
+
+
+class HistorySummarizer:
+    def __init__(
+        self,
+        caller: UpstreamCaller,
+        prompts: Prompts,
+        count: CountFn,
+        required_headings: tuple[str, ...] = MAIN_HEADINGS,
+    ) -> None:
+        self.caller = caller
+        self.prompts = prompts
+        self.count = count
+        self.required = required_headings
+        self.calls = 0  # summarizer calls made (for tests and metrics)
+
+    def user_message(self, blocks: list[str], previous: str | None, focus: str | None, kind: str) -> str:
+        parts = ["<conversation>", "\n\n".join(blocks), "</conversation>"]
+        if previous is not None:
+            parts += ["", "<previous-summary>", escape_untrusted(previous), "</previous-summary>"]
+        if focus:
+            parts += [
+                "",
+                "<focus>",
+                "Keep everything about this topic in full detail and compress the rest harder: "
+                + escape_untrusted(focus),
+                "</focus>",
+            ]
+        if kind == "turn":
+            prompt = "compaction-turn-prefix"
+        else:
+            prompt = "compaction-update-summary" if previous is not None else "compaction-summary"
+        parts += ["", self.prompts.text(prompt)]
+        return "\n".join(parts)
+
+    async def summarize(self, job: SummaryJob, blocks: list[str], previous: str | None, kind: str = "main") -> str:
+        """Summarize `blocks` (folding over windows when they exceed the input budget)."""
+        system = self.prompts.text("summarization-system")
+        scaffolding = self.count(system) + self.count(self.prompts.text("compaction-update-summary")) + 64
+        if previous:
+            scaffolding += self.count(previous)
+        if job.focus:
+            scaffolding += self.count(job.focus)
+        budget = summarizer_input_budget(job.window, job.output_cap, scaffolding)
+        windows = fold_windows(blocks, [self.count(b) for b in blocks], budget)
+        calls = 0
+        summary = previous
+        while windows:
+            window = windows.pop(0)
+            if calls >= job.max_calls:
+                raise SummarizerError("overflow", f"gave up after {calls} summarizer calls")
+            calls += 1
+            try:
+                summary = await self._call(job, system, window, summary, kind)
+            except SummarizerError as e:
+                if e.kind != "overflow":
+                    raise
+                halves = halve(window)
+                if halves is None:
+                    raise
+                # Never retry the same overflow: the window is strictly smaller each time.
+                windows[:0] = halves
+        assert summary is not None
+        return summary
+
+    async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
+        self.calls += 1
+        text = await self.caller.complete(
+            headers=job.headers,
+            model=job.model,
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+            ],
+            max_output_tokens=job.output_cap,
+            timeout_s=job.timeout_s,
+        )
+        text = clean_output(text)
+        if not text:
+            raise SummarizerError("invalid", "the summarizer returned an empty summary")
+        required = self.required if kind == "main" else ()
+        if missing := missing_headings(text, required):
+            raise SummarizerError("invalid", f"the summary lacks required headings: {', '.join(missing)}")
+        return text
+
+
+def fold_windows(blocks: list[str], tokens: list[int], budget: int) -> list[list[str]]:
+    """Greedy windows of whole blocks under `budget`; a block bigger than the budget is clamped."""
+    windows: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for block, n in zip(blocks, tokens):
+        if n > budget:
+            # chars per token of this block, to clamp it to roughly the budget
+            block = clamp_middle(block, max(200, int(len(block) * budget / n * 0.9)))
+            n = budget
+        if current and used + n > budget:
+            windows.append(current)
+            current, used = [], 0
+        current.append(block)
+        used += n
+    if current:
+        windows.append(current)
+    return windows
+
+
+def halve(window: list[str]) -> list[list[str]] | None:
+    """Split a rejected window in two; a single block is cut to half its length. None: too small."""
+    if len(window) > 1:
+        mid = len(window) // 2
+        return [window[:mid], window[mid:]]
+    block = window[0]
+    if len(block) < 400:
+        return None
+    return [[clamp_middle(block, len(block) // 2)]]

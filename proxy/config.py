@@ -1,0 +1,202 @@
+"""The one typed configuration model, and how it is assembled.
+
+Precedence, lowest first: defaults < YAML file < environment (COMPACTION_PROXY_SECTION__KEY) < CLI
+flags. Every key has a default, so no file is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+ENV_PREFIX = "COMPACTION_PROXY_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    max_body_mb: float = Field(64, gt=0)
+    max_header_kb: int = Field(64, ge=1)
+    shutdown_grace_s: float = Field(30, ge=0)
+    log_level: str = "info"
+    # Message content is never logged unless an operator turns this on.
+    log_content: bool = False
+
+
+class UpstreamConfig(_Section):
+    base_url: str = "https://api.openai.com/v1"
+    # Used only when the client sends no Authorization header.
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
+    connect_timeout_s: float = Field(10, gt=0)
+    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
+    max_connections: int = Field(1000, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class ModelConfig(_Section):
+    context_window: int | None = Field(None, ge=16)
+    # Multiplies tiktoken's count for models whose tokenizer tiktoken lacks.
+    token_ratio: float = Field(1.0, gt=0)
+    encoding: str | None = None
+
+
+class CompactionConfig(_Section):
+    enabled: bool = True
+    threshold_tokens: int | None = None
+    threshold_percent: float | None = Field(None, ge=1, le=99)
+    reserve_tokens: int | None = Field(None, ge=0)
+    keep_recent_tokens: int = Field(20000, ge=0)
+    summarizer_model: str | None = None
+    summarizer_timeout_s: float = Field(180, gt=0)
+    focus: str | None = None
+    # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
+    prepare_percent: float = Field(80, ge=0, le=100)
+    prepare_workers: int = Field(2, ge=1)
+    prepare_queue: int = Field(64, ge=1)
+    max_concurrent_summaries: int = Field(8, ge=1)
+    max_fold_calls: int = Field(16, ge=1)
+
+
+class ToolResultsConfig(_Section):
+    enabled: bool = True
+    threshold_tokens: int = Field(4000, ge=1)
+    max_payload_tokens: int = Field(2_000_000, ge=1)
+    skip_tools: list[str] = Field(default_factory=list)
+    summarizer_model: str | None = None
+    timeout_s: float = Field(120, gt=0)
+    concurrency: int = Field(4, ge=1)
+    breaker_failures: int = Field(3, ge=1)
+    breaker_cooldown_s: float = Field(300, ge=0)
+    max_output_tokens: int = Field(2000, ge=64)
+
+
+class StoreConfig(_Section):
+    url: str = "sqlite:///compaction-proxy.db"
+    scope_secret: SecretStr | None = None
+    ttl_s: float = Field(7 * 24 * 3600, gt=0)
+    max_records: int = Field(100_000, ge=1)
+    lock_ttl_s: float = Field(300, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        if not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
+            raise ValueError("must be sqlite:///path, memory://, or redis://host:port/db")
+        return v
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    def model_settings(self, model: str) -> ModelConfig:
+        """Settings for a model name: exact entry, else `default`, else built-in defaults."""
+        return self.models.get(model) or self.models.get("default") or _DEFAULT_MODEL
+
+
+_DEFAULT_MODEL = ModelConfig()
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as one line naming the key."""
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    """COMPACTION_PROXY_COMPACTION__THRESHOLD_TOKENS=90000 -> {"compaction": {"threshold_tokens": 90000}}.
+
+    Values are read as YAML scalars so that numbers, booleans and `[a, b]` lists work.
+    """
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not path:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, (dict,)) or value is None and raw != "":
+            value = raw
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: conflicts with another variable")
+        node[path[-1]] = value
+    return out
+
+
+def _format_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{key}: {msg}{extra}"
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Build the config from file, environment and explicit overrides (flags). Raises ConfigError."""
+    environ = dict(os.environ) if environ is None else environ
+    data: dict[str, Any] = {}
+    if path is None:
+        path = environ.get(ENV_PREFIX + "CONFIG") or None
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"config file {path}: cannot read ({e.strerror or e})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path}: invalid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping of sections")
+        data = loaded
+    data = _deep_merge(data, _env_overrides(environ))
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None

@@ -1,0 +1,197 @@
+"""Moving bytes between client and upstream: header filtering, pass-through, response relay.
+
+Nothing here looks inside a body. Responses are relayed as they arrive: an SSE stream chunk by
+chunk (never coalesced, never held back), anything else streamed when large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy import errors
+
+log = logging.getLogger("proxy.forward")
+
+# RFC 9110 7.6.1 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+PROXY_HEADER_PREFIX = "x-compaction-"
+SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are streamed
+
+
+def upstream_request_headers(
+    incoming: Any, api_key: str | None, *, identity_encoding: bool = False
+) -> CIMultiDict[str]:
+    """Client headers minus hop-by-hop and our own; Authorization from config when absent."""
+    connection_listed = {
+        t.strip().lower() for v in incoming.getall("connection", []) for t in v.split(",") if t.strip()
+    }
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        low = name.lower()
+        if low in HOP_BY_HOP or low in connection_listed or low.startswith(PROXY_HEADER_PREFIX):
+            continue
+        if identity_encoding and low == "accept-encoding":
+            continue
+        out.add(name, value)
+    if "authorization" not in out and api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    if identity_encoding:
+        # We may need to read this response (errors, retries): keep it uncompressed.
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def client_response_headers(upstream: Any) -> CIMultiDict[str]:
+    connection_listed = {
+        t.strip().lower() for v in upstream.getall("connection", []) for t in v.split(",") if t.strip()
+    }
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        low = name.lower()
+        if low in HOP_BY_HOP or low in connection_listed:
+            continue
+        out.add(name, value)
+    return out
+
+
+def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
+    return resp.headers.get("content-type", "").lower().startswith("text/event-stream")
+
+
+def client_timeout(cfg: Any, *, streaming: bool) -> aiohttp.ClientTimeout:
+    """Whole-request limit for plain calls; an idle-read limit for streams (they may run long)."""
+    if streaming:
+        return aiohttp.ClientTimeout(
+            total=None, connect=cfg.connect_timeout_s, sock_read=cfg.stream_idle_timeout_s
+        )
+    return aiohttp.ClientTimeout(total=cfg.timeout_s, connect=cfg.connect_timeout_s)
+
+
+def map_client_error(e: BaseException) -> errors.ProxyError:
+    """An aiohttp/asyncio failure talking to the upstream, as the 502/504 the client gets."""
+    if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return errors.upstream_timeout("no response within the configured timeout")
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return errors.upstream_unreachable(f"cannot connect ({e.os_error.__class__.__name__})")
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return errors.upstream_unreachable("the upstream closed the connection")
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return errors.upstream_bad_response("the response body was cut off")
+    if isinstance(e, aiohttp.ClientResponseError):
+        return errors.upstream_bad_response(e.message)
+    return errors.upstream_unreachable(e.__class__.__name__)
+
+
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    extra_headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Send the upstream's response to the client: status, headers, body as it arrives."""
+    headers = client_response_headers(upstream.headers)
+    if extra_headers:
+        headers.update(extra_headers)
+    length = upstream.content_length
+    streaming = is_event_stream(upstream) or length is None or length > SMALL_BODY
+    if not streaming:
+        try:
+            body = await upstream.read()
+        except UPSTREAM_ERRORS as e:
+            return map_client_error(e).response(extra_headers)
+        return web.Response(status=upstream.status, body=body, headers=headers)
+
+    resp = web.StreamResponse(status=upstream.status, headers=headers)
+    if length is not None and not upstream.headers.get("content-encoding"):
+        resp.content_length = length
+    await resp.prepare(request)
+    sse = is_event_stream(upstream)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await resp.write(chunk)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        # The client went away: stop reading; leaving the context closes the upstream request.
+        upstream.close()
+        return resp
+    except UPSTREAM_ERRORS as e:
+        upstream.close()
+        err = map_client_error(e)
+        log.warning("upstream stream ended abnormally: %s", err.message)
+        if sse:
+            # The openai SDKs raise an APIError on an `error` event, so the client learns why.
+            try:
+                await resp.write(b"data: " + err.body() + b"\n\n")
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                return resp
+        else:
+            # A cut body must look cut to the client, not complete: drop the connection.
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+    try:
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
+    return resp
+
+
+async def _body_chunks(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in request.content.iter_any():
+        seen += len(chunk)
+        if seen > limit:
+            raise errors.ProxyError(413, "Request body too large.", code="request_too_large")
+        yield chunk
+
+
+async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int) -> web.StreamResponse:
+    """Any other /v1/ route: same method, path, query and body, streamed both ways."""
+    length = request.content_length
+    if length is not None and length > max_body:
+        raise errors.ProxyError(413, f"Request body exceeds the {max_body} byte limit.", code="request_too_large")
+    data: Any
+    if not request.body_exists:
+        data = None
+    elif length is not None and length <= SMALL_BODY:
+        data = await request.read()
+    else:
+        data = _body_chunks(request, max_body)
+    url = cfg.base_url + request.path[len("/v1"):] + (f"?{request.query_string}" if request.query_string else "")
+    headers = upstream_request_headers(
+        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None
+    )
+    try:
+        async with session.request(
+            request.method,
+            url,
+            data=data,
+            headers=headers,
+            timeout=client_timeout(cfg, streaming=True),
+            allow_redirects=False,
+        ) as upstream:
+            return await relay(request, upstream)
+    except UPSTREAM_ERRORS as e:
+        raise map_client_error(e) from None

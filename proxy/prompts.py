@@ -1,0 +1,79 @@
+"""Prompt files from prompts/, loaded once at start-up and rendered with explicit placeholders.
+
+Placeholders are written `{{name}}`. Rendering is one pass over the template, so text substituted
+into it (conversations, tool output) is never itself scanned for placeholders.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+_PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
+
+# file stem -> placeholders it must contain
+PROMPT_FILES: dict[str, frozenset[str]] = {
+    "summarization-system": frozenset(),
+    "compaction-summary": frozenset(),
+    "compaction-update-summary": frozenset(),
+    "compaction-turn-prefix": frozenset(),
+    "compaction-summary-context": frozenset({"summary"}),
+    "system-annotation": frozenset({"message_count"}),
+    "tool-result-summarizer": frozenset({"tool_name"}),
+}
+
+
+class PromptError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    text: str
+
+    def render(self, **values: object) -> str:
+        def sub(m: re.Match[str]) -> str:
+            key = m.group(1)
+            if key not in values:
+                raise PromptError(f"prompt {self.name}: no value for {{{{{key}}}}}")
+            return str(values[key])
+
+        return _PLACEHOLDER.sub(sub, self.text)
+
+
+def _default_dir() -> Path:
+    # Installed: proxy/prompt_files inside the package. From a checkout: the repository's prompts/.
+    try:
+        pkg = resources.files("proxy.prompt_files")
+        if pkg.joinpath("summarization-system.md").is_file():
+            return Path(str(pkg))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "prompts"
+
+
+class Prompts:
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = Path(directory) if directory else _default_dir()
+        self._t: dict[str, Template] = {}
+        for stem, required in PROMPT_FILES.items():
+            path = self.directory / f"{stem}.md"
+            try:
+                text = path.read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise PromptError(f"prompt file {path}: {e.strerror or e}") from None
+            found = set(_PLACEHOLDER.findall(text))
+            if missing := required - found:
+                raise PromptError(f"prompt file {path}: missing placeholder(s) {sorted(missing)}")
+            if unknown := found - required:
+                raise PromptError(f"prompt file {path}: unknown placeholder(s) {sorted(unknown)}")
+            self._t[stem] = Template(stem, text)
+
+    def __getitem__(self, stem: str) -> Template:
+        return self._t[stem]
+
+    def text(self, stem: str) -> str:
+        return self._t[stem].text

@@ -1,0 +1,95 @@
+"""Everything a running proxy holds for its lifetime, built at start-up and closed at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.summarizer import HistorySummarizer
+from proxy.config import Config
+from proxy.prompts import Prompts
+from proxy.store import open_store
+from proxy.store.base import Store
+from proxy.store.resilient import ResilientStore
+from proxy.tokens import TokenCounter
+from proxy.toolresults.stage import ToolResultStage
+from proxy.upstream import UpstreamCaller
+
+log = logging.getLogger("proxy")
+
+SECRET_KEY = "meta:scope_secret"
+ENCODING_LOAD_TIMEOUT_S = 15
+
+
+@dataclass
+class ProxyState:
+    cfg: Config
+    session: aiohttp.ClientSession
+    counter: TokenCounter
+    prompts: Prompts
+    store: Store
+    scope_secret: bytes
+    tool_results: ToolResultStage
+    compaction: CompactionEngine
+    max_body: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_body = int(self.cfg.server.max_body_mb * 1024 * 1024)
+
+    @classmethod
+    async def create(cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None) -> "ProxyState":
+        prompts = Prompts()
+        if counter is None:
+            counter = TokenCounter()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(counter.load), ENCODING_LOAD_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                counter.estimating = True
+                log.warning("loading tiktoken encodings timed out; token counts are estimated as bytes/4")
+        if store is None:
+            store = open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records)
+        if not isinstance(store, ResilientStore):
+            store = ResilientStore(store)
+        secret = await _scope_secret(cfg, store)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
+            auto_decompress=False,  # bytes are relayed as they came, content-encoding included
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
+        )
+        caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
+        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count), counter, prompts)
+        compaction.start()
+        return cls(
+            cfg=cfg,
+            session=session,
+            counter=counter,
+            prompts=prompts,
+            store=store,
+            scope_secret=secret,
+            tool_results=ToolResultStage(cfg, store, caller, prompts, counter),
+            compaction=compaction,
+        )
+
+    async def close(self) -> None:
+        await self.compaction.stop()
+        await self.tool_results.flight.cancel_all()
+        await self.session.close()
+        await self.store.close()
+
+
+async def _scope_secret(cfg: Config, store: Store) -> bytes:
+    """The configured secret, else one generated once and kept in the store (shared by replicas)."""
+    if cfg.store.scope_secret is not None:
+        return cfg.store.scope_secret.get_secret_value().encode()
+    await store.add(SECRET_KEY, os.urandom(32).hex().encode(), None)
+    secret = await store.get(SECRET_KEY)
+    if secret is None:
+        log.warning("the store is unavailable: using a per-process scope secret (no reuse across restarts)")
+        secret = os.urandom(32).hex().encode()
+    return secret

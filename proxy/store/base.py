@@ -1,0 +1,59 @@
+"""The store interface: a small key-value contract that every backend implements.
+
+Values are opaque bytes (records are serialized by their owners). Every backend gives the same
+guarantees, which tests/test_store_contract.py checks against all three:
+
+- `ttl_s` None means permanent (never expires, never evicted: the scope secret); otherwise the key
+  expires `ttl_s` after its last use, and a read (`get`/`get_many`) counts as a use and refreshes it;
+- at most `max_records` expiring keys are kept; past that the least recently used are evicted;
+- `add` is set-if-absent (locks, the generated secret); `delete(key, expected)` deletes only while
+  the value is still `expected` (releasing a lock one still holds).
+Time comes from an injectable `clock` so expiry is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Callable
+
+Clock = Callable[[], float]
+
+
+class StoreUnavailable(Exception):
+    """The backend cannot be reached or written; callers carry on without reuse."""
+
+
+class Store(ABC):
+    def __init__(self, *, ttl_s: float, max_records: int, clock: Clock = time.time) -> None:
+        self.ttl_s = ttl_s
+        self.max_records = max_records
+        self.clock = clock
+
+    @abstractmethod
+    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        """Values of the keys that exist (missing ones absent); refreshes their expiry."""
+
+    async def get(self, key: str) -> bytes | None:
+        return (await self.get_many([key])).get(key)
+
+    @abstractmethod
+    async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+        """Store a value. `ttl_s` defaults to the store's TTL; None means permanent."""
+
+    @abstractmethod
+    async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
+        """Store only if absent (or expired); True when this call stored it."""
+
+    @abstractmethod
+    async def delete(self, key: str, expected: bytes | None = None) -> bool:
+        """Delete; with `expected`, only while the stored value equals it. True when deleted."""
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable when the backend is down."""
+
+    async def close(self) -> None:
+        return None
+
+    def _ttl(self, ttl_s: float | None) -> float | None:
+        return self.ttl_s if ttl_s is ... else ttl_s

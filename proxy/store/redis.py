@@ -1,0 +1,172 @@
+"""Redis store: shared by several proxy replicas (summaries, the scope secret and locks).
+
+Layout under the namespace `<ns>` (default "cp:"):
+- `<ns>k:<key>` the value, with a native PEXPIRE of the key's TTL as a backstop;
+- `<ns>lru`     ZSET of expiring keys scored by their last use, from the injectable clock;
+- `<ns>ttl`     HASH of each expiring key's own TTL in milliseconds.
+Expiry and LRU eviction are decided from the ZSET, so they follow the same clock as the other
+backends (and tests need no sleeping); PEXPIRE only reclaims memory when nobody reads a key.
+Permanent keys appear in neither ZSET nor HASH. Every operation is one Lua script, so each is
+atomic across replicas. Bookkeeping left behind by a key that PEXPIRE removed is harmless: it is
+the oldest entry in the ZSET, so the next eviction pops it first, and the ZSET stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from .base import Clock, Store, StoreUnavailable
+
+_CHUNK = 500  # keys per script call, so that one read never blocks Redis for long
+
+# Lua helpers shared by the scripts. KEYS[1] is the ZSET, KEYS[2] the HASH, then value keys.
+_LIB = """
+local lru, ttls = KEYS[1], KEYS[2]
+local function drop(k)
+  redis.call('DEL', k); redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k)
+end
+-- The value, or false when absent or unused for longer than its TTL (then it is dropped).
+local function live(k, now)
+  local v = redis.call('GET', k)
+  if not v then return false end
+  local ttl = redis.call('HGET', ttls, k)
+  local used = redis.call('ZSCORE', lru, k)
+  if ttl and used and (now - tonumber(used)) * 1000 >= tonumber(ttl) then
+    drop(k)
+    return false
+  end
+  return v
+end
+-- Store ARGV[1] under k with TTL ARGV[3] ms ('' = permanent), only if absent when nx; then
+-- evict the least recently used expiring keys past ARGV[4]. 1 when stored.
+local function store(k, now, nx)
+  local v, ttl, max = ARGV[1], ARGV[3], tonumber(ARGV[4])
+  local set = {'SET', k, v}
+  if ttl ~= '' then set[#set + 1] = 'PX'; set[#set + 1] = ttl end
+  if nx then set[#set + 1] = 'NX' end
+  if not redis.call(unpack(set)) then return 0 end
+  if ttl == '' then
+    redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k)
+    return 1
+  end
+  redis.call('ZADD', lru, now, k); redis.call('HSET', ttls, k, ttl)
+  local over = redis.call('ZCARD', lru) - max
+  if over > 0 then
+    local popped = redis.call('ZPOPMIN', lru, over)
+    for i = 1, #popped, 2 do
+      redis.call('DEL', popped[i]); redis.call('HDEL', ttls, popped[i])
+    end
+  end
+  return 1
+end
+"""
+
+# ARGV: now. Returns one value (or nil) per value key, refreshing the live expiring ones.
+_GET_MANY = _LIB + """
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 3, #KEYS do
+  local k = KEYS[i]
+  local v = live(k, now)
+  local ttl = v and redis.call('HGET', ttls, k)
+  if ttl then
+    redis.call('ZADD', lru, now, k); redis.call('PEXPIRE', k, ttl)
+  end
+  out[#out + 1] = v
+end
+return out
+"""
+
+# ARGV: value, now, ttl ms or '', max_records.
+_PUT = _LIB + "return store(KEYS[3], tonumber(ARGV[2]), false)"
+
+# Same ARGV as put. A value that is stale by the clock is dropped first; then SET NX PX.
+_ADD = _LIB + """
+local now = tonumber(ARGV[2])
+if live(KEYS[3], now) then return 0 end
+return store(KEYS[3], now, true)
+"""
+
+# ARGV: now, '1' when an expected value is given, the expected value.
+_DELETE = _LIB + """
+local v = live(KEYS[3], tonumber(ARGV[1]))
+if not v or (ARGV[2] == '1' and v ~= ARGV[3]) then return 0 end
+drop(KEYS[3])
+return 1
+"""
+
+
+class RedisStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: float,
+        max_records: int,
+        clock: Clock = time.time,
+        namespace: str = "cp:",
+    ) -> None:
+        super().__init__(ttl_s=ttl_s, max_records=max_records, clock=clock)
+        # Short timeouts and no retries: a down Redis must cost a request milliseconds, not
+        # seconds of backoff; the caller carries on without reuse.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=1.0,
+            socket_timeout=2.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._ns = namespace
+        self._meta = [f"{namespace}lru", f"{namespace}ttl"]
+        self._get_many = self._redis.register_script(_GET_MANY)
+        self._put = self._redis.register_script(_PUT)
+        self._add = self._redis.register_script(_ADD)
+        self._delete = self._redis.register_script(_DELETE)
+
+    def _key(self, key: str) -> str:
+        return f"{self._ns}k:{key}"
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await script(keys=self._meta + keys, args=args)
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    def _ttl_ms(self, ttl_s: float | None) -> str:
+        ttl = self._ttl(ttl_s)
+        return "" if ttl is None else str(max(1, round(ttl * 1000)))
+
+    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        now = repr(self.clock())
+        for i in range(0, len(keys), _CHUNK):
+            chunk = keys[i : i + _CHUNK]
+            values = await self._call(self._get_many, [self._key(k) for k in chunk], [now])
+            found.update((k, v) for k, v in zip(chunk, values) if v is not None)
+        return found
+
+    async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+        args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
+        await self._call(self._put, [self._key(key)], args)
+
+    async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
+        args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
+        return bool(await self._call(self._add, [self._key(key)], args))
+
+    async def delete(self, key: str, expected: bytes | None = None) -> bool:
+        args = [repr(self.clock()), "0" if expected is None else "1", expected or b""]
+        return bool(await self._call(self._delete, [self._key(key)], args))
+
+    async def ping(self) -> None:
+        try:
+            await self._redis.ping()
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def close(self) -> None:
+        await self._redis.aclose()

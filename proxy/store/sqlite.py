@@ -1,0 +1,210 @@
+"""SQLite store: the embedded default, one file, no server.
+
+sqlite3 calls block, so every one of them runs on a single dedicated worker thread that owns the
+only connection: the event loop never waits on disk and the connection never crosses threads.
+The connection is opened lazily and dropped after any error, so a store whose file was
+unreachable recovers by itself once it is reachable again.
+
+A key's own TTL is `expires_at - last_used` (both are set together), which lets a read extend
+each key by its own TTL (locks use a shorter one than records) without storing it separately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from .base import Clock, Store, StoreUnavailable
+
+T = TypeVar("T")
+
+_CHUNK = 500  # keys per `IN (...)`: well under SQLite's limit on bound parameters
+_BUSY_TIMEOUT_S = 5.0  # another process writing the same file; waits on the worker, not the loop
+_SWEEP_INTERVAL_S = 60.0
+
+# The number of expiring keys is kept by triggers: counting the rows after each write would
+# scan the table (milliseconds at 100k records) where a one-row update costs microseconds.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    expires_at REAL,
+    last_used REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS kv_last_used ON kv (last_used) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS kv_count (expiring INTEGER NOT NULL);
+INSERT INTO kv_count SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM kv_count);
+CREATE TRIGGER IF NOT EXISTS kv_count_insert AFTER INSERT ON kv WHEN NEW.expires_at IS NOT NULL
+BEGIN UPDATE kv_count SET expiring = expiring + 1; END;
+CREATE TRIGGER IF NOT EXISTS kv_count_delete AFTER DELETE ON kv WHEN OLD.expires_at IS NOT NULL
+BEGIN UPDATE kv_count SET expiring = expiring - 1; END;
+CREATE TRIGGER IF NOT EXISTS kv_count_update AFTER UPDATE OF expires_at ON kv
+WHEN (OLD.expires_at IS NULL) != (NEW.expires_at IS NULL)
+BEGIN UPDATE kv_count SET expiring = expiring + (NEW.expires_at IS NOT NULL) - (OLD.expires_at IS NOT NULL); END;
+"""
+
+_UPSERT = """
+INSERT INTO kv (key, value, expires_at, last_used) VALUES (?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET
+    value = excluded.value, expires_at = excluded.expires_at, last_used = excluded.last_used
+"""
+# `add` replaces only an expired row; SQLite reports 0 changed rows when the WHERE refuses.
+_ADD = _UPSERT + " WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?"
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    # No rollback here: on any error the worker closes the connection, which rolls back.
+    conn.execute("BEGIN IMMEDIATE")
+    yield
+    conn.execute("COMMIT")
+
+
+class SqliteStore(Store):
+    def __init__(
+        self, path: str, *, ttl_s: float, max_records: int, clock: Clock = time.time
+    ) -> None:
+        super().__init__(ttl_s=ttl_s, max_records=max_records, clock=clock)
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sqlite")
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._next_sweep = 0.0
+        self._closed = False
+
+    # -- worker thread ----------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    def _work(self, fn: Callable[..., T], *args: object) -> T:
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+            return fn(self._conn, *args)
+        except Exception:
+            try:
+                self._drop()
+            except sqlite3.Error:
+                pass  # the original error is the one worth reporting
+            raise
+
+    def _after_write(self, conn: sqlite3.Connection, now: float) -> None:
+        """Evict least recently used expiring keys past max_records; sweep expired ones now and then."""
+        (count,) = conn.execute("SELECT expiring FROM kv_count").fetchone()
+        if count > self.max_records:
+            conn.execute(
+                "DELETE FROM kv WHERE key IN (SELECT key FROM kv WHERE expires_at IS NOT NULL"
+                " ORDER BY last_used LIMIT ?)",
+                (count - self.max_records,),
+            )
+        if now >= self._next_sweep:
+            self._next_sweep = now + _SWEEP_INTERVAL_S
+            conn.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
+
+    def _get_many(self, conn: sqlite3.Connection, keys: list[str], now: float) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        with _transaction(conn):
+            for i in range(0, len(keys), _CHUNK):
+                chunk = keys[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    f"SELECT key, value FROM kv WHERE key IN ({marks}) AND {_LIVE}", (*chunk, now)
+                )
+                found.update(rows)
+                conn.execute(
+                    f"UPDATE kv SET expires_at = ? + (expires_at - last_used), last_used = ?"
+                    f" WHERE key IN ({marks}) AND expires_at > ?",
+                    (now, now, *chunk, now),
+                )
+        return found
+
+    def _put(
+        self, conn: sqlite3.Connection, key: str, value: bytes, ttl_s: float | None, now: float
+    ) -> None:
+        expires_at = None if ttl_s is None else now + ttl_s
+        with _transaction(conn):
+            conn.execute(_UPSERT, (key, value, expires_at, now))
+            self._after_write(conn, now)
+
+    def _add(
+        self, conn: sqlite3.Connection, key: str, value: bytes, ttl_s: float | None, now: float
+    ) -> bool:
+        expires_at = None if ttl_s is None else now + ttl_s
+        with _transaction(conn):
+            stored = conn.execute(_ADD, (key, value, expires_at, now, now)).rowcount == 1
+            if stored:
+                self._after_write(conn, now)
+        return stored
+
+    def _delete(
+        self, conn: sqlite3.Connection, key: str, expected: bytes | None, now: float
+    ) -> bool:
+        # An expired row is already gone as far as callers can tell; the sweep removes it.
+        if expected is None:
+            cur = conn.execute(f"DELETE FROM kv WHERE key = ? AND {_LIVE}", (key, now))
+        else:
+            cur = conn.execute(
+                f"DELETE FROM kv WHERE key = ? AND value = ? AND {_LIVE}", (key, expected, now)
+            )
+        return cur.rowcount == 1
+
+    # -- event loop -------------------------------------------------------------------------
+
+    async def _submit(self, fn: Callable[..., T], *args: object) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except (sqlite3.Error, OSError) as e:
+            raise StoreUnavailable(f"sqlite: {type(e).__name__}: {e}") from e
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        if self._closed:
+            raise StoreUnavailable("sqlite store is closed")
+        return await self._submit(self._work, fn, *args)
+
+    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        return await self._run(self._get_many, list(keys), self.clock())
+
+    async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+        await self._run(self._put, key, value, self._ttl(ttl_s), self.clock())
+
+    async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
+        return await self._run(self._add, key, value, self._ttl(ttl_s), self.clock())
+
+    async def delete(self, key: str, expected: bytes | None = None) -> bool:
+        return await self._run(self._delete, key, expected, self.clock())
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._submit(self._drop)  # not through _work: closing must not open the file
+        finally:
+            self._executor.shutdown(wait=False)

@@ -1,0 +1,135 @@
+"""Counting tokens the way the upstream will, cheaply enough for every request.
+
+tiktoken per model family (spec 3), chat-format overhead per message, tool schemas counted, and a
+per-message cache keyed by the message's digest so a long history is encoded once, not on every
+request. Without any encoding (offline, no cache) the counter estimates bytes/4 and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import orjson
+
+log = logging.getLogger("proxy.tokens")
+
+MESSAGE_OVERHEAD = 3  # <|start|>role ... <|end|> framing per message
+REPLY_OVERHEAD = 3  # the assistant reply is primed with <|start|>assistant<|message|>
+IMAGE_TOKENS = 765  # a high-detail 512px tile image: a fixed estimate
+OTHER_PART_TOKENS = 256  # audio, files: we cannot see inside, count a fixed amount
+
+O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
+
+
+def encoding_name_for(model: str) -> str:
+    """o200k_base for the gpt-4o generation and later, cl100k_base for the rest (an approximation)."""
+    m = model.lower().rsplit("/", 1)[-1]
+    return "o200k_base" if m.startswith(O200K_PREFIXES) else "cl100k_base"
+
+
+class TokenCounter:
+    def __init__(self, cache_size: int = 200_000) -> None:
+        self._encodings: dict[str, Any] = {}
+        self._failed: set[str] = set()
+        self._cache: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._cache_size = cache_size
+        self.estimating = False
+
+    # -- encodings ---------------------------------------------------------------------------
+    def load(self, names: Iterable[str] = ("o200k_base", "cl100k_base")) -> bool:
+        """Load encodings up front (start-up). Returns False, after one warning, when none loads."""
+        for name in names:
+            self._get_encoding(name)
+        if not self._encodings:
+            self.estimating = True
+            log.warning(
+                "no tiktoken encoding could be loaded (offline and no cache at TIKTOKEN_CACHE_DIR=%s); "
+                "token counts are estimated as bytes/4",
+                os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>"),
+            )
+        return bool(self._encodings)
+
+    def _get_encoding(self, name: str) -> Any:
+        enc = self._encodings.get(name)
+        if enc is not None or name in self._failed:
+            return enc
+        try:
+            import tiktoken
+
+            enc = tiktoken.get_encoding(name)
+        except Exception as e:  # network, missing cache, unknown name: all mean "estimate"
+            self._failed.add(name)
+            log.debug("tiktoken encoding %s unavailable: %s", name, e)
+            # Another family's encoding is a far better estimate than bytes/4.
+            return next(iter(self._encodings.values()), None)
+        self._encodings[name] = enc
+        return enc
+
+    def count_text(self, text: str, encoding: str) -> int:
+        if not text:
+            return 0
+        enc = self._get_encoding(encoding)
+        if enc is None:
+            return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
+        return len(enc.encode_ordinary(text))
+
+    # -- messages ----------------------------------------------------------------------------
+    def count_message(self, msg: dict[str, Any], encoding: str, digest: bytes) -> int:
+        key = (encoding, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        n = self._count_message_uncached(msg, encoding)
+        self._cache[key] = n
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return n
+
+    def _count_message_uncached(self, msg: dict[str, Any], enc: str) -> int:
+        n = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role", "")), enc)
+        n += self.count_content(msg.get("content"), enc)
+        name = msg.get("name")
+        if isinstance(name, str):
+            n += self.count_text(name, enc) + 1
+        for call in msg.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                continue
+            fn = call.get("function") or {}
+            if isinstance(fn, dict):
+                n += 3 + self.count_text(str(fn.get("name", "")), enc)
+                n += self.count_text(str(fn.get("arguments", "")), enc)
+        if isinstance(msg.get("tool_call_id"), str):
+            n += self.count_text(msg["tool_call_id"], enc)
+        return n
+
+    def count_content(self, content: Any, enc: str) -> int:
+        if content is None:
+            return 0
+        if isinstance(content, str):
+            return self.count_text(content, enc)
+        if isinstance(content, list):
+            n = 0
+            for part in content:
+                if not isinstance(part, dict):
+                    continue
+                kind = part.get("type")
+                if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+                    n += self.count_text(part["text"], enc)
+                elif kind == "refusal" and isinstance(part.get("refusal"), str):
+                    n += self.count_text(part["refusal"], enc)
+                elif kind in ("image_url", "input_image", "image"):
+                    n += IMAGE_TOKENS
+                else:
+                    n += OTHER_PART_TOKENS
+            return n
+        return self.count_text(orjson.dumps(content).decode(), enc)
+
+    def count_tools(self, tools: Any, encoding: str) -> int:
+        """Tool schemas are sent to the model as text; count their JSON (a close upper estimate)."""
+        if not tools:
+            return 0
+        return self.count_text(orjson.dumps(tools).decode(), encoding)

@@ -1,0 +1,1 @@
+"""Oversized tool results: selection (pure), circuit breaker, and the summarizing stage."""

@@ -1,0 +1,193 @@
+"""Replacing oversized tool results with notes before the request goes upstream (spec 5).
+
+A note is made once per (credential scope, tool call id, content hash) and stored, so the same tool
+result gives the same bytes on every later request; a failure is stored too, for the breaker's
+cool-down, so the forwarded bytes do not flip between raw and summarized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.chat_request import Conversation
+from proxy.compaction import extract
+from proxy.config import Config
+from proxy.hashing import content_digest, message_digest
+from proxy.prompts import Prompts
+from proxy.singleflight import SingleFlight
+from proxy.store.base import Store
+from proxy.text import clamp_middle
+from proxy.toolresults import select as sel
+from proxy.toolresults.breaker import CircuitBreaker
+from proxy.tokens import TokenCounter
+from proxy.upstream import SummarizerError, UpstreamCaller
+
+log = logging.getLogger("proxy.toolresults")
+
+MAX_APPENDED_IDENTIFIERS_CHARS = 8000
+
+
+@dataclass
+class StageResult:
+    messages: list[dict[str, Any]]  # the forwarded messages (the input list when nothing changed)
+    summarized: int  # tool results carried as notes
+    wait_ms: float
+
+
+class ToolResultStage:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        caller: UpstreamCaller,
+        prompts: Prompts,
+        counter: TokenCounter,
+        *,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.tool_results
+        self.store = store
+        self.caller = caller
+        self.prompts = prompts
+        self.counter = counter
+        self.clock = clock
+        self.flight: SingleFlight[dict[str, Any]] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self._limit = asyncio.Semaphore(self.tcfg.concurrency)
+        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self.calls = 0
+
+    def breaker(self, model: str) -> CircuitBreaker:
+        key = (self.cfg.upstream.base_url, model)
+        b = self._breakers.get(key)
+        if b is None:
+            b = self._breakers[key] = CircuitBreaker(self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, self.clock)
+        return b
+
+    async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
+        """Returns the messages to forward; updates conv.tokens for the ones it replaced."""
+        if not self.tcfg.enabled:
+            return StageResult(conv.messages, 0, 0.0)
+        cands = sel.select(
+            conv.messages,
+            conv.tokens,
+            threshold=self.tcfg.threshold_tokens,
+            cap=self.tcfg.max_payload_tokens,
+            skip=self.tcfg.skip_tools,
+        )
+        if not cands:
+            return StageResult(conv.messages, 0, 0.0)
+        started = time.perf_counter()
+        hint = sel.parent_hint(conv.messages)
+        model = self.tcfg.summarizer_model or conv.model
+        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv) for c in cands))
+        messages = list(conv.messages)
+        summarized = 0
+        for c, (text, ok) in zip(cands, notes):
+            new = dict(messages[c.index])
+            new["content"] = text
+            messages[c.index] = new
+            conv.tokens[c.index] = self.counter.count_message(new, conv.encoding, message_digest(new))
+            summarized += ok
+        return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
+
+    async def _note(
+        self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str, conv: Conversation
+    ) -> tuple[str, bool]:
+        """(text to forward, whether it is a summary)."""
+        if c.over_cap:
+            return self._raw_with_notice(c, conv, "the output is larger than the proxy's size cap"), False
+        key = f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
+
+        async def existing() -> dict[str, Any] | None:
+            raw = await self.store.get(key)
+            if raw is None:
+                return None
+            try:
+                return orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return None
+
+        async def make() -> dict[str, Any]:
+            breaker = self.breaker(model)
+            if not breaker.allow():
+                # Not stored: the breaker itself remembers, and a closed one should retry.
+                return {"ok": False, "reason": "the summarizer failed repeatedly and is paused", "store": False}
+            try:
+                async with self._limit:
+                    note = await self._summarize(c, hint, model, headers)
+            except SummarizerError as e:
+                breaker.failure()
+                log.warning("tool result summary failed (%s): %s", c.tool_name, e)
+                rec = {"ok": False, "reason": _reason(e)}
+                await self.store.put(key, orjson.dumps(rec), self.tcfg.breaker_cooldown_s or 1)
+                return rec
+            breaker.success()
+            rec = {"ok": True, "text": note}
+            await self.store.put(key, orjson.dumps(rec))
+            return rec
+
+        rec = await self.flight.run(key, make, existing)
+        if rec.get("ok"):
+            return rec["text"], True
+        return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
+
+    async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
+        window = self.cfg.model_settings(model).context_window or 128_000
+        # One call per result: a payload larger than the summarizer's window is cut head and tail.
+        room_tokens = max(1024, int(0.8 * window) - self.tcfg.max_output_tokens - 1500)
+        payload = c.text
+        if c.tokens > room_tokens:
+            payload = clamp_middle(payload, int(len(payload) * room_tokens / c.tokens * 0.9))
+        self.calls += 1
+        text = await self.caller.complete(
+            headers=headers,
+            model=model,
+            messages=[
+                {"role": "system", "content": self.prompts["tool-result-summarizer"].render(tool_name=c.tool_name)},
+                {"role": "user", "content": sel.user_message(c.tool_name, hint, payload)},
+            ],
+            max_output_tokens=self.tcfg.max_output_tokens,
+            timeout_s=self.tcfg.timeout_s,
+        )
+        text = text.strip()
+        if not text:
+            raise SummarizerError("invalid", "the summarizer returned an empty note")
+        missing = extract.dropped(extract.find_identifiers(c.text), text)
+        if missing:
+            kept = []
+            used = 0
+            for ident in missing:
+                used += len(ident) + 3
+                if used > MAX_APPENDED_IDENTIFIERS_CHARS:
+                    kept.append(f"... and {len(missing) - len(kept)} more")
+                    break
+                kept.append(ident)
+            text += "\n\n## Identifiers preserved\n" + "\n".join(f"- {i}" for i in kept)
+        if len(text) >= len(c.text):
+            raise SummarizerError("invalid", "the summary was not smaller than the output")
+        return text
+
+    def _raw_with_notice(self, c: sel.Candidate, conv: Conversation, reason: str) -> str:
+        text = c.text
+        cap = self.tcfg.max_payload_tokens
+        notice = sel.notice(reason)
+        if c.tokens > cap:
+            # The notice goes on after clamping so that nothing can cut it off.
+            max_chars = int(len(text) * cap / c.tokens)
+            text = clamp_middle(text, max(0, max_chars - len(notice) - 1), what="characters of tool output")
+        return notice + "\n" + text
+
+
+def _reason(e: SummarizerError) -> str:
+    return {
+        "timeout": "the summarizer timed out",
+        "overflow": "the output is too large for the summarizer",
+        "invalid": f"the summary was unusable: {e}",
+    }.get(e.kind, f"the summarizer call failed: {e}")

@@ -1,0 +1,116 @@
+"""The proxy's own calls to the upstream (summaries): non-streaming chat completions.
+
+Used by the history summarizer and the tool-result summarizer alike. Upstreams disagree on the
+output-cap parameter, so we try `max_completion_tokens`, fall back to `max_tokens` when it is
+rejected, and remember what each model accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+_OVERFLOW_RE = re.compile(
+    r"context[ _-]?length|maximum context|context window|too many tokens|prompt is too long|"
+    r"exceeds? the (?:model'?s? )?(?:context|maximum)|reduce the length",
+    re.IGNORECASE,
+)
+_CAP_PARAMS = ("max_completion_tokens", "max_tokens")
+
+
+class SummarizerError(Exception):
+    """A summarizer call that produced no usable text. `kind` tells the callers how to react."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # overflow | http | timeout | network | invalid
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    """True for an upstream's 'your prompt is longer than my window' rejection."""
+    if status not in (400, 413, 422):
+        return False
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        err = None
+    if isinstance(err, dict):
+        if err.get("code") == "context_length_exceeded" or err.get("type") == "context_length_exceeded":
+            return True
+        return bool(_OVERFLOW_RE.search(str(err.get("message", ""))))
+    return bool(_OVERFLOW_RE.search(body[:2000].decode("utf-8", "replace")))
+
+
+def _rejects_param(body: bytes, param: str) -> bool:
+    text = body[:4000].decode("utf-8", "replace")
+    return param in text and re.search(r"unsupported|not supported|unrecognized|unknown|extra|invalid", text, re.I) is not None
+
+
+@dataclass
+class UpstreamCaller:
+    session: aiohttp.ClientSession
+    base_url: str
+    connect_timeout_s: float
+
+    def __post_init__(self) -> None:
+        self._cap_param: dict[str, str] = {}
+
+    async def complete(
+        self,
+        *,
+        headers: dict[str, str],
+        model: str,
+        messages: list[dict[str, Any]],
+        max_output_tokens: int,
+        timeout_s: float,
+    ) -> str:
+        """One non-streaming completion; returns the assistant's text or raises SummarizerError."""
+        param = self._cap_param.get(model, _CAP_PARAMS[0])
+        for attempt in range(2):
+            body = {"model": model, "messages": messages, "stream": False, param: max_output_tokens}
+            status, raw = await self._post(headers, body, timeout_s)
+            if status == 200:
+                self._cap_param[model] = param
+                return _extract_text(raw)
+            if status == 400 and attempt == 0 and _rejects_param(raw, param):
+                param = _CAP_PARAMS[1] if param == _CAP_PARAMS[0] else _CAP_PARAMS[0]
+                continue
+            if is_context_overflow(status, raw):
+                raise SummarizerError("overflow", "the summarizer's input exceeded the upstream context window")
+            raise SummarizerError("http", f"upstream answered HTTP {status}")
+        raise SummarizerError("http", "upstream rejected both max_completion_tokens and max_tokens")
+
+    async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=self.connect_timeout_s)
+        try:
+            async with self.session.post(
+                self.base_url + "/chat/completions",
+                data=orjson.dumps(body),
+                headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
+                timeout=timeout,
+            ) as resp:
+                # Bound what we read: a runaway answer must not exhaust memory.
+                raw = await resp.content.read(8 << 20)
+                return resp.status, raw
+        except asyncio.TimeoutError:
+            raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+
+
+def _extract_text(raw: bytes) -> str:
+    try:
+        data = orjson.loads(raw)
+        content = data["choices"][0]["message"].get("content")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        raise SummarizerError("invalid", "the upstream's answer is not a chat completion") from None
+    if isinstance(content, list):  # some servers answer with content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, str):
+        raise SummarizerError("invalid", "the upstream's answer has no text content")
+    return content

@@ -1,0 +1,404 @@
+"""The store contract (proxy/store/base.py), checked against every backend with one suite.
+
+Time is a fake clock handed to the store, so expiry is tested without sleeping. Redis runs as a
+real redis-server (tests/support/redis_server.py); each test gets its own key namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from proxy.store import Store, StoreUnavailable, open_store
+from proxy.store.memory import MemoryStore
+from proxy.store.redis import RedisStore
+from proxy.store.resilient import ResilientStore
+from proxy.store.sqlite import SqliteStore
+from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
+
+TTL = 100.0
+
+# A server of its own for the tests that stop it, so the shared one is never disturbed.
+private_redis = redis_server_fixture("private_redis")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+MakeStore = Callable[..., Store]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> AsyncIterator[MakeStore]:
+    """Builds stores of the parametrized backend; closes them after the test."""
+    backend: str = request.param
+    server: RedisServer | None = request.getfixturevalue("redis_server") if backend == "redis" else None
+    stores: list[Store] = []
+
+    def make(*, ttl_s: float = TTL, max_records: int = 1000) -> Store:
+        store: Store
+        if backend == "memory":
+            store = MemoryStore(ttl_s=ttl_s, max_records=max_records, clock=clock)
+        elif backend == "sqlite":
+            store = SqliteStore(str(tmp_path / "store.db"), ttl_s=ttl_s, max_records=max_records, clock=clock)
+        else:
+            assert server is not None
+            store = RedisStore(
+                server.url, ttl_s=ttl_s, max_records=max_records, clock=clock,
+                namespace=f"test-{uuid.uuid4().hex}:",
+            )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture
+def store(make_store: MakeStore) -> Store:
+    return make_store()
+
+
+# -- basic reads and writes -------------------------------------------------------------------
+
+
+async def test_put_get_and_missing_keys(store: Store) -> None:
+    assert await store.get("a") is None
+    assert await store.get_many([]) == {}
+    await store.put("a", b"1")
+    await store.put("b", b"2")
+    assert await store.get("a") == b"1"
+    assert await store.get_many(["a", "missing", "b", "a"]) == {"a": b"1", "b": b"2"}
+
+
+async def test_overwrite(store: Store) -> None:
+    await store.put("a", b"old")
+    await store.put("a", b"new")
+    assert await store.get("a") == b"new"
+
+
+async def test_get_many_beyond_one_chunk(make_store: MakeStore) -> None:
+    store = make_store(max_records=2000)
+    keys = [f"key-{i}" for i in range(1100)]
+    for i, key in enumerate(keys):
+        await store.put(key, str(i).encode())
+    found = await store.get_many(keys + ["missing"])
+    assert found == {key: str(i).encode() for i, key in enumerate(keys)}
+
+
+async def test_values_round_trip_exactly(store: Store) -> None:
+    values = {
+        "empty": b"",
+        "binary": bytes(range(256)),
+        "not-utf8": b"\xff\xfe\x00\xc3(\x80 caf\xe9",
+        "big": os.urandom(1024 * 1024),
+    }
+    for key, value in values.items():
+        await store.put(key, value)
+    assert await store.get_many(list(values)) == values
+
+
+# -- add and delete ---------------------------------------------------------------------------
+
+
+async def test_add_is_set_if_absent(store: Store, clock: FakeClock) -> None:
+    assert await store.add("lock", b"me", ttl_s=10) is True
+    assert await store.add("lock", b"you", ttl_s=10) is False
+    assert await store.get("lock") == b"me"
+    clock.advance(11)
+    assert await store.add("lock", b"you", ttl_s=10) is True  # the holder's lock expired
+    assert await store.get("lock") == b"you"
+
+
+async def test_add_refuses_over_a_permanent_key(store: Store, clock: FakeClock) -> None:
+    assert await store.add("secret", b"s1", ttl_s=None) is True
+    clock.advance(10 * TTL)
+    assert await store.add("secret", b"s2", ttl_s=None) is False
+    assert await store.get("secret") == b"s1"
+
+
+async def test_concurrent_adds_have_one_winner(store: Store) -> None:
+    results = await asyncio.gather(*(store.add("lock", str(i).encode(), ttl_s=10) for i in range(20)))
+    assert results.count(True) == 1
+    assert await store.get("lock") == str(results.index(True)).encode()
+
+
+async def test_delete(store: Store) -> None:
+    await store.put("a", b"1")
+    assert await store.delete("a") is True
+    assert await store.get("a") is None
+    assert await store.delete("a") is False
+    assert await store.delete("never") is False
+
+
+async def test_delete_with_expected_value(store: Store) -> None:
+    await store.put("lock", b"mine")
+    assert await store.delete("lock", expected=b"theirs") is False
+    assert await store.get("lock") == b"mine"
+    assert await store.delete("lock", expected=b"mine") is True
+    assert await store.get("lock") is None
+    assert await store.delete("lock", expected=b"mine") is False
+
+
+async def test_delete_of_expired_key_deletes_nothing(store: Store, clock: FakeClock) -> None:
+    await store.put("lock", b"mine", ttl_s=10)
+    clock.advance(11)
+    assert await store.delete("lock", expected=b"mine") is False
+    assert await store.add("lock", b"next", ttl_s=10) is True
+
+
+# -- expiry -----------------------------------------------------------------------------------
+
+
+async def test_keys_expire_after_ttl(store: Store, clock: FakeClock) -> None:
+    await store.put("a", b"1")
+    await store.put("b", b"2")
+    clock.advance(TTL * 0.5)
+    assert await store.get("a") == b"1"
+    clock.advance(TTL * 0.6)  # b unused for 1.1 x TTL, a for 0.6 x TTL
+    assert await store.get_many(["a", "b"]) == {"a": b"1"}
+
+
+async def test_read_refreshes_ttl(store: Store, clock: FakeClock) -> None:
+    await store.put("a", b"1")
+    clock.advance(TTL * 0.9)
+    assert await store.get("a") == b"1"
+    clock.advance(TTL * 0.6)  # 1.5 x TTL after the write, 0.6 x TTL after the read
+    assert await store.get_many(["a"]) == {"a": b"1"}
+    clock.advance(TTL * 1.01)
+    assert await store.get("a") is None
+
+
+async def test_a_key_keeps_its_own_ttl_across_refreshes(store: Store, clock: FakeClock) -> None:
+    await store.put("lock", b"1", ttl_s=10)
+    clock.advance(5)
+    assert await store.get("lock") == b"1"
+    clock.advance(9)
+    assert await store.get("lock") == b"1"
+    clock.advance(11)  # refreshed by its own 10 s, not the store's TTL
+    assert await store.get("lock") is None
+
+
+async def test_permanent_keys_never_expire(store: Store, clock: FakeClock) -> None:
+    await store.put("secret", b"s", ttl_s=None)
+    clock.advance(1000 * TTL)
+    assert await store.get("secret") == b"s"
+
+
+async def test_switching_between_permanent_and_expiring(store: Store, clock: FakeClock) -> None:
+    await store.put("a", b"1")
+    await store.put("a", b"2", ttl_s=None)
+    clock.advance(10 * TTL)
+    assert await store.get("a") == b"2"
+    await store.put("a", b"3")
+    clock.advance(10 * TTL)
+    assert await store.get("a") is None
+
+
+# -- bound ------------------------------------------------------------------------------------
+
+
+async def test_max_records_evicts_least_recently_used(make_store: MakeStore, clock: FakeClock) -> None:
+    store = make_store(max_records=3)
+    await store.put("secret", b"s", ttl_s=None)  # permanent: neither counted nor evicted
+    for key in ("a", "b", "c"):
+        await store.put(key, key.encode())
+        clock.advance(1)
+    assert await store.get("a") == b"a"  # a is now the most recently used
+    clock.advance(1)
+    await store.put("d", b"d")
+    assert await store.get_many(["a", "b", "c", "d", "secret"]) == {
+        "a": b"a", "c": b"c", "d": b"d", "secret": b"s",
+    }
+    for key in ("d", "c"):  # now a is the least recently used
+        clock.advance(1)
+        assert await store.get(key) is not None
+    clock.advance(1)
+    assert await store.add("e", b"e") is True  # add is a write that counts too
+    assert await store.get_many(["a", "c", "d", "e", "secret"]) == {
+        "c": b"c", "d": b"d", "e": b"e", "secret": b"s",
+    }
+
+
+# -- SQLite specifics -------------------------------------------------------------------------
+
+
+async def test_sqlite_persists_across_reopen(tmp_path: Path, clock: FakeClock) -> None:
+    path = str(tmp_path / "nested" / "dir" / "store.db")
+    first = SqliteStore(path, ttl_s=TTL, max_records=10, clock=clock)
+    await first.put("a", b"\x00\xff")
+    await first.put("secret", b"s", ttl_s=None)
+    await first.close()
+    second = SqliteStore(path, ttl_s=TTL, max_records=10, clock=clock)
+    try:
+        assert await second.get_many(["a", "secret"]) == {"a": b"\x00\xff", "secret": b"s"}
+    finally:
+        await second.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_sqlite_sweeps_expired_rows(tmp_path: Path, clock: FakeClock) -> None:
+    path = str(tmp_path / "store.db")
+    store = SqliteStore(path, ttl_s=TTL, max_records=10, clock=clock)
+    try:
+        await store.put("old", b"1")
+        clock.advance(3600)
+        await store.put("new", b"2")  # a write sweeps when the last sweep is long enough ago
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT key FROM kv").fetchall() == [("new",)]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_unwritable_location_raises_store_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")  # a file where a directory must go: fails even when run as root
+    store = SqliteStore(str(blocker / "store.db"), ttl_s=TTL, max_records=10)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.put("a", b"1")
+        with pytest.raises(StoreUnavailable):
+            await store.get("a")
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+    finally:
+        await store.close()
+    with pytest.raises(StoreUnavailable):
+        await store.get("a")  # closed
+
+
+# -- Redis specifics --------------------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_redis_down_raises_store_unavailable(private_redis: RedisServer) -> None:
+    store = RedisStore(private_redis.url, ttl_s=TTL, max_records=10)
+    try:
+        await store.ping()
+        private_redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        with pytest.raises(StoreUnavailable):
+            await store.put("a", b"1")
+        with pytest.raises(StoreUnavailable):
+            await store.get("a")
+    finally:
+        await store.close()
+
+
+# -- ResilientStore ---------------------------------------------------------------------------
+
+
+def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "proxy.store" and r.levelno == level]
+
+
+@pytest.mark.redis
+async def test_resilient_store_rides_out_a_redis_outage(
+    private_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="proxy.store")
+    store = ResilientStore(RedisStore(private_redis.url, ttl_s=TTL, max_records=10))
+    try:
+        await store.put("scope-hash", b"secret-value")
+        assert await store.get("scope-hash") == b"secret-value"
+        assert store.healthy
+
+        private_redis.stop()
+        assert await store.get("scope-hash") is None
+        assert await store.get_many(["scope-hash"]) == {}
+        await store.put("scope-hash", b"secret-value")
+        assert await store.add("lock", b"me") is False
+        assert await store.delete("lock", expected=b"me") is False
+        await store.ping()
+        assert not store.healthy
+        warnings = _records(caplog, logging.WARNING)
+        assert len(warnings) == 1
+        assert "RedisStore" in warnings[0].getMessage()
+
+        private_redis.start()  # same port, empty: nothing was persisted
+        await store.put("scope-hash", b"again")
+        assert await store.get("scope-hash") == b"again"
+        assert store.healthy
+        assert len(_records(caplog, logging.INFO)) == 1
+        assert len(_records(caplog, logging.WARNING)) == 1
+        assert "scope-hash" not in caplog.text and "secret-value" not in caplog.text
+    finally:
+        await store.close()
+
+
+async def test_resilient_store_swallows_any_backend_error(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(MemoryStore):
+        async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+            raise RuntimeError("bug")
+
+    store = ResilientStore(Broken(ttl_s=TTL, max_records=10))
+    with caplog.at_level(logging.INFO, logger="proxy.store"):
+        assert await store.get("a") is None
+        assert await store.get_many(["a"]) == {}
+        assert not store.healthy
+        await store.put("a", b"1")  # the write works: the outage is over
+        assert store.healthy
+    assert [r.levelno for r in caplog.records if r.name == "proxy.store"] == [logging.WARNING, logging.INFO]
+
+
+async def test_resilient_store_over_unwritable_sqlite(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_bytes(b"")
+    store = ResilientStore(SqliteStore(str(tmp_path / "a-file" / "x.db"), ttl_s=TTL, max_records=10))
+    assert await store.add("lock", b"me") is False
+    assert await store.get("lock") is None
+    assert not store.healthy
+    await store.close()
+
+
+# -- open_store -------------------------------------------------------------------------------
+
+
+async def test_open_store_picks_backend_by_url(tmp_path: Path) -> None:
+    limits = {"ttl_s": 60.0, "max_records": 5}
+    memory = open_store("memory://", **limits)
+    assert isinstance(memory, MemoryStore) and memory.ttl_s == 60.0 and memory.max_records == 5
+
+    relative = open_store("sqlite:///data/store.db", **limits)
+    assert isinstance(relative, SqliteStore) and relative.path == "data/store.db"
+    absolute = open_store(f"sqlite:///{tmp_path}/store.db", **limits)
+    assert isinstance(absolute, SqliteStore) and absolute.path == f"{tmp_path}/store.db"
+    await relative.close()
+    await absolute.close()
+    assert not Path("data/store.db").exists()  # nothing is created before the first call
+
+    for url in ("redis://127.0.0.1:6379/0", "rediss://user:pw@redis.example:6380/2"):
+        store = open_store(url, **limits)
+        assert isinstance(store, RedisStore)
+        await store.close()
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://x.db", "postgres://u:pw@h/db", "store.db", ""])
+def test_open_store_rejects_unknown_urls(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        open_store(url, ttl_s=60, max_records=5)
+    assert "pw" not in str(info.value)
