@@ -11,7 +11,7 @@ from proxy import errors
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import passthrough
-from proxy.state import ProxyState
+from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy")
 
@@ -36,12 +36,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def healthz(request: web.Request) -> web.Response:
-    state: ProxyState = request.app["state"]
+    state = request.app[STATE]
     return web.json_response({"status": "ok", "store": "ok" if getattr(state.store, "healthy", True) else "down"})
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
-    state: ProxyState = request.app["state"]
+    state = request.app[STATE]
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body)
 
 
@@ -52,12 +52,10 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
         client_max_size=max_body,
         handler_args={"max_field_size": cfg.server.max_header_kb * 1024, "max_line_size": cfg.server.max_header_kb * 1024},
     )
-    app["config"] = cfg
-
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
-        app["state"] = await (state_factory or ProxyState.create)(cfg)
+        app[STATE] = await (state_factory or ProxyState.create)(cfg)
         yield
-        await app["state"].close()
+        await app[STATE].close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", healthz)

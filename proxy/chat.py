@@ -20,13 +20,14 @@ from proxy.chat_request import Conversation, analyze, parse_chat_body
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
+    client_response_headers,
     client_timeout,
     map_client_error,
     relay,
     upstream_request_headers,
 )
 from proxy.hashing import credential_scope
-from proxy.state import ProxyState
+from proxy.state import STATE, ProxyState
 from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.chat")
@@ -54,7 +55,7 @@ def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: f
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
-    state: ProxyState = request.app["state"]
+    state = request.app[STATE]
     cfg = state.cfg
     raw = await read_body(request, state.max_body)
     body = parse_chat_body(raw)
@@ -159,6 +160,4 @@ async def _forward(
 
 
 def _passthrough_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
-    from proxy.forward import client_response_headers
-
     return dict(client_response_headers(upstream.headers))

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 import aiohttp
+from aiohttp import web
 
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
@@ -28,6 +29,8 @@ ENCODING_LOAD_TIMEOUT_S = 15
 
 @dataclass
 class ProxyState:
+    """Built once per process by `create` and kept on the app under STATE."""
+
     cfg: Config
     session: aiohttp.ClientSession
     counter: TokenCounter
@@ -93,3 +96,6 @@ async def _scope_secret(cfg: Config, store: Store) -> bytes:
         log.warning("the store is unavailable: using a per-process scope secret (no reuse across restarts)")
         secret = os.urandom(32).hex().encode()
     return secret
+
+
+STATE = web.AppKey("state", ProxyState)

@@ -355,6 +355,8 @@ class CompactionEngine:
     async def _prepare(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, budget: Budget) -> None:
         view = _View(conv, fwd)
         record = self._local_record(view, ctx.scope) or await self._stored_record(view, ctx.scope, None)
+        if record is not None and record.prepared:
+            return  # one prepared summary per compaction event; the crossing request updates it
         plan = self._plan(view, budget, record)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return

@@ -21,7 +21,8 @@ Use it in the test's event loop::
         ...
         assert fake.chat_requests[-1]["messages"][0]["role"] == "system"
 
-or through the `fake_upstream` fixture below (import it into a test module or conftest), or from
+or through the `fake_upstream` fixture below (`from support.fake_upstream import fake_upstream` in a
+test module; tests/conftest.py has an equivalent `upstream` fixture), or from
 synchronous code with `with FakeUpstream() as fake:` (runs its own loop in a thread).
 Every public attribute can be changed at any time, also while the server runs; each request
 reads them when it arrives. See the FakeUpstream docstring for the list.
@@ -58,6 +59,12 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
 
 log = logging.getLogger(__name__)
+
+# Per-request state of the fake's handlers (typed keys, as aiohttp recommends; plain strings on
+# aiohttp versions before RequestKey existed).
+_RequestKey = getattr(web, "RequestKey", None)
+_RESP_KEY: Any = _RequestKey("fake_resp", web.StreamResponse) if _RequestKey else "fake_resp"
+_ABORTED_KEY: Any = _RequestKey("fake_aborted", bool) if _RequestKey else "fake_aborted"
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_OUTPUT_BEGIN = "--- BEGIN TOOL OUTPUT ---"
@@ -645,15 +652,16 @@ class FakeUpstream:
     # ---- summarizer recognition ----------------------------------------------------------------
 
     def _prompt_prefixes(self, filename: str) -> list[str]:
-        """First 60 chars (whitespace-collapsed) of a prompt file, with and without a leading
-        HTML comment; read at request time because the prompts may be written during the run."""
+        """First 60 chars (whitespace-collapsed, up to any {{placeholder}}) of a prompt file, with and
+        without a leading HTML comment; read at request time because the prompts may change."""
         try:
             text = (Path(self.prompts_dir) / filename).read_text(encoding="utf-8")
         except OSError:
             return []
         out = []
         for variant in (text, _HTML_COMMENT_RE.sub("", text, count=1)):
-            p = _collapse_ws(variant)[:PROMPT_MATCH_CHARS]
+            # Stop at the first {{placeholder}}: the proxy renders it (tool name) before sending.
+            p = _collapse_ws(variant.split("{{", 1)[0])[:PROMPT_MATCH_CHARS]
             if len(p) >= 10 and p not in out:
                 out.append(p)
         return out
@@ -983,14 +991,14 @@ class FakeUpstream:
         try:
             return await self._route(request, rec)
         except asyncio.CancelledError:
-            if not self._stopping and not request.get("fake_aborted"):
+            if not self._stopping and not request.get(_ABORTED_KEY):
                 rec.disconnected = True
                 self.disconnects += 1
             raise
         except ConnectionResetError:  # client went away while we wrote
             rec.disconnected = True
             self.disconnects += 1
-            return request.get("fake_resp") or web.Response(status=499)
+            return request.get(_RESP_KEY) or web.Response(status=499)
         finally:
             if task is not None:
                 self._tasks.discard(task)
@@ -1238,7 +1246,7 @@ class FakeUpstream:
             resp = web.StreamResponse(status=status, headers=hdrs)
             resp.content_length = len(data)
             await resp.prepare(request)
-            request["fake_resp"] = resp
+            request[_RESP_KEY] = resp
             await resp.write(data[: len(data) // 2])
             if self.reset_mid_response:
                 return await self._abort(request, resp)
@@ -1254,7 +1262,7 @@ class FakeUpstream:
             {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}))
         rec.status = 200
         await resp.prepare(request)
-        request["fake_resp"] = resp
+        request[_RESP_KEY] = resp
         middle = max(1, len(events) // 2)
         for i, (data, final) in enumerate(events):
             if fault and i == middle:
@@ -1277,7 +1285,7 @@ class FakeUpstream:
 
     async def _abort(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
         """Cut the connection after what was written so far (a reset mid-response)."""
-        request["fake_aborted"] = True
+        request[_ABORTED_KEY] = True
         await asyncio.sleep(0.05)  # let the partial body reach the client first
         if request.transport is not None:
             request.transport.abort()
@@ -1361,7 +1369,7 @@ async def _resolve(spec: Any, body: dict[str, Any]) -> Any:
     return spec
 
 
-try:  # a ready-made fixture: `from tests.support.fake_upstream import fake_upstream`
+try:  # a ready-made fixture: `from support.fake_upstream import fake_upstream`
     import pytest_asyncio
 
     @pytest_asyncio.fixture
