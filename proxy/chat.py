@@ -25,6 +25,7 @@ from proxy.forward import (
     map_client_error,
     relay,
     upstream_request_headers,
+    upstream_url,
 )
 from proxy.hashing import credential_scope
 from proxy.state import STATE, ProxyState
@@ -127,7 +128,7 @@ async def _forward(
     extra: dict[str, str],
     retry: Any = None,
 ) -> web.StreamResponse:
-    url = state.cfg.upstream.base_url + "/chat/completions"
+    url = upstream_url(state.cfg.upstream.base_url, request, "/chat/completions")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
     for attempt in range(2):

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from proxy import errors
 
@@ -106,6 +107,13 @@ def map_client_error(e: BaseException) -> errors.ProxyError:
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
+def upstream_url(base_url: str, request: web.Request, raw_tail: str) -> URL:
+    """base_url + the path tail, with the client's query string, both exactly as the client encoded
+    them: decoding and re-encoding would change `%2F`, `%20` or `+` (and thus the request)."""
+    query = request.rel_url.raw_query_string
+    return URL(base_url + raw_tail + (f"?{query}" if query else ""), encoded=True)
+
+
 async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
@@ -179,7 +187,7 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
         data = await request.read()
     else:
         data = _body_chunks(request, max_body)
-    url = cfg.base_url + request.path[len("/v1"):] + (f"?{request.query_string}" if request.query_string else "")
+    url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len("/v1"):])
     headers = upstream_request_headers(
         request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None
     )

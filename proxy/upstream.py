@@ -1,8 +1,11 @@
 """The proxy's own calls to the upstream (summaries): non-streaming chat completions.
 
 Used by the history summarizer and the tool-result summarizer alike. Upstreams disagree on the
-output-cap parameter, so we try `max_completion_tokens`, fall back to `max_tokens` when it is
-rejected, and remember what each model accepted.
+output-cap parameter: OpenAI wants `max_completion_tokens` (its newer models reject `max_tokens`,
+and it rejects both at once), while several compatible servers (llama.cpp's among them) silently
+ignore `max_completion_tokens` and honour only `max_tokens`. So OpenAI's own hosts get the former,
+other servers the latter, either falls back to the other when rejected, and the choice is
+remembered per model.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ class UpstreamCaller:
 
     def __post_init__(self) -> None:
         self._cap_param: dict[str, str] = {}
+        host = self.base_url.split("://", 1)[-1].split("/", 1)[0].lower()
+        openai_hosted = host.endswith("openai.com") or host.endswith("openai.azure.com")
+        self._default_param = _CAP_PARAMS[0] if openai_hosted else _CAP_PARAMS[1]
 
     async def complete(
         self,
@@ -70,7 +76,7 @@ class UpstreamCaller:
         timeout_s: float,
     ) -> str:
         """One non-streaming completion; returns the assistant's text or raises SummarizerError."""
-        param = self._cap_param.get(model, _CAP_PARAMS[0])
+        param = self._cap_param.get(model, self._default_param)
         for attempt in range(2):
             body = {"model": model, "messages": messages, "stream": False, param: max_output_tokens}
             status, raw = await self._post(headers, body, timeout_s)

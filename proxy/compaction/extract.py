@@ -32,24 +32,36 @@ _IDENT_PATTERNS = [
 _ERROR_LINE = re.compile(
     r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
 )
-_NOT_AN_ID = re.compile(r"^(?:/+|\.+/?|[\d.]+%?)$")
-MAX_IDENTIFIERS = 150
+# Bare slashes and dots, and percentages, are not identifiers (numbers of 4+ digits are).
+_NOT_AN_ID = re.compile(r"^(?:/+|\.+/?|[\d.]+%)$")
 MAX_ERROR_LINES = 20
 MAX_ERROR_LINE_CHARS = 300
 
 
 def find_identifiers(text: str) -> list[str]:
-    """Identifiers in order of first appearance, without duplicates."""
-    found: dict[int, str] = {}
-    seen: set[str] = set()
+    """Identifiers in order of first appearance, without duplicates.
+
+    A match inside a longer one (the path part of a URL, the digits of a UUID) is left out: the
+    longer identifier already carries it verbatim.
+    """
+    spans: list[tuple[int, int, str]] = []
     for pat in _IDENT_PATTERNS:
         for m in pat.finditer(text):
             tok = m.group(0).rstrip(".,;:")
-            if len(tok) < 4 or tok in seen or _NOT_AN_ID.match(tok):
-                continue
+            if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
+                spans.append((m.start(), m.start() + len(tok), tok))
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    out: list[str] = []
+    seen: set[str] = set()
+    covered_to = -1
+    for _start, end, tok in spans:
+        if end <= covered_to:
+            continue
+        covered_to = end
+        if tok not in seen:
             seen.add(tok)
-            found.setdefault(m.start(), tok)
-    return [found[k] for k in sorted(found)]
+            out.append(tok)
+    return out
 
 
 def find_error_lines(text: str) -> list[str]:

@@ -31,9 +31,15 @@ def is_skipped(tool_name: str, skip: Sequence[str]) -> bool:
 def select(
     messages: list[dict[str, Any]], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str]
 ) -> list[Candidate]:
-    names: dict[str, str] | None = None
+    """Tool messages over `threshold` tokens (the message's count: content plus a few tokens of
+    framing), in order. The tool's name comes from the latest assistant call with the same id before
+    the result: agents reuse call ids across turns, so a map over the whole conversation would name
+    an earlier result after a later call."""
+    names: dict[str, str] = {}
     out: list[Candidate] = []
     for i, m in enumerate(messages):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            names.update(tool_names_by_call_id([m]))
         if m.get("role") != "tool" or tokens[i] <= threshold:
             continue
         content = m.get("content")
@@ -41,8 +47,6 @@ def select(
             isinstance(p, dict) and p.get("type") == "text" for p in content
         ))):
             continue  # images or other parts: not ours to rewrite
-        if names is None:
-            names = tool_names_by_call_id(messages[:i])
         call_id = str(m.get("tool_call_id", ""))
         name = names.get(call_id) or str(m.get("name") or "tool")
         if is_skipped(name, skip):

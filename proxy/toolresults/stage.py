@@ -1,8 +1,8 @@
 """Replacing oversized tool results with notes before the request goes upstream (spec 5).
 
 A note is made once per (credential scope, tool call id, content hash) and stored, so the same tool
-result gives the same bytes on every later request; a failure is stored too, for the breaker's
-cool-down, so the forwarded bytes do not flip between raw and summarized.
+result gives the same bytes on every later request; a failure is stored too, until the end of the
+breaker's cool-down, so the forwarded bytes do not flip between raw and summarized meanwhile.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -23,6 +23,7 @@ from proxy.prompts import Prompts
 from proxy.singleflight import SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
+from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
 from proxy.toolresults.breaker import CircuitBreaker
 from proxy.tokens import TokenCounter
@@ -30,7 +31,7 @@ from proxy.upstream import SummarizerError, UpstreamCaller
 
 log = logging.getLogger("proxy.toolresults")
 
-MAX_APPENDED_IDENTIFIERS_CHARS = 8000
+PAUSED = "the summarizer failed repeatedly and is paused"
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ToolResultStage:
         prompts: Prompts,
         counter: TokenCounter,
         *,
-        clock: Any = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
         self.tcfg = cfg.tool_results
@@ -57,6 +58,8 @@ class ToolResultStage:
         self.caller = caller
         self.prompts = prompts
         self.counter = counter
+        # Wall time, not monotonic: failure records carry an expiry that other replicas read.
+        # Replaceable on a running stage (tests move time on): the breakers read it through us.
         self.clock = clock
         self.flight: SingleFlight[dict[str, Any]] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
         self._limit = asyncio.Semaphore(self.tcfg.concurrency)
@@ -67,7 +70,9 @@ class ToolResultStage:
         key = (self.cfg.upstream.base_url, model)
         b = self._breakers.get(key)
         if b is None:
-            b = self._breakers[key] = CircuitBreaker(self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, self.clock)
+            b = self._breakers[key] = CircuitBreaker(
+                self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, lambda: self.clock()
+            )
         return b
 
     async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
@@ -110,24 +115,28 @@ class ToolResultStage:
             if raw is None:
                 return None
             try:
-                return orjson.loads(raw)
+                rec = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 return None
+            # A failure holds until its cool-down ends (reads refresh the store's TTL, so the
+            # record's own expiry decides); then the result is tried again.
+            if not rec.get("ok") and rec.get("until", 0) <= self.clock():
+                return None
+            return rec
 
         async def make() -> dict[str, Any]:
             breaker = self.breaker(model)
             if not breaker.allow():
-                # Not stored: the breaker itself remembers, and a closed one should retry.
-                return {"ok": False, "reason": "the summarizer failed repeatedly and is paused", "store": False}
+                # Remembered until the breaker lets a trial through, so a result first seen while
+                # it is open keeps the same notice (and bytes) on every request meanwhile.
+                return await self._remember(key, PAUSED, breaker.retry_at or self.clock())
             try:
                 async with self._limit:
                     note = await self._summarize(c, hint, model, headers)
             except SummarizerError as e:
                 breaker.failure()
                 log.warning("tool result summary failed (%s): %s", c.tool_name, e)
-                rec = {"ok": False, "reason": _reason(e)}
-                await self.store.put(key, orjson.dumps(rec), self.tcfg.breaker_cooldown_s or 1)
-                return rec
+                return await self._remember(key, _reason(e), self.clock() + self.tcfg.breaker_cooldown_s)
             breaker.success()
             rec = {"ok": True, "text": note}
             await self.store.put(key, orjson.dumps(rec))
@@ -137,6 +146,11 @@ class ToolResultStage:
         if rec.get("ok"):
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
+
+    async def _remember(self, key: str, reason: str, until: float) -> dict[str, Any]:
+        rec = {"ok": False, "reason": reason, "until": until}
+        await self.store.put(key, orjson.dumps(rec), max(self.tcfg.breaker_cooldown_s, 1))
+        return rec
 
     async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
         window = self.cfg.model_settings(model).context_window or 128_000
@@ -159,17 +173,8 @@ class ToolResultStage:
         text = text.strip()
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty note")
-        missing = extract.dropped(extract.find_identifiers(c.text), text)
-        if missing:
-            kept = []
-            used = 0
-            for ident in missing:
-                used += len(ident) + 3
-                if used > MAX_APPENDED_IDENTIFIERS_CHARS:
-                    kept.append(f"... and {len(missing) - len(kept)} more")
-                    break
-                kept.append(ident)
-            text += "\n\n## Identifiers preserved\n" + "\n".join(f"- {i}" for i in kept)
+        text = notes.with_header(c.tool_name, text)
+        text = notes.with_identifiers(text, extract.dropped(extract.find_identifiers(c.text), text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
         return text

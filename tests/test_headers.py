@@ -1,0 +1,99 @@
+"""Request and response headers across the proxy: credentials, our own x-compaction-* headers and
+hop-by-hop headers (RFC 9110 7.6.1), on the chat route and on pass-through routes."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+CHAT = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+ROUTES = [("POST", "/chat/completions", CHAT), ("POST", "/embeddings", b'{"model":"m","input":"x"}'), ("GET", "/models", None)]
+
+
+async def _send(url: str, method: str, data: bytes | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, url, data=data, headers=headers) as r:
+            await r.read()
+            return r
+
+
+@pytest.mark.parametrize("method,path,data", ROUTES, ids=["chat", "embeddings", "models"])
+async def test_client_authorization_forwarded_not_config_key(upstream, make_proxy, method, path, data):
+    p = await make_proxy(upstream.base_url, {"upstream": {"api_key": "sk-from-config"}})
+    upstream.require_api_key = "sk-client"
+    r = await _send(p.base_url + path, method, data, {"Authorization": "Bearer sk-client"})
+    assert r.status == 200
+    assert upstream.requests[-1].headers["authorization"] == "Bearer sk-client"
+
+
+@pytest.mark.parametrize("method,path,data", ROUTES, ids=["chat", "embeddings", "models"])
+async def test_config_api_key_used_when_client_sends_none(upstream, make_proxy, method, path, data):
+    p = await make_proxy(upstream.base_url, {"upstream": {"api_key": "sk-from-config"}})
+    upstream.require_api_key = "sk-from-config"
+    r = await _send(p.base_url + path, method, data, {})
+    assert r.status == 200
+    assert upstream.requests[-1].headers["authorization"] == "Bearer sk-from-config"
+
+
+async def test_no_authorization_invented_without_config_key(upstream, proxy):
+    await _send(proxy.base_url + "/models", "GET", None, {})
+    await _send(proxy.base_url + "/chat/completions", "POST", CHAT, {})
+    assert all("authorization" not in r.headers for r in upstream.requests)
+
+
+DROPPED = {
+    "Connection": "keep-alive, X-Listed-In-Connection",
+    "X-Listed-In-Connection": "secret-hop",
+    "Keep-Alive": "timeout=5, max=100",
+    "TE": "trailers",
+    "Upgrade": "h2c",
+    "Proxy-Authorization": "Basic dXNlcjpwYXNz",
+    "Proxy-Connection": "keep-alive",
+    "x-compaction-bypass": "0",
+    "x-compaction-focus": "billing",
+    "x-compaction-session": "s-123",
+    "X-Compaction-Anything": "1",
+}
+KEPT = {"X-Client-Trace": "t-42", "OpenAI-Organization": "org-1", "User-Agent": "my-agent/1.0"}
+
+
+@pytest.mark.parametrize("method,path,data", ROUTES, ids=["chat", "embeddings", "models"])
+async def test_hop_by_hop_and_own_headers_never_reach_upstream(upstream, proxy, method, path, data):
+    r = await _send(proxy.base_url + path, method, data, {**DROPPED, **KEPT, "Authorization": "Bearer k"})
+    assert r.status == 200
+    got = upstream.requests[-1].headers
+    for name in DROPPED:
+        assert name.lower() not in got, name
+    assert not [h for h in got if h.startswith("x-compaction")]
+    for name, value in KEPT.items():
+        assert got[name.lower()] == value
+    assert got["authorization"] == "Bearer k"
+
+
+async def test_upstream_hop_by_hop_response_headers_dropped(make_proxy):
+    """Headers the upstream marks hop-by-hop stay between it and the proxy; the rest come back."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(
+            body=b'{"ok":true}',
+            content_type="application/json",
+            headers={"Connection": "keep-alive, X-Upstream-Hop", "X-Upstream-Hop": "1", "Keep-Alive": "timeout=9",
+                     "X-Upstream-Kept": "yes", "Set-Cookie": "a=b"},
+        )
+
+    app = web.Application()
+    app.router.add_get("/v1/batches", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+        r = await _send(p.base_url + "/batches", "GET", None, {})
+    finally:
+        await runner.cleanup()
+    assert r.status == 200
+    assert r.headers["X-Upstream-Kept"] == "yes" and r.headers["Set-Cookie"] == "a=b"
+    assert "X-Upstream-Hop" not in r.headers
+    assert "Keep-Alive" not in r.headers
