@@ -50,7 +50,13 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app = web.Application(
         middlewares=[error_middleware],
         client_max_size=max_body,
-        handler_args={"max_field_size": cfg.server.max_header_kb * 1024, "max_line_size": cfg.server.max_header_kb * 1024},
+        handler_args={
+            "max_field_size": cfg.server.max_header_kb * 1024,
+            "max_line_size": cfg.server.max_header_kb * 1024,
+            # A client that goes away must cancel its handler, whatever runner serves the app: that
+            # is what closes the upstream request of a stream waiting on a silent upstream.
+            "handler_cancellation": True,
+        },
     )
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         app[STATE] = await (state_factory or ProxyState.create)(cfg)

@@ -38,11 +38,11 @@ BIG_BODY = 512 * 1024  # above this, token counting runs off the event loop
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
-        raise errors.ProxyError(413, f"Request body exceeds the {limit} byte limit.", code="request_too_large")
+        raise errors.body_too_large(limit)
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise errors.ProxyError(413, f"Request body exceeds the {limit} byte limit.", code="request_too_large") from None
+        raise errors.body_too_large(limit) from None
 
 
 def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: float) -> dict[str, str]:
@@ -134,7 +134,9 @@ async def _forward(
     for attempt in range(2):
         t0 = time.perf_counter()
         try:
-            async with state.session.post(url, data=data, headers=headers, timeout=timeout) as upstream:
+            async with state.session.post(
+                url, data=data, headers=headers, timeout=timeout, allow_redirects=False
+            ) as upstream:
                 if attempt == 0 and retry is not None and upstream.status in (400, 413, 422):
                     # Nothing has gone to the client yet: an overflow can still be compacted and retried.
                     try:

@@ -41,12 +41,10 @@ def validate_chat_body(body: Any) -> None:
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, got {_type_name(body)}.")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request(
-            "'model' is required and must be a non-empty string." if model is None
-            else f"'model' must be a string, got {_type_name(model)}.",
-            param="model",
-        )
+    if model is None or model == "":
+        raise bad_request("'model' is required and must be a non-empty string.", param="model")
+    if not isinstance(model, str):
+        raise bad_request(f"'model' must be a string, got {_type_name(model)}.", param="model")
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise bad_request(

@@ -131,9 +131,11 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    """COMPACTION_PROXY_COMPACTION__THRESHOLD_TOKENS=90000 -> {"compaction": {"threshold_tokens": 90000}}.
+    """COMPACTION_PROXY_COMPACTION__THRESHOLD_TOKENS=90000 -> {"compaction": {"threshold_tokens": "90000"}}.
 
-    Values are read as YAML scalars so that numbers, booleans and `[a, b]` lists work.
+    Values stay strings, which the typed model converts ("90000" -> 90000, "false" -> False) while
+    string settings keep exactly what was written (an API key "12345", a focus "yes"). Two
+    exceptions: an empty value means "unset" (null), and a YAML flow list (`[a, "b*"]`) is a list.
     """
     out: dict[str, Any] = {}
     for name, raw in environ.items():
@@ -142,19 +144,28 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
         if not path:
             continue
-        try:
-            value = yaml.safe_load(raw) if raw != "" else None
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, (dict,)) or value is None and raw != "":
-            value = raw
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{name}: conflicts with another variable")
-        node[path[-1]] = value
+        if isinstance(node.get(path[-1]), dict):
+            raise ConfigError(f"{name}: conflicts with another variable")
+        node[path[-1]] = _env_value(raw)
     return out
+
+
+def _env_value(raw: str) -> Any:
+    if raw.strip() == "":
+        return None
+    if raw.lstrip().startswith("["):
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            return raw
+        if isinstance(value, list):
+            return value
+    return raw
 
 
 def _format_error(exc: ValidationError) -> str:

@@ -42,6 +42,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ProxyError(400, message, param=param, code=code)
 
 
+def body_too_large(limit: int) -> ProxyError:
+    return ProxyError(413, f"Request body exceeds the {limit} byte limit.", code="request_too_large")
+
+
 def upstream_unreachable(detail: str) -> ProxyError:
     return ProxyError(502, f"Upstream unreachable: {detail}", type="upstream_error", code="upstream_unreachable")
 

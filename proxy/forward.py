@@ -166,31 +166,58 @@ async def relay(
     return resp
 
 
-async def _body_chunks(request: web.Request, limit: int) -> AsyncIterator[bytes]:
-    seen = 0
-    async for chunk in request.content.iter_any():
-        seen += len(chunk)
-        if seen > limit:
-            raise errors.ProxyError(413, "Request body too large.", code="request_too_large")
-        yield chunk
+def _has_dot_segment(path: str) -> bool:
+    """On the decoded path, so that percent-encoded dots and slashes count too."""
+    return any(seg in (".", "..") for seg in path.split("/"))
+
+
+class LimitedBody:
+    """A request body streamed upstream that stops at the size limit and remembers that it did.
+
+    The limit is hit inside aiohttp's body writer, which reports it as a broken upstream
+    connection; `exceeded` lets the caller answer 413 instead of 502.
+    """
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self._request = request
+        self._limit = limit
+        self.exceeded = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._request.content.iter_any():
+            seen += len(chunk)
+            if seen > self._limit:
+                self.exceeded = True
+                raise errors.body_too_large(self._limit)
+            yield chunk
 
 
 async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int) -> web.StreamResponse:
     """Any other /v1/ route: same method, path, query and body, streamed both ways."""
+    if _has_dot_segment(request.path):
+        # Forwarded raw, `/v1/../x` (or `%2e%2e`, `..%2f`) would reach upstream paths outside the
+        # configured base URL once the upstream normalizes it; no OpenAI route has such segments.
+        raise errors.bad_request("The request path must not contain '.' or '..' segments.", code="invalid_path")
     length = request.content_length
     if length is not None and length > max_body:
-        raise errors.ProxyError(413, f"Request body exceeds the {max_body} byte limit.", code="request_too_large")
+        raise errors.body_too_large(max_body)
+    streamed: LimitedBody | None = None
     data: Any
     if not request.body_exists:
         data = None
     elif length is not None and length <= SMALL_BODY:
         data = await request.read()
     else:
-        data = _body_chunks(request, max_body)
+        streamed = LimitedBody(request, max_body)
+        data = streamed.chunks()
     url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len("/v1"):])
     headers = upstream_request_headers(
         request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None
     )
+    if streamed is not None and length is not None:
+        # A streamed body of known size keeps its Content-Length: some upstreams refuse chunked uploads.
+        headers["Content-Length"] = str(length)
     try:
         async with session.request(
             request.method,
@@ -202,4 +229,6 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
         ) as upstream:
             return await relay(request, upstream)
     except UPSTREAM_ERRORS as e:
+        if streamed is not None and streamed.exceeded:
+            raise errors.body_too_large(max_body) from None
         raise map_client_error(e) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import OrderedDict
 from typing import Any, Iterable
 
@@ -21,13 +22,18 @@ REPLY_OVERHEAD = 3  # the assistant reply is primed with <|start|>assistant<|mes
 IMAGE_TOKENS = 765  # a high-detail 512px tile image: a fixed estimate
 OTHER_PART_TOKENS = 256  # audio, files: we cannot see inside, count a fixed amount
 
-O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
+O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "chatgpt-4o", "gpt-oss")
+_O_SERIES = re.compile(r"o\d")  # o1, o3-mini, o4-mini ... and whatever o-model comes next
 
 
 def encoding_name_for(model: str) -> str:
-    """o200k_base for the gpt-4o generation and later, cl100k_base for the rest (an approximation)."""
-    m = model.lower().rsplit("/", 1)[-1]
-    return "o200k_base" if m.startswith(O200K_PREFIXES) else "cl100k_base"
+    """o200k_base for the gpt-4o generation and later, cl100k_base for the rest (an approximation).
+
+    Provider prefixes ("openai/gpt-4o") and fine-tune names ("ft:gpt-4o-mini:org::id") count as
+    their base model.
+    """
+    m = model.lower().rsplit("/", 1)[-1].removeprefix("ft:")
+    return "o200k_base" if m.startswith(O200K_PREFIXES) or _O_SERIES.match(m) else "cl100k_base"
 
 
 class TokenCounter:
@@ -53,9 +59,16 @@ class TokenCounter:
         return bool(self._encodings)
 
     def _get_encoding(self, name: str) -> Any:
+        """The named encoding; if it cannot be loaded, any loaded one (another family's encoding is
+        a far better estimate than bytes/4), else None. A failed load is not retried."""
         enc = self._encodings.get(name)
-        if enc is not None or name in self._failed:
-            return enc
+        if enc is None and name not in self._failed:
+            enc = self._load(name)
+        if enc is None:
+            enc = next(iter(self._encodings.values()), None)
+        return enc
+
+    def _load(self, name: str) -> Any:
         try:
             import tiktoken
 
@@ -63,8 +76,7 @@ class TokenCounter:
         except Exception as e:  # network, missing cache, unknown name: all mean "estimate"
             self._failed.add(name)
             log.debug("tiktoken encoding %s unavailable: %s", name, e)
-            # Another family's encoding is a far better estimate than bytes/4.
-            return next(iter(self._encodings.values()), None)
+            return None
         self._encodings[name] = enc
         return enc
 

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import OpenAI
 
 from proxy.chat_request import analyze
 
@@ -241,3 +241,36 @@ async def test_images_and_unusual_valid_messages_forwarded(upstream, proxy, clie
     assert resp.parse().choices[0].message.content
     assert upstream.chat_requests[-1]["messages"] == msgs
     assert int(resp.headers["x-compaction-tokens-before"]) >= 765  # the image's fixed estimate
+
+
+async def test_upstream_redirect_is_relayed_not_followed(make_proxy):
+    """The upstream comes from config only: a redirect goes back to the client, the proxy does not
+    carry the client's request (and credentials) to wherever it points."""
+    from aiohttp import web
+
+    followed: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        return web.Response(status=307, headers={"Location": "/v1/elsewhere"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        followed.append(request.headers.get("Authorization", ""))
+        return web.json_response({"object": "chat.completion", "choices": []})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", redirect)
+    app.router.add_post("/v1/elsewhere", elsewhere)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+        raw = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.base_url + "/chat/completions", data=raw, allow_redirects=False,
+                              headers={"Authorization": "Bearer sk-secret"}) as r:
+                status, location, state = r.status, r.headers.get("Location"), r.headers.get("x-compaction-status")
+    finally:
+        await runner.cleanup()
+    assert (status, location, state) == (307, "/v1/elsewhere", "none")
+    assert followed == []

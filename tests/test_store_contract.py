@@ -49,12 +49,21 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
 async def make_store(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+    request: pytest.FixtureRequest, backend: str, tmp_path: Path, clock: FakeClock
 ) -> AsyncIterator[MakeStore]:
-    """Builds stores of the parametrized backend; closes them after the test."""
-    backend: str = request.param
+    """Builds stores of the parametrized backend; closes them after the test.
+
+    SQLite and Redis stores made in one test share their data (one file, one namespace), like
+    replicas sharing a store; memory stores never do.
+    """
     server: RedisServer | None = request.getfixturevalue("redis_server") if backend == "redis" else None
+    namespace = f"test-{uuid.uuid4().hex}:"
     stores: list[Store] = []
 
     def make(*, ttl_s: float = TTL, max_records: int = 1000) -> Store:
@@ -66,8 +75,7 @@ async def make_store(
         else:
             assert server is not None
             store = RedisStore(
-                server.url, ttl_s=ttl_s, max_records=max_records, clock=clock,
-                namespace=f"test-{uuid.uuid4().hex}:",
+                server.url, ttl_s=ttl_s, max_records=max_records, clock=clock, namespace=namespace
             )
         stores.append(store)
         return store
@@ -243,6 +251,51 @@ async def test_max_records_evicts_least_recently_used(make_store: MakeStore, clo
     }
 
 
+async def test_the_bound_holds_under_many_writes(make_store: MakeStore, clock: FakeClock) -> None:
+    store = make_store(max_records=10)
+    for i in range(100):
+        await store.put(f"k{i}", b"v")
+        clock.advance(1)
+    assert await store.put("k99", b"overwritten") is None  # an overwrite adds no record
+    keys = [f"k{i}" for i in range(100)]
+    assert sorted(await store.get_many(keys)) == sorted(f"k{i}" for i in range(90, 100))
+
+
+async def test_expired_records_make_room_without_evicting_live_ones(make_store: MakeStore, clock: FakeClock) -> None:
+    store = make_store(max_records=2)
+    await store.put("old", b"1")
+    clock.advance(TTL + 1)
+    await store.put("a", b"a")
+    clock.advance(1)
+    await store.put("b", b"b")  # "old" is expired: it goes first, never a live record
+    assert await store.get_many(["old", "a", "b"]) == {"a": b"a", "b": b"b"}
+
+
+# -- replicas sharing one store -----------------------------------------------------------------
+
+
+async def test_replicas_share_records_locks_expiry_and_the_bound(
+    backend: str, make_store: MakeStore, clock: FakeClock
+) -> None:
+    if backend == "memory":
+        pytest.skip("memory:// is private to one process")
+    a, b = make_store(max_records=3), make_store(max_records=3)
+    await a.put("x", b"1")
+    assert await b.get("x") == b"1"
+    assert await a.add("lock", b"a", ttl_s=10) is True
+    assert await b.add("lock", b"b", ttl_s=10) is False  # one lock across replicas
+    assert await b.delete("lock", expected=b"b") is False
+    clock.advance(1)
+    await b.put("y", b"2")
+    clock.advance(1)
+    assert await a.get("x") == b"1"  # a read on one replica refreshes the record for all
+    clock.advance(1)
+    await b.put("z", b"3")  # four expiring keys, bound 3: the least recently used (the lock) goes
+    assert await a.get("lock") is None
+    clock.advance(TTL - 0.5)  # y and x were last used 2 s and 1 s before z
+    assert await b.get_many(["x", "y", "z"]) == {"z": b"3"}
+
+
 # -- SQLite specifics -------------------------------------------------------------------------
 
 
@@ -317,12 +370,42 @@ def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRe
     return [r for r in caplog.records if r.name == "proxy.store" and r.levelno == level]
 
 
+class CountingStore(MemoryStore):
+    """A memory store that counts the calls reaching it and can be switched off."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(ttl_s=TTL, max_records=10, clock=clock)
+        self.down = False
+        self.calls = 0
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable("switched off")
+
+    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        self._check()
+        return await super().get_many(keys)
+
+    async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+        self._check()
+        await super().put(key, value, ttl_s)
+
+    async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
+        self._check()
+        return await super().add(key, value, ttl_s)
+
+    async def ping(self) -> None:
+        self._check()
+
+
 @pytest.mark.redis
 async def test_resilient_store_rides_out_a_redis_outage(
-    private_redis: RedisServer, caplog: pytest.LogCaptureFixture
+    private_redis: RedisServer, caplog: pytest.LogCaptureFixture, clock: FakeClock
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="proxy.store")
-    store = ResilientStore(RedisStore(private_redis.url, ttl_s=TTL, max_records=10))
+    monotonic = FakeClock()
+    store = ResilientStore(RedisStore(private_redis.url, ttl_s=TTL, max_records=10), monotonic=monotonic)
     try:
         await store.put("scope-hash", b"secret-value")
         assert await store.get("scope-hash") == b"secret-value"
@@ -341,6 +424,8 @@ async def test_resilient_store_rides_out_a_redis_outage(
         assert "RedisStore" in warnings[0].getMessage()
 
         private_redis.start()  # same port, empty: nothing was persisted
+        await store.put("scope-hash", b"during the back-off")  # not even tried
+        monotonic.advance(store.retry_after_s)
         await store.put("scope-hash", b"again")
         assert await store.get("scope-hash") == b"again"
         assert store.healthy
@@ -356,14 +441,88 @@ async def test_resilient_store_swallows_any_backend_error(caplog: pytest.LogCapt
         async def get_many(self, keys: list[str]) -> dict[str, bytes]:
             raise RuntimeError("bug")
 
-    store = ResilientStore(Broken(ttl_s=TTL, max_records=10))
+    monotonic = FakeClock()
+    store = ResilientStore(Broken(ttl_s=TTL, max_records=10), monotonic=monotonic)
     with caplog.at_level(logging.INFO, logger="proxy.store"):
         assert await store.get("a") is None
+        monotonic.advance(store.retry_after_s)
         assert await store.get_many(["a"]) == {}
         assert not store.healthy
+        monotonic.advance(store.retry_after_s)
         await store.put("a", b"1")  # the write works: the outage is over
         assert store.healthy
     assert [r.levelno for r in caplog.records if r.name == "proxy.store"] == [logging.WARNING, logging.INFO]
+
+
+async def test_resilient_store_backs_off_a_backend_that_fails(clock: FakeClock) -> None:
+    monotonic = FakeClock()
+    inner = CountingStore(clock)
+    store = ResilientStore(inner, retry_after_s=1.0, monotonic=monotonic)
+    await store.put("a", b"1")
+    inner.down = True
+    assert await store.get("a") is None  # fails: the outage starts
+    assert inner.calls == 2
+    for _ in range(20):  # within the back-off nothing reaches the backend; every call is a miss
+        assert await store.get("a") is None
+        assert await store.add("lock", b"me") is False
+        await store.put("b", b"2")
+    assert inner.calls == 2
+    monotonic.advance(0.99)
+    assert await store.get("a") is None
+    assert inner.calls == 2
+    monotonic.advance(0.02)  # the back-off is over: one call tries again, fails, backs off again
+    assert await store.get("a") is None
+    assert await store.get("a") is None
+    assert inner.calls == 3 and not store.healthy
+    inner.down = False
+    assert await store.get("a") is None  # still backing off, although the backend is back
+    monotonic.advance(1.0)
+    assert await store.get("a") == b"1"  # the trial call succeeds and ends the outage
+    assert store.healthy
+    assert await store.get("a") == b"1"
+    assert inner.calls == 5
+
+
+async def test_resilient_store_sends_one_trial_call_at_a_time(clock: FakeClock) -> None:
+    class Slow(CountingStore):
+        def __init__(self, clock: FakeClock) -> None:
+            super().__init__(clock)
+            self.release = asyncio.Event()
+
+        async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+            self._check()
+            await self.release.wait()  # a backend that does not answer (yet)
+            raise StoreUnavailable("timed out")
+
+    monotonic = FakeClock()
+    inner = Slow(clock)
+    store = ResilientStore(inner, monotonic=monotonic)
+    inner.release.set()
+    assert await store.get("a") is None  # the outage starts
+    inner.release.clear()
+    monotonic.advance(store.retry_after_s)
+    trial = asyncio.create_task(store.get("a"))
+    await asyncio.sleep(0)
+    assert inner.calls == 2
+    # While the trial call hangs, the other calls do not queue up behind the dead backend.
+    assert await asyncio.wait_for(asyncio.gather(*(store.get("a") for _ in range(10))), 1) == [None] * 10
+    assert inner.calls == 2
+    inner.release.set()
+    assert await trial is None
+    assert not store.healthy
+
+
+async def test_resilient_store_ping_asks_the_backend_during_the_back_off(clock: FakeClock) -> None:
+    inner = CountingStore(clock)
+    store = ResilientStore(inner, monotonic=FakeClock())
+    inner.down = True
+    await store.ping()
+    assert not store.healthy
+    inner.down = False
+    assert await store.get("a") is None  # backing off
+    await store.ping()  # an explicit health check goes out and ends the outage
+    assert store.healthy
+    assert inner.calls == 2
 
 
 async def test_resilient_store_over_unwritable_sqlite(tmp_path: Path) -> None:

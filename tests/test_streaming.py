@@ -4,6 +4,7 @@ away closes the upstream request."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import openai
@@ -113,7 +114,7 @@ async def test_client_disconnect_closes_upstream_under_any_runner(upstream):
     request."""
     upstream.release_last_chunk = asyncio.Event()
     cfg = Config.model_validate({"upstream": {"base_url": upstream.base_url}, "store": {"url": "memory://"}})
-    runner = web.AppRunner(create_app(cfg))
+    runner = web.AppRunner(create_app(cfg), shutdown_timeout=2)  # a regression must not hang
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
@@ -135,5 +136,8 @@ async def test_stream_after_done_client_close_is_clean(upstream, proxy, client, 
         async for _c in s:
             pass
     await asyncio.sleep(0.05)
-    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    # Only the proxy's and aiohttp's server loggers: asyncio's own ERROR records (an unclosed
+    # session garbage-collected from some earlier test) come at random times.
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith(("proxy", "aiohttp"))]
+    assert not errors, [r.getMessage() for r in errors]
     assert upstream.disconnects == 0

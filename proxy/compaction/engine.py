@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chat_request import Conversation
@@ -27,12 +27,18 @@ from proxy.prompts import Prompts
 from proxy.singleflight import SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
-from proxy.tokens import REPLY_OVERHEAD, TokenCounter
+from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
 from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.compaction")
 
-MAX_EXTRA_IDENTIFIERS_CHARS = 6000
+MAX_EXTRA_CHARS = 6000  # the code-written files and identifier lists of one summary, at most
+
+
+def extras_chars(budget: Budget) -> int:
+    """Room for the code-written lists: scaled to the summary's output cap, so small windows keep
+    their hysteresis."""
+    return min(MAX_EXTRA_CHARS, budget.output_cap)
 
 
 @dataclass
@@ -68,6 +74,17 @@ class _View:
         return self.chain[covered].hex()
 
 
+@dataclass
+class _PrepareJob:
+    """A request whose conversation gets its next summary made ahead of time."""
+
+    conv: Conversation
+    fwd: list[dict[str, Any]]
+    ctx: RequestContext
+    budget: Budget
+    total: int  # tokens the request forwarded
+
+
 class CompactionEngine:
     def __init__(
         self,
@@ -88,7 +105,8 @@ class CompactionEngine:
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
         self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
-        self._queue: asyncio.Queue[tuple[str, Any]] | None = None
+        self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
+        self._pending: dict[str, _PrepareJob] = {}  # conversation slot -> its latest job
         self._workers: list[asyncio.Task[None]] = []
         self.prepared_jobs = 0
 
@@ -122,13 +140,18 @@ class CompactionEngine:
         if record is None or not self._fits(view, record, ctx, limit_for(record)):
             stored = await self._stored_record(view, ctx.scope, longer_than=record)
             record = stored or record
+        if record is not None and record.prepared and not forced:
+            carried = await self._carried(view, record, ctx, budget)
+            if carried is not None:
+                return carried
         if record is not None:
             out = self._apply(view, record, ctx)
             if out.tokens_after is not None and out.tokens_after <= limit_for(record):
                 if record.prepared:
-                    out.status = "summarized"  # the first request to carry a prepared summary
-                    record.prepared = False
-                    await self._save(ctx.scope, record)
+                    if await self._first_to_carry(ctx.scope, record):
+                        out.status = "summarized"
+                elif not forced:
+                    self._maybe_prepare(conv, fwd, ctx, budget, out.tokens_after)
                 return out
         started = time.perf_counter()
         try:
@@ -139,8 +162,11 @@ class CompactionEngine:
         except SummarizerError as e:
             log.warning("compaction failed open: %s", e)
             return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
-        out = self._apply(view, new_record, ctx, clamp=plan.clamp)
+        out = self._apply(view, new_record, ctx)
         out.wait_ms = (time.perf_counter() - started) * 1000
+        if out.tokens_after is not None and out.tokens_after > budget.target:
+            out.reason = _over_target_reason(plan, out.tokens_after, budget.target)
+            log.info("compacted request is above its target: %s", out.reason)
         if new_record.prepared:  # made ahead by another path and reached here first
             new_record.prepared = False
             await self._save(ctx.scope, new_record)
@@ -148,22 +174,47 @@ class CompactionEngine:
         return out
 
     def _plan(self, view: _View, budget: Budget, record: SummaryRecord | None) -> Plan | None:
+        """The cut that brings the forwarded request down to the target, summary message included."""
         conv = view.conv
         n_sys = conv.n_system
         roles = [str(m.get("role")) for m in view.fwd]
         start = n_sys + (record.covered if record else 0)
-        system_tokens = sum(conv.tokens[:n_sys]) + 60  # + the annotation
-        summary_estimate = budget.output_cap + 400  # + the code-written blocks
-        fixed = system_tokens + summary_estimate + conv.tools_tokens + REPLY_OVERHEAD
-        keep_budget = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed))
-        return choose_cut(roles, conv.tokens, start=start, keep_budget=keep_budget)
+        # Besides the kept messages the request holds the system messages, the annotation and the
+        # summary wrapper, the model's summary (at most the output cap) and the code-written lists
+        # (counted at 2 characters a token, to be safe).
+        fixed = (
+            sum(conv.tokens[:n_sys]) + self._wrapper_tokens(conv.encoding) + budget.output_cap
+            + extras_chars(budget) // 2 + conv.tools_tokens + REPLY_OVERHEAD
+        )
+
+        def cut_for(extra: int) -> Plan | None:
+            keep = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed - extra))
+            return choose_cut(roles, conv.tokens, start=start, keep_budget=keep)
+
+        plan = cut_for(0)
+        if plan is None:
+            return None
+        # Parts that depend on the cut: a split turn's own summary, and the user's latest request
+        # copied verbatim when it falls in the summarized span. Cutting later keeps both true.
+        extra = budget.output_cap if plan.turn_start is not None else 0
+        extra += sum(self.counter.count_text(t, conv.encoding) for t in extract.latest_requests(view.fwd, n_sys, plan.cut))
+        return cut_for(extra) if extra else plan
+
+    def _wrapper_tokens(self, encoding: str) -> int:
+        """The summary message and annotation around an empty summary (section headings included),
+        with message framing."""
+        headings = render_summary("", turn_prefix="-", files={}, identifiers=["-"], errors=[], latest_requests=["-", "-"],
+                                  extras_chars=MAX_EXTRA_CHARS)
+        text = summary_message_text(self.prompts, headings) + annotation_text(self.prompts, 10**6)
+        return self.counter.count_text(text, encoding) + 2 * (MESSAGE_OVERHEAD + 2)
 
     def _apply(
-        self, view: _View, record: SummaryRecord, ctx: RequestContext, clamp: dict[int, int] | None = None
+        self, view: _View, record: SummaryRecord, ctx: RequestContext
     ) -> Outcome:
         conv = view.conv
         cut = conv.n_system + record.covered
         fwd = view.fwd
+        clamp = _clamps(conv, cut, record)
         if clamp:
             fwd = list(fwd)
             for i, max_tokens in clamp.items():
@@ -265,10 +316,12 @@ class CompactionEngine:
         conv = view.conv
         fwd = view.fwd
         names = tool_names_by_call_id(fwd)
+        model = self.cfg.compaction.summarizer_model or conv.model
         job = SummaryJob(
             headers=ctx.upstream_headers,
-            model=self.cfg.compaction.summarizer_model or conv.model,
-            window=budget.window,
+            model=model,
+            # The summarizer model's own window when configured: its input budget depends on it.
+            window=self.cfg.model_settings(model).context_window or budget.window,
             output_cap=budget.output_cap,
             timeout_s=self.cfg.compaction.summarizer_timeout_s,
             focus=ctx.focus or self.cfg.compaction.focus,
@@ -292,8 +345,9 @@ class CompactionEngine:
         summarized = fwd[plan.start:plan.cut]
         files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
         text = extract.span_text(summarized)
-        candidates = (previous.identifiers if previous else []) + extract.find_identifiers(text)
-        idents = _cap_chars(extract.dropped(candidates, model_text + "\n" + (turn_text or "")), MAX_EXTRA_IDENTIFIERS_CHARS)
+        # This span's identifiers first: the previous summary already carries the older ones.
+        candidates = extract.find_identifiers(text) + (previous.identifiers if previous else [])
+        idents = extract.dropped(candidates, model_text + "\n" + (turn_text or ""))
         errors = extract.dropped(extract.find_error_lines(text), model_text)[:10]
         summary = render_summary(
             model_text,
@@ -302,18 +356,24 @@ class CompactionEngine:
             identifiers=idents,
             errors=errors,
             latest_requests=extract.latest_requests(fwd, conv.n_system, plan.cut),
+            extras_chars=extras_chars(budget),
         )
         return SummaryRecord(
             covered=plan.cut - conv.n_system,
             chain=view.chain_hex(plan.cut - conv.n_system),
             summary=summary,
             files=files,
-            identifiers=_cap_chars(candidates, MAX_EXTRA_IDENTIFIERS_CHARS * 2),
+            identifiers=_cap_chars(candidates, MAX_EXTRA_CHARS * 2),
+            clamped={conv.digests[i].hex(): n for i, n in plan.clamp.items()},
             created=self.clock(),
             prepared=prepared,
         )
 
     # -- summaries made ahead of time -----------------------------------------------------------
+    # A request past `prepare_percent` of the threshold queues a job; a worker makes, off the
+    # request path, the summary the crossing request will need. The queue holds one job per
+    # conversation (a newer request replaces its waiting job, so workers never prepare from a
+    # stale history) and is bounded: when full, jobs are dropped, never waited for.
     def start(self) -> None:
         c = self.cfg.compaction
         if c.prepare_percent <= 0 or self._queue is not None:
@@ -329,20 +389,31 @@ class CompactionEngine:
         await self.flight.cancel_all()
 
     def _maybe_prepare(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, budget: Budget, total: int) -> None:
+        """Queue the preparation of this conversation's next summary when `total` (what the request
+        forwards) is past `prepare_percent` of the threshold. Never waits."""
         pct = self.cfg.compaction.prepare_percent
-        if self._queue is None or pct <= 0 or total * 100 < budget.threshold * pct:
+        if self._queue is None or pct <= 0 or total * 100 < budget.threshold * pct or conv.n_system >= len(fwd):
+            return
+        # One slot per conversation, told apart by scope and first message: a clash only means
+        # one of two look-alike conversations is compacted on its request path.
+        slot = f"{ctx.scope}:{conv.digests[conv.n_system].hex()}"
+        job = _PrepareJob(conv, fwd, ctx, budget, total)
+        if slot in self._pending:
+            self._pending[slot] = job
             return
         try:
-            self._queue.put_nowait(("prepare", (conv, fwd, ctx, budget)))
+            self._queue.put_nowait(slot)
         except asyncio.QueueFull:
             log.debug("prepare queue full; the next compaction will be made on the request path")
+            return
+        self._pending[slot] = job
 
     async def _worker(self) -> None:
         assert self._queue is not None
         while True:
-            _, (conv, fwd, ctx, budget) = await self._queue.get()
+            slot = await self._queue.get()
             try:
-                await self._prepare(conv, fwd, ctx, budget)
+                await self._prepare(self._pending.pop(slot))
             except asyncio.CancelledError:
                 raise
             except SummarizerError as e:
@@ -352,24 +423,75 @@ class CompactionEngine:
             finally:
                 self._queue.task_done()
 
-    async def _prepare(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext, budget: Budget) -> None:
-        view = _View(conv, fwd)
-        record = self._local_record(view, ctx.scope) or await self._stored_record(view, ctx.scope, None)
+    async def _prepare(self, job: _PrepareJob) -> None:
+        conv, ctx = job.conv, job.ctx
+        view = _View(conv, job.fwd)
+        candidates = self._candidate_keys(view, ctx.scope)
+        if any(self.flight.running(k) for k in candidates):
+            return  # a summary of this conversation is being made already
+        local = self._local_record(view, ctx.scope)
+        record = await self._stored_record(view, ctx.scope, longer_than=local) or local
         if record is not None and record.prepared:
             return  # one prepared summary per compaction event; the crossing request updates it
-        plan = self._plan(view, budget, record)
+        # The crossing request will have grown by at least the distance to the threshold, all of
+        # it kept verbatim: cut that much earlier, so the prepared summary alone brings it under
+        # the target and the crossing request waits for nothing.
+        growth = max(0, job.budget.threshold - job.total)
+        ahead = replace(
+            job.budget,
+            target=job.budget.target - growth,
+            keep_recent=max(0, job.budget.keep_recent - int(growth / conv.ratio)),
+        )
+        plan = self._plan(view, ahead, record)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
-        key = self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system))
-        if key in self._records:
+        if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
             return
         self.prepared_jobs += 1
-        await self._summary_for(view, plan, record, ctx, budget, prepared=True)
+        await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+
+    async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:
+        """Reuse of the summary the conversation carries now, while it keeps the request at or under
+        the threshold: a prepared summary waits for the request that crosses, so between two
+        compactions the forwarded prefix only grows (design 4.9). None once it no longer fits."""
+        keys = self._candidate_keys(view, ctx.scope)
+        shorter = keys[keys.index(self._key(ctx.scope, prepared.chain)) + 1 :]
+        current = next((self._records[k] for k in shorter if k in self._records), None)
+        if current is None and shorter:
+            found = await self.store.get_many(shorter)
+            raw = next((found[k] for k in shorter if k in found), None)
+            current = SummaryRecord.from_bytes(raw) if raw is not None else None
+        if current is None or current.prepared:
+            return None
+        out = self._apply(view, current, ctx)
+        if out.tokens_after is None or out.tokens_after > budget.threshold:
+            return None
+        return out
+
+    async def _first_to_carry(self, scope: str, record: SummaryRecord) -> bool:
+        """Mark a prepared summary as carried; True when no request (on any replica) carried it
+        before, so the status says `summarized` once. Another replica may have carried it already:
+        the stored copy tells, since our cached one still says prepared."""
+        record.prepared = False
+        raw = await self.store.get(self._key(scope, record.chain))
+        stored = SummaryRecord.from_bytes(raw) if raw is not None else None
+        if stored is not None and not stored.prepared:
+            return False
+        await self._save(scope, record)
+        return True
 
     async def idle(self) -> None:
         """Wait until the background queue is drained (tests, shutdown)."""
         if self._queue is not None:
             await self._queue.join()
+
+
+def _over_target_reason(plan: Plan, tokens: int, target: int) -> str:
+    if not plan.fits:
+        why = "the newest turn is too large even with its tool outputs clamped"
+    else:
+        why = "the summary came out larger than planned"
+    return f"{tokens} tokens after compaction, above the target of {target}: {why}"
 
 
 async def _value(v: Any) -> Any:
@@ -385,6 +507,14 @@ def _cap_chars(items: list[str], limit: int) -> list[str]:
             break
         out.append(it)
     return out
+
+
+def _clamps(conv: Conversation, cut: int, record: SummaryRecord) -> dict[int, int]:
+    """Kept message index -> max tokens, for the messages the record clamps (found by digest, so
+    every request carrying the record forwards the same clamped bytes)."""
+    if not record.clamped:
+        return {}
+    return {i: record.clamped[d] for i in range(cut, len(conv.digests)) if (d := conv.digests[i].hex()) in record.clamped}
 
 
 def _clamp_message(msg: dict[str, Any], max_tokens: int, tokens: int) -> dict[str, Any]:

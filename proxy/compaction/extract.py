@@ -85,14 +85,17 @@ def dropped(candidates: Iterable[str], summary: str) -> list[str]:
 
 
 def span_text(messages: Iterable[dict[str, Any]]) -> str:
-    parts: list[str] = []
+    """Message text first, tool-call arguments after: when the identifier list is capped, those
+    found first are kept, and the files block already lists the paths that arguments name."""
+    texts: list[str] = []
+    args: list[str] = []
     for m in messages:
-        parts.append(content_text(m.get("content")))
+        texts.append(content_text(m.get("content")))
         for call in m.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict):
-                parts.append(str(fn.get("arguments", "")))
-    return "\n".join(parts)
+                args.append(str(fn.get("arguments", "")))
+    return "\n".join(texts + args)
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -156,10 +159,22 @@ def merge_files(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def render_files(files: dict[str, str]) -> str:
-    lines = [f"- {p} ({op})" for p, op in list(files.items())[:MAX_FILES]]
-    if len(files) > MAX_FILES:
-        lines.append(f"- ... and {len(files) - MAX_FILES} more")
+def capped_lines(lines: list[str], max_chars: int, max_lines: int | None = None) -> list[str]:
+    """As many whole lines as fit, then one "- ... and N more" line for the rest."""
+    out: list[str] = []
+    used = 0
+    for line in lines:
+        if (max_lines is not None and len(out) >= max_lines) or used + len(line) + 1 > max_chars:
+            break
+        out.append(line)
+        used += len(line) + 1
+    if len(out) < len(lines):
+        out.append(f"- ... and {len(lines) - len(out)} more")
+    return out
+
+
+def render_files(files: dict[str, str], max_chars: int = 1 << 30) -> str:
+    lines = capped_lines([f"- {p} ({op})" for p, op in files.items()], max_chars, MAX_FILES)
     return "<files>\n" + "\n".join(lines) + "\n</files>"
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
-from proxy.compaction.extract import render_files
+from proxy.compaction.extract import capped_lines, render_files
 
 
 @dataclass
@@ -21,6 +21,9 @@ class SummaryRecord:
     summary: str
     files: dict[str, str] = field(default_factory=dict)
     identifiers: list[str] = field(default_factory=list)
+    # kept tool outputs too big for the target: original message digest (hex) -> max tokens. Part
+    # of the record so that every request carrying it forwards the same bytes.
+    clamped: dict[str, int] = field(default_factory=dict)
     created: float = 0.0
     prepared: bool = False  # made ahead of time and not yet carried by a request
 
@@ -44,21 +47,28 @@ def render_summary(
     identifiers: list[str],
     errors: list[str],
     latest_requests: list[str],
+    extras_chars: int,
 ) -> str:
-    """Model summary + split-turn context + the deterministic blocks."""
-    parts = [model_text.strip()]
+    """Model summary + split-turn context + the deterministic blocks.
+
+    The files and identifier lists share `extras_chars` (the room the plan left for them), so the
+    summary stays the size the cut was planned for; the user's requests are never cut.
+    """
+    parts = [model_text.strip()] if model_text.strip() else []
     if turn_prefix:
         parts.append(
             "## Current Turn So Far\n"
             "(The request below started the turn that the kept messages continue.)\n\n" + turn_prefix.strip()
         )
+    room = extras_chars
     if files:
-        parts.append("## Files Touched\n" + render_files(files))
+        block = render_files(files, room // 2 if identifiers or errors else room)
+        parts.append("## Files Touched\n" + block)
+        room -= len(block)
+        identifiers = [i for i in identifiers if f"- {i} (" not in block]  # listed already
     if identifiers or errors:
-        lines = ["## Identifiers (verbatim from the summarized messages)"]
-        lines += [f"- {i}" for i in identifiers]
-        lines += [f"- error: {e}" for e in errors]
-        parts.append("\n".join(lines))
+        lines = [f"- {i}" for i in identifiers] + [f"- error: {e}" for e in errors]
+        parts.append("\n".join(["## Identifiers (verbatim from the summarized messages)", *capped_lines(lines, room)]))
     if latest_requests:
         block = ["## Latest User Request (verbatim)", latest_requests[0]]
         if len(latest_requests) > 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Callable
 
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.compaction.serialize import escape_untrusted
@@ -29,7 +29,6 @@ MAIN_HEADINGS = (
     "## Next Steps",
     "## Critical Context",
 )
-TURN_HEADINGS = ("## Original Request", "## Early Progress", "## Context for Suffix")
 _THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```(?:markdown|md)?\s*\n(.*)\n```\s*$", re.DOTALL)
 
@@ -97,12 +96,15 @@ class HistorySummarizer:
         """Summarize `blocks` (folding over windows when they exceed the input budget)."""
         system = self.prompts.text("summarization-system")
         scaffolding = self.count(system) + self.count(self.prompts.text("compaction-update-summary")) + 64
-        if previous:
-            scaffolding += self.count(previous)
         if job.focus:
             scaffolding += self.count(job.focus)
-        budget = summarizer_input_budget(job.window, job.output_cap, scaffolding)
-        windows = fold_windows(blocks, [self.count(b) for b in blocks], budget)
+        tokens = [self.count(b) for b in blocks]
+        carried = self.count(previous) if previous else 0
+        windows = fold_windows(blocks, tokens, summarizer_input_budget(job.window, job.output_cap, scaffolding + carried))
+        if len(windows) > 1 and carried < job.output_cap:
+            # Every window after the first carries the summary made so far (up to the output cap).
+            budget = summarizer_input_budget(job.window, job.output_cap, scaffolding + job.output_cap)
+            windows = fold_windows(blocks, tokens, budget)
         calls = 0
         summary = previous
         while windows:
@@ -138,6 +140,8 @@ class HistorySummarizer:
         text = clean_output(text)
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty summary")
+        # A split turn's prefix is only background for the kept messages that follow it: any
+        # non-empty text will do, so a model that ignores its format does not fail the compaction.
         required = self.required if kind == "main" else ()
         if missing := missing_headings(text, required):
             raise SummarizerError("invalid", f"the summary lacks required headings: {', '.join(missing)}")

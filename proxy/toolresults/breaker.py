@@ -25,11 +25,6 @@ class CircuitBreaker:
             return "closed"
         return "half-open" if self.clock() - self.opened_at >= self.cooldown_s else "open"
 
-    @property
-    def retry_at(self) -> float | None:
-        """When the open breaker lets a trial call through (None while closed)."""
-        return None if self.opened_at is None else self.opened_at + self.cooldown_s
-
     def allow(self) -> bool:
         """May a call go out now? In half-open state only one call is let through."""
         state = self.state

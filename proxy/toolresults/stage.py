@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import orjson
 
@@ -30,8 +30,10 @@ from proxy.tokens import TokenCounter
 from proxy.upstream import SummarizerError, UpstreamCaller
 
 log = logging.getLogger("proxy.toolresults")
+T = TypeVar("T")
 
 PAUSED = "the summarizer failed repeatedly and is paused"
+BIG_TEXT = 512 * 1024  # characters; above this, scanning and counting run off the event loop
 
 
 @dataclass
@@ -98,7 +100,9 @@ class ToolResultStage:
             new = dict(messages[c.index])
             new["content"] = text
             messages[c.index] = new
-            conv.tokens[c.index] = self.counter.count_message(new, conv.encoding, message_digest(new))
+            conv.tokens[c.index] = await _off_loop_if(
+                len(text) > BIG_TEXT, self.counter.count_message, new, conv.encoding, message_digest(new)
+            )
             summarized += ok
         return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
 
@@ -127,16 +131,18 @@ class ToolResultStage:
         async def make() -> dict[str, Any]:
             breaker = self.breaker(model)
             if not breaker.allow():
-                # Remembered until the breaker lets a trial through, so a result first seen while
-                # it is open keeps the same notice (and bytes) on every request meanwhile.
-                return await self._remember(key, PAUSED, breaker.retry_at or self.clock())
+                # Not stored: while the breaker stays open every request gets this same notice,
+                # and once it lets calls through again the result should be tried.
+                return {"ok": False, "reason": PAUSED}
             try:
                 async with self._limit:
                     note = await self._summarize(c, hint, model, headers)
             except SummarizerError as e:
                 breaker.failure()
                 log.warning("tool result summary failed (%s): %s", c.tool_name, e)
-                return await self._remember(key, _reason(e), self.clock() + self.tcfg.breaker_cooldown_s)
+                rec = {"ok": False, "reason": _reason(e), "until": self.clock() + self.tcfg.breaker_cooldown_s}
+                await self.store.put(key, orjson.dumps(rec), max(self.tcfg.breaker_cooldown_s, 1))
+                return rec
             breaker.success()
             rec = {"ok": True, "text": note}
             await self.store.put(key, orjson.dumps(rec))
@@ -146,11 +152,6 @@ class ToolResultStage:
         if rec.get("ok"):
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
-
-    async def _remember(self, key: str, reason: str, until: float) -> dict[str, Any]:
-        rec = {"ok": False, "reason": reason, "until": until}
-        await self.store.put(key, orjson.dumps(rec), max(self.tcfg.breaker_cooldown_s, 1))
-        return rec
 
     async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
         window = self.cfg.model_settings(model).context_window or 128_000
@@ -174,7 +175,8 @@ class ToolResultStage:
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty note")
         text = notes.with_header(c.tool_name, text)
-        text = notes.with_identifiers(text, extract.dropped(extract.find_identifiers(c.text), text))
+        found = await _off_loop_if(len(c.text) > BIG_TEXT, extract.find_identifiers, c.text)
+        text = notes.with_identifiers(text, extract.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
         return text
@@ -188,6 +190,12 @@ class ToolResultStage:
             max_chars = int(len(text) * cap / c.tokens)
             text = clamp_middle(text, max(0, max_chars - len(notice) - 1), what="characters of tool output")
         return notice + "\n" + text
+
+
+async def _off_loop_if(big: bool, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), in a worker thread when the input is big: a multi-megabyte tool output would
+    otherwise stall every other request on the event loop for seconds."""
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
 def _reason(e: SummarizerError) -> str:

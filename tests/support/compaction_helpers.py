@@ -48,10 +48,6 @@ def turn_summary(marker: str = "turn") -> str:
     )
 
 
-def is_turn_prefix_request(user_text: str, turn_prompt: str) -> bool:
-    return turn_prompt in user_text
-
-
 def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content

@@ -1,0 +1,161 @@
+"""The printed report: one table for every workload, the long conversation by history length, idle
+streams' memory, and the issue's targets with the measured values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.stats import BASELINE, DIRECT, PROXY
+
+COLUMNS = (
+    ("workload", 10, "workload"),
+    ("target", 8, "target"),
+    ("n", 5, "n"),
+    ("p50 ms", 8, "p50_ms"),
+    ("p99 ms", 8, "p99_ms"),
+    ("+p50 ms", 8, "added_p50_ms"),
+    ("+p99 ms", 8, "added_p99_ms"),
+    ("req/s", 7, "throughput_rps"),
+    ("thr/direct", 10, "throughput_vs_direct"),
+    ("CPU/req ms", 10, "cpu_ms_per_req"),
+    ("CPU/base", 8, "cpu_vs_baseline"),
+    ("+p50/base", 9, "added_p50_vs_baseline"),
+)
+
+
+def fmt(v: Any, width: int) -> str:
+    if v is None:
+        s = "-"
+    elif isinstance(v, float):
+        s = f"{v:.0f}" if abs(v) >= 1000 else f"{v:.2f}" if abs(v) < 100 else f"{v:.1f}"
+    else:
+        s = str(v)
+    return s.rjust(width)
+
+
+def _notes(row: dict[str, Any], target: str) -> str:
+    parts = []
+    if target == PROXY and row.get("statuses"):
+        parts.append("status " + ",".join(f"{k}x{v}" for k, v in row["statuses"].items()))
+    if "streams_missing_events" in row:
+        parts.append(f"events {row['events_per_stream']}/stream, short {row['streams_missing_events']}, "
+                     f"coalesced {row['coalesced_events_pct']:.1f}%")
+    if target == DIRECT:
+        parts.append("CPU = fake upstream")
+    return "; ".join(parts)
+
+
+def main_table(workloads: dict[str, Any]) -> list[str]:
+    head = " ".join(title.rjust(w) if i > 1 else title.ljust(w) for i, (title, w, _) in enumerate(COLUMNS)) + "  notes"
+    lines = [head, "-" * len(head)]
+    for name, wl in workloads.items():
+        if wl.get("metric") == "memory":
+            continue
+        for target, row in wl["targets"].items():
+            cells = [name.ljust(10), target.ljust(8)]
+            cells += [fmt(row.get(key), w) for _, w, key in COLUMNS[2:]]
+            lines.append(" ".join(cells) + "  " + _notes(row, target))
+    return lines
+
+
+def long_table(wl: dict[str, Any]) -> list[str]:
+    names = [n for n in wl["targets"] if n != DIRECT]
+    head = f"{'steps':>9} {'tokens':>8} {'body KiB':>9} {'direct p50':>10} " + " ".join(
+        f"{'+p50 ' + n:>14} {'CPU/req ' + n:>16}" for n in names
+    )
+    lines = ["long_conv by history length (ms)", head]
+    for b in wl["buckets"]:
+        rows = b["targets"]
+        cells = [f"{b['steps'][0]}-{b['steps'][1]}".rjust(9), fmt(b.get("tokens"), 8), fmt(b["body_kb"], 9),
+                 fmt(rows.get(DIRECT, {}).get("p50_ms"), 10)]
+        for n in names:
+            cells += [fmt(rows.get(n, {}).get("added_p50_ms"), 14), fmt(rows.get(n, {}).get("cpu_ms_per_req"), 16)]
+        lines.append(" ".join(cells))
+    return lines
+
+
+def memory_table(wl: dict[str, Any]) -> list[str]:
+    lines = [f"memory: {wl['description']}",
+             f"{'target':<9} {'RSS before MB':>13} {'RSS under MB':>12} {'peak MB':>8} {'KB/stream':>9} {'open s':>7}  upstream released"]
+    for name, r in wl["targets"].items():
+        lines.append(f"{name:<9} {fmt(r['rss_before_mb'], 13)} {fmt(r['rss_under_load_mb'], 12)} {fmt(r['rss_peak_mb'], 8)} "
+                     f"{fmt(r['kb_per_stream'], 9)} {fmt(r['open_s'], 7)}  {'yes' if r['upstream_released'] else 'NO'}")
+    return lines
+
+
+def _row(results: dict[str, Any], workload: str, target: str) -> dict[str, Any]:
+    return results.get(workload, {}).get("targets", {}).get(target, {})
+
+
+def _check(text: str, value: float | None, limit: float | None, unit: str = "") -> dict[str, Any]:
+    met = None if value is None or limit is None else value <= limit
+    return {"target": text, "value": value, "limit": limit, "unit": unit, "met": met}
+
+
+def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 6's targets with the values of this run (None: not measured in this run)."""
+    out = [
+        _check("1. small, 1 client: proxy CPU/req vs baseline", _row(results, "small_1", PROXY).get("cpu_vs_baseline"), 1.5, "x"),
+        _check("1. small, 16 clients: proxy CPU/req vs baseline", _row(results, "small_16", PROXY).get("cpu_vs_baseline"), 1.5, "x"),
+        _check("1. small, 1 client: proxy added p50", _row(results, "small_1", PROXY).get("added_p50_ms"), 1.5, "ms"),
+    ]
+    buckets = results.get("long_conv", {}).get("buckets", [])
+    cpu = [b["targets"].get(PROXY, {}).get("cpu_ms_per_req") for b in buckets]
+    cpu = [c for c in cpu if c is not None]
+    out.append(_check("2. growing conversation: proxy CPU/req, worst bucket", max(cpu) if cpu else None, 3.0, "ms"))
+    if len(cpu) >= 2:
+        base = [b["targets"].get(BASELINE, {}).get("cpu_ms_per_req") or 0.0 for b in buckets]
+        growth = _check("2. growing conversation: proxy CPU/req growth first->last bucket "
+                        f"(baseline grows {base[-1] - base[0]:+.2f} ms)", cpu[-1] - cpu[0], None, "ms")
+        out.append(growth)
+    out.append(_check("3. reused summary, ~1M tokens: proxy added p50", _row(results, "reused", PROXY).get("added_p50_ms"), 30, "ms"))
+    stream_proxy, stream_base = _row(results, "stream_8", PROXY), _row(results, "stream_8", BASELINE)
+    ratio = None
+    if stream_proxy.get("added_p50_ms") is not None and stream_base.get("added_p50_ms"):
+        ratio = stream_proxy["added_p50_ms"] / stream_base["added_p50_ms"]
+    out.append(_check("4. streaming: proxy added first-event p50 vs baseline's", ratio, 1.5, "x"))
+    out.append(_check("4. streaming: proxy streams that lost events", stream_proxy.get("streams_missing_events"), 0))
+    out.append(_check("5. crossing the threshold with a prepared summary: wait (not measured here)", None, 50, "ms"))
+    mem = results.get("memory", {}).get("targets", {}).get(PROXY, {})
+    out.append(_check(f"6. {mem.get('streams', 1000)} idle streams: proxy RSS", mem.get("rss_under_load_mb"), 300, "MB"))
+    return out
+
+
+def targets_lines(checks: list[dict[str, Any]]) -> list[str]:
+    lines = ["issue 6 targets"]
+    for c in checks:
+        verdict = {True: "met", False: "NOT MET", None: "-"}[c["met"]]
+        value = "not measured" if c["value"] is None else f"{c['value']:.2f} {c['unit']}".strip()
+        limit = "" if c["limit"] is None else f" (limit {c['limit']:g} {c['unit']})".rstrip()
+        lines.append(f"  [{verdict:^7}] {c['target']}: {value}{limit}")
+    return lines
+
+
+def render(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    wls = doc["workloads"]
+    lines = [f"compaction-proxy benchmark ({'quick' if meta['quick'] else 'full'}), {meta['time']}, "
+             f"{meta['cpus']} CPUs, Python {meta['python']}, commit {meta['commit']}, store {meta['store']}", ""]
+    for name, wl in wls.items():
+        lines.append(f"  {name}: {wl['description']}")
+    lines += [""] + main_table(wls)
+    if "long_conv" in wls:
+        lines += [""] + long_table(wls["long_conv"])
+    if warm := wls.get("reused", {}).get("warmup"):
+        lines += ["", f"reused warm-up (first request, compacts): {warm['latency_ms']:.0f} ms, status {warm['status']}, "
+                      f"tokens {warm['tokens_before']} -> {warm['tokens_after']}, {warm['summarizer_calls']} summarizer calls"]
+    if "memory" in wls:
+        lines += [""] + memory_table(wls["memory"])
+    lines += [""] + targets_lines(doc["targets_check"])
+    for name, wl in wls.items():
+        if "profile" in wl:
+            lines += [""] + profile_lines(name, wl["profile"])
+    return "\n".join(lines)
+
+
+def profile_lines(name: str, prof: dict[str, Any], n: int = 12) -> list[str]:
+    lines = [f"proxy profile, {name}: {prof['samples']} samples ({prof['file']})",
+             f"  {'self %':>6}  {'function':<58} {'inclusive %':>11}  function"]
+    for (fs, ps), (fi, pi) in zip(prof["self_pct"][:n], prof["inclusive_pct"][:n]):
+        lines.append(f"  {ps:>6.1f}  {fs[:58]:<58} {pi:>11.1f}  {fi}")
+    return lines

@@ -1,0 +1,126 @@
+"""Request bodies for the benchmark workloads: small requests and long agent conversations.
+
+A conversation is a system prompt and a list of turns (a user message, then the assistant's tool
+call, the tool's result and the assistant's answer). Request k carries every turn before k in full
+plus the user message of turn k, so request k+1 is request k plus one turn, as an agent sends it.
+Messages are serialized once; bodies are spliced from those bytes so that building a
+multi-megabyte request costs a copy, not a JSON dump.
+"""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+
+SYSTEM_PROMPT = (
+    "You are a customer-service agent for an airline. Use the tools to look up reservations, "
+    "follow the policy exactly, and confirm every change with the user before making it."
+)
+_WORDS = (
+    "the of and to in is that for it with as was on be by at this are from or an which have not but "
+    "all were when we there can more if will one about up out their so what into time has them some "
+    "could these other than then now its only new also any after first well way even because most "
+    "us two how our work make back use just over such through years where much those see order "
+    "booking flight customer account refund status search result error file path function class "
+    "module request response value table column index record update delete create config service "
+    "server client cache token message summary history tool call user assistant system"
+).split()
+
+
+def words(rng: random.Random, n: int) -> str:
+    """About `n` tokens of text (these words are one cl100k/o200k token each)."""
+    return " ".join(rng.choices(_WORDS, k=n))
+
+
+def _msg(msg: dict[str, object]) -> bytes:
+    return orjson.dumps(msg)
+
+
+def small_body(model: str, *, stream: bool = False) -> bytes:
+    """A short chat request (two messages, about 40 tokens)."""
+    head = {"stream": True} if stream else {}  # `stream` first: the fake upstream looks at the ends only
+    return orjson.dumps(
+        {
+            **head,
+            "model": model,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+                {"role": "user", "content": "What is the capital of France, and what river runs through it?"},
+            ],
+            "max_tokens": 64,
+        }
+    )
+
+
+class Conversation:
+    """A growing agent conversation; `body(k)` is request k (turns before k, then user message k)."""
+
+    def __init__(self, model: str) -> None:
+        self.head = b'{"model":' + orjson.dumps(model) + b',"messages":[' + _msg({"role": "system", "content": SYSTEM_PROMPT})
+        self.users: list[bytes] = []  # turn i's user message
+        self.rests: list[bytes] = []  # turn i's other messages, comma-joined (may be empty)
+        self._prefix = b""  # turns [0, _prefix_turns) joined, each preceded by a comma
+        self._prefix_turns = 0
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def add_turn(self, user: str, rest: list[dict[str, object]]) -> None:
+        self.users.append(_msg({"role": "user", "content": user}))
+        self.rests.append(b",".join(_msg(m) for m in rest))
+
+    def _full_turn(self, i: int) -> bytes:
+        return b"," + self.users[i] + (b"," + self.rests[i] if self.rests[i] else b"")
+
+    def body(self, k: int) -> bytes:
+        """Request k (0-based): turns 0..k-1 in full plus turn k's user message."""
+        if k < self._prefix_turns:  # going back: rebuild from the start
+            self._prefix, self._prefix_turns = b"", 0
+        if k > self._prefix_turns:
+            self._prefix += b"".join(self._full_turn(i) for i in range(self._prefix_turns, k))
+            self._prefix_turns = k
+        return self.head + self._prefix + b"," + self.users[k] + b"]}"
+
+
+def agent_turn(rng: random.Random, turn: int, tokens: int) -> tuple[str, list[dict[str, object]]]:
+    """One agent turn of about `tokens` tokens: 10% request, 70% tool output, 20% answers."""
+    call_id = f"call_{rng.getrandbits(48):012x}"
+    order = f"#W{rng.randrange(10**6, 10**7)}"
+    user = f"Turn {turn}: please check order {order}. " + words(rng, max(1, tokens // 10))
+    result = (
+        f'{{"order_id": "{order}", "status": "pending", "user_id": "user_{rng.randrange(10**4)}", '
+        f'"notes": "{words(rng, max(1, tokens * 7 // 10))}"}}'
+    )
+    rest: list[dict[str, object]] = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_order_details", "arguments": orjson.dumps({"order_id": order}).decode()},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+        {"role": "assistant", "content": f"Order {order} is pending. " + words(rng, max(1, tokens // 5))},
+    ]
+    return user, rest
+
+
+def short_turn(rng: random.Random, turn: int) -> tuple[str, list[dict[str, object]]]:
+    """A short exchange (about 60 tokens): a question and a plain answer."""
+    return f"Follow-up {turn}: " + words(rng, 20), [{"role": "assistant", "content": "Noted. " + words(rng, 30)}]
+
+
+def agent_conversation(model: str, *, seed: int, turns: int, turn_tokens: int, short_turns: int = 0) -> Conversation:
+    """`turns` agent turns of about `turn_tokens` tokens, then `short_turns` short exchanges."""
+    rng = random.Random(seed)
+    conv = Conversation(model)
+    for t in range(turns):
+        conv.add_turn(*agent_turn(rng, t, turn_tokens))
+    for t in range(short_turns):
+        conv.add_turn(*short_turn(rng, t))
+    return conv

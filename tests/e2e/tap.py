@@ -1,0 +1,135 @@
+"""A recording pass-through between the proxy and the real llama.cpp server.
+
+The proxy runs as a subprocess, so the tests cannot see what it forwards. The tap is a plain
+aiohttp reverse proxy on 127.0.0.1 (in its own thread and event loop) that relays every request
+to the real server byte for byte, streams the answer back chunk by chunk, and records each
+exchange: the parsed request body, its kind (chat / history summarizer / tool summarizer, told
+apart by the proxy's own prompts, as the fake upstream does), the real server's status, and the
+response body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from support.fake_upstream import FakeUpstream
+
+# Hop-by-hop headers and the ones aiohttp recomputes; everything else goes through unchanged.
+_DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+@dataclass
+class Exchange:
+    kind: str  # "chat" | "history" (history summarizer) | "tool" (tool-result summarizer) | "other"
+    path: str
+    body: Any  # the parsed JSON request body (None when not JSON)
+    status: int = 0
+    # Filled chunk by chunk *before* each chunk goes on: complete once the proxy has all of it.
+    response: bytearray = field(default_factory=bytearray)
+
+    def response_json(self) -> Any:
+        return json.loads(self.response)
+
+
+class Tap:
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")  # e.g. http://127.0.0.1:8788 (no /v1)
+        self.exchanges: list[Exchange] = []
+        self._classifier = FakeUpstream()  # only its summarizer_kind(): reads prompts/*.md
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def of_kind(self, kind: str) -> list[Exchange]:
+        return [e for e in self.exchanges if e.kind == kind]
+
+    def _kind(self, path: str, body: Any) -> str:
+        if not path.endswith("/chat/completions"):
+            return "other"
+        return self._classifier.summarizer_kind(body) or "chat"
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        data = await request.read()
+        try:
+            body = json.loads(data) if data else None
+        except ValueError:
+            body = None
+        ex = Exchange(self._kind(request.path, body), request.path, body)
+        self.exchanges.append(ex)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        async with self._session.request(
+            request.method, self.target + request.path_qs, data=data, headers=headers
+        ) as up:
+            ex.status = up.status
+            resp = web.StreamResponse(
+                status=up.status, headers={k: v for k, v in up.headers.items() if k.lower() not in _DROP}
+            )
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                ex.response += chunk
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    async def _start(self) -> None:
+        # No total timeout: a long summary or a prompt prefill on 2 cores can take minutes.
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def start(self) -> "Tap":
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._start())
+            except BaseException as exc:  # reported to the starting thread
+                failure.append(exc)
+                return
+            finally:
+                ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="e2e-tap", daemon=True)
+        self._thread.start()
+        if not ready.wait(10) or failure:
+            raise RuntimeError(f"tap failed to start: {failure[0] if failure else 'timeout'}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = self._thread = None

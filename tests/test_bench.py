@@ -1,0 +1,260 @@
+"""The benchmark harness (bench/): its fake upstream, forwarder, load generator, bodies and report.
+
+The benchmark's figures are only as good as these parts: a fake upstream that miscounts events or a
+load generator that misreads a chunked answer would print confident nonsense.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+from openai import AsyncOpenAI
+
+from bench import bare_forwarder, report
+from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
+from bench.loadgen import LoadError, Request, hold_streams, percentile, run_load
+from bench.stats import Tally, summarize
+from bench.loadgen import LoadResult, Result
+from bench.workloads import agent_conversation, small_body
+from proxy.compaction.summarizer import MAIN_HEADINGS, missing_headings
+
+REPO = Path(__file__).resolve().parent.parent
+SUMMARIZER_SYSTEM = (REPO / "prompts" / "summarization-system.md").read_text(encoding="utf-8")
+
+
+class RunningFake:
+    def __init__(self, server: Server, port: int) -> None:
+        self.server = server
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture
+async def fake():
+    server = Server(Settings(chunks=6, chunk_delay_ms=1))
+    srv = await asyncio.get_running_loop().create_server(server.protocol, "127.0.0.1", 0)
+    yield RunningFake(server, srv.sockets[0].getsockname()[1])
+    srv.close()
+    await srv.wait_closed()
+
+
+@pytest.fixture
+async def oai(fake):
+    async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
+        yield c
+
+
+# ---- fake upstream ------------------------------------------------------------------------------
+
+
+async def test_fake_answers_the_openai_client(fake, oai):
+    r = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "Hello from the bench upstream."
+    assert fake.server.stats.chat == 1 and fake.server.stats.summarizer == 0
+
+
+async def test_fake_streams_the_configured_number_of_events(oai):
+    stream = await oai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers={"x-bench-chunks": "9"}
+    )
+    chunks = [c async for c in stream]
+    # 9 events: role, 6 content pieces, the finish chunk, then [DONE] (which the SDK swallows).
+    assert len(chunks) == 8
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).startswith("tok0 tok1")
+
+
+async def test_fake_answers_summarizer_requests_with_every_required_heading(fake, oai):
+    r = await oai.chat.completions.create(
+        model="m",
+        messages=[{"role": "system", "content": SUMMARIZER_SYSTEM}, {"role": "user", "content": "<conversation>x</conversation>"}],
+    )
+    assert missing_headings(r.choices[0].message.content, MAIN_HEADINGS) == []
+    assert fake.server.stats.summarizer == 1
+
+
+async def test_summarizer_prompt_outside_the_first_system_message_is_a_normal_chat(fake, oai):
+    r = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": SUMMARIZER_SYSTEM}])
+    assert r.choices[0].message.content == "Hello from the bench upstream."
+    assert fake.server.stats.summarizer == 0
+
+
+def test_stream_flag_is_found_at_either_end_of_a_big_body():
+    filler = b'"messages":[{"role":"user","content":"' + b"x" * 100_000 + b'"}]'
+    assert wants_stream(b'{"stream":true,' + filler + b"}")
+    assert wants_stream(b"{" + filler + b', "stream": true}')
+    assert not wants_stream(b"{" + filler + b',"stream":false}')
+
+
+async def test_fake_decodes_chunked_request_bodies(fake):
+    body = small_body("m")
+
+    async def pieces():
+        for i in range(0, len(body), 7):
+            yield body[i:i + 7]
+
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/chat/completions", data=pieces()) as r:
+            assert r.status == 200
+            assert (await r.json())["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5, 64])
+def test_chunked_decoder_survives_any_split(split):
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b"hello ", b"chunked", b" world")) + b"0\r\n\r\nNEXT"
+    dec, buf, body = ChunkedDecoder(), bytearray(), None
+    for i in range(0, len(wire), split):
+        buf += wire[i:i + split]
+        body = body or dec.feed(buf)
+    assert body == b"hello chunked world"
+    assert bytes(buf) == b"NEXT"  # the next request's bytes stay in the buffer
+
+
+async def test_held_streams_stay_open_until_the_client_leaves(fake):
+    req = Request(small_body("m", stream=True), {"x-bench-hold-s": "60"})
+    held = await hold_streams(fake.port, 5, req, timeout_s=10)
+    assert len(held.ttfb) == 5 and fake.server.stats.open_streams == 5
+    await held.close()
+    for _ in range(100):
+        if fake.server.stats.open_streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert fake.server.stats.open_streams == 0
+
+
+# ---- load generator -----------------------------------------------------------------------------
+
+
+async def test_run_load_counts_requests_events_and_reads(fake):
+    plain = await run_load(fake.port, [Request(small_body("m"))], count=30, clients=3)
+    assert len(plain.results) == 30 and all(r.status == 200 and r.events == 0 for r in plain.results)
+    stream = await run_load(fake.port, [Request(small_body("m", stream=True))], count=4, clients=2)
+    assert [r.events for r in stream.results] == [len(sse_events(6))] * 4
+    # Events 1 ms apart arrive in separate reads, and the first one well before the last.
+    assert all(r.reads >= 3 and r.ttfb < r.latency for r in stream.results)
+
+
+async def test_run_load_raises_on_an_error_status(fake):
+    with pytest.raises(LoadError, match="HTTP 404"):
+        await run_load(fake.port, [Request(b"{}", path="/v1/nowhere")], count=1)
+
+
+async def test_run_load_raises_when_nothing_listens():
+    with socket_bound() as port:
+        with pytest.raises(LoadError, match="cannot connect"):
+            await run_load(port, [Request(b"{}")], count=1)
+
+
+class socket_bound:
+    """A loopback port that is bound but not listening: connections are refused."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([7.0], 99) == 7.0
+
+
+# ---- bare forwarder -----------------------------------------------------------------------------
+
+
+async def test_bare_forwarder_relays_bodies_and_streams_unchanged(fake):
+    server = TestServer(bare_forwarder.create_app(f"http://127.0.0.1:{fake.port}"), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        big = Request(small_body("m").replace(b"France", b"France " + b"y" * 300_000))
+        before = fake.server.stats.bytes_in
+        done = await run_load(server.port, [big], count=1)
+        assert done.results[0].status == 200
+        assert fake.server.stats.bytes_in - before > len(big.body)  # the whole body went up
+        stream = await run_load(server.port, [Request(small_body("m", stream=True))], count=2)
+        assert [r.events for r in stream.results] == [len(sse_events(6))] * 2
+    finally:
+        await server.close()
+
+
+# ---- bodies -------------------------------------------------------------------------------------
+
+
+def test_each_conversation_request_is_the_previous_one_plus_a_turn():
+    conv = agent_conversation("m", seed=1, turns=4, turn_tokens=200, short_turns=2)
+    bodies = [orjson.loads(conv.body(k)) for k in range(len(conv))]
+    for prev, nxt in zip(bodies, bodies[1:]):
+        assert nxt["messages"][: len(prev["messages"])] == prev["messages"]
+        assert nxt["messages"][-1]["role"] == "user"
+    assert [m["role"] for m in bodies[1]["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert orjson.loads(conv.body(1)) == bodies[1]  # going back rebuilds the same bytes
+
+
+# ---- stats and report ---------------------------------------------------------------------------
+
+
+def _tally(latencies_ms: list[float], cpu_s: float, status: str | None = None) -> Tally:
+    headers = {"x-compaction-status": status} if status else {}
+    results = [Result(200, ms / 1000, ms / 2000, 0, 1, 10, headers) for ms in latencies_ms]
+    t = Tally()
+    t.add(LoadResult(results, wall_s=1.0, clients=1), cpu_s, 0.0)
+    return t
+
+
+def test_summary_has_added_latency_and_ratios_to_the_baseline():
+    rows = summarize({"direct": _tally([1.0] * 10, 0.01), "baseline": _tally([2.0] * 10, 0.02),
+                      "proxy": _tally([4.0] * 10, 0.03, "none")})
+    assert rows["proxy"]["added_p50_ms"] == pytest.approx(3.0)
+    assert rows["proxy"]["added_p50_vs_baseline"] == pytest.approx(3.0)
+    assert rows["proxy"]["cpu_ms_per_req"] == pytest.approx(3.0)
+    assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(1.5)
+    assert rows["proxy"]["statuses"] == {"none": 10}
+
+
+def test_report_renders_and_checks_targets_from_partial_results():
+    rows = summarize({"direct": _tally([1.0] * 4, 0.004), "baseline": _tally([2.0] * 4, 0.004),
+                      "proxy": _tally([2.5] * 4, 0.008, "none")})
+    doc = {"meta": {"quick": True, "time": "t", "cpus": 2, "python": "3", "commit": None, "store": "memory"},
+           "workloads": {"small_1": {"description": "small", "metric": "latency", "targets": rows}}}
+    doc["targets_check"] = report.check_targets(doc["workloads"])
+    text = report.render(doc)
+    assert "small_1" in text and "status nonex4" in text
+    by_name = {c["target"]: c for c in doc["targets_check"]}
+    assert by_name["1. small, 1 client: proxy CPU/req vs baseline"]["met"] is False  # 2.0x > 1.5x
+    assert by_name["1. small, 1 client: proxy added p50"]["met"] is True
+    assert by_name["3. reused summary, ~1M tokens: proxy added p50"]["met"] is None  # not measured
+
+
+# ---- the one command, end to end ----------------------------------------------------------------
+
+
+def test_quick_run_of_one_workload_measures_the_real_proxy(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--only", "small_1", "--no-nginx", "--store", "memory",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = doc["workloads"]["small_1"]["targets"]
+    assert set(rows) == {"direct", "baseline", "proxy"}
+    assert rows["proxy"]["statuses"] == {"none": rows["proxy"]["n"]}
+    assert rows["proxy"]["n"] == 2 * 150 and rows["proxy"]["cpu_ms_per_req"] > 0
+    assert "issue 6 targets" in proc.stdout

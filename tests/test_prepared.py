@@ -1,0 +1,161 @@
+"""Summaries prepared ahead of time (issue 5, design section 6): the crossing request does not wait.
+
+The client's think time between turns (the model answering, tools running) is simulated by
+waiting for the proxy's background queue to drain after each answer: that is when a real agent's
+next request would arrive, and the background summary has had its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from support.conversations import MODEL, THRESHOLD, WINDOW, client, request_points, send, synthetic, tau_conversations
+from support.fake_upstream import FakeUpstream
+from support.invariants import check_forwarded
+from support.redis_server import RedisServer, redis_server  # noqa: F401
+
+SLOW_SUMMARIZER_S = 2.0
+
+
+def settings(prepare_percent: float, **compaction: object) -> dict:
+    return {"models": {MODEL: {"context_window": WINDOW}}, "compaction": {"prepare_percent": prepare_percent, **compaction}}
+
+
+def background_tasks() -> list[asyncio.Task]:
+    names = ("prepare-", "singleflight:", "lock-heartbeat:")
+    return [t for t in asyncio.all_tasks() if not t.done() and t.get_name().startswith(names)]
+
+
+@pytest.mark.parametrize("prepare_percent", [80, 0])
+async def test_the_crossing_request_waits_only_without_preparation(
+    upstream: FakeUpstream, make_proxy, fixtures_dir: Path, prepare_percent: int
+) -> None:
+    upstream.window = WINDOW
+    upstream.summarizer_delay_s = SLOW_SUMMARIZER_S
+    proxy = await make_proxy(upstream.base_url, settings(prepare_percent))
+    c = client(proxy.base_url)
+    for history in request_points(tau_conversations(fixtures_dir, 1)[0]):
+        calls = len(upstream.summarizer_requests)
+        turn = await send(c, history)
+        if turn.status == "summarized":
+            break
+        assert turn.status == "none" and turn.wait_ms == 0  # queuing a preparation costs nothing
+        await proxy.state.compaction.idle()
+    else:
+        pytest.fail("the conversation never crossed the threshold")
+    check_forwarded(history, upstream.chat_requests[-1]["messages"], compacted=True)
+    if prepare_percent:
+        assert turn.wait_ms < 500, turn
+        assert len(upstream.summarizer_requests) == calls > 0  # made before this request came
+        assert proxy.state.compaction.prepared_jobs == 1
+    else:
+        assert turn.wait_ms >= SLOW_SUMMARIZER_S * 1000 * 0.75, turn
+        assert len(upstream.summarizer_requests) > calls == 0
+
+
+async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, make_proxy, fixtures_dir: Path) -> None:
+    upstream.window = WINDOW
+    upstream.summarizer_delay_s = 0.2
+    proxy = await make_proxy(upstream.base_url, settings(80))
+    c = client(proxy.base_url)
+    conversations = tau_conversations(fixtures_dir, 2)
+    events = 0
+    for traj in conversations:
+        previous: list | None = None
+        for history in request_points(traj):
+            calls = len(upstream.summarizer_requests)
+            turn = await send(c, history)
+            forwarded = upstream.chat_requests[-1]["messages"]
+            check_forwarded(history, forwarded, compacted=turn.status in ("summarized", "reused"))
+            assert turn.tokens_after <= THRESHOLD
+            if turn.status == "summarized":
+                events += 1
+                assert len(upstream.summarizer_requests) == calls, "a crossing request waited for a summary"
+                assert turn.wait_ms < 500
+                assert turn.tokens_after <= int(0.8 * THRESHOLD)
+            elif turn.status == "reused":
+                # Between compactions the forwarded prefix only grows: a prepared summary is not
+                # switched to before the request that crosses the threshold.
+                assert previous is not None and forwarded[: len(previous)] == previous
+            previous = forwarded
+            await proxy.state.compaction.idle()
+    assert events >= 2 * len(conversations)
+    # One preparation per compaction event, plus at most one left unused at each conversation's end.
+    assert proxy.state.compaction.prepared_jobs <= events + len(conversations)
+
+
+async def test_the_queue_is_bounded_never_blocks_and_stops_with_the_proxy(
+    upstream: FakeUpstream, make_proxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream.window = WINDOW
+    upstream.summarizer_delay_s = 60.0  # the one worker stays busy for the whole test
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_queue=1))
+    engine = proxy.state.compaction
+    c = client(proxy.base_url)
+    caplog.set_level(logging.DEBUG, logger="proxy.compaction")
+    for i in range(5):  # five conversations past 80% of the threshold, below it
+        turn = await asyncio.wait_for(send(c, synthetic(f"queued {i}", turns=12)), 10)
+        assert (turn.status, turn.wait_ms) == ("none", 0)
+    await upstream.wait_for_requests(1, "summarizer")
+    assert engine._queue is not None and engine._queue.qsize() == 1
+    assert len([r for r in caplog.records if "prepare queue full" in r.getMessage()]) == 3
+    assert background_tasks()
+    await asyncio.wait_for(proxy.close(), 10)
+    assert background_tasks() == []  # workers and their summaries cancelled at shutdown
+    assert len(upstream.summarizer_requests) == 1
+
+
+async def test_one_preparation_per_conversation_however_many_requests(upstream: FakeUpstream, make_proxy) -> None:
+    upstream.window = WINDOW
+    upstream.summarizer_delay_s = 0.5
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=4))
+    c = client(proxy.base_url)
+    longer = synthetic("one preparation", turns=13)
+    shorter = longer[:-2]  # the same conversation a turn earlier
+    assert THRESHOLD * 0.8 < (await send(c, shorter)).tokens_after
+    await asyncio.gather(*(send(c, shorter) for _ in range(4)))
+    await upstream.wait_for_requests(1, "summarizer")
+    await send(c, longer)  # the next turn, while the first preparation is still running
+    await proxy.state.compaction.idle()
+    assert len(upstream.summarizer_requests) == 1
+    assert proxy.state.compaction.prepared_jobs == 1
+
+
+async def test_a_failed_preparation_leaves_the_work_to_the_crossing_request(upstream: FakeUpstream, make_proxy) -> None:
+    upstream.window = WINDOW
+    upstream.fault_target = "summarizer"
+    upstream.fault_times = 1
+    upstream.fail_status = 500
+    proxy = await make_proxy(upstream.base_url, settings(80))
+    c = client(proxy.base_url)
+    messages = synthetic("failed preparation")
+    assert (await send(c, messages[:-2])).status == "none"
+    await proxy.state.compaction.idle()
+    assert [r.status for r in upstream.records("summarizer")] == [500]
+    turn = await send(c, messages)
+    assert turn.status == "summarized"
+    assert [r.status for r in upstream.records("summarizer")] == [500, 200]
+
+
+@pytest.mark.redis
+async def test_a_summary_prepared_by_one_replica_serves_another(
+    upstream: FakeUpstream, make_proxy, redis_server: RedisServer
+) -> None:
+    upstream.window = WINDOW
+    shared = {**settings(80), "store": {"url": redis_server.url}}
+    a = await make_proxy(upstream.base_url, shared)
+    b = await make_proxy(upstream.base_url, shared)
+    messages = synthetic("prepared elsewhere")
+    assert (await send(client(a.base_url), messages[:-2])).status == "none"
+    await a.state.compaction.idle()
+    assert len(upstream.summarizer_requests) == 1
+    turn = await send(client(b.base_url), messages)  # the crossing request lands on the other replica
+    assert turn.status == "summarized" and turn.wait_ms < 500
+    assert len(upstream.summarizer_requests) == 1
+    again = await send(client(a.base_url), messages)
+    assert again.status == "reused"
+    assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body
