@@ -262,7 +262,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.buf = RecvBuffer()
         self.transport: asyncio.Transport | None = None
         self.req: Request | None = None  # head parsed, body pending
-        self.need = 0  # Content-Length bodies: their length
+        self.need = 0  # a Content-Length body's length (0 for chunked bodies, decoded into a copy)
         self.chunked: ChunkedDecoder | None = None
         self.stream_task: asyncio.Task[None] | None = None
 
@@ -293,9 +293,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
             req, self.req = self.req, None
             assert req is not None
             self.respond(req)
-            if self.chunked is None:
-                self.buf.consume(self.need)  # the body was a view into the buffer: release it only now
-                self.need = 0
+            self.buf.consume(self.need)  # a Content-Length body is a view into the buffer: released only now
+            self.need = 0
 
     def _take_body(self) -> bool:
         """Attach the request body once it is complete; False while bytes are still missing."""

@@ -49,7 +49,7 @@ def main_table(workloads: dict[str, Any]) -> list[str]:
     head = " ".join(title.rjust(w) if i > 1 else title.ljust(w) for i, (title, w, _) in enumerate(COLUMNS)) + "  notes"
     lines = [head, "-" * len(head)]
     for name, wl in workloads.items():
-        if wl.get("metric") == "memory":
+        if wl.get("metric") in ("memory", "crossing"):
             continue
         for target, row in wl["targets"].items():
             cells = [name.ljust(10), target.ljust(8)]
@@ -80,6 +80,15 @@ def memory_table(wl: dict[str, Any]) -> list[str]:
     for name, r in wl["targets"].items():
         lines.append(f"{name:<9} {fmt(r['rss_before_mb'], 13)} {fmt(r['rss_under_load_mb'], 12)} {fmt(r['rss_peak_mb'], 8)} "
                      f"{fmt(r['kb_per_stream'], 9)} {fmt(r['open_s'], 7)}  {'yes' if r['upstream_released'] else 'NO'}")
+    return lines
+
+
+def crossing_lines(description: str, row: dict[str, Any]) -> list[str]:
+    lines = [f"crossing: {description}",
+             f"{'turn':>5} {'status':<11} {'latency ms':>10} {'direct ms':>9} {'wait ms':>8}  tokens"]
+    for e in row["events"]:
+        lines.append(f"{e['turn']:>5} {e['status']:<11} {fmt(e['latency_ms'], 10)} {fmt(e['direct_ms'], 9)} "
+                     f"{fmt(e['wait_ms'], 8)}  {e['tokens_before']} -> {e['tokens_after']}")
     return lines
 
 
@@ -115,7 +124,9 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = stream_proxy["added_p50_ms"] / stream_base["added_p50_ms"]
     out.append(_check("4. streaming: proxy added first-event p50 vs baseline's", ratio, 1.5, "x"))
     out.append(_check("4. streaming: proxy streams that lost events", stream_proxy.get("streams_missing_events"), 0))
-    out.append(_check("5. crossing the threshold with a prepared summary: wait (not measured here)", None, 50, "ms"))
+    cross = results.get("crossing", {}).get("targets", {}).get(PROXY, {})
+    out.append(_check("5. crossing the threshold with a prepared summary: worst x-compaction-wait-ms",
+                      cross.get("max_wait_ms"), 50, "ms"))
     mem = results.get("memory", {}).get("targets", {}).get(PROXY, {})
     out.append(_check(f"6. {mem.get('streams', 1000)} idle streams: proxy RSS", mem.get("rss_under_load_mb"), 300, "MB"))
     return out
@@ -144,6 +155,8 @@ def render(doc: dict[str, Any]) -> str:
     if warm := wls.get("reused", {}).get("warmup"):
         lines += ["", f"reused warm-up (first request, compacts): {warm['latency_ms']:.0f} ms, status {warm['status']}, "
                       f"tokens {warm['tokens_before']} -> {warm['tokens_after']}, {warm['summarizer_calls']} summarizer calls"]
+    if cross := wls.get("crossing", {}).get("targets", {}).get(PROXY):
+        lines += [""] + crossing_lines(wls["crossing"]["description"], cross)
     if "memory" in wls:
         lines += [""] + memory_table(wls["memory"])
     lines += [""] + targets_lines(doc["targets_check"])

@@ -36,13 +36,15 @@ if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
 from bench import procs, report  # noqa: E402
 from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
-from bench.loadgen import LoadError, LoadResult, Request, hold_streams, run_load  # noqa: E402
+from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
 from bench.stats import BASELINE, DIRECT, NGINX, PROXY, Tally, summarize  # noqa: E402
 from bench.workloads import agent_conversation, small_body  # noqa: E402
 
 RESULTS_DIR = procs.BENCH_DIR / "results"
-SMALL_MODEL, LONG_MODEL, REUSED_MODEL = "bench-small", "bench-long", "bench-reused"
+SMALL_MODEL, LONG_MODEL, REUSED_MODEL, CROSS_MODEL = "bench-small", "bench-long", "bench-reused", "bench-cross"
 LONG_WINDOW = 1_000_000  # the growing conversation never reaches this model's threshold
+CROSS_WINDOW = 60_000  # threshold 51000 tokens: crossed after about 45 turns
+THINK_S = 0.05  # between the requests of the crossing conversations: the model's time to answer
 HOLD_S = 120  # idle streams stay open this long unless the client goes first
 
 
@@ -61,6 +63,7 @@ class Sizes:
     reused_turns: int  # history turns of about 1000 tokens
     reused_window: int  # so that the history compacts once
     reused_per_round: int
+    crossing_convs: int  # conversations grown until they cross the threshold
     stream_8: int
     stream_chunks: int
     stream_delay_ms: float
@@ -68,13 +71,13 @@ class Sizes:
 
 
 FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, long_steps=100, long_buckets=10,
-             large_4=60, reused_turns=1000, reused_window=400_000, reused_per_round=10, stream_8=80,
+             large_4=60, reused_turns=1000, reused_window=400_000, reused_per_round=10, crossing_convs=6, stream_8=80,
              stream_chunks=16, stream_delay_ms=2.0, idle_streams=1000)
 QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long_steps=20, long_buckets=2,
-              large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, stream_8=24,
+              large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, crossing_convs=1, stream_8=24,
               stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
 
-WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "stream_8", "memory")
+WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory")
 
 
 @dataclass
@@ -212,6 +215,40 @@ async def reused(bench: Bench) -> dict[str, Any]:
             "body_kb": len(conv.body(s.reused_turns)) // 1024}
 
 
+async def crossing(bench: Bench) -> dict[str, Any]:
+    """Conversations grown a turn at a time (THINK_S apart) until the proxy compacts: the request that
+    crosses the threshold should find a summary prepared in the background and not wait for one."""
+    proxy, direct = bench.target(PROXY), bench.target(DIRECT)
+    if proxy is None or direct is None:
+        return {"description": "crossing the threshold (needs the proxy)", "metric": "crossing", "targets": {}}
+    events = []
+    for i in range(bench.sizes.crossing_convs):
+        conv = agent_conversation(CROSS_MODEL, seed=5000 + i, turns=80, turn_tokens=1000)
+        for k in range(len(conv)):
+            req = Request(conv.body(k))
+            r = (await run_load(proxy.port, [req], count=1)).results[0]
+            if r.headers.get("x-compaction-status", "none") != "none":
+                same = await run_load(direct.port, [req], count=5)
+                events.append({"turn": k, "status": r.headers.get("x-compaction-status"),
+                               "latency_ms": r.latency * 1000, "direct_ms": percentile(same.latencies, 50) * 1000,
+                               "wait_ms": float(r.headers.get("x-compaction-wait-ms", "nan")),
+                               "tokens_before": r.headers.get("x-compaction-tokens-before"),
+                               "tokens_after": r.headers.get("x-compaction-tokens-after")})
+                break
+            await asyncio.sleep(THINK_S)
+        else:
+            bench.problems.append(f"crossing: conversation {i} never compacted")
+    if any(e["status"] != "summarized" for e in events):
+        bench.problems.append(f"crossing: statuses {[e['status'] for e in events]}, expected 'summarized'")
+    row: dict[str, Any] = {"n": len(events), "events": events}
+    if events:
+        row["max_wait_ms"] = max(e["wait_ms"] for e in events)
+        row["p50_added_ms"] = percentile([e["latency_ms"] - e["direct_ms"] for e in events], 50)
+    return {"description": f"conversations grown until they cross a {CROSS_WINDOW}-token window's threshold, "
+                           f"{THINK_S * 1000:g} ms between requests (proxy only)",
+            "metric": "crossing", "targets": {PROXY: row}}
+
+
 async def stream_8(bench: Bench) -> dict[str, Any]:
     s = bench.sizes
     req = Request(small_body(SMALL_MODEL, stream=True),
@@ -271,6 +308,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     "long_conv": long_conv,
     "large_4": large_4,
     "reused": reused,
+    "crossing": crossing,
     "stream_8": stream_8,
     "memory": memory,
 }
@@ -292,7 +330,8 @@ def start_servers(
         if nginx and (ng := procs.start_nginx(workdir, upstream.port)) is not None:
             started.append(ng)
             targets.append(Target(NGINX, ng.port, ng))
-        models = {SMALL_MODEL: 128_000, LONG_MODEL: LONG_WINDOW, REUSED_MODEL: sizes.reused_window}
+        models = {SMALL_MODEL: 128_000, LONG_MODEL: LONG_WINDOW, REUSED_MODEL: sizes.reused_window,
+                  CROSS_MODEL: CROSS_WINDOW}
         proxy = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env)
         started.append(proxy)
         targets.append(Target(PROXY, proxy.port, proxy))

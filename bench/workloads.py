@@ -53,11 +53,31 @@ def small_body(model: str, *, stream: bool = False) -> bytes:
     )
 
 
+def agent_tools(count: int = 12) -> list[dict[str, object]]:
+    """Function schemas like an airline agent's (about 200 tokens each): agents send them every request."""
+    rng = random.Random(99)
+    tools: list[dict[str, object]] = []
+    for i in range(count):
+        params = {f"arg_{j}": {"type": "string", "description": words(rng, 15)} for j in range(4)}
+        tools.append({
+            "type": "function",
+            "function": {
+                "name": f"airline_tool_{i}",
+                "description": words(rng, 80),
+                "parameters": {"type": "object", "properties": params, "required": ["arg_0"]},
+            },
+        })
+    return tools
+
+
 class Conversation:
     """A growing agent conversation; `body(k)` is request k (turns before k, then user message k)."""
 
-    def __init__(self, model: str) -> None:
-        self.head = b'{"model":' + orjson.dumps(model) + b',"messages":[' + _msg({"role": "system", "content": SYSTEM_PROMPT})
+    def __init__(self, model: str, tools: list[dict[str, object]] | None = None) -> None:
+        self.head = b'{"model":' + orjson.dumps(model)
+        if tools:
+            self.head += b',"tools":' + orjson.dumps(tools)
+        self.head += b',"messages":[' + _msg({"role": "system", "content": SYSTEM_PROMPT})
         self.users: list[bytes] = []  # turn i's user message
         self.rests: list[bytes] = []  # turn i's other messages, comma-joined (may be empty)
         self._prefix = b""  # turns [0, _prefix_turns) joined, each preceded by a comma
@@ -116,9 +136,9 @@ def short_turn(rng: random.Random, turn: int) -> tuple[str, list[dict[str, objec
 
 
 def agent_conversation(model: str, *, seed: int, turns: int, turn_tokens: int, short_turns: int = 0) -> Conversation:
-    """`turns` agent turns of about `turn_tokens` tokens, then `short_turns` short exchanges."""
+    """`turns` agent turns of about `turn_tokens` tokens, then `short_turns` short exchanges; with tools."""
     rng = random.Random(seed)
-    conv = Conversation(model)
+    conv = Conversation(model, agent_tools())
     for t in range(turns):
         conv.add_turn(*agent_turn(rng, t, turn_tokens))
     for t in range(short_turns):

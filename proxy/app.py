@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Awaitable, Callable
 
@@ -37,7 +38,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return web.json_response({"status": "ok", "store": "ok" if getattr(state.store, "healthy", True) else "down"})
+    return web.json_response({
+        "status": "ok",
+        "store": "ok" if getattr(state.store, "healthy", True) else "down",
+        # Asyncio tasks alive in the process (this request's included): a count that keeps growing is a leak.
+        "tasks": len(asyncio.all_tasks()),
+    })
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:

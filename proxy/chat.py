@@ -16,24 +16,29 @@ import orjson
 from aiohttp import web
 
 from proxy import errors
-from proxy.chat_request import Conversation, analyze, parse_chat_body
+from proxy.chat_request import Conversation, analyze, latest_user_index, message_text, parse_chat_body
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
     client_response_headers,
     client_timeout,
+    is_event_stream,
     map_client_error,
-    relay,
+    relay_completion,
+    relay_events,
     upstream_request_headers,
     upstream_url,
 )
 from proxy.hashing import credential_scope
 from proxy.state import STATE, ProxyState
+from proxy.text import clip_hint
 from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.chat")
 
 BIG_BODY = 512 * 1024  # above this, token counting runs off the event loop
+CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
+EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -81,10 +86,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         focus=request.headers.get("x-compaction-focus") or None,
     )
 
-    stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
-    outcome = Outcome("none")
-    if cfg.compaction.enabled:
-        outcome = await state.compaction.process(conv, stage.messages, ctx)
+    if cfg.server.log_content:
+        _log_content(body)
+    try:
+        stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
+        outcome = Outcome("none")
+        if cfg.compaction.enabled:
+            outcome = await state.compaction.process(conv, stage.messages, ctx)
+    except Exception:
+        # A bug in our own stages must never cost the client its request: forward what it sent.
+        log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
+        status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     messages = outcome.messages or stage.messages
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
@@ -94,7 +107,21 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     retry = None
     if cfg.compaction.enabled:
         retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait)
+    log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
+              stage.summarized)
     return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+
+
+def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:
+    return state.cfg.compaction.enabled and tokens > state.compaction.budget_for(model).threshold
+
+
+def _log_content(body: dict[str, Any]) -> None:
+    """Only with server.log_content on: message content is the client's data, not ours to log."""
+    messages = body["messages"]
+    i = latest_user_index(messages)
+    latest = clip_hint(message_text(messages[i]), CONTENT_LOG_CHARS, CONTENT_LOG_CHARS) if i is not None else ""
+    log.info("chat %s: %d messages; latest user message: %s", body["model"], len(messages), latest)
 
 
 def _dump(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
@@ -132,19 +159,17 @@ async def _forward(
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
     for attempt in range(2):
+        can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
         try:
             async with state.session.post(
                 url, data=data, headers=headers, timeout=timeout, allow_redirects=False
             ) as upstream:
-                if attempt == 0 and retry is not None and upstream.status in (400, 413, 422):
+                if can_retry and upstream.status in (400, 413, 422):
                     # Nothing has gone to the client yet: an overflow can still be compacted and retried.
-                    try:
-                        err_body = await upstream.read()
-                    except UPSTREAM_ERRORS as e:
-                        raise map_client_error(e) from None
+                    err_body = await upstream.read()
                     if is_context_overflow(upstream.status, err_body):
-                        again = await retry()
+                        again = await _compacted(retry)
                         if again is not None:
                             data, extra = again
                             log.info("upstream rejected the request for length; retrying compacted")
@@ -154,12 +179,37 @@ async def _forward(
                         body=err_body,
                         headers={**_passthrough_headers(upstream), **extra},
                     )
-                return await relay(request, upstream, extra)
+                if not _checkable_stream(upstream):
+                    return await relay_completion(request, upstream, extra)
+                # Headers wait for the first bytes: until then an empty stream can still be retried.
+                first = await upstream.content.readany()
+                if first:
+                    return await relay_events(request, upstream, extra, first)
+                # llama.cpp answers a prompt over its window with 200 and an empty event stream.
+                again = await _compacted(retry) if can_retry else None
+                if again is None:
+                    return errors.upstream_bad_response(EMPTY_STREAM).response(extra)
+                data, extra = again
+                log.info("upstream sent an empty event stream; retrying compacted")
         except UPSTREAM_ERRORS as e:
             err = map_client_error(e)
             log.warning("upstream request failed after %.0f ms: %s", (time.perf_counter() - t0) * 1000, err.message)
             return err.response(extra)
     raise AssertionError("unreachable")
+
+
+async def _compacted(retry: Any) -> tuple[bytes, dict[str, str]] | None:
+    """The overflow retry's compacted request, or None; a bug in it leaves the upstream's answer."""
+    try:
+        return await retry()
+    except Exception:
+        log.exception("compacting for the overflow retry failed unexpectedly")
+        return None
+
+
+def _checkable_stream(upstream: aiohttp.ClientResponse) -> bool:
+    """A successful, uncompressed event stream: one we can read event by event."""
+    return upstream.status == 200 and is_event_stream(upstream) and not upstream.headers.get("content-encoding")
 
 
 def _passthrough_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:

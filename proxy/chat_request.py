@@ -7,12 +7,13 @@ tool-call pairing are the upstream's to judge: the proxy forwards and lets the u
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 from proxy.errors import ProxyError, bad_request
-from proxy.hashing import message_digest
+from proxy.hashing import DigestCache, message_key
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter, encoding_name_for
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -27,6 +28,12 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"Request body is not valid JSON: {e}") from None
+    try:
+        # orjson reads 1024 levels of nesting but writes only 254, and the proxy writes every
+        # message again (digests, the forwarded body): refuse here what would fail there as a 500.
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise bad_request("Request body is nested too deeply.") from None
     validate_chat_body(body)
     return body
 
@@ -124,7 +131,7 @@ class Conversation:
 
     body: dict[str, Any]
     messages: list[dict[str, Any]]
-    digests: list[bytes]  # of the ORIGINAL messages: store keys never depend on our rewrites
+    keys: list[int]  # fast in-process keys of the ORIGINAL messages (hashing.message_key)
     tokens: list[int]  # of the messages as they will be forwarded (after tool-result notes)
     tools_tokens: int
     encoding: str
@@ -133,6 +140,12 @@ class Conversation:
 
     def __post_init__(self) -> None:
         self.n_system = leading_system_count(self.messages)
+
+    @cached_property
+    def digests(self) -> list[bytes]:
+        """Stable digests of the ORIGINAL messages: store keys never depend on our rewrites.
+        Computed only when needed (compaction), and once per distinct message."""
+        return DIGESTS.digests(self.messages, self.keys)
 
     @property
     def model(self) -> str:
@@ -145,15 +158,18 @@ class Conversation:
         return n if self.ratio == 1.0 else int(n * self.ratio)
 
 
+DIGESTS = DigestCache()
+
+
 def analyze(body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float) -> Conversation:
     messages = body["messages"]
     enc = encoding or encoding_name_for(body["model"])
-    digests = [message_digest(m) for m in messages]
-    tokens = [counter.count_message(m, enc, d) for m, d in zip(messages, digests)]
+    keys = [message_key(m) for m in messages]
+    tokens = [counter.count_message(m, enc, k) for m, k in zip(messages, keys)]
     return Conversation(
         body=body,
         messages=messages,
-        digests=digests,
+        keys=keys,
         tokens=tokens,
         tools_tokens=counter.count_tools(body.get("tools"), enc),
         encoding=enc,
@@ -179,6 +195,3 @@ def latest_user_index(messages: list[dict[str, Any]]) -> int | None:
             return i
     return None
 
-
-def ensure_error(e: Exception) -> ProxyError:
-    return e if isinstance(e, ProxyError) else bad_request(str(e))

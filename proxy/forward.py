@@ -1,16 +1,20 @@
 """Moving bytes between client and upstream: header filtering, pass-through, response relay.
 
-Nothing here looks inside a body. Responses are relayed as they arrive: an SSE stream chunk by
-chunk (never coalesced, never held back), anything else streamed when large.
+Pass-through routes are relayed without looking inside: an SSE stream chunk by chunk (never
+coalesced, never held back), anything else streamed when large. Chat completion answers are
+checked on the way (`relay_completion`, `relay_events`): an answer that is not what OpenAI's API
+sends becomes an OpenAI-shaped error, so clients raise an APIError instead of a decoding error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, AsyncIterator
 
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
@@ -105,6 +109,7 @@ def map_client_error(e: BaseException) -> errors.ProxyError:
 
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)  # writing to a departed client
 
 
 def upstream_url(base_url: str, request: web.Request, raw_tail: str) -> URL:
@@ -140,7 +145,7 @@ async def relay(
     try:
         async for chunk in upstream.content.iter_any():
             await resp.write(chunk)
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+    except CLIENT_GONE:
         # The client went away: stop reading; leaving the context closes the upstream request.
         upstream.close()
         return resp
@@ -150,9 +155,7 @@ async def relay(
         log.warning("upstream stream ended abnormally: %s", err.message)
         if sse:
             # The openai SDKs raise an APIError on an `error` event, so the client learns why.
-            try:
-                await resp.write(b"data: " + err.body() + b"\n\n")
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            if not await _write_error_event(resp, err):
                 return resp
         else:
             # A cut body must look cut to the client, not complete: drop the connection.
@@ -161,8 +164,144 @@ async def relay(
             return resp
     try:
         await resp.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+    except CLIENT_GONE:
         pass
+    return resp
+
+
+async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError) -> bool:
+    """End a stream with an `error` event (the openai SDKs raise an APIError on it, so the client
+    learns why). False when the client is gone already."""
+    try:
+        await resp.write(b"data: " + err.body() + b"\n\n")
+    except CLIENT_GONE:
+        return False
+    return True
+
+
+async def relay_completion(
+    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str]
+) -> web.StreamResponse:
+    """A chat completion answer that is not an event stream, read whole (such answers are small).
+
+    A 200 whose JSON does not parse is not the upstream's error but a broken answer: the client
+    gets a 502 it can retry, not a body its SDK fails to decode.
+    """
+    if upstream.headers.get("content-encoding"):
+        return await relay(request, upstream, extra_headers)  # we asked for identity; cannot look inside
+    try:
+        body = await upstream.read()
+    except UPSTREAM_ERRORS as e:
+        return map_client_error(e).response(extra_headers)
+    if upstream.status == 200 and _is_json(upstream) and not _parses(body):
+        log.warning("upstream answered 200 with malformed JSON (%d bytes)", len(body))
+        return errors.upstream_bad_response("the JSON body is malformed").response(extra_headers)
+    headers = client_response_headers(upstream.headers)
+    headers.update(extra_headers)
+    return web.Response(status=upstream.status, body=body, headers=headers)
+
+
+def _is_json(resp: aiohttp.ClientResponse) -> bool:
+    return resp.headers.get("content-type", "").lower().startswith("application/json")
+
+
+def _parses(body: bytes) -> bool:
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+MAX_EVENT_BYTES = 16 << 20  # one SSE event; beyond this the stream is not a chat completion
+
+
+class EventChecker:
+    """Cuts an SSE byte stream into whole events and checks that every `data:` payload is JSON or
+    `[DONE]`. Whole events go on at once; only an unfinished last event waits for its end (a client
+    cannot use half an event anyway)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
+        """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
+        buf = self._pending + chunk if self._pending else chunk
+        pos = 0
+        # An event's end can straddle chunks, but the pending part holds none: search only its last bytes.
+        at = max(0, len(self._pending) - 3)
+        while (m := _EVENT_END.search(buf, at)) is not None:
+            why = _check_event(buf[pos : m.start()])
+            if why is not None:
+                self._pending = b""
+                return buf[:pos], why
+            pos = at = m.end()
+        self._pending = buf[pos:]
+        if len(self._pending) > MAX_EVENT_BYTES:
+            return buf[:pos], "an event is larger than any chat completion chunk"
+        return buf[:pos], None
+
+    def finish(self) -> tuple[bytes, str | None]:
+        """At the end of the stream: an unterminated last event goes on as it came when it is whole."""
+        rest, self._pending = self._pending, b""
+        if not rest.strip():
+            return rest, None
+        if _check_event(rest) is not None:
+            return b"", "the stream ended in the middle of an event"
+        return rest, None
+
+
+def _check_event(event: bytes) -> str | None:
+    data = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+    if not data:
+        return None  # comments (keep-alives) and event/id/retry fields
+    payload = b"\n".join(d[1:] if d.startswith(b" ") else d for d in data)
+    if payload.strip() == b"[DONE]" or _parses(payload):
+        return None
+    return "an event's data is not valid JSON"
+
+
+class _BrokenStream(Exception):
+    """The upstream's event stream is not what OpenAI sends."""
+
+
+async def relay_events(
+    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes
+) -> web.StreamResponse:
+    """A chat completion event stream whose first bytes (`first`) were read already. A broken event
+    or a cut stream ends the client's stream with an `error` event instead of garbage."""
+    headers = client_response_headers(upstream.headers)
+    headers.update(extra_headers)
+    resp = web.StreamResponse(status=upstream.status, headers=headers)
+    await resp.prepare(request)
+    checker = EventChecker()
+    chunk = first
+    try:
+        while chunk:
+            good, why = checker.feed(chunk)
+            if good:
+                await resp.write(good)
+            if why is not None:
+                raise _BrokenStream(why)
+            chunk = await upstream.content.readany()
+        good, why = checker.finish()
+        if good:
+            await resp.write(good)
+        if why is not None:
+            raise _BrokenStream(why)
+        await resp.write_eof()
+    except CLIENT_GONE:
+        upstream.close()  # stop reading; leaving the caller's context closes the upstream request
+    except (_BrokenStream, *UPSTREAM_ERRORS) as e:
+        upstream.close()
+        err = errors.upstream_bad_response(str(e)) if isinstance(e, _BrokenStream) else map_client_error(e)
+        log.warning("upstream stream ended abnormally: %s", err.message)
+        if await _write_error_event(resp, err):
+            try:
+                await resp.write_eof()
+            except CLIENT_GONE:
+                pass
     return resp
 
 

@@ -1,14 +1,19 @@
-"""Digests that identify messages, conversation prefixes and credential scopes (pure functions).
+"""Digests that identify messages, conversation prefixes and credential scopes.
 
 A message's digest is over its canonical JSON (sorted keys), so two requests carrying the same
 message give the same digest whatever order the client wrote its keys in. A prefix is identified by
 a hash chain over its messages' digests: chain[i] covers messages[0:i].
+
+Hashing a long history on every request is the hot path's largest cost, so each message also gets a
+cheap in-process key (Python's keyed hash of its JSON): token counts and stable digests are cached
+by it, and a stable digest is computed once per distinct message, not once per request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import orjson
@@ -17,7 +22,33 @@ _DIGEST_SIZE = 16
 
 
 def message_digest(msg: Any) -> bytes:
-    return hashlib.blake2b(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS), digest_size=_DIGEST_SIZE).digest()
+    return hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).digest()[:_DIGEST_SIZE]
+
+
+def message_key(msg: Any) -> int:
+    """A fast in-process key for a message: never stored, never shared between processes
+    (the hash is keyed per process, so nobody can craft collisions)."""
+    return hash(orjson.dumps(msg))
+
+
+class DigestCache:
+    """Stable digests by in-process key, bounded (least recently used evicted)."""
+
+    def __init__(self, size: int = 200_000) -> None:
+        self._d: OrderedDict[int, bytes] = OrderedDict()
+        self._size = size
+
+    def digests(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
+        out = []
+        d = self._d
+        for msg, key in zip(messages, keys):
+            digest = d.get(key)
+            if digest is None:
+                digest = d[key] = message_digest(msg)
+                if len(d) > self._size:
+                    d.popitem(last=False)
+            out.append(digest)
+        return out
 
 
 def content_digest(text: str) -> str:
@@ -29,7 +60,7 @@ def hash_chain(digests: Sequence[bytes]) -> list[bytes]:
     out = [b"\x00" * _DIGEST_SIZE]
     h = out[0]
     for d in digests:
-        h = hashlib.blake2b(h + d, digest_size=_DIGEST_SIZE).digest()
+        h = hashlib.sha256(h + d).digest()[:_DIGEST_SIZE]
         out.append(h)
     return out
 

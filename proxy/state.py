@@ -24,6 +24,7 @@ from proxy.upstream import UpstreamCaller
 log = logging.getLogger("proxy")
 
 SECRET_KEY = "meta:scope_secret"
+SECRET_CHECK_S = 60.0  # how often a generated scope secret is checked against the store's
 ENCODING_LOAD_TIMEOUT_S = 15
 
 
@@ -40,9 +41,24 @@ class ProxyState:
     tool_results: ToolResultStage
     compaction: CompactionEngine
     max_body: int = field(init=False)
+    _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.max_body = int(self.cfg.server.max_body_mb * 1024 * 1024)
+        if self.cfg.store.scope_secret is None:
+            self._secret_task = asyncio.create_task(self._keep_secret_shared(), name="scope-secret")
+
+    async def refresh_scope_secret(self) -> None:
+        """Converge on the store's generated secret. A store that lost its data (Redis restarted
+        without persistence) gets ours back; a replica started meanwhile generated another one,
+        and then everyone adopts what the store holds. Without this, replicas would silently stop
+        sharing summaries until all of them restarted."""
+        self.scope_secret = await _shared_secret(self.store, self.scope_secret)
+
+    async def _keep_secret_shared(self) -> None:
+        while True:
+            await asyncio.sleep(SECRET_CHECK_S)
+            await self.refresh_scope_secret()
 
     @classmethod
     async def create(cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None) -> "ProxyState":
@@ -80,6 +96,8 @@ class ProxyState:
         )
 
     async def close(self) -> None:
+        if self._secret_task is not None:
+            self._secret_task.cancel()
         await self.compaction.stop()
         await self.tool_results.flight.cancel_all()
         await self.session.close()
@@ -90,12 +108,18 @@ async def _scope_secret(cfg: Config, store: Store) -> bytes:
     """The configured secret, else one generated once and kept in the store (shared by replicas)."""
     if cfg.store.scope_secret is not None:
         return cfg.store.scope_secret.get_secret_value().encode()
-    await store.add(SECRET_KEY, os.urandom(32).hex().encode(), None)
-    secret = await store.get(SECRET_KEY)
-    if secret is None:
+    fresh = os.urandom(32).hex().encode()
+    secret = await _shared_secret(store, fresh)
+    if secret is fresh and not getattr(store, "healthy", True):
         log.warning("the store is unavailable: using a per-process scope secret (no reuse across restarts)")
-        secret = os.urandom(32).hex().encode()
     return secret
+
+
+async def _shared_secret(store: Store, ours: bytes) -> bytes:
+    """The secret the store holds, after offering ours to it when it holds none; ours when the
+    store cannot answer."""
+    await store.add(SECRET_KEY, ours, None)
+    return await store.get(SECRET_KEY) or ours
 
 
 STATE = web.AppKey("state", ProxyState)

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 import orjson
 
@@ -89,11 +89,15 @@ class TokenCounter:
         return len(enc.encode_ordinary(text))
 
     # -- messages ----------------------------------------------------------------------------
-    def count_message(self, msg: dict[str, Any], encoding: str, digest: bytes) -> int:
+    def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable) -> int:
+        """Tokens of one message, cached by (encoding, digest): any key that identifies the message."""
         key = (encoding, digest)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:  # evicted meanwhile by a count running in a worker thread
+                pass
             return cached
         n = self._count_message_uncached(msg, encoding)
         self._cache[key] = n
@@ -141,7 +145,13 @@ class TokenCounter:
         return self.count_text(orjson.dumps(content).decode(), enc)
 
     def count_tools(self, tools: Any, encoding: str) -> int:
-        """Tool schemas are sent to the model as text; count their JSON (a close upper estimate)."""
+        """Tool schemas are sent to the model as text; count their JSON (a close upper estimate).
+        Agents resend the same schemas every request: cached like messages."""
         if not tools:
             return 0
-        return self.count_text(orjson.dumps(tools).decode(), encoding)
+        raw = orjson.dumps(tools)
+        key = (encoding, "tools", hash(raw))
+        n = self._cache.get(key)
+        if n is None:
+            n = self._cache[key] = self.count_text(raw.decode(), encoding)
+        return n

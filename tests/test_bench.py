@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
 
-from bench import bare_forwarder, report
+from bench import bare_forwarder, plot, report
 from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
-from bench.loadgen import LoadError, Request, hold_streams, percentile, run_load
+from bench.loadgen import LoadError, LoadResult, Request, Result, hold_streams, percentile, run_load
+from bench.profile import top_functions
 from bench.stats import Tally, summarize
-from bench.loadgen import LoadResult, Result
-from bench.workloads import agent_conversation, small_body
+from bench.workloads import agent_conversation, agent_tools, small_body
 from proxy.compaction.summarizer import MAIN_HEADINGS, missing_headings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,23 +149,10 @@ async def test_run_load_raises_on_an_error_status(fake):
 
 
 async def test_run_load_raises_when_nothing_listens():
-    with socket_bound() as port:
+    with socket.socket() as bound:  # bound but not listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
         with pytest.raises(LoadError, match="cannot connect"):
-            await run_load(port, [Request(b"{}")], count=1)
-
-
-class socket_bound:
-    """A loopback port that is bound but not listening: connections are refused."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return self.sock.getsockname()[1]
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
+            await run_load(bound.getsockname()[1], [Request(b"{}")], count=1)
 
 
 def test_percentile_is_nearest_rank():
@@ -204,6 +192,7 @@ def test_each_conversation_request_is_the_previous_one_plus_a_turn():
         assert nxt["messages"][-1]["role"] == "user"
     assert [m["role"] for m in bodies[1]["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert orjson.loads(conv.body(1)) == bodies[1]  # going back rebuilds the same bytes
+    assert all(b["tools"] == agent_tools() for b in bodies)  # agents send their tool schemas every time
 
 
 # ---- stats and report ---------------------------------------------------------------------------
@@ -258,3 +247,50 @@ def test_quick_run_of_one_workload_measures_the_real_proxy(tmp_path):
     assert rows["proxy"]["statuses"] == {"none": rows["proxy"]["n"]}
     assert rows["proxy"]["n"] == 2 * 150 and rows["proxy"]["cpu_ms_per_req"] > 0
     assert "issue 6 targets" in proc.stdout
+
+
+# ---- profile summary, plot, and what counts as a broken run -------------------------------------
+
+
+def test_profile_summary_ranks_self_and_inclusive_shares(tmp_path):
+    raw = tmp_path / "profile.txt"
+    raw.write_text(
+        "main (/x/proxy/cli.py:10);handle_chat (/x/proxy/chat.py:60);message_digest (/x/proxy/hashing.py:20) 6\n"
+        "main (/x/proxy/cli.py:10);handle_chat (/x/proxy/chat.py:61) 2\n"
+        "main (/x/proxy/cli.py:10);run_app (/v/aiohttp/web.py:500) 2\n"
+    )
+    top = top_functions(raw)
+    assert top["samples"] == 10
+    assert top["self_pct"][0] == ("proxy/hashing.py:message_digest", 60.0)
+    assert dict(top["inclusive_pct"])["proxy/chat.py:handle_chat"] == 80.0  # lines 60 and 61: one function
+    assert dict(top["inclusive_pct"])["proxy/cli.py:main"] == 100.0
+
+
+def test_plot_draws_the_long_conversation_when_matplotlib_is_there(tmp_path):
+    rows = lambda added, cpu: {"added_p50_ms": added, "cpu_ms_per_req": cpu}  # noqa: E731
+    doc = {"meta": {"cpus": 2, "time": "2026-01-01T00:00:00", "commit": "abc"},
+           "workloads": {"long_conv": {"buckets": [
+               {"tokens": 10_000, "targets": {"baseline": rows(0.4, 0.3), "proxy": rows(1.0, 1.1)}},
+               {"tokens": 90_000, "targets": {"baseline": rows(1.0, 0.9), "proxy": rows(3.0, 3.2)}},
+           ]}}}
+    tokens, added, cpu = plot.series(doc)
+    assert tokens == [10_000, 90_000] and added["proxy"] == [1.0, 3.0] and cpu["baseline"] == [0.3, 0.9]
+    src, out = tmp_path / "r.json", tmp_path / "plot.png"
+    src.write_text(json.dumps(doc))
+    assert plot.main([str(src), "--out", str(out)]) == 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not out.exists()  # optional extra missing: says so, writes nothing, still succeeds
+    else:
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_proxy_answer_the_workload_did_not_intend_breaks_the_run():
+    from bench.run import Bench
+
+    bench = Bench([], None, None)  # type: ignore[arg-type]
+    bench.expect_status("small_1", _tally([1.0] * 3, 0.0, "none"), {"none"})
+    assert bench.problems == []
+    bench.expect_status("reused", _tally([1.0] * 3, 0.0, "summarized"), {"reused"})
+    assert bench.problems == ["reused: proxy answered x-compaction-status {'summarized': 3}, expected ['reused']"]

@@ -190,15 +190,16 @@ async def test_healthz(proxy):
             assert (await r.json())["status"] == "ok"
 
 
-async def test_malformed_upstream_json_is_relayed_not_500(upstream, proxy):
-    """A broken upstream body is the upstream's answer: relayed as it came, never a proxy 500."""
+async def test_malformed_upstream_json_is_a_502_not_500(upstream, proxy):
+    """A 200 whose JSON does not parse is a broken answer, not the upstream's error: the client gets
+    an OpenAI-shaped 502 (which its SDK retries), never a body it fails to decode, never a 500."""
     upstream.malformed_json = True
     status, body, headers = await _post(proxy.base_url + "/chat/completions",
                                         orjson.dumps({"model": "gpt-4o", "messages": [_user()]}))
-    assert status == 200
+    assert status == 502
     assert headers["x-compaction-status"] == "none"
-    with pytest.raises(orjson.JSONDecodeError):
-        orjson.loads(body)
+    err = _assert_openai_error(body)
+    assert (err["type"], err["code"]) == ("upstream_error", "bad_upstream_response")
 
 
 # Fuzz: any JSON value as a chat body is either accepted (and countable) or refused with a 400 - a

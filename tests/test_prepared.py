@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from support.conversations import MODEL, THRESHOLD, WINDOW, client, request_points, send, synthetic, tau_conversations
+from support.conversations import (
+    MODEL,
+    THRESHOLD,
+    WINDOW,
+    Turn,
+    client,
+    request_points,
+    send,
+    synthetic,
+    tau_conversations,
+)
 from support.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer, redis_server  # noqa: F401
@@ -65,7 +75,7 @@ async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, 
     conversations = tau_conversations(fixtures_dir, 2)
     events = 0
     for traj in conversations:
-        previous: list | None = None
+        previous: tuple[list, Turn] | None = None
         for history in request_points(traj):
             calls = len(upstream.summarizer_requests)
             turn = await send(c, history)
@@ -77,11 +87,15 @@ async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, 
                 assert len(upstream.summarizer_requests) == calls, "a crossing request waited for a summary"
                 assert turn.wait_ms < 500
                 assert turn.tokens_after <= int(0.8 * THRESHOLD)
+                # A prepared summary is carried from the request that crosses the threshold on,
+                # not earlier: with the previous summary this request would have been over it.
+                assert previous is not None
+                grown = turn.tokens_before - previous[1].tokens_before
+                assert previous[1].tokens_after + grown > THRESHOLD
             elif turn.status == "reused":
-                # Between compactions the forwarded prefix only grows: a prepared summary is not
-                # switched to before the request that crosses the threshold.
-                assert previous is not None and forwarded[: len(previous)] == previous
-            previous = forwarded
+                # Between compactions the forwarded prefix only grows.
+                assert previous is not None and forwarded[: len(previous[0])] == previous[0]
+            previous = (forwarded, turn)
             await proxy.state.compaction.idle()
     assert events >= 2 * len(conversations)
     # One preparation per compaction event, plus at most one left unused at each conversation's end.

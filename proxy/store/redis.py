@@ -19,6 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from .base import Clock, Store, StoreUnavailable
@@ -113,13 +114,15 @@ class RedisStore(Store):
         namespace: str = "cp:",
     ) -> None:
         super().__init__(ttl_s=ttl_s, max_records=max_records, clock=clock)
-        # Short timeouts and no retries: a down Redis must cost a request milliseconds, not
-        # seconds of backoff; the caller carries on without reuse.
+        # Short timeouts: a down Redis must cost a request milliseconds, not seconds; the caller
+        # carries on without reuse. One immediate retry on a connection error only: after Redis
+        # restarts, every pooled connection is dead, and each would otherwise fail one call (and
+        # start an outage) before it is replaced. A timeout is never retried: it would double.
         self._redis = aioredis.Redis.from_url(
             url,
             socket_connect_timeout=1.0,
             socket_timeout=2.0,
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self._ns = namespace
         self._meta = [f"{namespace}lru", f"{namespace}ttl"]

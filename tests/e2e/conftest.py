@@ -8,6 +8,8 @@ Fixtures
   llama_server        session; SmolLM2 on 127.0.0.1:$E2E_PORT (8788), n_ctx 8192
   llama_server_small  session; same model on 127.0.0.1:$E2E_SMALL_PORT (8789), n_ctx 2048
   start_proxy         factory; start_proxy(llama=None, **config_overrides) -> Proxy
+  tap                 factory; tap(llama) -> Tap, a recording pass-through to that server (tap.py):
+                      start_proxy(llama, upstream={"base_url": t.base_url}) puts it in between
 A server already started by hand with scripts/e2e-upstream on the same port is reused and left
 running at the end.
 """
@@ -27,6 +29,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from .tap import Tap
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "e2e-upstream"
@@ -218,3 +222,18 @@ def start_proxy(request, tmp_path):
     yield start
     for proxy in started:
         proxy.stop()
+
+
+@pytest.fixture
+def tap():
+    """Factory: tap(llama) -> a started Tap relaying to that server; all are stopped at teardown."""
+    started: list[Tap] = []
+
+    def start(llama: Upstream) -> Tap:
+        t = Tap(f"http://127.0.0.1:{llama.port}").start()
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.stop()

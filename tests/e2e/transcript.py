@@ -1,9 +1,11 @@
-"""A real tau-bench airline conversation, trimmed deterministically for a 135M model's small context.
+"""Real tau-bench airline conversations, trimmed deterministically for a 135M model's small context.
 
-The fixture is gpt-4o traffic in OpenAI's chat format. What llama.cpp's server cannot take, or what
-makes the replay too slow on 2 cores, is changed here and nowhere else:
+The fixture (../shared/fixtures/tau-bench/gpt-4o-airline.json) is gpt-4o traffic in OpenAI's chat
+format. What llama.cpp's server cannot take, or what makes a replay too slow on 2 cores, is changed
+here and nowhere else:
 - the 6 kB policy system prompt keeps its first paragraphs (up to SYSTEM_CHARS);
-- tool outputs longer than TOOL_CHARS keep their head, with a marker saying how much was cut;
+- tool outputs longer than TOOL_CHARS keep their head, with a marker saying how much was cut
+  (except the ones a test wants whole);
 - assistant `content: null` next to `tool_calls` becomes "" (llama.cpp answers null with a 500).
 Roles, order, tool-call ids, names and arguments are unchanged.
 """
@@ -12,14 +14,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
-FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "tau-bench" / "gpt-4o-airline.json"
-# sophia_silva_7557: a cancelled-flight compensation request; 22 messages, 7 tool calls, a
-# transfer to a human at the end.
-CONVERSATION = 40
 SYSTEM_CHARS = 600
 TOOL_CHARS = 400
+# sophia_silva_7557 asks for compensation for a cancelled flight: 22 messages, 7 tool calls, a
+# transfer to a human agent at the end.
+COMPENSATION = 40
+# liam_khan_2521 changes a flight: message 9 is a 2 kB `search_onestop_flight` result.
+FLIGHT_CHANGE = 17
+FLIGHT_SEARCH_RESULT = 9
 
 
 def _trim_system(text: str) -> str:
@@ -37,23 +41,18 @@ def _trim_tool(text: str) -> str:
     return text[:TOOL_CHARS] + f" ...[{len(text) - TOOL_CHARS} characters cut for the e2e test]"
 
 
-def _trim(message: dict[str, Any], first: bool) -> dict[str, Any]:
+def _trim(message: dict[str, Any], index: int, whole: Collection[int]) -> dict[str, Any]:
     m = dict(message)
-    if first and m["role"] == "system":
+    if index == 0 and m["role"] == "system":
         m["content"] = _trim_system(m["content"])
-    elif m["role"] == "tool":
+    elif m["role"] == "tool" and index not in whole:
         m["content"] = _trim_tool(m["content"])
     elif m["role"] == "assistant" and m.get("content") is None:
         m["content"] = ""
     return m
 
 
-def airline_conversation() -> list[dict[str, Any]]:
-    data = json.loads(FIXTURE.read_text())
-    traj = data[CONVERSATION]["traj"]
-    return [_trim(m, i == 0) for i, m in enumerate(traj)]
-
-
-def request_points(traj: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Each request the agent made: the history so far, before every assistant message."""
-    return [traj[:i] for i in range(1, len(traj)) if traj[i]["role"] == "assistant"]
+def airline_conversation(fixtures_dir: Path, index: int, whole: Collection[int] = ()) -> list[dict[str, Any]]:
+    """Conversation `index` of the fixture, trimmed; tool messages at the indexes in `whole` stay whole."""
+    data = json.loads((fixtures_dir / "tau-bench" / "gpt-4o-airline.json").read_text())
+    return [_trim(m, i, whole) for i, m in enumerate(data[index]["traj"])]

@@ -64,6 +64,7 @@ def client(base_url: str, api_key: str = "sk-scaleout") -> AsyncOpenAI:
 class Turn:
     status: str
     wait_ms: int
+    tokens_before: int
     tokens_after: int
     headers: dict[str, str] = field(repr=False)
 
@@ -72,4 +73,10 @@ async def send(c: AsyncOpenAI, messages: list[dict[str, Any]]) -> Turn:
     raw = await c.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
     raw.parse()
     h = dict(raw.headers)
-    return Turn(h["x-compaction-status"], int(h["x-compaction-wait-ms"]), int(h["x-compaction-tokens-after"]), h)
+    return Turn(
+        h["x-compaction-status"],
+        int(h["x-compaction-wait-ms"]),
+        int(h["x-compaction-tokens-before"]),
+        int(h["x-compaction-tokens-after"]),
+        h,
+    )

@@ -425,12 +425,19 @@ class FakeUpstream:
     Chat completions
       window              context window in tokens (default 128000); above it -> 400
                           context_length_exceeded
+      empty_stream_on_overflow  a streaming request above the window gets 200 and an empty event
+                          stream instead (what llama.cpp's server does)
       model_windows       {model: window} overrides for particular models
       encoding            tiktoken encoding used to count (default "cl100k_base")
       token_scale         multiply prompt counts by this (default 1.0): imitates a model whose
                           tokenizer counts more/less than tiktoken; affects the window and usage
       reject_param        None | "max_tokens" | "max_completion_tokens": 400 unsupported_parameter
       reject_consecutive_user  400 on two user messages in a row (some open-model chat templates)
+      reject_null_content_with_tool_calls  500 on an assistant message with `content: null` next to
+                          its tool_calls, as llama.cpp's server answers it (OpenAI accepts it; "" passes)
+      empty_stream_on_overflow  a streaming request over the window gets 200, text/event-stream and
+                          an empty body (no event, no [DONE]), as llama.cpp's server answers it: the
+                          error is raised after the headers went out (non-streaming ones: the 400)
       truncate_to_max_tokens   (default True) cut the content at max_completion_tokens/max_tokens
                           with finish_reason "length", as OpenAI does
       reply               None: "ok: <last user text[:50]>" | str | dict assistant message
@@ -485,10 +492,13 @@ class FakeUpstream:
 
         self.window: int = 128000
         self.model_windows: dict[str, int] = {}
+        self.empty_stream_on_overflow: bool = False
         self.encoding: str = "cl100k_base"
         self.token_scale: float = 1.0
         self.reject_param: str | None = None
         self.reject_consecutive_user: bool = False
+        self.reject_null_content_with_tool_calls: bool = False
+        self.empty_stream_on_overflow: bool = False
         self.truncate_to_max_tokens: bool = True
         self.reply: ReplySpec = None
         self.chunk_delay_s: float = 0.0
@@ -814,6 +824,20 @@ class FakeUpstream:
                 if msgs[i]["role"] == "user" and msgs[i - 1]["role"] == "user":
                     raise _Invalid("Conversation roles must alternate user/assistant/user/assistant/...", "messages")
 
+    def _llama_validation(self, body: dict[str, Any]) -> FakeError | None:
+        """llama.cpp's server-only rejections that are switched on: a 500 with a pydantic message."""
+        if not self.reject_null_content_with_tool_calls:
+            return None
+        for i, m in enumerate(body["messages"]):
+            if m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None:
+                return FakeError.openai(
+                    500,
+                    f"1 validation error:\n  {{'type': 'string_type', 'loc': ('body', 'messages', {i}, "
+                    "'content'), 'msg': 'Input should be a valid string', 'input': None}",
+                    "internal_server_error",
+                )
+        return None
+
     def _check_tools(self, tools: Any) -> None:
         if tools is None:
             return
@@ -1125,13 +1149,17 @@ class FakeUpstream:
         body = rec.json
         if body is None:
             return await self._send_error(request, rec, _parse_error())
-        err = self.validate_chat(body)
+        err = self.validate_chat(body) or self._llama_validation(body)
         if err is not None:
             return await self._send_error(request, rec, err)
         model = body["model"]
         window = self.window_for(model)
         rec.prompt_tokens = prompt_tokens = self.count_prompt_tokens(body)
+        if prompt_tokens > window and self.empty_stream_on_overflow and body.get("stream"):
+            return await self._stream(request, rec, [], fault=False)
         if prompt_tokens > window:
+            if self.empty_stream_on_overflow and body.get("stream"):
+                return await self._stream(request, rec, [], fault=False)
             return await self._send_error(request, rec, FakeError.openai(
                 400,
                 f"This model's maximum context length is {window} tokens. However, your messages resulted in "

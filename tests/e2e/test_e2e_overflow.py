@@ -1,0 +1,82 @@
+"""The overflow path for real: the upstream's own context_length_exceeded, then compaction and retry.
+
+The proxy believes the model has a 4096-token window while the server runs with n_ctx 2048, so the
+proxy does not compact on its own and forwards a ~2,300-token request, which the real server
+rejects. Nothing has reached the client yet, so the proxy compacts with half the threshold and
+retries once (spec 4.10). The summarizer's own first call overflows the small server too and is
+halved (spec 4.6). If the proxy accepts the real model's summary the retry succeeds (`summarized`);
+if it rejects it, the upstream's error reaches the client as it came.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from support.compaction_helpers import chat_history, proxy_count
+from support.invariants import check_forwarded
+
+from .checks import rejected
+
+pytestmark = pytest.mark.e2e
+
+PROXY_WINDOW = 4096  # threshold 3482: the request below stays under it
+
+
+def _is_overflow(body: dict) -> bool:
+    return body["error"]["code"] == "context_length_exceeded"
+
+
+def test_upstream_overflow_is_compacted_and_retried(start_proxy, llama_server_small, tap):
+    messages = chat_history(6, 120)  # ~2,300 tokens for the proxy and for SmolLM2's tokenizer alike
+    assert proxy_count({"model": llama_server_small.model, "messages": messages}) < 0.85 * PROXY_WINDOW
+    t = tap(llama_server_small)
+    proxy = start_proxy(
+        llama_server_small,
+        upstream={"base_url": t.base_url},
+        models={llama_server_small.model: {"context_window": PROXY_WINDOW}},
+        compaction={
+            "reserve_tokens": 200,  # summary output cap 160 tokens
+            "keep_recent_tokens": 400,  # the cut lands before the last user turn: no split turn
+            "prepare_percent": 0,
+            "summarizer_timeout_s": 600,
+        },
+    )
+    client = proxy.client(timeout=900)
+
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=llama_server_small.model, messages=messages, max_tokens=16, temperature=0
+        )
+    except openai.BadRequestError as e:
+        raw, error = None, e
+    chats = t.of_kind("chat")
+    summarizer_calls = t.of_kind("history")
+
+    # The real server's own rejection of the first forward, which the proxy acted on.
+    first = t.exchanges[0]
+    assert (first.kind, first.status) == ("chat", 400) and _is_overflow(first.response_json())
+    assert first.body["messages"] == messages
+    assert summarizer_calls, "no compaction after the upstream's overflow"
+    for call, after in zip(summarizer_calls, summarizer_calls[1:] + [None]):
+        if call.status == 400:  # the summarizer's input overflowed too: the next call is smaller
+            assert _is_overflow(call.response_json())
+            assert after is not None, "the proxy gave up after the summarizer's overflow"
+            assert len(after.body["messages"][1]["content"]) < len(call.body["messages"][1]["content"])
+
+    if raw is not None:
+        completion = raw.parse()
+        assert raw.headers["x-compaction-status"] == "summarized"
+        assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
+        assert completion.choices[0].finish_reason in ("stop", "length")
+        assert [c.status for c in chats] == [400, 200]
+        check_forwarded(messages, chats[1].body["messages"], compacted=True)
+    else:
+        # The real model's summary was rejected: no retry, and the upstream's own error as it came.
+        assert any(rejected(c) for c in summarizer_calls)
+        assert [c.status for c in chats] == [400]
+        assert error.code == "context_length_exceeded"
+        assert error.response.content == bytes(first.response)
+    status = (raw.headers if raw is not None else error.response.headers)["x-compaction-status"]
+    print(f"\noverflow: summarizer calls {[c.status for c in summarizer_calls]}; "
+          f"client got {200 if raw is not None else 400} with x-compaction-status {status}")
