@@ -25,7 +25,7 @@ from support.conversations import (
     tau_conversations,
 )
 from support.fake_upstream import FakeUpstream
-from support.redis_server import RedisServer, redis_server_fixture
+from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
 from support.replicas import Replica
 
 pytestmark = pytest.mark.redis
@@ -132,3 +132,24 @@ async def test_a_replica_killed_holding_the_lock_is_taken_over(
     assert b"<summary>" in upstream_fake.records("chat")[-1].body
     with pytest.raises(openai.APIConnectionError):
         await doomed
+
+
+async def test_ten_concurrent_requests_make_one_tool_note_across_replicas(
+    upstream: FakeUpstream, make_proxy, redis_server: RedisServer
+) -> None:
+    upstream.summarizer_delay_s = 1.0
+    shared = {"models": {MODEL: {"context_window": 32000}}, "store": {"url": redis_server.url}}
+    pair = [await make_proxy(upstream.base_url, shared) for _ in range(2)]
+    output = "\n".join(f"row {i}: booking ZX{i:05d} confirmed for passenger {i}" for i in range(600))
+    messages = [
+        {"role": "system", "content": "You are a travel agent."},
+        {"role": "user", "content": "List every booking."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_rows", "type": "function", "function": {"name": "list_bookings", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_rows", "content": output},
+    ]
+    turns = await asyncio.gather(*(send(client(pair[i % 2].base_url), messages) for i in range(10)))
+    assert len(upstream.tool_summarizer_requests) == 1
+    assert {t.headers["x-compaction-tool-results"] for t in turns} == {"1"}
+    forwarded = [r.body for r in upstream.records("chat")]
+    assert len(forwarded) == 10 and len(set(forwarded)) == 1

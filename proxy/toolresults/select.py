@@ -35,6 +35,8 @@ def select(
     framing), in order. The tool's name comes from the latest assistant call with the same id before
     the result: agents reuse call ids across turns, so a map over the whole conversation would name
     an earlier result after a later call."""
+    if not tokens or max(tokens) <= threshold:
+        return []  # the common case: nothing to do, and no walk over a long history
     names: dict[str, str] = {}
     out: list[Candidate] = []
     for i, m in enumerate(messages):
