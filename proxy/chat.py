@@ -93,15 +93,15 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         outcome = Outcome("none")
         if cfg.compaction.enabled:
             outcome = await state.compaction.process(conv, stage.messages, ctx)
+        messages = outcome.messages or stage.messages
+        out_raw = raw if messages is conv.messages else _dump(body, messages)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
         status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
         return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
-    messages = outcome.messages or stage.messages
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
-    out_raw = raw if messages is conv.messages else _dump(body, messages)
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
 
     retry = None

@@ -28,14 +28,24 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"Request body is not valid JSON: {e}") from None
-    try:
-        # orjson reads 1024 levels of nesting but writes only 254, and the proxy writes every
-        # message again (digests, the forwarded body): refuse here what would fail there as a 500.
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        raise bad_request("Request body is nested too deeply.") from None
     validate_chat_body(body)
+    # The messages are checked by `analyze`, which writes each of them anyway.
+    _check_writable({k: v for k, v in body.items() if k != "messages"})
     return body
+
+
+def _check_writable(value: Any) -> None:
+    """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
+    again (message keys, tool counts, the forwarded body): refuse here what would fail there as a
+    500. (A message 253 or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)"""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> ProxyError:
+    return bad_request("Request body is nested too deeply (at most 254 levels).")
 
 
 def _type_name(v: Any) -> str:
@@ -164,7 +174,10 @@ DIGESTS = DigestCache()
 def analyze(body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float) -> Conversation:
     messages = body["messages"]
     enc = encoding or encoding_name_for(body["model"])
-    keys = [message_key(m) for m in messages]
+    try:
+        keys = [message_key(m) for m in messages]
+    except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
+        raise _too_deep() from None
     tokens = [counter.count_message(m, enc, k) for m, k in zip(messages, keys)]
     return Conversation(
         body=body,

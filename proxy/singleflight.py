@@ -44,6 +44,12 @@ class SingleFlight(Generic[T]):
         """Whether this process is working on (or waiting for) `key` now."""
         return key in self._tasks
 
+    async def join(self, key: str) -> T | None:
+        """The result of the call for `key` running in this process, once it is done (its
+        exception if it fails); None when none is running."""
+        task = self._tasks.get(key)
+        return None if task is None else await asyncio.shield(task)
+
     async def run(
         self,
         key: str,

@@ -24,6 +24,7 @@ _OVERFLOW_RE = re.compile(
     re.IGNORECASE,
 )
 _CAP_PARAMS = ("max_completion_tokens", "max_tokens")
+MAX_ANSWER_BYTES = 8 << 20  # of one summarizer answer
 
 
 class SummarizerError(Exception):
@@ -100,13 +101,21 @@ class UpstreamCaller:
                 headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
                 timeout=timeout,
             ) as resp:
-                # Bound what we read: a runaway answer must not exhaust memory.
-                raw = await resp.content.read(8 << 20)
-                return resp.status, raw
+                return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
         except asyncio.TimeoutError:
             raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
         except (aiohttp.ClientError, OSError) as e:
             raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The whole body, or its first `limit` bytes: a runaway answer must not exhaust memory (and
+    a truncated one fails to parse, as it should). `read(n)` alone returns whatever one network
+    read brought, which cuts any answer longer than that."""
+    raw = bytearray()
+    while len(raw) < limit and (chunk := await content.read(limit - len(raw))):
+        raw += chunk
+    return bytes(raw)
 
 
 def _extract_text(raw: bytes) -> str:

@@ -26,7 +26,7 @@ from support.conversations import (
 )
 from support.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
-from support.redis_server import RedisServer, redis_server  # noqa: F401
+from support.redis_server import RedisServer
 
 SLOW_SUMMARIZER_S = 2.0
 
@@ -69,7 +69,7 @@ async def test_the_crossing_request_waits_only_without_preparation(
 
 async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, make_proxy, fixtures_dir: Path) -> None:
     upstream.window = WINDOW
-    upstream.summarizer_delay_s = 0.2
+    upstream.summarizer_delay_s = 0.05
     proxy = await make_proxy(upstream.base_url, settings(80))
     c = client(proxy.base_url)
     conversations = tau_conversations(fixtures_dir, 2)
@@ -137,6 +137,24 @@ async def test_one_preparation_per_conversation_however_many_requests(upstream: 
     await proxy.state.compaction.idle()
     assert len(upstream.summarizer_requests) == 1
     assert proxy.state.compaction.prepared_jobs == 1
+
+
+async def test_a_crossing_request_joins_the_preparation_still_running(upstream: FakeUpstream, make_proxy) -> None:
+    """The agent came back before the summary was ready: the request waits for the rest of that
+    summary, not for a second one started from scratch."""
+    upstream.window = WINDOW
+    upstream.summarizer_delay_s = 1.0
+    proxy = await make_proxy(upstream.base_url, settings(80))
+    c = client(proxy.base_url)
+    messages = synthetic("caught up")
+    assert (await send(c, messages[:-2])).status == "none"
+    await upstream.wait_for_requests(1, "summarizer")
+    turn = await send(c, messages)  # crosses the threshold while the preparation runs
+    assert turn.status == "summarized" and turn.wait_ms > 0
+    assert len(upstream.summarizer_requests) == 1
+    await proxy.state.compaction.idle()
+    assert (await send(c, messages)).status == "reused"
+    assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body
 
 
 async def test_a_failed_preparation_leaves_the_work_to_the_crossing_request(upstream: FakeUpstream, make_proxy) -> None:

@@ -25,7 +25,7 @@ from support.conversations import (
     tau_conversations,
 )
 from support.fake_upstream import FakeUpstream
-from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
+from support.redis_server import RedisServer, redis_server_fixture
 from support.replicas import Replica
 
 pytestmark = pytest.mark.redis
@@ -99,9 +99,13 @@ async def test_ten_concurrent_requests_make_one_summary(
     upstream_fake: FakeUpstream, replicas: list[Replica], spread: str
 ) -> None:
     messages = synthetic(spread)
-    # Longer than the lock's expiry: across processes the holder must keep its lock alive.
-    upstream_fake.summarizer_delay_s = LOCK_TTL_S + 0.5
-    targets = [replicas[0]] * 10 if spread == "one process" else [replicas[i % 2] for i in range(10)]
+    if spread == "one process":
+        upstream_fake.summarizer_delay_s = 0.5  # long enough for all ten to arrive meanwhile
+        targets = [replicas[0]] * 10
+    else:
+        # Longer than the lock's expiry: the holder must keep its lock alive.
+        upstream_fake.summarizer_delay_s = LOCK_TTL_S + 0.5
+        targets = [replicas[i % 2] for i in range(10)]
     turns = await asyncio.gather(*(send(client(r.base_url), messages) for r in targets))
     assert len(upstream_fake.summarizer_requests) == 1
     forwarded = [r.body for r in upstream_fake.records("chat")]
@@ -137,7 +141,7 @@ async def test_a_replica_killed_holding_the_lock_is_taken_over(
 async def test_ten_concurrent_requests_make_one_tool_note_across_replicas(
     upstream: FakeUpstream, make_proxy, redis_server: RedisServer
 ) -> None:
-    upstream.summarizer_delay_s = 1.0
+    upstream.summarizer_delay_s = 0.5
     shared = {"models": {MODEL: {"context_window": 32000}}, "store": {"url": redis_server.url}}
     pair = [await make_proxy(upstream.base_url, shared) for _ in range(2)]
     output = "\n".join(f"row {i}: booking ZX{i:05d} confirmed for passenger {i}" for i in range(600))

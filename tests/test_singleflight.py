@@ -16,7 +16,7 @@ from proxy.store.base import StoreUnavailable
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
-from support.redis_server import RedisServer, redis_server  # noqa: F401
+from support.redis_server import RedisServer
 
 LOCK_TTL = 10.0
 

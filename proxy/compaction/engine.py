@@ -154,6 +154,15 @@ class CompactionEngine:
                     self._maybe_prepare(conv, fwd, ctx, budget, out.tokens_after)
                 return out
         started = time.perf_counter()
+        joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
+        if joined is not None:
+            out = self._apply(view, joined, ctx)
+            if out.tokens_after is not None and out.tokens_after <= budget.target:
+                first = not joined.prepared or await self._first_to_carry(ctx.scope, joined)
+                out.status = "summarized" if first else "reused"
+                out.wait_ms = (time.perf_counter() - started) * 1000
+                return out
+            record = joined  # the previous summary of a short update
         try:
             plan = self._plan(view, budget, record)
             if plan is None:
@@ -467,6 +476,24 @@ class CompactionEngine:
         if out.tokens_after is None or out.tokens_after > budget.threshold:
             return None
         return out
+
+    async def _join_summary_in_progress(
+        self, view: _View, ctx: RequestContext, record: SummaryRecord | None
+    ) -> SummaryRecord | None:
+        """A summary of this conversation that this process is making now (a preparation that the
+        crossing request caught up with, or another request's compaction), once it is done, when it
+        covers more than `record`: it is part-way there, and starting another would wait longer
+        and call the summarizer twice. None when there is none, or when it fails."""
+        for key in self._candidate_keys(view, ctx.scope):  # longest first
+            if self.flight.running(key):
+                try:
+                    joined = await self.flight.join(key)
+                except SummarizerError:
+                    return None  # the request path tries on its own
+                if joined is not None and joined.covered > (record.covered if record else 0):
+                    return joined
+                return None
+        return None
 
     async def _first_to_carry(self, scope: str, record: SummaryRecord) -> bool:
         """Mark a prepared summary as carried; True when no request (on any replica) carried it

@@ -33,6 +33,7 @@ _THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re
 _FENCE = re.compile(r"^\s*```(?:markdown|md)?\s*\n(.*)\n```\s*$", re.DOTALL)
 
 CountFn = Callable[[str], int]
+OVER_CAP = 2  # a summary longer than this many times its output cap is a failure
 
 
 @dataclass
@@ -140,6 +141,10 @@ class HistorySummarizer:
         text = clean_output(text)
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty summary")
+        if self.count(text) > OVER_CAP * job.output_cap:
+            # An upstream that ignores the output cap (a runaway answer) would make the forwarded
+            # request larger than the original; the slack covers tokenizers unlike tiktoken's.
+            raise SummarizerError("invalid", f"the summary is far over its {job.output_cap}-token cap")
         # A split turn's prefix is only background for the kept messages that follow it: any
         # non-empty text will do, so a model that ignores its format does not fail the compaction.
         required = self.required if kind == "main" else ()

@@ -1,0 +1,145 @@
+"""SIGTERM on the real process (`python -m proxy`, issue 7 item 1): new connections are refused at
+once, requests in flight get `server.shutdown_grace_s` to finish, the process exits 0 as soon as
+none is left (or when the grace runs out, cutting what is still running), and the SQLite store is
+left consistent.
+
+The fake upstream runs in its own thread (the proxy process calls it), so this test's loop only
+drives the client side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from support.compaction_helpers import chat_history
+from support.fake_upstream import FakeUpstream
+from support.replicas import Replica
+
+MODEL = "gpt-4"
+BOUND_S = 30
+STREAM = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "a long story"}], "stream": True})
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeUpstream]:
+    with FakeUpstream(reply="Once upon a time, " * 20) as f:
+        yield f
+
+
+def _start(tmp_path: Path, fake: FakeUpstream, grace_s: float) -> tuple[Replica, Path]:
+    db = tmp_path / "store.db"
+    settings = {
+        "server": {"shutdown_grace_s": grace_s},
+        "models": {MODEL: {"context_window": 6000}},
+        "compaction": {"prepare_percent": 0},
+    }
+    replica = Replica(tmp_path, "proxy", fake.base_url, f"sqlite:///{db}", settings)
+    replica.start()
+    replica.wait_ready()
+    return replica, db
+
+
+def _park_streams(fake: FakeUpstream) -> asyncio.Event:
+    """Streams stop before their final chunk until the returned event is set (from any thread)."""
+    release = asyncio.Event()
+    fake.release_last_chunk = release
+    fake.last_chunk_waiting = asyncio.Event()
+    return release
+
+
+async def _until(cond, what: str, timeout: float = BOUND_S) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def _exit_code(replica: Replica) -> int:
+    assert replica.proc is not None
+    return await asyncio.to_thread(replica.proc.wait, BOUND_S)
+
+
+def _consistent(db: Path) -> int:
+    """Runs SQLite's own check on the file; returns how many records it holds."""
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        (count,) = conn.execute("SELECT count(*) FROM kv").fetchone()
+    return count
+
+
+async def _compact(session: aiohttp.ClientSession, replica: Replica) -> None:
+    """A request that stores a summary, so that the file holds records written by this process."""
+    body = orjson.dumps({"model": MODEL, "messages": chat_history(12, 150)})
+    async with session.post(replica.base_url + "/chat/completions", data=body) as r:
+        assert r.status == 200 and r.headers["x-compaction-status"] == "summarized"
+
+
+async def test_sigterm_refuses_new_connections_and_lets_a_stream_finish(tmp_path, fake):
+    replica, db = _start(tmp_path, fake, grace_s=BOUND_S)
+    try:
+        async with aiohttp.ClientSession() as s:
+            await _compact(s, replica)
+            release = _park_streams(fake)
+            async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
+                first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
+                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
+                replica.proc.send_signal(signal.SIGTERM)
+                await _until(lambda: _refuses(replica.port), "new connections to be refused")
+                assert replica.proc.poll() is None  # still serving the stream in flight
+                fake.loop.call_soon_threadsafe(release.set)
+                rest = await asyncio.wait_for(r.read(), BOUND_S)
+                ended = time.monotonic()
+        assert first.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+        assert await _exit_code(replica) == 0
+        assert time.monotonic() - ended < BOUND_S / 2  # once idle it exits, long before the grace ends
+    finally:
+        replica.kill()
+    assert "Traceback" not in replica.log_text()
+    assert _consistent(db) >= 2  # the scope secret and the summary
+
+
+async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits_0(tmp_path, fake):
+    grace = 1.0
+    replica, db = _start(tmp_path, fake, grace_s=grace)
+    try:
+        async with aiohttp.ClientSession() as s:
+            await _compact(s, replica)
+            _park_streams(fake)  # never released
+            fake.summarizer_delay_s = 3600  # and a compaction whose summary never comes
+            slow = asyncio.create_task(s.post(replica.base_url + "/chat/completions", data=orjson.dumps(
+                {"model": MODEL, "messages": chat_history(12, 160)})))  # not a prefix of the first
+            async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
+                await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
+                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
+                await _until(lambda: len(fake.summarizer_requests) == 2, "the second summary to start")
+                replica.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                await _until(lambda: _refuses(replica.port), "new connections to be refused")
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await asyncio.wait_for(r.read(), BOUND_S)  # cut: the body never completes
+            with pytest.raises(aiohttp.ClientError):
+                await asyncio.wait_for(slow, BOUND_S)
+        assert await _exit_code(replica) == 0
+        assert time.monotonic() - signalled < grace + 10  # promptly after the grace, not after the stream
+    finally:
+        replica.kill()
+    assert "Traceback" not in replica.log_text()
+    assert _consistent(db) >= 2
