@@ -63,6 +63,17 @@ class CompactionConfig(_Section):
     keep_recent_tokens: int = Field(20000, ge=0)
     summarizer_model: str | None = None
     summarizer_timeout_s: float = Field(180, gt=0)
+    # A conversation whose summary just failed forwards uncompacted (failed-open) this long before
+    # the summarizer is asked again.
+    failure_cooldown_s: float = Field(60, ge=0)
+    # Headings a summary must contain to be accepted; weak models may need fewer ([] = any text).
+    required_headings: list[str] = Field(
+        default_factory=lambda: [
+            "## Active Task", "## Goal", "## Constraints & Preferences", "## Progress", "### Done",
+            "### In Progress", "### Blocked", "## Key Decisions", "## Answered Questions",
+            "## Next Steps", "## Critical Context",
+        ]
+    )
     focus: str | None = None
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)

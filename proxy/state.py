@@ -66,7 +66,9 @@ class ProxyState:
         if counter is None:
             counter = TokenCounter()
             try:
-                await asyncio.wait_for(asyncio.to_thread(counter.load), ENCODING_LOAD_TIMEOUT_S)
+                # Configured per-model encodings too: never a first load (or download) on a request.
+                names = {"o200k_base", "cl100k_base"} | {m.encoding for m in cfg.models.values() if m.encoding}
+                await asyncio.wait_for(asyncio.to_thread(counter.load, sorted(names)), ENCODING_LOAD_TIMEOUT_S)
             except asyncio.TimeoutError:
                 counter.estimating = True
                 log.warning("loading tiktoken encodings timed out; token counts are estimated as bytes/4")
@@ -82,7 +84,7 @@ class ProxyState:
         )
         caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
-        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count), counter, prompts)
+        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings)), counter, prompts)
         compaction.start()
         return cls(
             cfg=cfg,

@@ -70,8 +70,9 @@ async def crossing_waits(convs: list, prepare_percent: float, summarizer_s: floa
     finally:
         await proxy.close()
         await fake.stop()
-    print(f"  prepare_percent={prepare_percent:>3}: crossing wait ms {describe(crossing)}; "
-          f"other requests ms {describe(others)}; {calls} summarizer calls for {events} compaction events")
+    at_once = sum(w < 500 for w in crossing)
+    print(f"  prepare_percent={prepare_percent:>3}: crossing wait ms {describe(crossing)} ({at_once} under 500 ms); "
+          f"other requests' latency ms {describe(others)}; {calls} summarizer calls for {events} compaction events")
 
 
 async def replay(clients: list, fake: FakeUpstream, convs: list) -> tuple[int, int, list[bytes]]:

@@ -342,3 +342,12 @@ async def test_a_clamped_tool_output_stays_clamped_while_its_summary_is_reused()
     second = await engine.process(conv2, conv2.messages, ctx)
     assert second.status == "reused" and len(caller.calls) == calls
     assert second.messages[: len(first.messages)] == first.messages
+
+
+def test_clean_output_closes_a_fence_left_open_by_a_cut_answer():
+    from proxy.compaction.summarizer import clean_output
+
+    assert clean_output("```markdown\n## Goal\nx\n```") == "## Goal\nx"
+    cut = clean_output("## Goal\nx\n```python\nprint(1)")
+    assert cut.endswith("print(1)\n```")
+    assert clean_output("<think>hmm</think>\n## Goal\ny") == "## Goal\ny"

@@ -10,6 +10,7 @@ drives the client side.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sqlite3
@@ -143,3 +144,19 @@ async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits
         replica.kill()
     assert "Traceback" not in replica.log_text()
     assert _consistent(db) >= 2
+
+
+def test_a_taken_port_is_one_line_and_status_1(tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "proxy", "--port", str(port), "--upstream", "http://127.0.0.1:9/v1"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "COMPACTION_PROXY_STORE__URL": "memory://"})
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert f"compaction-proxy: cannot listen on 127.0.0.1:{port}: " in run.stderr

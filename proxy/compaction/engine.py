@@ -105,6 +105,7 @@ class CompactionEngine:
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
         self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
+        self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
         self._pending: dict[str, _PrepareJob] = {}  # conversation slot -> its latest job
         self._workers: list[asyncio.Task[None]] = []
@@ -163,6 +164,13 @@ class CompactionEngine:
                 out.wait_ms = (time.perf_counter() - started) * 1000
                 return out
             record = joined  # the previous summary of a short update
+        # A summary that just failed for this conversation is not retried on every request: each
+        # attempt can cost the client the summarizer's whole timeout.
+        failure_key = f"{ctx.scope}:{view.chain_hex(record.covered if record else 1)}"
+        if (until := self._failures.get(failure_key)) is not None:
+            if self.clock() < until:
+                return Outcome("failed-open", reason="a summary failed recently; retrying after the cool-down")
+            del self._failures[failure_key]
         try:
             plan = self._plan(view, budget, record)
             if plan is None:
@@ -170,6 +178,7 @@ class CompactionEngine:
             new_record = await self._summary_for(view, plan, record, ctx, budget)
         except SummarizerError as e:
             log.warning("compaction failed open: %s", e)
+            self._remember_failure(failure_key)
             return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
         out = self._apply(view, new_record, ctx)
         out.wait_ms = (time.perf_counter() - started) * 1000
@@ -181,6 +190,14 @@ class CompactionEngine:
             await self._save(ctx.scope, new_record)
         out.status = "summarized"
         return out
+
+    def _remember_failure(self, key: str) -> None:
+        cooldown = self.cfg.compaction.failure_cooldown_s
+        if cooldown <= 0:
+            return
+        self._failures[key] = self.clock() + cooldown
+        while len(self._failures) > 4096:
+            self._failures.pop(next(iter(self._failures)))
 
     def _plan(self, view: _View, budget: Budget, record: SummaryRecord | None) -> Plan | None:
         """The cut that brings the forwarded request down to the target, summary message included."""
@@ -197,7 +214,9 @@ class CompactionEngine:
         )
 
         def cut_for(extra: int) -> Plan | None:
-            keep = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed - extra))
+            # Text counted in parts can tokenize a little differently once joined: 2% of the parts.
+            slack = (fixed + extra) // 50
+            keep = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed - extra - slack))
             return choose_cut(roles, conv.tokens, start=start, keep_budget=keep)
 
         plan = cut_for(0)

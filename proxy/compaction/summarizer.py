@@ -50,10 +50,15 @@ class SummaryJob:
 
 
 def clean_output(text: str) -> str:
-    """Drop a leading reasoning block and a wrapping code fence, which some models add."""
+    """Drop a leading reasoning block and a wrapping code fence, which some models add. A fence
+    left open (an answer cut at the output cap) is closed, so the blocks code appends after the
+    model's text are not rendered as code."""
     text = _THINK.sub("", text, count=1)
     m = _FENCE.match(text)
-    return (m.group(1) if m else text).strip()
+    text = (m.group(1) if m else text).strip()
+    if len(re.findall(r"(?m)^\s*```", text)) % 2:
+        text += "\n```"
+    return text
 
 
 def missing_headings(text: str, required: tuple[str, ...]) -> list[str]:
