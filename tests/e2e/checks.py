@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.compaction.summarizer import MAIN_HEADINGS, clean_output, missing_headings
+from proxy.compaction.summarizer import clean_output
 from proxy.prompts import Prompts
 
 from .tap import Exchange
@@ -18,12 +18,3 @@ def answer(e: Exchange) -> str:
 def is_main(e: Exchange) -> bool:
     """A main history summary call (not the split-turn prefix call)."""
     return TURN_PROMPT not in e.body["messages"][1]["content"]
-
-
-def rejected(e: Exchange) -> bool:
-    """The proxy's acceptance rule for a history summary (spec 4.6): empty, or a main summary
-    without the required headings, is a failure."""
-    if e.status != 200:
-        return False
-    text = answer(e)
-    return not text or (is_main(e) and bool(missing_headings(text, MAIN_HEADINGS)))

@@ -4,8 +4,8 @@ The proxy believes the model has a 4096-token window while the server runs with 
 proxy does not compact on its own and forwards a ~2,300-token request, which the real server
 rejects. Nothing has reached the client yet, so the proxy compacts with half the threshold and
 retries once (spec 4.10). The summarizer's own first call overflows the small server too and is
-halved (spec 4.6). If the proxy accepts the real model's summary the retry succeeds (`summarized`);
-if it rejects it, the upstream's error reaches the client as it came.
+halved (spec 4.6). The proxy accepts the real model's summary (`required_headings: []`, as for any
+weak model) and the retry succeeds (`summarized`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 from support.compaction_helpers import chat_history, proxy_count
 from support.invariants import check_forwarded
 
-from .checks import rejected
 
 pytestmark = pytest.mark.e2e
 
@@ -40,16 +39,18 @@ def test_upstream_overflow_is_compacted_and_retried(start_proxy, llama_server_sm
             "keep_recent_tokens": 400,  # the cut lands before the last user turn: no split turn
             "prepare_percent": 0,
             "summarizer_timeout_s": 600,
+            "required_headings": [],  # a 135M model cannot follow the full format
         },
     )
     client = proxy.client(timeout=900)
 
+    raw = error = None
     try:
         raw = client.chat.completions.with_raw_response.create(
             model=llama_server_small.model, messages=messages, max_tokens=16, temperature=0
         )
     except openai.BadRequestError as e:
-        raw, error = None, e
+        error = e
     chats = t.of_kind("chat")
     summarizer_calls = t.of_kind("history")
 
@@ -64,19 +65,11 @@ def test_upstream_overflow_is_compacted_and_retried(start_proxy, llama_server_sm
             assert after is not None, "the proxy gave up after the summarizer's overflow"
             assert len(after.body["messages"][1]["content"]) < len(call.body["messages"][1]["content"])
 
-    if raw is not None:
-        completion = raw.parse()
-        assert raw.headers["x-compaction-status"] == "summarized"
-        assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
-        assert completion.choices[0].finish_reason in ("stop", "length")
-        assert [c.status for c in chats] == [400, 200]
-        check_forwarded(messages, chats[1].body["messages"], compacted=True)
-    else:
-        # The real model's summary was rejected: no retry, and the upstream's own error as it came.
-        assert any(rejected(c) for c in summarizer_calls)
-        assert [c.status for c in chats] == [400]
-        assert error.code == "context_length_exceeded"
-        assert error.response.content == bytes(first.response)
-    status = (raw.headers if raw is not None else error.response.headers)["x-compaction-status"]
-    print(f"\noverflow: summarizer calls {[c.status for c in summarizer_calls]}; "
-          f"client got {200 if raw is not None else 400} with x-compaction-status {status}")
+    assert raw is not None, f"the retry did not succeed: {error}"
+    completion = raw.parse()
+    assert raw.headers["x-compaction-status"] == "summarized"
+    assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert [c.status for c in chats] == [400, 200]
+    check_forwarded(messages, chats[1].body["messages"], compacted=True)
+    print(f"\noverflow: summarizer calls {[c.status for c in summarizer_calls]}; client got 200 summarized")

@@ -2,11 +2,11 @@
 
 The threshold is set between the sizes of the last requests, so the replay crosses it near its end
 (each summarization is a ~2,500-token prompt: about 25 s on 2 cores). At the crossing the proxy asks
-the real model for the summary. It either accepts the summary (`summarized`, and the requests after
-it reuse the stored summary byte for byte: `reused`) or rejects it (an empty summary, or one without
-the required headings, which SmolLM2-135M never writes) and forwards the original (`failed-open`).
-Either way the real server must accept every forwarded request, chat template included, and every
-invariant of the forwarded request must hold.
+the real model for the summary and accepts it (`summarized`), and the requests after it reuse the
+stored summary byte for byte (`reused`). SmolLM2-135M never writes the eleven required headings, so
+this proxy is configured as an operator of a weak model would: `required_headings: []` (any
+non-empty summary). The real server must accept every forwarded request, chat template included,
+and every invariant of the forwarded request must hold.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from support.compaction_helpers import forwarded_summary, proxy_count
 from support.conversations import request_points
 from support.invariants import check_forwarded
 
-from .checks import answer, is_main, rejected
+from .checks import answer, is_main
 from .transcript import COMPENSATION, airline_conversation
 
 pytestmark = pytest.mark.e2e
@@ -49,6 +49,7 @@ def test_replay_compacts_with_the_real_models_summary(start_proxy, llama_server,
             "keep_recent_tokens": 100,
             "prepare_percent": 0,  # summaries on the request path only: one request at a time
             "summarizer_timeout_s": 600,
+            "required_headings": [],  # a 135M model cannot follow the full format
         },
     )
     client = proxy.client(timeout=900)
@@ -77,13 +78,6 @@ def test_replay_compacts_with_the_real_models_summary(start_proxy, llama_server,
 
         if size <= threshold:
             assert status == "none" and not summarizer_calls and forwarded == history
-        elif status == "failed-open":
-            # The real model's summary was rejected by the proxy's rule: the original went forward.
-            assert summarizer_calls and any(rejected(e) for e in summarizer_calls)
-            assert forwarded == history
-            assert raw.headers["x-compaction-tokens-after"] == raw.headers["x-compaction-tokens-before"]
-            # Later requests would only repeat the same rejected summarization (about 25 s each).
-            break
         elif status == "summarized":
             assert summarizer_calls and summary is None
             assert int(raw.headers["x-compaction-tokens-after"]) < size
@@ -98,7 +92,5 @@ def test_replay_compacts_with_the_real_models_summary(start_proxy, llama_server,
 
     first = len(requests) - CROSSING
     assert statuses[:first] == ["none"] * first, statuses
-    assert statuses[first] in ("summarized", "failed-open"), statuses
-    if statuses[first] == "summarized":
-        assert statuses[first + 1:] == ["reused"] * (CROSSING - 1), statuses
+    assert statuses[first:] == ["summarized"] + ["reused"] * (CROSSING - 1), statuses
     print(f"\nreplay statuses: {statuses}; threshold {threshold}; sizes {sizes}")
