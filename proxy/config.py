@@ -101,7 +101,8 @@ class StoreConfig(_Section):
     scope_secret: SecretStr | None = None
     ttl_s: float = Field(7 * 24 * 3600, gt=0)
     max_records: int = Field(100_000, ge=1)
-    lock_ttl_s: float = Field(300, gt=0)
+    # Holders renew their lock while they work; a dead holder's lock frees itself after this.
+    lock_ttl_s: float = Field(30, gt=0)
 
     @field_validator("url")
     @classmethod

@@ -351,3 +351,18 @@ def test_clean_output_closes_a_fence_left_open_by_a_cut_answer():
     cut = clean_output("## Goal\nx\n```python\nprint(1)")
     assert cut.endswith("print(1)\n```")
     assert clean_output("<think>hmm</think>\n## Goal\ny") == "## Goal\ny"
+
+
+async def test_a_record_stored_first_by_another_replica_is_adopted():
+    """Two replicas that both made a summary of the same prefix forward the same bytes: the second
+    adopts the record the first stored."""
+    from proxy.compaction.record import SummaryRecord
+
+    engine = make_engine(6000, ScriptedCaller())
+    theirs = SummaryRecord(covered=3, chain="ab" * 16, summary="theirs")
+    ours = SummaryRecord(covered=3, chain="ab" * 16, summary="ours")
+    assert (await engine._publish("scope", theirs)).summary == "theirs"
+    other = make_engine(6000, ScriptedCaller())
+    other.store = engine.store
+    assert (await other._publish("scope", ours)).summary == "theirs"
+    assert other._records[other._key("scope", ours.chain)].summary == "theirs"

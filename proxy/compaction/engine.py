@@ -219,14 +219,22 @@ class CompactionEngine:
             keep = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed - extra - slack))
             return choose_cut(roles, conv.tokens, start=start, keep_budget=keep)
 
-        plan = cut_for(0)
-        if plan is None:
-            return None
-        # Parts that depend on the cut: a split turn's own summary, and the user's latest request
-        # copied verbatim when it falls in the summarized span. Cutting later keeps both true.
-        extra = budget.output_cap if plan.turn_start is not None else 0
-        extra += sum(self.counter.count_text(t, conv.encoding) for t in extract.latest_requests(view.fwd, n_sys, plan.cut))
-        return cut_for(extra) if extra else plan
+        def extra_for(plan: Plan) -> int:
+            # Parts that depend on the cut: a split turn's own summary, and the user's latest
+            # request copied verbatim when it falls in the summarized span.
+            n = budget.output_cap if plan.turn_start is not None else 0
+            return n + sum(self.counter.count_text(t, conv.encoding) for t in extract.latest_requests(view.fwd, n_sys, plan.cut))
+
+        # A later cut can split a turn the earlier one did not: re-plan until the room left for
+        # the cut-dependent parts covers the plan's own (the keep budget only shrinks, so this ends).
+        extra = 0
+        plan = cut_for(extra)
+        for _ in range(4):
+            if plan is None or (need := extra_for(plan)) <= extra:
+                return plan
+            extra = need
+            plan = cut_for(extra)
+        return plan
 
     def _wrapper_tokens(self, encoding: str) -> int:
         """The summary message and annotation around an empty summary (section headings included),
@@ -317,6 +325,17 @@ class CompactionEngine:
         self._remember(key, rec)
         await self.store.put(key, rec.to_bytes())
 
+    async def _publish(self, scope: str, rec: SummaryRecord) -> SummaryRecord:
+        """Store a new record, unless another replica stored one for the same prefix first (a lock
+        lost to a stalled process): then adopt theirs, so every replica forwards the same bytes."""
+        key = self._key(scope, rec.chain)
+        if not await self.store.add(key, rec.to_bytes()):
+            raw = await self.store.get(key)
+            theirs = SummaryRecord.from_bytes(raw) if raw is not None else None
+            rec = theirs or rec  # None: the store is down, and ours is all there is
+        self._remember(key, rec)
+        return rec
+
     async def _summary_for(
         self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *, prepared: bool = False
     ) -> SummaryRecord:
@@ -333,8 +352,7 @@ class CompactionEngine:
         async def make() -> SummaryRecord:
             async with self._limit:
                 rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared)
-            await self._save(ctx.scope, rec)
-            return rec
+            return await self._publish(ctx.scope, rec)
 
         return await self.flight.run(key, make, existing)
 
