@@ -28,7 +28,7 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"Request body is not valid JSON: {e}") from None
-    validate_chat_body(body)
+    validate_chat_body(body, messages=False)
     # The messages are checked by `analyze`, which writes each of them anyway.
     _check_writable({k: v for k, v in body.items() if k != "messages"})
     return body
@@ -54,7 +54,9 @@ def _type_name(v: Any) -> str:
     )
 
 
-def validate_chat_body(body: Any) -> None:
+def validate_chat_body(body: Any, *, messages: bool = True) -> None:
+    """The fields the proxy reads; each message too unless `messages` is False (then `analyze`
+    checks each distinct message once, so a long history is not re-checked on every request)."""
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, got {_type_name(body)}.")
     model = body.get("model")
@@ -62,17 +64,18 @@ def validate_chat_body(body: Any) -> None:
         raise bad_request("'model' is required and must be a non-empty string.", param="model")
     if not isinstance(model, str):
         raise bad_request(f"'model' must be a string, got {_type_name(model)}.", param="model")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
         raise bad_request(
-            "'messages' is required." if messages is None
-            else f"'messages' must be an array, got {_type_name(messages)}.",
+            "'messages' is required." if msgs is None
+            else f"'messages' must be an array, got {_type_name(msgs)}.",
             param="messages",
         )
-    if not messages:
+    if not msgs:
         raise bad_request("'messages' must contain at least one message.", param="messages")
-    for i, msg in enumerate(messages):
-        _validate_message(msg, f"messages[{i}]")
+    if messages:
+        for i, msg in enumerate(body["messages"]):
+            _validate_message(msg, f"messages[{i}]")
     for name in ("stream",):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise bad_request(f"'{name}' must be a boolean, got {_type_name(body[name])}.", param=name)
@@ -178,7 +181,13 @@ def analyze(body: dict[str, Any], counter: TokenCounter, *, encoding: str | None
         keys = [message_key(m) for m in messages]
     except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
         raise _too_deep() from None
-    tokens = [counter.count_message(m, enc, k) for m, k in zip(messages, keys)]
+    tokens = []
+    for i, (m, k) in enumerate(zip(messages, keys)):
+        n = counter.cached(enc, k)
+        if n is None:  # a message not seen before: checked once, then counted
+            _validate_message(m, f"messages[{i}]")
+            n = counter.count_message(m, enc, k)
+        tokens.append(n)
     return Conversation(
         body=body,
         messages=messages,

@@ -89,6 +89,10 @@ class TokenCounter:
         return len(enc.encode_ordinary(text))
 
     # -- messages ----------------------------------------------------------------------------
+    def cached(self, encoding: str, digest: Hashable) -> int | None:
+        """The cached count of a message, without counting (or refreshing its place)."""
+        return self._cache.get((encoding, digest))
+
     def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable) -> int:
         """Tokens of one message, cached by (encoding, digest): any key that identifies the message."""
         key = (encoding, digest)

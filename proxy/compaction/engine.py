@@ -138,15 +138,17 @@ class CompactionEngine:
         # Local records first (no I/O on the common reuse path); the shared store only when no
         # local record fits, since another replica may have made a longer one.
         record = self._local_record(view, ctx.scope)
-        if record is None or not self._fits(view, record, ctx, limit_for(record)):
+        applied = self._apply(view, record, ctx) if record is not None else None
+        if applied is None or applied.tokens_after is None or applied.tokens_after > limit_for(record):
             stored = await self._stored_record(view, ctx.scope, longer_than=record)
-            record = stored or record
+            if stored is not None:
+                record, applied = stored, None
         if record is not None and record.prepared and not forced:
             carried = await self._carried(view, record, ctx, budget)
             if carried is not None:
                 return carried
         if record is not None:
-            out = self._apply(view, record, ctx)
+            out = applied or self._apply(view, record, ctx)
             if out.tokens_after is not None and out.tokens_after <= limit_for(record):
                 if record.prepared:
                     if await self._first_to_carry(ctx.scope, record):
@@ -288,7 +290,13 @@ class CompactionEngine:
         ]
 
     def _local_record(self, view: _View, scope: str) -> SummaryRecord | None:
-        for key in self._candidate_keys(view, scope):
+        """The longest record this process knows, keys made lazily (a long history has thousands)."""
+        n_sys = view.conv.n_system
+        fwd = view.fwd
+        for k in range(len(fwd) - n_sys - 1, 0, -1):
+            if fwd[n_sys + k].get("role") not in CUT_ROLES:
+                continue
+            key = self._key(scope, view.chain_hex(k))
             rec = self._records.get(key)
             if rec is not None:
                 self._records.move_to_end(key)
@@ -309,10 +317,6 @@ class CompactionEngine:
                 self._remember(key, rec)
                 return rec
         return None
-
-    def _fits(self, view: _View, record: SummaryRecord, ctx: RequestContext, limit: int) -> bool:
-        out = self._apply(view, record, ctx)
-        return out.tokens_after is not None and out.tokens_after <= limit
 
     def _remember(self, key: str, rec: SummaryRecord) -> None:
         self._records[key] = rec
