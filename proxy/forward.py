@@ -154,7 +154,6 @@ async def relay(
         err = map_client_error(e)
         log.warning("upstream stream ended abnormally: %s", err.message)
         if sse:
-            # The openai SDKs raise an APIError on an `error` event, so the client learns why.
             if not await _write_error_event(resp, err):
                 return resp
         else:

@@ -94,18 +94,27 @@ class UpstreamCaller:
 
     async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
         timeout = aiohttp.ClientTimeout(total=timeout_s, connect=self.connect_timeout_s)
-        try:
-            async with self.session.post(
-                self.base_url + "/chat/completions",
-                data=orjson.dumps(body),
-                headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
-                timeout=timeout,
-            ) as resp:
-                return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
-        except asyncio.TimeoutError:
-            raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+        data = orjson.dumps(body)
+        for attempt in range(2):
+            try:
+                async with self.session.post(
+                    self.base_url + "/chat/completions",
+                    data=data,
+                    headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
+                    timeout=timeout,
+                ) as resp:
+                    return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                # Closed or reset before any answer: most likely a pooled connection the upstream had
+                # closed (servers drop idle ones; llama.cpp's drops one right after an empty stream).
+                # A summary is safe to ask for again, and the retry gets a new connection.
+                if attempt == 1 or isinstance(e, aiohttp.ClientConnectorError):
+                    raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+            except asyncio.TimeoutError:
+                raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
+            except (aiohttp.ClientError, OSError) as e:
+                raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+        raise AssertionError("unreachable")
 
 
 async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:

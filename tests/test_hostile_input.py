@@ -142,7 +142,7 @@ CORPUS: dict[str, tuple[bytes, int | None]] = {
         "url": "data:image/png;base64," + "A" * 1_500_000}}])]), 200),
     "many-messages": (orjson.dumps({"model": M, "messages": [user(str(i)) if i % 2 == 0 else
                                                              {"role": "assistant", "content": str(i)}
-                                                             for i in range(20_001)]}), None),
+                                                             for i in range(10_001)]}), None),
     "many-tool-calls": (body_with(messages=[user(), {"role": "assistant", "content": None, "tool_calls": [
         {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(3000)]}]
         + [{"role": "tool", "tool_call_id": f"c{i}", "content": "ok"} for i in range(3000)]), 200),
@@ -174,7 +174,7 @@ async def test_exactly_one_level_under_the_nesting_limit_is_accepted(target, ups
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_a_slow_drip_body_is_served_and_blocks_no_one(target, chunked):
     body = orjson.dumps({"model": M, "messages": [user("dripped " * 200)]})
-    pieces = [body[i : i + len(body) // 30 + 1] for i in range(0, len(body), len(body) // 30 + 1)]
+    pieces = [body[i : i + len(body) // 20 + 1] for i in range(0, len(body), len(body) // 20 + 1)]
     halfway = asyncio.Event()
 
     async def drip() -> AsyncIterator[bytes]:
@@ -182,7 +182,7 @@ async def test_a_slow_drip_body_is_served_and_blocks_no_one(target, chunked):
             if i == len(pieces) // 2:
                 halfway.set()
             yield p
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.02)
 
     headers = {} if chunked else {"Content-Length": str(len(body))}
     slow = asyncio.create_task(post(target, drip(), headers))

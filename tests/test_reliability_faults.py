@@ -71,7 +71,7 @@ def _body(stream: bool, messages: list[dict[str, Any]] = MSGS, model: str = "gpt
 
 # -- upstream faults ---------------------------------------------------------------------------
 
-TIMEOUTS = {"upstream": {"timeout_s": 1.0, "stream_idle_timeout_s": 1.0}}
+TIMEOUTS = {"upstream": {"timeout_s": 0.5, "stream_idle_timeout_s": 0.5}}  # only stalled calls get near them
 
 
 def _fault(upstream: FakeUpstream, name: str) -> None:
@@ -174,6 +174,8 @@ async def test_a_broken_stream_is_an_api_error_for_the_openai_sdk(upstream, make
 async def test_an_empty_stream_is_treated_as_an_overflow_and_retried_compacted(upstream, make_proxy):
     upstream.window = 4000  # the real window; the proxy believes 8000 (threshold 6800)
     upstream.empty_stream_on_overflow = True
+    # and the connection closes a moment later: the retry's own calls must not pick it from the pool
+    upstream.close_after_empty_stream_s = 0.2
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 8000}},
                                                  "compaction": {"prepare_percent": 0}})
     msgs = chat_history(13, 150)
@@ -209,8 +211,7 @@ async def test_an_empty_stream_with_no_retry_left_is_a_502(upstream, make_proxy,
 
 # -- summarizer faults: the request always goes through ------------------------------------------
 
-SMALL = {"models": {MODEL: {"context_window": 6000}}, "compaction": {"prepare_percent": 0, "summarizer_timeout_s": 1.0},
-         "tool_results": {"enabled": False}}
+SMALL = {"models": {MODEL: {"context_window": 6000}}, "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}}
 # A window whose summarizer input budget holds the whole span: one summarizer call per compaction,
 # so a failure is the summarizer's own, not one of a fold's later calls.
 ONE_CALL = {**SMALL, "models": {MODEL: {"context_window": 20000}}}
@@ -220,7 +221,7 @@ def _summarizer_fault(upstream: FakeUpstream, name: str) -> None:
     upstream.fault_target = "summarizer"
     if name == "http-500":
         upstream.fail_status = 500
-    elif name == "refused-midway":
+    elif name == "reset-midway":
         upstream.reset_mid_response = True
     elif name == "timeout":
         upstream.stall_before_headers_s = 30
@@ -230,10 +231,11 @@ def _summarizer_fault(upstream: FakeUpstream, name: str) -> None:
         upstream.endless_summary = True
 
 
-@pytest.mark.parametrize("fault", ["http-500", "refused-midway", "timeout", "malformed", "endless"])
+@pytest.mark.parametrize("fault", ["http-500", "reset-midway", "timeout", "malformed", "endless"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_failing_history_summarizer_forwards_the_original(upstream, make_proxy, fault, stream):
-    proxy = await make_proxy(upstream.base_url, ONE_CALL)
+    timeout = {"summarizer_timeout_s": 0.5} if fault == "timeout" else {}  # a runaway answer takes its time
+    proxy = await make_proxy(upstream.base_url, {**ONE_CALL, "compaction": {**ONE_CALL["compaction"], **timeout}})
     _summarizer_fault(upstream, fault)
     msgs = chat_history(40, 150)
     assert proxy_count({"model": MODEL, "messages": msgs}) > 17000  # the threshold
@@ -248,7 +250,7 @@ async def test_a_failing_history_summarizer_forwards_the_original(upstream, make
         assert _events(raw)[-1] == "[DONE]"
 
 
-TOOL_SETTINGS = {"tool_results": {"threshold_tokens": 300, "timeout_s": 1.0}, "compaction": {"prepare_percent": 0}}
+TOOL_SETTINGS = {"tool_results": {"threshold_tokens": 300}, "compaction": {"prepare_percent": 0}}
 
 
 @pytest.mark.parametrize("fault,reason", [
@@ -256,7 +258,8 @@ TOOL_SETTINGS = {"tool_results": {"threshold_tokens": 300, "timeout_s": 1.0}, "c
     ("endless", "not smaller"),
 ])
 async def test_a_failing_tool_result_summarizer_forwards_the_raw_output_with_its_notice(upstream, make_proxy, fault, reason):
-    proxy = await make_proxy(upstream.base_url, TOOL_SETTINGS)
+    timeout = {"timeout_s": 0.5} if fault == "timeout" else {}
+    proxy = await make_proxy(upstream.base_url, {**TOOL_SETTINGS, "tool_results": {**TOOL_SETTINGS["tool_results"], **timeout}})
     _summarizer_fault(upstream, fault)
     upstream.endless_summary_chars = 200_000  # larger than the output: "not smaller"
     payload = "\n".join(f"row {i}: order ORD-{i:05d} shipped to warehouse W{i % 7}" for i in range(200))

@@ -118,7 +118,7 @@ async def test_sigterm_refuses_new_connections_and_lets_a_stream_finish(tmp_path
 
 
 async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits_0(tmp_path, fake):
-    grace = 1.0
+    grace = 0.5
     replica, db = _start(tmp_path, fake, grace_s=grace)
     try:
         async with aiohttp.ClientSession() as s:

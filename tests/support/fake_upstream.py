@@ -425,8 +425,6 @@ class FakeUpstream:
     Chat completions
       window              context window in tokens (default 128000); above it -> 400
                           context_length_exceeded
-      empty_stream_on_overflow  a streaming request above the window gets 200 and an empty event
-                          stream instead (what llama.cpp's server does)
       model_windows       {model: window} overrides for particular models
       encoding            tiktoken encoding used to count (default "cl100k_base")
       token_scale         multiply prompt counts by this (default 1.0): imitates a model whose
@@ -438,6 +436,9 @@ class FakeUpstream:
       empty_stream_on_overflow  a streaming request over the window gets 200, text/event-stream and
                           an empty body (no event, no [DONE]), as llama.cpp's server answers it: the
                           error is raised after the headers went out (non-streaming ones: the 400)
+      close_after_empty_stream_s  None | seconds: then close that connection, without a
+                          `Connection: close` header, as the real server does at once; a delay
+                          makes a client's reuse of the pooled connection fail for certain
       truncate_to_max_tokens   (default True) cut the content at max_completion_tokens/max_tokens
                           with finish_reason "length", as OpenAI does
       reply               None: "ok: <last user text[:50]>" | str | dict assistant message
@@ -492,13 +493,13 @@ class FakeUpstream:
 
         self.window: int = 128000
         self.model_windows: dict[str, int] = {}
-        self.empty_stream_on_overflow: bool = False
         self.encoding: str = "cl100k_base"
         self.token_scale: float = 1.0
         self.reject_param: str | None = None
         self.reject_consecutive_user: bool = False
         self.reject_null_content_with_tool_calls: bool = False
         self.empty_stream_on_overflow: bool = False
+        self.close_after_empty_stream_s: float | None = None
         self.truncate_to_max_tokens: bool = True
         self.reply: ReplySpec = None
         self.chunk_delay_s: float = 0.0
@@ -1156,10 +1157,8 @@ class FakeUpstream:
         window = self.window_for(model)
         rec.prompt_tokens = prompt_tokens = self.count_prompt_tokens(body)
         if prompt_tokens > window and self.empty_stream_on_overflow and body.get("stream"):
-            return await self._stream(request, rec, [], fault=False)
+            return await self._empty_stream(request, rec)
         if prompt_tokens > window:
-            if self.empty_stream_on_overflow and body.get("stream"):
-                return await self._stream(request, rec, [], fault=False)
             return await self._send_error(request, rec, FakeError.openai(
                 400,
                 f"This model's maximum context length is {window} tokens. However, your messages resulted in "
@@ -1309,6 +1308,16 @@ class FakeUpstream:
                 await asyncio.sleep(self.chunk_delay_s)
             await resp.write(data)
         await resp.write_eof()
+        return resp
+
+    async def _empty_stream(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
+        """llama.cpp's server: 200, no event at all, a clean end of the chunked body; its server
+        (uvicorn) then closes the connection. A request the client sent on it meanwhile is lost."""
+        transport = request.transport  # the request lets go of it once the answer is complete
+        resp = await self._stream(request, rec, [], fault=False)
+        if self.close_after_empty_stream_s is not None and transport is not None:
+            await asyncio.sleep(self.close_after_empty_stream_s)
+            transport.close()
         return resp
 
     async def _abort(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
