@@ -210,10 +210,17 @@ def _timeout(upstream) -> dict:
     return {"timeout_s": 0.5}  # only here: a loaded machine must not turn the other cases into timeouts
 
 
+def _runaway(upstream) -> dict:
+    # smaller than the output, but far over the note's output cap: an upstream ignoring the cap
+    upstream.truncate_to_max_tokens = False
+    upstream.summarizer = lambda body: "[Summary of read_logs output]\n" + "the same line again\n" * 400
+    return {"max_output_tokens": 200}
+
+
 @pytest.mark.parametrize(
     "breakage, reason",
-    [(_not_smaller, "not smaller"), (_error, "HTTP 500"), (_timeout, "timed out")],
-    ids=["not-smaller", "error", "timeout"],
+    [(_not_smaller, "not smaller"), (_error, "HTTP 500"), (_timeout, "timed out"), (_runaway, "over its 200-token cap")],
+    ids=["not-smaller", "error", "timeout", "runaway"],
 )
 async def test_failure_forwards_raw_payload_with_notice_first(upstream, run, breakage, reason):
     _, client = await run(**breakage(upstream))

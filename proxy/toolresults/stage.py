@@ -174,6 +174,10 @@ class ToolResultStage:
         text = text.strip()
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty note")
+        # An upstream that ignores the output cap can answer at any length: a runaway note is no
+        # summary, even when it is smaller than a huge output (the slack covers other tokenizers).
+        if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
+            raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
         found = await _off_loop_if(len(c.text) > BIG_TEXT, extract.find_identifiers, c.text)
         text = notes.with_identifiers(text, extract.dropped(found, text))
