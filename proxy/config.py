@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from proxy.prompts import SUMMARY_HEADINGS
+
 ENV_PREFIX = "COMPACTION_PROXY_"
 
 
@@ -67,13 +69,7 @@ class CompactionConfig(_Section):
     # the summarizer is asked again.
     failure_cooldown_s: float = Field(60, ge=0)
     # Headings a summary must contain to be accepted; weak models may need fewer ([] = any text).
-    required_headings: list[str] = Field(
-        default_factory=lambda: [
-            "## Active Task", "## Goal", "## Constraints & Preferences", "## Progress", "### Done",
-            "### In Progress", "### Blocked", "## Key Decisions", "## Answered Questions",
-            "## Next Steps", "## Critical Context",
-        ]
-    )
+    required_headings: list[str] = Field(default_factory=lambda: list(SUMMARY_HEADINGS))
     focus: str | None = None
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)

@@ -25,6 +25,23 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
 }
 
 
+# The headings the summary format prompts ask for, in order; a summary lacking one is rejected
+# (compaction.required_headings, which defaults to these).
+SUMMARY_HEADINGS = (
+    "## Active Task",
+    "## Goal",
+    "## Constraints & Preferences",
+    "## Progress",
+    "### Done",
+    "### In Progress",
+    "### Blocked",
+    "## Key Decisions",
+    "## Answered Questions",
+    "## Next Steps",
+    "## Critical Context",
+)
+
+
 class PromptError(Exception):
     pass
 

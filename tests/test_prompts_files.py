@@ -20,19 +20,8 @@ PLACEHOLDERS: dict[str, tuple[set[str], set[str]]] = {
     "tool-result-summarizer.md": ({"tool_name"}, {"tool_name"}),
 }
 
-SUMMARY_HEADINGS = [
-    "## Active Task",
-    "## Goal",
-    "## Constraints & Preferences",
-    "## Progress",
-    "### Done",
-    "### In Progress",
-    "### Blocked",
-    "## Key Decisions",
-    "## Answered Questions",
-    "## Next Steps",
-    "## Critical Context",
-]
+# The product's own list: the prompts must ask for exactly what the summarizer checks.
+from proxy.prompts import SUMMARY_HEADINGS  # noqa: E402
 
 TURN_PREFIX_HEADINGS = ["## Original Request", "## Early Progress", "## Context for Suffix"]
 
@@ -74,7 +63,7 @@ def test_summary_format_headings(name: str) -> None:
     for heading in SUMMARY_HEADINGS:
         assert re.search(rf"^{re.escape(heading)}\s*$", text, re.MULTILINE), f"{name}: no {heading!r}"
     # The format skeleton lists every heading once, in the required order.
-    assert headings(text) == SUMMARY_HEADINGS
+    assert headings(text) == list(SUMMARY_HEADINGS)
     assert "- [x]" in text and "- [ ]" in text
     assert "(none)" in text
 

@@ -12,23 +12,11 @@ from typing import Callable
 
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.compaction.serialize import escape_untrusted
-from proxy.prompts import Prompts
+from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
 
-MAIN_HEADINGS = (
-    "## Active Task",
-    "## Goal",
-    "## Constraints & Preferences",
-    "## Progress",
-    "### Done",
-    "### In Progress",
-    "### Blocked",
-    "## Key Decisions",
-    "## Answered Questions",
-    "## Next Steps",
-    "## Critical Context",
-)
+MAIN_HEADINGS = SUMMARY_HEADINGS
 _THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```(?:markdown|md)?\s*\n(.*)\n```\s*$", re.DOTALL)
 
