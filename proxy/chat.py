@@ -7,6 +7,7 @@ client gets the upstream's answer or an OpenAI-shaped error, with the x-compacti
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -16,7 +17,15 @@ import orjson
 from aiohttp import web
 
 from proxy import errors
-from proxy.chat_request import Conversation, analyze, latest_user_index, message_text, parse_chat_body
+from proxy.chat_request import (
+    Conversation,
+    analyze,
+    keys_of,
+    latest_user_index,
+    message_text,
+    parse_chat_body,
+    unseen_bytes,
+)
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
@@ -32,11 +41,12 @@ from proxy.forward import (
 from proxy.hashing import credential_scope
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
+from proxy.tokens import encoding_name_for
 from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.chat")
 
-BIG_BODY = 512 * 1024  # above this, token counting runs off the event loop
+BIG_BODY = 512 * 1024  # this much text not counted before: counted off the event loop
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 
@@ -70,10 +80,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
     model_cfg = cfg.model_settings(body["model"])
 
-    if len(raw) > BIG_BODY:
-        conv = await asyncio.to_thread(analyze, body, state.counter, encoding=model_cfg.encoding, ratio=model_cfg.token_ratio)
-    else:
-        conv = analyze(body, state.counter, encoding=model_cfg.encoding, ratio=model_cfg.token_ratio)
+    # Counting new text is the slow part (tiktoken): off the event loop when there is much of it.
+    # A long history seen before is all cache hits, cheaper on the loop than a thread hop.
+    encoding = model_cfg.encoding or encoding_name_for(body["model"])
+    keys, sizes = keys_of(body["messages"])
+    unseen = unseen_bytes(keys, sizes, state.counter, encoding) if len(raw) > BIG_BODY else 0
+    count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
+    conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
     before = conv.total()
 
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError, bad_request
-from proxy.hashing import DigestCache, message_key
+from proxy.hashing import DigestCache, message_keys
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter, encoding_name_for
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -144,7 +144,7 @@ class Conversation:
 
     body: dict[str, Any]
     messages: list[dict[str, Any]]
-    keys: list[int]  # fast in-process keys of the ORIGINAL messages (hashing.message_key)
+    keys: list[int]  # fast in-process keys of the ORIGINAL messages (hashing.message_keys)
     tokens: list[int]  # of the messages as they will be forwarded (after tool-result notes)
     tools_tokens: int
     encoding: str
@@ -174,13 +174,26 @@ class Conversation:
 DIGESTS = DigestCache()
 
 
-def analyze(body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float) -> Conversation:
-    messages = body["messages"]
-    enc = encoding or encoding_name_for(body["model"])
+def keys_of(messages: list[Any]) -> tuple[list[int], list[int]]:
+    """Each message's in-process key and JSON size; 400 for what orjson cannot write."""
     try:
-        keys = [message_key(m) for m in messages]
+        return message_keys(messages)
     except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
         raise _too_deep() from None
+
+
+def unseen_bytes(keys: list[int], sizes: list[int], counter: TokenCounter, encoding: str) -> int:
+    """How much of the request the counter has not seen yet: the work `analyze` will do."""
+    return sum(size for key, size in zip(keys, sizes) if counter.cached(encoding, key) is None)
+
+
+def analyze(
+    body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float, keys: list[int] | None = None
+) -> Conversation:
+    messages = body["messages"]
+    enc = encoding or encoding_name_for(body["model"])
+    if keys is None:
+        keys = keys_of(messages)[0]
     tokens = []
     for i, (m, k) in enumerate(zip(messages, keys)):
         n = counter.cached(enc, k)

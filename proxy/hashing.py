@@ -25,10 +25,16 @@ def message_digest(msg: Any) -> bytes:
     return hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).digest()[:_DIGEST_SIZE]
 
 
-def message_key(msg: Any) -> int:
-    """A fast in-process key for a message: never stored, never shared between processes
-    (the hash is keyed per process, so nobody can craft collisions)."""
-    return hash(orjson.dumps(msg))
+def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """A fast in-process key for each message (never stored, never shared between processes: the
+    hash is keyed per process, so nobody can craft collisions), and the size of its JSON (how much
+    work counting it is)."""
+    keys, sizes = [], []
+    for m in messages:
+        raw = orjson.dumps(m)
+        keys.append(hash(raw))
+        sizes.append(len(raw))
+    return keys, sizes
 
 
 class DigestCache:
