@@ -28,6 +28,7 @@ class ServerConfig(_Section):
     max_body_mb: float = Field(64, gt=0)
     max_header_kb: int = Field(64, ge=1)
     shutdown_grace_s: float = Field(30, ge=0)
+    body_timeout_s: float = Field(60, gt=0)  # a chat request body must arrive within this (else 408)
     log_level: str = "info"
     # Message content is never logged unless an operator turns this on.
     log_content: bool = False

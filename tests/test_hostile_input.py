@@ -194,6 +194,21 @@ async def test_a_slow_drip_body_is_served_and_blocks_no_one(target, chunked):
     assert status == 200 and orjson.loads(answer)["choices"][0]["message"]["content"] == "fine"
 
 
+async def test_a_body_slower_than_the_body_timeout_gets_408(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, {"server": {"body_timeout_s": 0.3}})
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)
+    assert head.startswith(b"HTTP/1.1 408")
+    length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")).split(b":")[1])
+    error = orjson.loads(await asyncio.wait_for(reader.readexactly(length), BOUND_S))["error"]
+    assert error["code"] == "request_timeout" and "0.3 s" in error["message"]
+    writer.close()
+    assert not upstream.requests
+
+
 @pytest.mark.parametrize("declared", [100, 10_000_000], ids=["short-body", "length-over-limit"])
 async def test_a_body_shorter_than_its_content_length_then_a_hang_up(target, upstream, declared):
     reader, writer = await asyncio.open_connection("127.0.0.1", target.server.port)
