@@ -71,22 +71,32 @@ def tool_names_by_call_id(messages: Iterable[dict[str, Any]]) -> dict[str, str]:
     return names
 
 
+# A line of untrusted text that imitates one of our block labels would read as a turn of its own.
+_FAKE_LABEL = re.compile(r"(?m)^(\s*)\[(User|Assistant|System|Tool call|Tool result[^\]\n]{0,80})\]:")
+
+
+def _untrusted(text: str) -> str:
+    """Client text made safe to place inside a block: tags, template tokens and fake labels."""
+    return escape_untrusted(_FAKE_LABEL.sub(r"\1&#91;\2]:", text))
+
+
 def serialize_message(msg: dict[str, Any], names: dict[str, str]) -> str:
-    """One message as a labelled block. Reasoning/thinking fields are never read, so they drop."""
+    """One message as a labelled block, its text escaped (the labels are ours, so they are not).
+    Reasoning/thinking fields are never read, so they drop."""
     role = msg.get("role")
-    text = content_text(msg.get("content"))
+    text = _untrusted(content_text(msg.get("content")))
     if role == "user":
         return f"[User]: {text}"
     if role == "assistant":
         lines = [f"[Assistant]: {text}"] if text else []
         for call in msg.get("tool_calls") or ():
             fn = call.get("function") or {} if isinstance(call, dict) else {}
-            name = fn.get("name", "tool") if isinstance(fn, dict) else "tool"
+            name = _untrusted(str(fn.get("name", "tool"))) if isinstance(fn, dict) else "tool"
             args = clamp_middle(str(fn.get("arguments", "")) if isinstance(fn, dict) else "", TOOL_ARGS_CHARS)
-            lines.append(f"[Tool call]: {name}({args})")
+            lines.append(f"[Tool call]: {name}({_untrusted(args)})")
         return "\n".join(lines) if lines else "[Assistant]:"
     if role in ("tool", "function"):
-        name = names.get(str(msg.get("tool_call_id")), msg.get("name") or "tool")
+        name = _untrusted(str(names.get(str(msg.get("tool_call_id")), msg.get("name") or "tool")))
         return f"[Tool result: {name}]: {clamp_middle(text, TOOL_RESULT_CHARS)}"
     return f"[System]: {text}"
 
@@ -94,4 +104,4 @@ def serialize_message(msg: dict[str, Any], names: dict[str, str]) -> str:
 def serialize_messages(messages: list[dict[str, Any]], names: dict[str, str] | None = None) -> list[str]:
     """Escaped blocks, one per message (callers fold them into windows on these boundaries)."""
     names = names if names is not None else tool_names_by_call_id(messages)
-    return [escape_untrusted(serialize_message(m, names)) for m in messages]
+    return [serialize_message(m, names) for m in messages]
