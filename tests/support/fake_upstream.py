@@ -50,6 +50,8 @@ from typing import Any, Awaitable, Callable, Union
 import orjson
 from aiohttp import web
 
+from proxy.prompts import SUMMARY_HEADINGS
+
 _REPO = Path(__file__).resolve().parents[2]
 
 # tiktoken downloads encodings on first use; offline it reads TIKTOKEN_CACHE_DIR. Point it at the
@@ -76,19 +78,8 @@ IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image
 SYSTEM_FINGERPRINT = "fp_fake0000"
 _ALNUM = string.ascii_letters + string.digits
 
-HISTORY_SUMMARY_HEADINGS = (
-    "## Active Task",
-    "## Goal",
-    "## Constraints & Preferences",
-    "## Progress",
-    "### Done",
-    "### In Progress",
-    "### Blocked",
-    "## Key Decisions",
-    "## Answered Questions",
-    "## Next Steps",
-    "## Critical Context",
-)
+# The format our summarizer prompts ask for: the fake's default summaries are valid ones.
+HISTORY_SUMMARY_HEADINGS = SUMMARY_HEADINGS
 
 
 # --------------------------------------------------------------------------------------------
