@@ -89,6 +89,12 @@ class SingleFlight(Generic[T]):
             if not self._healthy():
                 return await make()  # no store, no lock to wait for: make it here
             await asyncio.sleep(self.poll_s)
+        # The holder we waited for may have stored the record and released the lock between our
+        # last look and our taking it: look once more before making it again.
+        found = await existing()
+        if found is not None:
+            await self.store.delete(lock_key, expected=token)
+            return found
         heartbeat = asyncio.create_task(self._keep_lock(lock_key, token), name=f"lock-heartbeat:{key[:24]}")
         try:
             return await make()
