@@ -9,6 +9,7 @@ sends becomes an OpenAI-shaped error, so clients raise an APIError instead of a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Any, AsyncIterator
@@ -213,6 +214,7 @@ def _parses(body: bytes) -> bool:
 
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+DRAIN_S = 1.0  # after [DONE], how long we wait for the upstream's end of stream
 MAX_EVENT_BYTES = 16 << 20  # one SSE event; beyond this the stream is not a chat completion
 
 
@@ -223,6 +225,7 @@ class EventChecker:
 
     def __init__(self) -> None:
         self._pending = b""
+        self.done = False  # `data: [DONE]` went by: the answer is complete
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
@@ -231,7 +234,9 @@ class EventChecker:
         # An event's end can straddle chunks, but the pending part holds none: search only its last bytes.
         at = max(0, len(self._pending) - 3)
         while (m := _EVENT_END.search(buf, at)) is not None:
-            why = _check_event(buf[pos : m.start()])
+            event = buf[pos : m.start()]
+            why = _check_event(event)
+            self.done = self.done or event.strip() == b"data: [DONE]"
             if why is not None:
                 self._pending = b""
                 return buf[:pos], why
@@ -291,7 +296,13 @@ async def relay_events(
             raise _BrokenStream(why)
         await resp.write_eof()
     except CLIENT_GONE:
-        upstream.close()  # stop reading; leaving the caller's context closes the upstream request
+        if checker.done:
+            # The openai SDKs hang up right after [DONE]: a normal end. Read the upstream's last
+            # bytes so its connection goes back to the pool instead of being cut.
+            with contextlib.suppress(*UPSTREAM_ERRORS):
+                await asyncio.wait_for(upstream.content.read(), DRAIN_S)
+        if not upstream.content.at_eof():
+            upstream.close()  # stop reading; leaving the caller's context closes the upstream request
     except (_BrokenStream, *UPSTREAM_ERRORS) as e:
         upstream.close()
         err = errors.upstream_bad_response(str(e)) if isinstance(e, _BrokenStream) else map_client_error(e)

@@ -54,3 +54,13 @@ def test_a_stream_cut_mid_event_is_reported_and_a_whole_unterminated_event_passe
     whole = b"data: " + orjson.dumps(CHUNK)
     assert feed_all(whole + b"\n\n" + b'data: {"choi', []) == (whole + b"\n\n", "the stream ended in the middle of an event")
     assert feed_all(whole + b"\n\ndata: [DONE]\n", []) == (whole + b"\n\ndata: [DONE]\n", None)
+
+
+def test_the_checker_knows_when_the_answer_is_complete():
+    checker = EventChecker()
+    checker.feed(b'data: {"choices": []}\n\n')
+    assert not checker.done
+    checker.feed(b"data: [DO")
+    assert not checker.done  # half an event is not the end
+    checker.feed(b"NE]\n\n")
+    assert checker.done
