@@ -446,7 +446,9 @@ class CompactionEngine:
             return
         # One slot per conversation, told apart by scope and first message: a clash only means
         # one of two look-alike conversations is compacted on its request path.
-        slot = f"{ctx.scope}:{conv.digests[conv.n_system].hex()}"
+        # (The in-process key of that message: this runs under the threshold, where the stable
+        # digests of the whole history are not otherwise needed.)
+        slot = f"{ctx.scope}:{conv.keys[conv.n_system]}"
         job = _PrepareJob(conv, fwd, ctx, budget, total)
         if slot in self._pending:
             self._pending[slot] = job
