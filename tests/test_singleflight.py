@@ -16,20 +16,10 @@ from proxy.store.base import StoreUnavailable
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
+from support.clock import FakeClock
 from support.redis_server import RedisServer
 
 LOCK_TTL = 10.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Maker:

@@ -21,23 +21,13 @@ from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
 from proxy.store.sqlite import SqliteStore
+from support.clock import FakeClock
 from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
 
 TTL = 100.0
 
 # A server of its own for the tests that stop it, so the shared one is never disturbed.
 private_redis = redis_server_fixture("private_redis")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 MakeStore = Callable[..., Store]

@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 
 from proxy.compaction import extract
 from proxy.toolresults import stage
+from support.clock import FakeClock
 from support.fake_upstream import FakeError, count_text_tokens, tool_output_payload
 from support.invariants import check_forwarded
 
@@ -67,12 +68,8 @@ def settings(**tool_results) -> dict:
     }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+def Clock() -> FakeClock:  # noqa: N802 (reads like the class it builds)
+    return FakeClock(1_700_000_000.0)
 
 
 @pytest.fixture

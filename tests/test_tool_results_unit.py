@@ -10,6 +10,7 @@ from proxy.text import clamp_middle
 from proxy.toolresults import note
 from proxy.toolresults.breaker import CircuitBreaker
 from proxy.toolresults.select import BEGIN, END, is_skipped, notice, parent_hint, select, user_message
+from support.clock import FakeClock
 
 
 def call(call_id: str, name: str) -> dict:
@@ -167,12 +168,8 @@ def test_clamp_keeps_head_and_tail_and_says_how_much_was_cut():
     assert cut == len(text) - len(out.replace(f"\n[... {cut} characters of tool output cut ...]\n", ""))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+def Clock() -> FakeClock:  # noqa: N802 (reads like the class it builds)
+    return FakeClock(1000.0)
 
 
 class TestBreaker:

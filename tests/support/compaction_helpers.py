@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.chat_request import analyze
 from proxy.tokens import TokenCounter
+from support.invariants import text_of
 
 _COUNTER: TokenCounter | None = None
 
@@ -46,14 +47,6 @@ def turn_summary(marker: str = "turn") -> str:
         "## Early Progress\n- started on it\n\n"
         f"## Context for Suffix\n- turn-prefix-marker-{marker}\n"
     )
-
-
-def text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 _SUMMARY_RE = re.compile(r"<summary>\n(.*)\n</summary>", re.DOTALL)

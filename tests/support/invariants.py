@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -46,7 +46,7 @@ def check_forwarded(original: list[dict[str, Any]], forwarded: list[dict[str, An
     # leading system messages
     if n_sys:
         assert forwarded[0]["role"] == original[0]["role"]
-        assert _text(forwarded[0]["content"]).startswith(_text(original[0]["content"]))
+        assert text_of(forwarded[0]["content"]).startswith(text_of(original[0]["content"]))
         assert forwarded[1:n_sys] == original[1:n_sys]
         f_sys = n_sys
     else:
@@ -56,14 +56,14 @@ def check_forwarded(original: list[dict[str, Any]], forwarded: list[dict[str, An
     rest = forwarded[f_sys:]
     if compacted:
         head = rest[0]
-        assert head["role"] == "user" and "<summary>" in _text(head["content"]), "no summary message"
+        assert head["role"] == "user" and "<summary>" in text_of(head["content"]), "no summary message"
         kept = rest[1:]
         i = len(original) - len(rest)  # the original message `head` stands for, if merged
         merged = (
             i >= n_sys
             and original[i].get("role") == "user"
-            and _text(head["content"]).endswith(_text(original[i]["content"]))
-            and _text(head["content"]) != _text(original[i]["content"])
+            and text_of(head["content"]).endswith(text_of(original[i]["content"]))
+            and text_of(head["content"]) != text_of(original[i]["content"])
         )
         if not merged:
             assert not kept or kept[0]["role"] != "user", "summary not merged into the first kept user message"
@@ -88,7 +88,7 @@ def check_forwarded(original: list[dict[str, Any]], forwarded: list[dict[str, An
     check_tool_pairing(forwarded)
     last_user = next((m for m in reversed(original) if m.get("role") == "user"), None)
     if last_user is not None:
-        needle = _text(last_user["content"])
-        assert any(needle in _text(m.get("content")) for m in forwarded if m["role"] == "user"), (
+        needle = text_of(last_user["content"])
+        assert any(needle in text_of(m.get("content")) for m in forwarded if m["role"] == "user"), (
             "the most recent user message is not present verbatim"
         )
