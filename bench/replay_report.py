@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream lives there
 from openai import AsyncOpenAI  # noqa: E402
 
 from proxy.compaction.budget import Budget  # noqa: E402
-from support.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fake_upstream import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 
 FIXTURE = REPO.parent / "shared" / "fixtures" / "tau-bench" / "gpt-4o-airline.json"

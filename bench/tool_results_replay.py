@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream and transcript help
 from openai import AsyncOpenAI  # noqa: E402
 
 from proxy.compaction.extract import find_identifiers  # noqa: E402
-from support.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages  # noqa: E402
 

@@ -12,7 +12,7 @@ _SHARED = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED)
 
-from support.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fake_upstream import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.redis_server import redis_server  # noqa: E402,F401
 

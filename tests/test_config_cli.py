@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from proxy.cli import flag_overrides, parse_args
 from proxy.config import Config, ConfigError, ModelConfig, load_config
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "proxy.example.yaml"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from support.fake_upstream import count_text_tokens
+from proxy.fake_upstream import count_text_tokens
 
 _MODULES = ("test_fields.py", "test_schema.py", "test_serialization.py", "test_deserialization.py",
             "test_decorators.py", "test_validate.py", "test_utils.py", "test_options.py")

@@ -21,7 +21,7 @@ Use it in the test's event loop::
         ...
         assert fake.chat_requests[-1]["messages"][0]["role"] == "system"
 
-or through the `fake_upstream` fixture below (`from support.fake_upstream import fake_upstream` in a
+or through the `fake_upstream` fixture below (`from proxy.fake_upstream import fake_upstream` in a
 test module; tests/conftest.py has an equivalent `upstream` fixture), or from
 synchronous code with `with FakeUpstream() as fake:` (runs its own loop in a thread).
 Every public attribute can be changed at any time, also while the server runs; each request
@@ -52,7 +52,7 @@ from aiohttp import web
 
 from proxy.prompts import SUMMARY_HEADINGS
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 
 # tiktoken downloads encodings on first use; offline it reads TIKTOKEN_CACHE_DIR. Point it at the
 # shared copy unless the caller chose a directory already.
@@ -1397,7 +1397,7 @@ async def _resolve(spec: Any, body: dict[str, Any]) -> Any:
     return spec
 
 
-try:  # a ready-made fixture: `from support.fake_upstream import fake_upstream`
+try:  # a ready-made fixture: `from proxy.fake_upstream import fake_upstream`
     import pytest_asyncio
 
     @pytest_asyncio.fixture
