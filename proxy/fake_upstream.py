@@ -36,7 +36,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import os
 import re
 import secrets
 import string
@@ -50,15 +49,8 @@ from typing import Any, Awaitable, Callable, Union
 import orjson
 from aiohttp import web
 
-from proxy.prompts import SUMMARY_HEADINGS
-
-_REPO = Path(__file__).resolve().parents[1]
-
-# tiktoken downloads encodings on first use; offline it reads TIKTOKEN_CACHE_DIR. Point it at the
-# shared copy unless the caller chose a directory already.
-_SHARED_TIKTOKEN = _REPO.parent / "shared" / "tiktoken"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
+from proxy.encodings import get_encoding
+from proxy.prompts import SUMMARY_HEADINGS, default_dir
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +187,8 @@ class RecordedRequest:
 @functools.lru_cache(maxsize=None)
 def _encoding(name: str) -> Any:
     try:
-        import tiktoken
-
-        return tiktoken.get_encoding(name)
-    except Exception as exc:  # offline without a cache: fall back to bytes/4 rather than crash
+        return get_encoding(name)
+    except Exception as exc:  # a broken install: fall back to bytes/4 rather than crash
         log.warning("fake upstream: tiktoken encoding %s unavailable (%s); using bytes/4", name, exc)
         return None
 
@@ -410,7 +400,7 @@ class FakeUpstream:
     Server
       base_url            "http://127.0.0.1:PORT/v1" (after start)
       port, loop          the bound port; the event loop the server runs in
-      prompts_dir         where the proxy's prompts live (default <repo>/prompts), read per request
+      prompts_dir         where the proxy's prompts live (default: the package's own), read per request
       require_api_key     None (accept any) | "sk-..": other/missing Bearer key -> 401 invalid_api_key
 
     Chat completions
@@ -479,7 +469,7 @@ class FakeUpstream:
     """
 
     def __init__(self, **settings: Any) -> None:
-        self.prompts_dir: Path = _REPO / "prompts"
+        self.prompts_dir: Any = default_dir()  # a path, or the package's Traversable
         self.require_api_key: str | None = None
 
         self.window: int = 128000
@@ -657,7 +647,8 @@ class FakeUpstream:
         """First 60 chars (whitespace-collapsed, up to any {{placeholder}}) of a prompt file, with and
         without a leading HTML comment; read at request time because the prompts may change."""
         try:
-            text = (Path(self.prompts_dir) / filename).read_text(encoding="utf-8")
+            directory = Path(self.prompts_dir) if isinstance(self.prompts_dir, str) else self.prompts_dir
+            text = directory.joinpath(filename).read_text(encoding="utf-8")
         except OSError:
             return []
         out = []
