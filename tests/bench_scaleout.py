@@ -31,7 +31,7 @@ from support.proxy_server import start_proxy  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 from support.replicas import Replica  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def settings(prepare_percent: float) -> dict:
