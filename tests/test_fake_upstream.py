@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from support.fake_upstream import (
+from proxy.fake_upstream import (
     HISTORY_SUMMARY_HEADINGS,
     FakeError,
     FakeUpstream,
