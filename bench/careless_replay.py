@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the fake upstream and the session generators live there
+sys.path.insert(0, str(REPO / "tests"))  # the careless summarizer and the session generators live there
 
 import openai  # noqa: E402
 import orjson  # noqa: E402
@@ -50,11 +50,11 @@ from openai import AsyncOpenAI  # noqa: E402
 
 from support.careless import CarelessSummarizer  # noqa: E402
 from support.coding_session import coding_session  # noqa: E402
-from support.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
 from support.proxy_server import merge, start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, swe_agent_messages  # noqa: E402
 
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 MODEL = "gpt-4"
 CACHED_RATIOS = (0.1, 0.25)
 

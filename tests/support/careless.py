@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from support.fake_upstream import TOOL_OUTPUT_BEGIN, content_text
+from proxy.fake_upstream import TOOL_OUTPUT_BEGIN, content_text
 
 # Tokens a model might treat as identifiers: anything with a digit, a slash or an @ in it.
 _TOKEN = re.compile(r"[\w./@:#+-]*[\d/@][\w./@:#+-]*")
