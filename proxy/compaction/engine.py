@@ -239,6 +239,10 @@ class CompactionEngine:
                 out.status = "masked" if base.tier == "mask" else out.status
                 out.wait_ms, out.reason = wait_ms, why
                 return out
+        if base is not None and base.tier == "digest":
+            # A digest is not built on: the next one digests everything older from the start (the
+            # user's requests verbatim lead it), so digests never pile up.
+            base = replace(base, covered=0, summary="", masked_until=0)
         work = self._masked_fwd(view, base)
         plan = self._plan(view, budget, base, work)
         if plan is None:
@@ -295,15 +299,20 @@ class CompactionEngine:
         if not new:
             return None
         calls = mask.calls_by_id(work.fwd)
+        recall = list(record.recall_identifiers) if record else []
         for i in new:
             name, args = calls.get(str(work.fwd[i].get("tool_call_id")), (str(work.fwd[i].get("name") or "tool"), ""))
             d = conv.digests[i].hex()
-            base[d] = mask.stub_text(name, args, conv.scaled(work.tokens[i]), mask.output_text(work.fwd[i]), d[:12])
+            output = mask.output_text(work.fwd[i])
+            base[d] = stub = mask.stub_text(name, args, conv.scaled(work.tokens[i]), output, d[:12])
+            # what the stub had no room for is listed for recall, never silently gone
+            recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
+                       if x not in stub and x not in recall]
         extent = keep.cut - n_sys
         if record is not None and extent <= record.extent:
             return None
         prev = record or SummaryRecord(covered=0, chain="", summary="")
-        return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, masked_until=extent, created=self.clock(), prepared=False, expires=None)
+        return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, recall_identifiers=recall, masked_until=extent, created=self.clock(), prepared=False, expires=None)
 
     def _digest_record(self, view: _View, plan: Plan, previous: SummaryRecord | None, work: _Work, budget: Budget) -> SummaryRecord:
         conv = view.conv
@@ -313,17 +322,22 @@ class CompactionEngine:
         constraints = _union(previous.constraints if previous else [], extract.find_constraints(span))
         latest = extract.latest_requests(view.fwd, n_sys, plan.cut)
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, count)
-        if previous is not None and previous.covered and previous.summary:
+        if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
             digest = previous.summary + "\n\n" + digest  # what the previous compaction kept stays
         summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
                                  constraints=constraints, latest_requests=latest)
         covered = plan.cut - n_sys
         masks = dict(previous.masks) if previous else {}
+        identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
+        errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        present = summary + "\n" + extract.span_text(work.fwd[plan.cut:])
+        recall = _union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
+        self.stats["identifiers_to_recall"] += len(recall)
         return SummaryRecord(
             covered=covered, chain=view.chain_hex(covered), summary=summary, tier="digest",
             files=extract.merge_files(previous.files if previous else {}, extract.files_touched(span)),
-            identifiers=previous.identifiers if previous else [], errors=previous.errors if previous else [],
-            constraints=constraints, masks=masks, created=self.clock(),
+            identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:],
+            recall_identifiers=recall, constraints=constraints, masks=masks, created=self.clock(),
             expires=self.clock() + self.cfg.compaction.digest_ttl_s,
         )
 
@@ -617,7 +631,7 @@ class CompactionEngine:
             masks={d: t for d, t in prev_masks.items() if d in {conv.digests[i].hex() for i in range(plan.cut, len(fwd))}},
             errors=errors[-MAX_KNOWN_IDENTIFIERS:],
             constraints=constraints,
-            recall_identifiers=rest,
+            recall_identifiers=_union(previous.recall_identifiers if previous else [], rest),
         )
 
     def _fit_identifiers(

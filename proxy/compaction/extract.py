@@ -254,7 +254,8 @@ def latest_requests(messages: list[dict[str, Any]], start: int, end: int) -> lis
 
 
 # -- the user's constraints and corrections ----------------------------------------------------
-_SENTENCE = re.compile(r"[^.!?\n。！？]+[.!?。！？]?")
+# A sentence ends at . ! ? followed by a space or the end (a path's dot does not end one).
+_SENTENCE = re.compile(r"(?:[^.!?\n。！？]|[.!?](?=[^\s.!?]))+[.!?。！？]?")
 _CONSTRAINT = re.compile(
     r"\b(?:never|always|do not|don't|must(?: not)?|mustn't|avoid|only use|instead of|rather than|prefer|"
     r"make sure|correction|actually,|not\s+\w+,?\s+but|use [\w.-]+,? not)\b|禁止|不要|必须|务必|改正",
