@@ -83,8 +83,12 @@ class ProxyState:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
         caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        summarizer_url = cfg.compaction.summarizer.base_url
+        summarizer_caller = UpstreamCaller(session, summarizer_url, cfg.upstream.connect_timeout_s) if summarizer_url else caller
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
-        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings)), counter, prompts)
+        summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
+                                       max_concurrent=cfg.compaction.max_concurrent_summaries)
+        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts)
         compaction.start()
         return cls(
             cfg=cfg,

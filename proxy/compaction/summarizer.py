@@ -6,11 +6,14 @@ windows are cut on those block boundaries.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 from proxy.compaction.budget import summarizer_input_budget
+from proxy.config import SummarizerConfig
 from proxy.compaction.serialize import escape_untrusted
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
@@ -37,6 +40,14 @@ class SummaryJob:
     max_calls: int
 
 
+def summarizer_headers(scfg: SummarizerConfig, client_headers: dict[str, str]) -> dict[str, str]:
+    """Credentials for a summarizer call: the configured key; else the client's own when the
+    summarizer is the upstream; else none (a separate server never sees a client's key)."""
+    if scfg.api_key is not None:
+        return {"Authorization": f"Bearer {scfg.api_key.get_secret_value()}"}
+    return client_headers if scfg.base_url is None else {}
+
+
 def clean_output(text: str) -> str:
     """Drop a leading reasoning block and a wrapping code fence, which some models add. A fence
     left open (an answer cut at the output cap) is closed, so the blocks code appends after the
@@ -60,8 +71,11 @@ class HistorySummarizer:
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = MAIN_HEADINGS,
+        max_concurrent: int | None = None,
     ) -> None:
         self.caller = caller
+        # Per call, not per summary: one summary may run two calls at once (a split turn's prefix).
+        self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.prompts = prompts
         self.count = count
         self.required = required_headings
@@ -121,16 +135,17 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        text = await self.caller.complete(
-            headers=job.headers,
-            model=job.model,
-            messages=[
-                {"role": "system", "content": system},
-                {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-            ],
-            max_output_tokens=job.output_cap,
-            timeout_s=job.timeout_s,
-        )
+        async with self._limit or contextlib.nullcontext():
+            text = await self.caller.complete(
+                headers=job.headers,
+                model=job.model,
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+                ],
+                max_output_tokens=job.output_cap,
+                timeout_s=job.timeout_s,
+            )
         text = clean_output(text)
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty summary")
