@@ -20,6 +20,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compaction-proxy",
         description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
+        epilog="`compaction-proxy demo` watches it compact a scripted agent session (no key, no network).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -57,6 +58,11 @@ def install_uvloop() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # `compaction-proxy demo`: the proxy and a fake upstream, on loopback
+        from proxy.demo import main as demo
+
+        return demo(argv[1:])
     args = parse_args(argv)
     try:
         cfg: Config = load_config(args.config, overrides=flag_overrides(args))
