@@ -13,7 +13,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from proxy.prompts import SUMMARY_HEADINGS
 
 ENV_PREFIX = "COMPACTION_PROXY_"
 
@@ -69,8 +68,9 @@ class CompactionConfig(_Section):
     # A conversation whose summary just failed forwards uncompacted (failed-open) this long before
     # the summarizer is asked again.
     failure_cooldown_s: float = Field(60, ge=0)
-    # Headings a summary must contain to be accepted; weak models may need fewer ([] = any text).
-    required_headings: list[str] = Field(default_factory=lambda: list(SUMMARY_HEADINGS))
+    # Opt-in strictness: headings a summary must contain to be accepted. By default any summary is
+    # accepted and the headings it lacks are added by code ("none recorded").
+    required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)

@@ -14,7 +14,7 @@ import pytest
 import orjson
 
 from support.compaction_helpers import chat_history, main_summary
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 
 MODEL = "gpt-4"
 

@@ -17,7 +17,7 @@ import pytest
 
 from proxy.prompts import Prompts
 from support.compaction_helpers import chat_history, main_summary
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 
 MODEL = "gpt-4"
 PROMPTS = Prompts()

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from support.compaction_helpers import chat_history, proxy_count
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 
 BOUND_S = 20  # no call below may take longer: a hang is a failure, not a slow test

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from support.compaction_helpers import chat_history
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.replicas import Replica
 
 MODEL = "gpt-4"
