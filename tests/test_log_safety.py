@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from proxy.logsafe import clean_record, log_text
-from support.fake_upstream import FakeUpstream, status_error
+from proxy.fake_upstream import FakeUpstream, status_error
 from support.replicas import Replica
 
 TAG = secrets.token_hex(6)
