@@ -68,6 +68,9 @@ TOOL_PROMPT_FILE = "tool-result-summarizer.md"
 PROMPT_MATCH_CHARS = 60  # a summarizer request's system prompt starts with this much of the file
 IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image)
 SYSTEM_FINGERPRINT = "fp_fake0000"
+# OpenAI's prompt cache: prefixes from 1024 tokens on, hits in steps of 128 tokens.
+CACHE_MIN_TOKENS = 1024
+CACHE_STEP_TOKENS = 128
 _ALNUM = string.ascii_letters + string.digits
 
 # The format our summarizer prompts ask for: the fake's default summaries are valid ones.
@@ -735,7 +738,8 @@ class FakeUpstream:
 
     def _cached_tokens(self, body: dict[str, Any]) -> int:
         """Simulated prompt cache: tokens of the longest message prefix (same model and tools)
-        that an earlier request already sent. No 1024 minimum, no 128 granularity."""
+        that an earlier request already sent, counted as OpenAI does: nothing under 1024 tokens,
+        then in steps of 128 (1024, 1152, 1280 ...)."""
         h = hashlib.sha256(orjson.dumps([body.get("model"), body.get("tools")], option=orjson.OPT_SORT_KEYS)).digest()
         tokens = cached = 0
         hit = True
@@ -747,7 +751,10 @@ class FakeUpstream:
             else:
                 hit = False
                 self._prefix_seen.add(h)
-        return int(cached * self.token_scale)
+        cached = int(cached * self.token_scale)
+        if cached < CACHE_MIN_TOKENS:
+            return 0
+        return cached - (cached - CACHE_MIN_TOKENS) % CACHE_STEP_TOKENS
 
     # ---- validation --------------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
 }
 
 
-# The headings the summary format prompts ask for, in order; a summary lacking one is rejected
-# (compaction.required_headings, which defaults to these).
+# The headings the summary format prompts ask for, in order. A summary lacking some is completed
+# by code (compaction/acceptance.py); compaction.required_headings can make some mandatory.
 SUMMARY_HEADINGS = (
     "## Active Task",
     "## Goal",
