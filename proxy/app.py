@@ -8,7 +8,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy import errors
+from proxy import errors, logsafe
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import passthrough
@@ -52,6 +52,7 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
+    logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
         middlewares=[error_middleware],

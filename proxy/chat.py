@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy import errors
+from proxy import credentials, errors
 from proxy.chat_request import (
     Conversation,
     analyze,
@@ -38,7 +38,6 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
-from proxy.hashing import credential_scope
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
 from proxy.tokens import encoding_name_for
@@ -98,15 +97,21 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
         return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
-    credential = request.headers.get("authorization") or (f"Bearer {api_key}" if api_key else "")
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
+    if cfg.server.log_content:
+        _log_content(body)
+    if creds.scope is None:
+        # No credential, no configured key, no session id: any other such client could be served
+        # this one's records, so none are kept or read for it.
+        _warn_anonymous()
+        status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     ctx = RequestContext(
-        upstream_headers={"Authorization": up_headers["Authorization"]} if "Authorization" in up_headers else {},
-        scope=credential_scope(state.scope_secret, credential, request.headers.get("x-compaction-session")),
+        upstream_headers=creds.headers,
+        scope=creds.scope,
         focus=request.headers.get("x-compaction-focus") or None,
     )
 
-    if cfg.server.log_content:
-        _log_content(body)
     try:
         stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
         outcome = Outcome("none")
@@ -129,6 +134,17 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
     return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+
+
+_anonymous_warned = False
+
+
+def _warn_anonymous() -> None:
+    global _anonymous_warned
+    if not _anonymous_warned:
+        _anonymous_warned = True
+        log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
+                    "(set upstream.api_key, or send a credential or an x-compaction-session id)")
 
 
 def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import __version__
+from proxy import __version__, logsafe
 from proxy.config import Config, ConfigError, load_config
 
 log = logging.getLogger("proxy")
@@ -41,6 +41,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def setup_logging(level: str) -> None:
+    logsafe.install()
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

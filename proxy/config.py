@@ -35,7 +35,7 @@ class ServerConfig(_Section):
 
 class UpstreamConfig(_Section):
     base_url: str = "https://api.openai.com/v1"
-    # Used only when the client sends no Authorization header.
+    # Used only when the client sends no credential (Authorization, api-key or x-api-key).
     api_key: SecretStr | None = None
     timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
     connect_timeout_s: float = Field(10, gt=0)

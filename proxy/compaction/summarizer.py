@@ -14,7 +14,7 @@ from typing import Callable, NoReturn
 
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
-from proxy.compaction.serialize import escape_untrusted
+from proxy.escaping import escape_client_text
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
@@ -70,13 +70,13 @@ class HistorySummarizer:
     def user_message(self, blocks: list[str], previous: str | None, focus: str | None, kind: str) -> str:
         parts = ["<conversation>", "\n\n".join(blocks), "</conversation>"]
         if previous is not None:
-            parts += ["", "<previous-summary>", escape_untrusted(previous), "</previous-summary>"]
+            parts += ["", "<previous-summary>", escape_client_text(previous), "</previous-summary>"]
         if focus:
             parts += [
                 "",
                 "<focus>",
                 "Keep everything about this topic in full detail and compress the rest harder: "
-                + escape_untrusted(focus),
+                + escape_client_text(focus),
                 "</focus>",
             ]
         if kind == "turn":
