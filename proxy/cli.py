@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import Config, ConfigError, load_config
+from proxy.ops.logs import setup_logging
 
 log = logging.getLogger("proxy")
 
@@ -40,14 +41,6 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def install_uvloop() -> None:
     try:
         import uvloop
@@ -63,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"compaction-proxy: config error: {e}", file=sys.stderr)
         return 2
-    setup_logging(cfg.server.log_level)
+    setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
     from proxy.app import create_app
 

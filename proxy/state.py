@@ -13,6 +13,9 @@ from aiohttp import web
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
+from proxy.ops.hooks import Fanout, Hooks
+from proxy.ops.logs import AccessLog
+from proxy.ops.metrics import Metrics, StateCollector
 from proxy.prompts import Prompts
 from proxy.store import open_store
 from proxy.store.base import Store
@@ -40,6 +43,8 @@ class ProxyState:
     scope_secret: bytes
     tool_results: ToolResultStage
     compaction: CompactionEngine
+    hooks: Hooks = field(default_factory=Hooks)
+    metrics: Metrics | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -84,8 +89,15 @@ class ProxyState:
         )
         caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
-        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings)), counter, prompts)
+        metrics = Metrics() if cfg.metrics.enabled else None
+        listeners: list[Hooks] = [h for h in (metrics, AccessLog() if cfg.server.access_log else None) if h is not None]
+        hooks = Fanout(listeners)
+        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings), hooks=hooks)
+        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
+        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        if metrics is not None:
+            metrics.add_collector(StateCollector(store, tool_results.breaker_states, None))
         return cls(
             cfg=cfg,
             session=session,
@@ -93,8 +105,10 @@ class ProxyState:
             prompts=prompts,
             store=store,
             scope_secret=secret,
-            tool_results=ToolResultStage(cfg, store, caller, prompts, counter),
+            tool_results=tool_results,
             compaction=compaction,
+            hooks=hooks,
+            metrics=metrics,
         )
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ from typing import Callable
 
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.compaction.serialize import escape_untrusted
+from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
@@ -35,6 +36,7 @@ class SummaryJob:
     timeout_s: float
     focus: str | None
     max_calls: int
+    purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
 
 
 def clean_output(text: str) -> str:
@@ -60,7 +62,9 @@ class HistorySummarizer:
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = MAIN_HEADINGS,
+        hooks: Hooks | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.caller = caller
         self.prompts = prompts
         self.count = count
@@ -121,16 +125,21 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        text = await self.caller.complete(
-            headers=job.headers,
-            model=job.model,
-            messages=[
-                {"role": "system", "content": system},
-                {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-            ],
-            max_output_tokens=job.output_cap,
-            timeout_s=job.timeout_s,
-        )
+        async with self.hooks.summarizer_call(job.purpose, job.model) as call:
+            text = await self.caller.complete(
+                headers=job.headers,
+                model=job.model,
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+                ],
+                max_output_tokens=job.output_cap,
+                timeout_s=job.timeout_s,
+                usage=call.usage,
+            )
+            return self._checked(job, text, kind)
+
+    def _checked(self, job: SummaryJob, text: str, kind: str) -> str:
         text = clean_output(text)
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty summary")
