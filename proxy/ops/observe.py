@@ -8,7 +8,7 @@ moment gives the answer our request id (the upstream's own id moves to x-upstrea
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -31,6 +31,8 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         resp = await handler(request)
         ex.code = resp.status
+        if not resp.prepared:  # a plain Response: aiohttp sends it after the middlewares return
+            _note(ex, resp.headers)
         return resp
     except web.HTTPException as e:
         ex.code = e.status
@@ -54,6 +56,16 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     if ex is None:
         return
     h = response.headers
+    _note(ex, h)
+    if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
+        ex.stream_open = True
+        request.app[STATE].hooks.stream_opened()
+
+
+def _note(ex: Exchange, h: Any) -> None:
+    """Our id on the answer; its x-compaction-* figures into the exchange (idempotent)."""
+    if h.get("x-request-id") == ex.request_id:
+        return
     upstream_id = h.get("x-request-id")
     if upstream_id is not None:
         ex.upstream_request_id = upstream_id
@@ -66,9 +78,6 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
         ex.tokens_after = _int(h.get("x-compaction-tokens-after"))
         ex.tool_notes = _int(h.get("x-compaction-tool-results")) or 0
         ex.wait_ms = float(_int(h.get("x-compaction-wait-ms")) or 0)
-    if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
-        ex.stream_open = True
-        request.app[STATE].hooks.stream_opened()
 
 
 def _int(v: str | None) -> int | None:
