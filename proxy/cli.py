@@ -21,6 +21,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compaction-proxy",
         description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
+        epilog="Other commands: `compaction-proxy events --help` (the journal of compaction events).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -49,7 +50,15 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+COMMANDS = ("events",)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        from proxy.ops import commands
+
+        return getattr(commands, f"{argv[0]}_main")(argv[1:])
     args = parse_args(argv)
     try:
         cfg: Config = load_config(args.config, overrides=flag_overrides(args))

@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 from typing import Awaitable, Callable
 
+import orjson
 from aiohttp import web
 
 from proxy import errors
@@ -67,5 +68,31 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
+def _limit(request: web.Request, default: int = 50, most: int = 1000) -> int:
+    try:
+        n = int(request.query.get("limit", default))
+    except ValueError:
+        raise errors.bad_request("'limit' must be an integer.", param="limit") from None
+    return max(0, min(n, most))
+
+
+async def events(request: web.Request) -> web.Response:
+    """The journal's newest compaction events, newest first."""
+    state = request.app[STATE]
+    found = await state.journal.recent(_limit(request)) if state.journal is not None else []
+    return web.json_response({"events": found}, dumps=_dumps)
+
+
+async def bill(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response(state.bill.report(_limit(request)) if state.bill is not None else {}, dumps=_dumps)
+
+
+def _dumps(obj: object) -> str:
+    return orjson.dumps(obj).decode()
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", admin(metrics))
+    app.router.add_get("/admin/api/events", admin(events))
+    app.router.add_get("/admin/api/bill", admin(bill))

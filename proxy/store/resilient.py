@@ -87,6 +87,12 @@ class ResilientStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         return await self._guard(lambda: self.inner.delete(key, expected), False)
 
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        await self._guard(lambda: self.inner.append(name, value, max_len), None)
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        return await self._guard(lambda: self.inner.tail(name, n), [])
+
     async def ping(self) -> None:
         """Ask the backend now, back-off or not: an explicit health check wants the current answer."""
         await self._guard(self.inner.ping, None, probe=True)

@@ -184,6 +184,7 @@ class RecordedRequest:
     status: int | None = None  # HTTP status sent (None: nothing sent yet)
     prompt_tokens: int | None = None  # the fake's count, for chat completions that got that far
     cached_tokens: int | None = None  # simulated prompt-cache hit (see FakeUpstream docstring)
+    completion_tokens: int | None = None  # usage.completion_tokens of the answer
     faulted: bool = False  # a fault flag applied to this request
     disconnected: bool = False  # the client went away before the answer was complete
 
@@ -1184,6 +1185,7 @@ class FakeUpstream:
 
         completion_tokens = (len(reply.content or "") // 4 if huge else self._count(reply.content or "")) + sum(
             self._count(tc["function"]["name"]) + self._count(tc["function"]["arguments"]) for tc in reply.tool_calls)
+        rec.completion_tokens = completion_tokens
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
