@@ -155,13 +155,6 @@ def proxy_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "proxy"]
 
 
-def tiktoken_cache_dir() -> str | None:
-    if os.environ.get("TIKTOKEN_CACHE_DIR"):
-        return os.environ["TIKTOKEN_CACHE_DIR"]
-    shared = REPO.parent / "shared" / "tiktoken"
-    return str(shared) if shared.is_dir() else None
-
-
 def start_proxy(
     workdir: Path, upstream_port: int, *, models: dict[str, int], store: str, extra_env: dict[str, str] | None = None,
     name: str = "proxy",
@@ -182,8 +175,6 @@ def start_proxy(
     cfg = workdir / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
-    if cache := tiktoken_cache_dir():
-        env["TIKTOKEN_CACHE_DIR"] = cache
     env.update(extra_env or {})
     server = spawn(name, proxy_command() + ["--config", str(cfg)], port, workdir, env)
     wait_ready(server, path="/healthz", timeout_s=60)

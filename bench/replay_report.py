@@ -2,7 +2,7 @@
 
     /work/venv/bin/python bench/replay_report.py [--window 6000] [--conversations 200]
 
-Each conversation of ../shared/fixtures/tau-bench/gpt-4o-airline.json is sent the way an agent
+Each conversation of tests/fixtures/tau-bench/gpt-4o-airline.json is sent the way an agent
 sends it: before every assistant message, the whole history so far, with the openai client,
 through the real proxy to the fake upstream on loopback. The fake's context window equals the
 proxy's (it rejects anything larger, as OpenAI does) and its summarizer writes valid summaries.
@@ -27,10 +27,10 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream lives there
 from openai import AsyncOpenAI  # noqa: E402
 
 from proxy.compaction.budget import Budget  # noqa: E402
-from support.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fake_upstream import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 
-FIXTURE = REPO.parent / "shared" / "fixtures" / "tau-bench" / "gpt-4o-airline.json"
+FIXTURE = REPO / "tests" / "fixtures" / "tau-bench" / "gpt-4o-airline.json"
 MODEL = "gpt-4"  # cl100k_base on both sides, so the proxy and the fake count alike
 TURN_PROMPT = (REPO / "prompts" / "compaction-turn-prefix.md").read_text(encoding="utf-8").strip()
 

@@ -2,7 +2,7 @@
 
     /work/venv/bin/python bench/tool_results_replay.py [--base-tokens 4500] [--step-tokens 250]
 
-Every tool output of ../shared/fixtures/swe-agent/marshmallow-1867 is padded with a realistic
+Every tool output of tests/fixtures/swe-agent/marshmallow-1867 is padded with a realistic
 `pytest -v` log (tests/support/transcripts.py) that plants six known identifiers per output in its
 middle. The run is sent request by request (the history before each assistant turn, then the whole
 run) with the openai client through the real proxy to the fake upstream on loopback, whose
@@ -24,11 +24,11 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream and transcript help
 from openai import AsyncOpenAI  # noqa: E402
 
 from proxy.compaction.extract import find_identifiers  # noqa: E402
-from support.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages  # noqa: E402
 
-TRAJ = REPO.parent / "shared" / "fixtures" / "swe-agent" / "marshmallow-1867.function_calling.traj"
+TRAJ = REPO / "tests" / "fixtures" / "swe-agent" / "marshmallow-1867.function_calling.traj"
 MODEL = "gpt-4o"
 
 

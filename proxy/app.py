@@ -8,7 +8,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy import errors
+from proxy import errors, logsafe
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import passthrough
@@ -61,6 +61,7 @@ def add_protocol_route(app: web.Application, path: str, handler: Handler, protoc
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
+    logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
         middlewares=[observe, error_middleware],

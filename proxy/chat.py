@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy import errors
+from proxy import credentials, errors
 from proxy.chat_request import (
     Conversation,
     analyze,
@@ -39,7 +39,7 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
-from proxy.hashing import conversation_digest, credential_scope
+from proxy.hashing import conversation_digest
 from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
@@ -99,23 +99,29 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
     conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
     before = conv.total()
-    credential = request.headers.get("authorization") or (f"Bearer {api_key}" if api_key else "")
-    scope = credential_scope(state.scope_secret, credential, request.headers.get("x-compaction-session"))
-    ex.conversation = conversation_digest(scope, conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
+    # The conversation's name for the journal and the bill (anonymous requests share one scope there).
+    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
     ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
 
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
         return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
+    if cfg.server.log_content:
+        _log_content(body)
+    if creds.scope is None:
+        # No credential, no configured key, no session id: any other such client could be served
+        # this one's records, so none are kept or read for it.
+        _warn_anonymous()
+        status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     ctx = RequestContext(
-        upstream_headers={"Authorization": up_headers["Authorization"]} if "Authorization" in up_headers else {},
-        scope=scope,
+        upstream_headers=creds.headers,
+        scope=creds.scope,
         focus=request.headers.get("x-compaction-focus") or None,
         conversation=ex.conversation,
     )
 
-    if cfg.server.log_content:
-        _log_content(body)
     try:
         stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
         outcome = Outcome("none")
@@ -128,13 +134,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
         status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
         if status != "none":
-            state.hooks.compaction(compaction_event(ex, scope, conv, Outcome(status, reason="internal error"), before, before))
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, Outcome(status, reason="internal error"), before, before))
         return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
     if outcome.status not in QUIET_STATUSES:
-        state.hooks.compaction(compaction_event(ex, scope, conv, outcome, before, after))
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
     if cfg.compaction.enabled:
@@ -142,6 +148,17 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
     return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+
+
+_anonymous_warned = False
+
+
+def _warn_anonymous() -> None:
+    global _anonymous_warned
+    if not _anonymous_warned:
+        _anonymous_warned = True
+        log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
+                    "(set upstream.api_key, or send a credential or an x-compaction-session id)")
 
 
 def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:

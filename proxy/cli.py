@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import __version__
+from proxy import __version__, logsafe
 from proxy.config import Config, ConfigError, load_config
 from proxy.ops.logs import setup_logging
 

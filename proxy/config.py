@@ -13,7 +13,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from proxy.prompts import SUMMARY_HEADINGS
 
 ENV_PREFIX = "COMPACTION_PROXY_"
 
@@ -38,7 +37,7 @@ class ServerConfig(_Section):
 
 class UpstreamConfig(_Section):
     base_url: str = "https://api.openai.com/v1"
-    # Used only when the client sends no Authorization header.
+    # Used only when the client sends no credential (Authorization, api-key or x-api-key).
     api_key: SecretStr | None = None
     timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
     connect_timeout_s: float = Field(10, gt=0)
@@ -71,8 +70,9 @@ class CompactionConfig(_Section):
     # A conversation whose summary just failed forwards uncompacted (failed-open) this long before
     # the summarizer is asked again.
     failure_cooldown_s: float = Field(60, ge=0)
-    # Headings a summary must contain to be accepted; weak models may need fewer ([] = any text).
-    required_headings: list[str] = Field(default_factory=lambda: list(SUMMARY_HEADINGS))
+    # Opt-in strictness: headings a summary must contain to be accepted. By default any summary is
+    # accepted and the headings it lacks are added by code ("none recorded").
+    required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)

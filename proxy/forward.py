@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import errors
+from proxy.credentials import sent_credentials
 
 log = logging.getLogger("proxy.forward")
 
@@ -48,7 +49,8 @@ SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are s
 def upstream_request_headers(
     incoming: Any, api_key: str | None, *, identity_encoding: bool = False
 ) -> CIMultiDict[str]:
-    """Client headers minus hop-by-hop and our own; Authorization from config when absent."""
+    """Client headers minus hop-by-hop and our own; Authorization from config when the client
+    sent no credential of any kind (`api-key` and `x-api-key` count)."""
     connection_listed = {
         t.strip().lower() for v in incoming.getall("connection", []) for t in v.split(",") if t.strip()
     }
@@ -60,7 +62,7 @@ def upstream_request_headers(
         if identity_encoding and low == "accept-encoding":
             continue
         out.add(name, value)
-    if "authorization" not in out and api_key:
+    if api_key and not sent_credentials(out):
         out["Authorization"] = f"Bearer {api_key}"
     if identity_encoding:
         # We may need to read this response (errors, retries): keep it uncompressed.

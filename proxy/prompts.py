@@ -10,6 +10,10 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 
@@ -25,8 +29,8 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
 }
 
 
-# The headings the summary format prompts ask for, in order; a summary lacking one is rejected
-# (compaction.required_headings, which defaults to these).
+# The headings the summary format prompts ask for, in order. A summary lacking some is completed
+# by code (compaction/acceptance.py); compaction.required_headings can make some mandatory.
 SUMMARY_HEADINGS = (
     "## Active Task",
     "## Goal",
@@ -61,23 +65,24 @@ class Template:
         return _PLACEHOLDER.sub(sub, self.text)
 
 
-def _default_dir() -> Path:
-    # Installed: proxy/prompt_files inside the package. From a checkout: the repository's prompts/.
+def default_dir() -> Traversable:
+    """Where the prompt files are: the package's own copy (a directory, or a folder inside a wheel
+    or zip, read through importlib.resources), else the prompts/ of a checkout run uninstalled."""
     try:
         pkg = resources.files("proxy.prompt_files")
         if pkg.joinpath("summarization-system.md").is_file():
-            return Path(str(pkg))
-    except (ModuleNotFoundError, TypeError):
+            return pkg
+    except ModuleNotFoundError:
         pass
     return Path(__file__).resolve().parent.parent / "prompts"
 
 
 class Prompts:
-    def __init__(self, directory: str | Path | None = None) -> None:
-        self.directory = Path(directory) if directory else _default_dir()
+    def __init__(self, directory: str | Path | Traversable | None = None) -> None:
+        self.directory: Traversable = Path(directory) if isinstance(directory, str) else directory or default_dir()
         self._t: dict[str, Template] = {}
         for stem, required in PROMPT_FILES.items():
-            path = self.directory / f"{stem}.md"
+            path = self.directory.joinpath(f"{stem}.md")
             try:
                 text = path.read_text(encoding="utf-8").strip()
             except OSError as e:

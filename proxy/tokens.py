@@ -2,7 +2,9 @@
 
 tiktoken per model family (spec 3), chat-format overhead per message, tool schemas counted, and a
 per-message cache keyed by the message's digest so a long history is encoded once, not on every
-request. Without any encoding (offline, no cache) the counter estimates bytes/4 and says so once.
+request. The encodings ship inside the package (proxy/encodings.py), so counting needs no network;
+only a broken install (those files missing or damaged, and no tiktoken cache) makes the counter
+estimate bytes/4, and it says so once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections import OrderedDict
 from typing import Any, Hashable, Iterable
 
 import orjson
+
+from .encodings import get_encoding
 
 log = logging.getLogger("proxy.tokens")
 
@@ -52,8 +56,8 @@ class TokenCounter:
         if not self._encodings:
             self.estimating = True
             log.warning(
-                "no tiktoken encoding could be loaded (offline and no cache at TIKTOKEN_CACHE_DIR=%s); "
-                "token counts are estimated as bytes/4",
+                "no tiktoken encoding could be loaded (the package's proxy/encoding_files is missing or "
+                "damaged, and TIKTOKEN_CACHE_DIR=%s has none); token counts are estimated as bytes/4",
                 os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>"),
             )
         return bool(self._encodings)
@@ -70,10 +74,8 @@ class TokenCounter:
 
     def _load(self, name: str) -> Any:
         try:
-            import tiktoken
-
-            enc = tiktoken.get_encoding(name)
-        except Exception as e:  # network, missing cache, unknown name: all mean "estimate"
+            enc = get_encoding(name)
+        except Exception as e:  # a broken install, an unknown name: both mean "estimate"
             self._failed.add(name)
             log.debug("tiktoken encoding %s unavailable: %s", name, e)
             return None

@@ -30,9 +30,10 @@ MAX_ANSWER_BYTES = 8 << 20  # of one summarizer answer
 class SummarizerError(Exception):
     """A summarizer call that produced no usable text. `kind` tells the callers how to react."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.kind = kind  # overflow | http | timeout | network | invalid
+        self.reason = reason  # for an answer that is not a summary: acceptance.Verdict.reason
 
 
 def is_context_overflow(status: int, body: bytes) -> bool:
@@ -134,9 +135,13 @@ def _extract_text(raw: bytes, usage: dict[str, Any] | None = None) -> str:
         data = orjson.loads(raw)
         if usage is not None and isinstance(data.get("usage"), dict):
             usage.update(data["usage"])
-        content = data["choices"][0]["message"].get("content")
+        message = data["choices"][0]["message"]
+        content = message.get("content")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
         raise SummarizerError("invalid", "the upstream's answer is not a chat completion") from None
+    if message.get("tool_calls"):
+        # The model carried the conversation on instead of summarizing it.
+        raise SummarizerError("invalid", "the answer is a tool call, not a summary", reason="tool_call")
     if isinstance(content, list):  # some servers answer with content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     if not isinstance(content, str):

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conftest  # noqa: E402,F401  (TIKTOKEN_CACHE_DIR for this process and the replicas)
 from support.conversations import MODEL, WINDOW, client, request_points, send, tau_conversations  # noqa: E402
-from support.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fake_upstream import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 from support.replicas import Replica  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def settings(prepare_percent: float) -> dict:

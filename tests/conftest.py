@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-# Offline machine: tiktoken reads its encodings from the shared cache (tests never download).
-_SHARED = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED)
+from proxy.fake_upstream import FakeUpstream
+from support.proxy_server import start_proxy
+from support.redis_server import redis_server  # noqa: F401
 
-from support.fake_upstream import FakeUpstream  # noqa: E402
-from support.proxy_server import start_proxy  # noqa: E402
-from support.redis_server import redis_server  # noqa: E402,F401
-
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+# Real agent transcripts, copied into the repository (provenance and licence in its README.md).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture
 def fixtures_dir() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.fail(f"shared fixtures not found at {FIXTURES}")
     return FIXTURES
 
 

@@ -25,7 +25,8 @@ from bench.loadgen import LoadError, LoadResult, Request, Result, hold_streams, 
 from bench.profile import top_functions
 from bench.stats import Tally, summarize
 from bench.workloads import agent_conversation, agent_tools, small_body
-from proxy.compaction.summarizer import MAIN_HEADINGS, missing_headings
+from proxy.compaction.acceptance import missing_headings
+from proxy.compaction.summarizer import MAIN_HEADINGS
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARIZER_SYSTEM = (REPO / "prompts" / "summarization-system.md").read_text(encoding="utf-8")

@@ -47,7 +47,9 @@ def by_hand(points: list[list[dict[str, Any]]], answers: list[Any], upstream: An
         shared = sum(original_tokens(messages)[:common])  # no tools in this replay
         prompt = a.usage["prompt_tokens"] + int(a.headers["x-compaction-tokens-before"]) - int(
             a.headers["x-compaction-tokens-after"])
-        direct += P.cost(prompt, min(prompt, shared), a.usage["completion_tokens"])
+        cached = min(prompt, shared)
+        cached = 0 if cached < 1024 else cached - (cached - 1024) % 128  # OpenAI's cache steps
+        direct += P.cost(prompt, cached, a.usage["completion_tokens"])
         previous = messages
     return direct, proxied
 

@@ -25,7 +25,7 @@ from support.compaction_helpers import (
     tool_call,
     turn_summary,
 )
-from support.fake_upstream import FakeError
+from proxy.fake_upstream import FakeError
 from support.invariants import check_forwarded
 
 MODEL = "gpt-4"  # cl100k_base on both sides: the proxy and the fake count alike

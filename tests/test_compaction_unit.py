@@ -24,7 +24,7 @@ from proxy.prompts import Prompts
 from proxy.store.memory import MemoryStore
 from proxy.upstream import SummarizerError
 from support.compaction_helpers import counter, filler, forwarded_summary, main_summary, tool_call, turn_summary
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 
 PROMPTS = Prompts()

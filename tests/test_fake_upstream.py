@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from support.fake_upstream import (
+from proxy.fake_upstream import (
     HISTORY_SUMMARY_HEADINGS,
     FakeError,
     FakeUpstream,
@@ -484,13 +484,23 @@ async def test_require_api_key(fake_upstream, fake_client):
 
 
 async def test_simulated_prompt_cache(fake_upstream, fake_client):
-    history = [{"role": "system", "content": "sys " * 50}, user("first question " * 20)]
+    history = [{"role": "system", "content": "sys " * 1200}, user("first question " * 20)]
     r1 = await fake_client.chat.completions.create(model=MODEL, messages=history)
     assert r1.usage.prompt_tokens_details.cached_tokens == 0
     history += [{"role": "assistant", "content": r1.choices[0].message.content}, user("second")]
     r2 = await fake_client.chat.completions.create(model=MODEL, messages=history)
-    assert 0 < r2.usage.prompt_tokens_details.cached_tokens < r2.usage.prompt_tokens
-    assert r2.usage.prompt_tokens_details.cached_tokens == fake_upstream.requests[-1].cached_tokens
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert 1024 <= cached < r2.usage.prompt_tokens
+    assert (cached - 1024) % 128 == 0  # OpenAI's granularity
+    assert r1.usage.prompt_tokens - cached < 128  # the whole first request, rounded down to a step
+    assert cached == fake_upstream.requests[-1].cached_tokens
+
+
+async def test_simulated_prompt_cache_ignores_short_prefixes(fake_upstream, fake_client):
+    history = [{"role": "system", "content": "sys " * 50}, user("first question " * 20)]
+    await fake_client.chat.completions.create(model=MODEL, messages=history)
+    r2 = await fake_client.chat.completions.create(model=MODEL, messages=[*history, {"role": "assistant", "content": "a"}, user("b")])
+    assert r2.usage.prompt_tokens_details.cached_tokens == 0  # under 1024 tokens: never cached
 
 
 # ---- passthrough endpoints -----------------------------------------------------------------

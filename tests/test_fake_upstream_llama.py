@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 
 MODEL = "gpt-4o-mini"
 CALL = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}

@@ -69,7 +69,7 @@ async def test_the_journal_keeps_its_newest_events(upstream, make_proxy):
 
 
 async def test_failed_open_is_journaled_with_its_reason(upstream, make_proxy):
-    from support.fake_upstream import FakeError
+    from proxy.fake_upstream import FakeError
 
     proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"tool_results": {"enabled": False}}))
     upstream.summarizer = FakeError.openai(503, "overloaded", "server_error")

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.ops.logs import JsonFormatter, TextFormatter
 from support.compaction_helpers import filler
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
 from support.replicas import Replica
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.fake_upstream import FakeError
+from proxy.fake_upstream import FakeError
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from support.fake_upstream import FakeUpstream, _utf8_or_none
+from proxy.fake_upstream import FakeUpstream, _utf8_or_none
 
 
 async def _get(session: aiohttp.ClientSession, url: str, **kw) -> tuple[int, bytes, CIMultiDict[str]]:

@@ -24,7 +24,7 @@ from support.conversations import (
     synthetic,
     tau_conversations,
 )
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer
 

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from support.compaction_helpers import chat_history, proxy_count
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 
 BOUND_S = 20  # no call below may take longer: a hang is a failure, not a slow test
@@ -303,7 +303,7 @@ async def test_an_unexpected_exception_in_a_stage_forwards_the_request_unchanged
     assert upstream.summarizer_requests == []
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("proxy")]
     assert len(logged) == 1 and "forwarding it unchanged" in logged[0].getMessage()
-    assert logged[0].exc_info is not None and "a bug in the stage" in str(logged[0].exc_info[1])
+    assert logged[0].exc_text is not None and "a bug in the stage" in logged[0].exc_text
 
 
 async def test_an_unexpected_exception_in_the_overflow_retry_passes_the_upstreams_error(upstream, make_proxy, caplog):

@@ -24,7 +24,7 @@ from support.conversations import (
     synthetic,
     tau_conversations,
 )
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.redis_server import RedisServer, redis_server_fixture
 from support.replicas import Replica
 

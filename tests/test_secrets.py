@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from support.compaction_helpers import chat_history
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 from support.redis_server import RedisServer, redis_server  # noqa: F401
 from support.replicas import Replica
 

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from proxy.compaction import extract
 from proxy.toolresults import stage
 from support.clock import FakeClock
-from support.fake_upstream import FakeError, count_text_tokens, tool_output_payload
+from proxy.fake_upstream import FakeError, count_text_tokens, tool_output_payload
 from support.invariants import check_forwarded
 
 MODEL = "gpt-4"  # cl100k_base on both sides

@@ -6,7 +6,7 @@ from __future__ import annotations
 from openai import AsyncOpenAI
 
 from proxy.compaction.extract import find_identifiers
-from support.fake_upstream import count_text_tokens
+from proxy.fake_upstream import count_text_tokens
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages
 
 MODEL = "gpt-4o"

@@ -6,12 +6,15 @@ windows are cut on those block boundaries.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NoReturn
 
+from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
-from proxy.compaction.serialize import escape_untrusted
+from proxy.escaping import escape_client_text
 from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
@@ -22,7 +25,7 @@ _THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re
 _FENCE = re.compile(r"^\s*```(?:markdown|md)?\s*\n(.*)\n```\s*$", re.DOTALL)
 
 CountFn = Callable[[str], int]
-OVER_CAP = 2  # a summary longer than this many times its output cap is a failure
+log = logging.getLogger("proxy.compaction")
 
 
 @dataclass
@@ -51,17 +54,13 @@ def clean_output(text: str) -> str:
     return text
 
 
-def missing_headings(text: str, required: tuple[str, ...]) -> list[str]:
-    return [h for h in required if not re.search(r"(?m)^" + re.escape(h) + r"\s*$", text)]
-
-
 class HistorySummarizer:
     def __init__(
         self,
         caller: UpstreamCaller,
         prompts: Prompts,
         count: CountFn,
-        required_headings: tuple[str, ...] = MAIN_HEADINGS,
+        required_headings: tuple[str, ...] = (),
         hooks: Hooks | None = None,
     ) -> None:
         self.hooks = hooks or Hooks()
@@ -70,17 +69,18 @@ class HistorySummarizer:
         self.count = count
         self.required = required_headings
         self.calls = 0  # summarizer calls made (for tests and metrics)
+        self.rejected: Counter[str] = Counter()  # answers refused, by reason (acceptance.Verdict)
 
     def user_message(self, blocks: list[str], previous: str | None, focus: str | None, kind: str) -> str:
         parts = ["<conversation>", "\n\n".join(blocks), "</conversation>"]
         if previous is not None:
-            parts += ["", "<previous-summary>", escape_untrusted(previous), "</previous-summary>"]
+            parts += ["", "<previous-summary>", escape_client_text(previous), "</previous-summary>"]
         if focus:
             parts += [
                 "",
                 "<focus>",
                 "Keep everything about this topic in full detail and compress the rest harder: "
-                + escape_untrusted(focus),
+                + escape_client_text(focus),
                 "</focus>",
             ]
         if kind == "turn":
@@ -126,33 +126,39 @@ class HistorySummarizer:
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
         async with self.hooks.summarizer_call(job.purpose, job.model) as call:
-            text = await self.caller.complete(
-                headers=job.headers,
-                model=job.model,
-                messages=[
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-                ],
-                max_output_tokens=job.output_cap,
-                timeout_s=job.timeout_s,
-                usage=call.usage,
-            )
-            return self._checked(job, text, kind)
+            try:
+                text = await self.caller.complete(
+                    headers=job.headers,
+                    model=job.model,
+                    messages=[
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+                    ],
+                    max_output_tokens=job.output_cap,
+                    timeout_s=job.timeout_s,
+                    usage=call.usage,
+                )
+            except SummarizerError as e:
+                if e.reason:  # an answer, but not a summary (a tool call)
+                    self.reject(e.reason, str(e))
+                raise
+            return self.accept(clean_output(text), job.output_cap, kind)
 
-    def _checked(self, job: SummaryJob, text: str, kind: str) -> str:
-        text = clean_output(text)
-        if not text:
-            raise SummarizerError("invalid", "the summarizer returned an empty summary")
-        if self.count(text) > OVER_CAP * job.output_cap:
-            # An upstream that ignores the output cap (a runaway answer) would make the forwarded
-            # request larger than the original; the slack covers tokenizers unlike tiktoken's.
-            raise SummarizerError("invalid", f"the summary is far over its {job.output_cap}-token cap")
-        # A split turn's prefix is only background for the kept messages that follow it: any
-        # non-empty text will do, so a model that ignores its format does not fail the compaction.
+    def accept(self, text: str, output_cap: int, kind: str) -> str:
+        """The answer as a summary with the full structure, or SummarizerError (counted and
+        logged with its reason)."""
+        # A split turn's prefix is only background for the kept messages that follow it: the
+        # operator's required headings apply to the main summary only.
         required = self.required if kind == "main" else ()
-        if missing := missing_headings(text, required):
-            raise SummarizerError("invalid", f"the summary lacks required headings: {', '.join(missing)}")
-        return text
+        verdict = judge(text, output_cap=output_cap, count=self.count, required=required)
+        if not verdict.accepted:
+            self.reject(verdict.reason, verdict.detail)
+        return complete_headings(text, MAIN_HEADINGS) if kind == "main" else text
+
+    def reject(self, reason: str, detail: str) -> NoReturn:
+        self.rejected[reason] += 1
+        log.warning("summary rejected (%s): %s", reason, detail)
+        raise SummarizerError("invalid", detail, reason=reason)
 
 
 def fold_windows(blocks: list[str], tokens: list[int], budget: int) -> list[list[str]]:

@@ -10,9 +10,9 @@ Directly (estimated; nothing was sent): the client's original request of the sam
 - cached tokens: the provider would have read from its cache the longest prefix this request
   shares with the previous original request of the same conversation (same model, same tools):
   the proxy's count of the tool schemas and of the leading messages the two have in common, at
-  most the prompt. The first request of a conversation has none. No 1024-token minimum and no
-  128-token granularity are applied, and no cache eviction is assumed: the estimate is, if
-  anything, kind to the direct path, so the savings shown are not overstated;
+  most the prompt, read the way OpenAI's cache reads (nothing under 1024 tokens, then whole steps
+  of 128). The first request of a conversation has none. No cache eviction is assumed: the
+  estimate is, if anything, kind to the direct path, so the savings shown are not overstated;
 - completion tokens: the same as the forwarded request's (the same answer).
 A request whose answer reported no usage (a stream without stream_options.include_usage) is not
 billed; `unbilled` counts those. Models without a price are billed in tokens only.
@@ -65,6 +65,16 @@ class _Conversation:
     last_model: str = ""
 
 
+CACHE_MIN_TOKENS, CACHE_STEP_TOKENS = 1024, 128  # OpenAI's prompt cache
+
+
+def cacheable(tokens: int) -> int:
+    """How much of a shared prefix of `tokens` the provider's cache serves."""
+    if tokens < CACHE_MIN_TOKENS:
+        return 0
+    return tokens - (tokens - CACHE_MIN_TOKENS) % CACHE_STEP_TOKENS
+
+
 def shared_prefix_tokens(prev: Prefix | None, prev_model: str, cur: Prefix, model: str) -> int:
     """The proxy's count of what `cur` shares at its start with `prev`: the tool schemas and the
     leading messages the two have in common (0 when the model or the tools differ)."""
@@ -109,7 +119,7 @@ class Bill(Hooks):
             return
         removed = ex.tokens_before - (ex.tokens_after if ex.tokens_after is not None else ex.tokens_before)
         direct_prompt = max(0, u.prompt + removed)
-        direct_cached = min(direct_prompt, shared)
+        direct_cached = cacheable(min(direct_prompt, shared))
         price = self.prices.find(ex.model)
         for f in (c.figures, self.total):
             f.requests += 1

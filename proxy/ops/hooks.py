@@ -24,7 +24,9 @@ class SummarizerCall:
     model: str
     conversation: str
     seconds: float = 0.0
-    error: str | None = None  # SummarizerError.kind (overflow, http, timeout, network, invalid) or "cancelled"
+    # Why it failed: a rejected answer's reason (acceptance.Verdict.reason), else SummarizerError.kind
+    # (overflow, http, timeout, network, invalid), or "cancelled".
+    error: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)  # the answer's `usage`, filled by UpstreamCaller
 
     @property
@@ -112,7 +114,7 @@ class _CallTimer:
     async def __aexit__(self, typ: Any, exc: Any, tb: Any) -> None:
         self.call.seconds = time.perf_counter() - self.t0
         if isinstance(exc, SummarizerError):
-            self.call.error = exc.kind
+            self.call.error = getattr(exc, "reason", "") or exc.kind
         elif exc is not None:
             self.call.error = "cancelled" if isinstance(exc, BaseException) and not isinstance(exc, Exception) else "error"
         self.hooks.summarizer_done(self.call)

@@ -2,7 +2,7 @@
 
 Structured lines carry their figures in `extra={"fields": {...}}`: the JSON formatter writes them
 as keys, the text formatter as `key=value` after the message. Neither ever sees message content or
-credentials: the fields are numbers, statuses, names and our own ids. Request-derived strings (the
+credentials: the fields are numbers, statuses, names and our own ids. Request-chosen strings (the
 path, the model name) are escaped so that a client cannot forge a line.
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from proxy import logsafe
+from proxy.logsafe import log_text
 from proxy.ops.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Hooks
 
@@ -25,12 +27,13 @@ MAX_FIELD_CHARS = 200
 
 
 def clean(value: str) -> str:
-    """A request-derived string fit for a text log line: control characters escaped, clipped."""
-    if len(value) > MAX_FIELD_CHARS:
-        value = value[:MAX_FIELD_CHARS] + "..."
-    if value.isprintable() and " " not in value and '"' not in value:
-        return value
-    return orjson.dumps(value).decode()  # quoted, with \n, \u001b and friends escaped
+    """A request-chosen string as one printable line (logsafe's escaping), clipped."""
+    return log_text(value, MAX_FIELD_CHARS)
+
+
+def _quoted(value: str) -> str:
+    """A field's value in a text line: quoted when it has spaces or quotes, so fields stay apart."""
+    return value if value and " " not in value and '"' not in value else orjson.dumps(value).decode()
 
 
 class TextFormatter(logging.Formatter):
@@ -48,7 +51,7 @@ class TextFormatter(logging.Formatter):
 def _text(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.1f}"
-    return clean(v) if isinstance(v, str) else str(v)
+    return _quoted(clean(v)) if isinstance(v, str) else str(v)
 
 
 class JsonFormatter(logging.Formatter):
@@ -64,7 +67,7 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if fields:
             for k, v in fields.items():
-                out.setdefault(k, v)
+                out.setdefault(k, clean(v) if isinstance(v, str) else v)
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
@@ -75,7 +78,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.Handler:
-    """The root logger's one handler (replacing any earlier one of ours)."""
+    """The root logger's one handler (replacing any earlier one of ours); every record cleaned by
+    logsafe, whichever logger made it."""
+    logsafe.install()
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
@@ -111,7 +116,7 @@ class AccessLog(Hooks):
                               upstream_completion=ex.usage.completion)
             if ex.upstream_request_id:
                 fields["upstream_request_id"] = ex.upstream_request_id
-        access_log.info("%s %s %d", ex.method, clean(ex.path), ex.code, extra={"fields": fields})
+        access_log.info("%s %s %d", ex.method, ex.path, ex.code, extra={"fields": fields})
 
     def compaction(self, e: CompactionEvent) -> None:
         events_log.info(

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from support.fake_upstream import FakeUpstream
+from proxy.fake_upstream import FakeUpstream
 
 # Hop-by-hop headers and the ones aiohttp recomputes; everything else goes through unchanged.
 _DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}

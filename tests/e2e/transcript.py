@@ -1,6 +1,6 @@
 """Real tau-bench airline conversations, trimmed deterministically for a 135M model's small context.
 
-The fixture (../shared/fixtures/tau-bench/gpt-4o-airline.json) is gpt-4o traffic in OpenAI's chat
+The fixture (tests/fixtures/tau-bench/gpt-4o-airline.json) is gpt-4o traffic in OpenAI's chat
 format. What llama.cpp's server cannot take, or what makes a replay too slow on 2 cores, is changed
 here and nowhere else:
 - the 6 kB policy system prompt keeps its first paragraphs (up to SYSTEM_CHARS);

@@ -1,6 +1,6 @@
 """Real agent transcripts as chat requests, and a deterministic way to make their tool outputs big.
 
-`swe_agent_messages` turns a SWE-agent `.traj` (../shared/fixtures/swe-agent/) into OpenAI chat
+`swe_agent_messages` turns a SWE-agent `.traj` (tests/fixtures/swe-agent/) into OpenAI chat
 messages. `enlarge_tool_outputs` pads every tool output past a token count with a realistic
 `pytest -v` log of the same project, and plants known identifiers (a path, a commit hash, a URL, an
 email, an ID, a long number) in a failure block in the middle of the padding, where a head-and-tail
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from support.fake_upstream import count_text_tokens
+from proxy.fake_upstream import count_text_tokens
 
 _MODULES = ("test_fields.py", "test_schema.py", "test_serialization.py", "test_deserialization.py",
             "test_decorators.py", "test_validate.py", "test_utils.py", "test_options.py")

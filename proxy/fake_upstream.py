@@ -21,7 +21,7 @@ Use it in the test's event loop::
         ...
         assert fake.chat_requests[-1]["messages"][0]["role"] == "system"
 
-or through the `fake_upstream` fixture below (`from support.fake_upstream import fake_upstream` in a
+or through the `fake_upstream` fixture below (`from proxy.fake_upstream import fake_upstream` in a
 test module; tests/conftest.py has an equivalent `upstream` fixture), or from
 synchronous code with `with FakeUpstream() as fake:` (runs its own loop in a thread).
 Every public attribute can be changed at any time, also while the server runs; each request
@@ -36,7 +36,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import os
 import re
 import secrets
 import string
@@ -50,15 +49,8 @@ from typing import Any, Awaitable, Callable, Union
 import orjson
 from aiohttp import web
 
-from proxy.prompts import SUMMARY_HEADINGS
-
-_REPO = Path(__file__).resolve().parents[2]
-
-# tiktoken downloads encodings on first use; offline it reads TIKTOKEN_CACHE_DIR. Point it at the
-# shared copy unless the caller chose a directory already.
-_SHARED_TIKTOKEN = _REPO.parent / "shared" / "tiktoken"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
+from proxy.encodings import get_encoding
+from proxy.prompts import SUMMARY_HEADINGS, default_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +68,9 @@ TOOL_PROMPT_FILE = "tool-result-summarizer.md"
 PROMPT_MATCH_CHARS = 60  # a summarizer request's system prompt starts with this much of the file
 IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image)
 SYSTEM_FINGERPRINT = "fp_fake0000"
+# OpenAI's prompt cache: prefixes from 1024 tokens on, hits in steps of 128 tokens.
+CACHE_MIN_TOKENS = 1024
+CACHE_STEP_TOKENS = 128
 _ALNUM = string.ascii_letters + string.digits
 
 # The format our summarizer prompts ask for: the fake's default summaries are valid ones.
@@ -196,10 +191,8 @@ class RecordedRequest:
 @functools.lru_cache(maxsize=None)
 def _encoding(name: str) -> Any:
     try:
-        import tiktoken
-
-        return tiktoken.get_encoding(name)
-    except Exception as exc:  # offline without a cache: fall back to bytes/4 rather than crash
+        return get_encoding(name)
+    except Exception as exc:  # a broken install: fall back to bytes/4 rather than crash
         log.warning("fake upstream: tiktoken encoding %s unavailable (%s); using bytes/4", name, exc)
         return None
 
@@ -411,7 +404,7 @@ class FakeUpstream:
     Server
       base_url            "http://127.0.0.1:PORT/v1" (after start)
       port, loop          the bound port; the event loop the server runs in
-      prompts_dir         where the proxy's prompts live (default <repo>/prompts), read per request
+      prompts_dir         where the proxy's prompts live (default: the package's own), read per request
       require_api_key     None (accept any) | "sk-..": other/missing Bearer key -> 401 invalid_api_key
 
     Chat completions
@@ -480,7 +473,7 @@ class FakeUpstream:
     """
 
     def __init__(self, **settings: Any) -> None:
-        self.prompts_dir: Path = _REPO / "prompts"
+        self.prompts_dir: Any = default_dir()  # a path, or the package's Traversable
         self.require_api_key: str | None = None
 
         self.window: int = 128000
@@ -658,7 +651,8 @@ class FakeUpstream:
         """First 60 chars (whitespace-collapsed, up to any {{placeholder}}) of a prompt file, with and
         without a leading HTML comment; read at request time because the prompts may change."""
         try:
-            text = (Path(self.prompts_dir) / filename).read_text(encoding="utf-8")
+            directory = Path(self.prompts_dir) if isinstance(self.prompts_dir, str) else self.prompts_dir
+            text = directory.joinpath(filename).read_text(encoding="utf-8")
         except OSError:
             return []
         out = []
@@ -741,7 +735,8 @@ class FakeUpstream:
 
     def _cached_tokens(self, body: dict[str, Any]) -> int:
         """Simulated prompt cache: tokens of the longest message prefix (same model and tools)
-        that an earlier request already sent. No 1024 minimum, no 128 granularity."""
+        that an earlier request already sent, counted as OpenAI does: nothing under 1024 tokens,
+        then in steps of 128 (1024, 1152, 1280 ...)."""
         h = hashlib.sha256(orjson.dumps([body.get("model"), body.get("tools")], option=orjson.OPT_SORT_KEYS)).digest()
         tokens = cached = 0
         hit = True
@@ -753,7 +748,10 @@ class FakeUpstream:
             else:
                 hit = False
                 self._prefix_seen.add(h)
-        return int(cached * self.token_scale)
+        cached = int(cached * self.token_scale)
+        if cached < CACHE_MIN_TOKENS:
+            return 0
+        return cached - (cached - CACHE_MIN_TOKENS) % CACHE_STEP_TOKENS
 
     # ---- validation --------------------------------------------------------------------------
 
@@ -1399,7 +1397,7 @@ async def _resolve(spec: Any, body: dict[str, Any]) -> Any:
     return spec
 
 
-try:  # a ready-made fixture: `from support.fake_upstream import fake_upstream`
+try:  # a ready-made fixture: `from proxy.fake_upstream import fake_upstream`
     import pytest_asyncio
 
     @pytest_asyncio.fixture

@@ -1,0 +1,103 @@
+"""The package is the product: a built wheel carries its prompts and tiktoken's encodings and reads
+them through importlib.resources, also when imported straight from the zip (zipimport), with no
+TIKTOKEN_CACHE_DIR and no network. CI (`.ci/run`) also installs the wheel and serves from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from proxy.encodings import PACKAGED
+
+REPO = Path(__file__).resolve().parent.parent
+DEAD_PROXY = "http://127.0.0.1:9"  # any download attempt fails at once
+
+# Known tokenizations (tiktoken's own counts); bytes/4 would give 11 and 10.
+SAMPLES = [("Привет, как дела? 你好世界", {"o200k_base": 9, "cl100k_base": 14}),
+           ("compaction-proxy counts tokens exactly", {"o200k_base": 7, "cl100k_base": 6})]
+
+PROBE = r"""
+import json, logging, sys
+sys.path.insert(0, sys.argv[1])
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+import proxy, proxy.prompts as prompts, proxy.tokens as tokens
+p = prompts.Prompts()
+counter = tokens.TokenCounter()
+loaded = counter.load()
+samples = json.loads(sys.argv[2])
+print(json.dumps({
+    "proxy_file": proxy.__file__,
+    "prompt_dir": str(prompts.default_dir()),
+    "prompt_dir_type": type(prompts.default_dir()).__name__,
+    "system_prompt": p.text("summarization-system")[:80],
+    "loaded": loaded,
+    "estimating": counter.estimating,
+    "counts": [{enc: counter.count_text(text, enc) for enc in want} for text, want in samples],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # --no-build-isolation: the test extra brings setuptools, so no index is needed.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    (whl,) = out.glob("compaction_proxy-*.whl")
+    return whl
+
+
+def _offline_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")}
+    # An empty temporary directory: tiktoken's default cache (<tmp>/data-gym-cache) holds nothing.
+    env.update(TMPDIR=str(tmp), HTTPS_PROXY=DEAD_PROXY, HTTP_PROXY=DEAD_PROXY, https_proxy=DEAD_PROXY,
+               http_proxy=DEAD_PROXY, NO_PROXY="", no_proxy="")
+    return env
+
+
+def _probe(archive: Path, tmp: Path) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(archive), json.dumps(SAMPLES)], env=_offline_env(tmp),
+                          cwd=tmp, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_wheel_carries_prompts_encodings_and_the_fake_upstream(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    prompts = sorted(p.name for p in (REPO / "prompts").glob("*.md"))
+    assert {f"proxy/prompt_files/{n}" for n in prompts} <= names
+    assert {f"proxy/encoding_files/{f}" for f in PACKAGED.values()} <= names
+    assert "proxy/encoding_files/LICENSE-tiktoken" in names
+    assert "proxy/fake_upstream.py" in names
+
+
+def test_prompts_and_exact_counts_from_the_zipped_wheel_offline(wheel: Path, tmp_path: Path) -> None:
+    out, err = _probe(wheel, tmp_path)
+    assert out["proxy_file"].startswith(str(wheel)), out  # imported from the zip, not the checkout
+    assert out["prompt_dir_type"] != "PosixPath" and str(wheel) in out["prompt_dir"], out
+    assert out["system_prompt"] == (REPO / "prompts" / "summarization-system.md").read_text().strip()[:80]
+    assert out["loaded"] and not out["estimating"], err
+    assert out["counts"] == [want for _, want in SAMPLES]
+    assert "WARNING" not in err, err
+    assert not (tmp_path / "data-gym-cache").exists()  # tiktoken downloaded nothing
+
+
+def test_a_broken_install_estimates_with_one_warning(wheel: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.zip"
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(broken, "w") as dst:
+        for item in src.infolist():
+            if not item.filename.startswith("proxy/encoding_files/") or item.filename.endswith(".py"):
+                dst.writestr(item, src.read(item))
+    out, err = _probe(broken, tmp_path)
+    assert out["proxy_file"].startswith(str(broken))
+    assert not out["loaded"] and out["estimating"]
+    assert out["counts"][1] == {"o200k_base": 10, "cl100k_base": 10}  # bytes/4
+    warnings = [line for line in err.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "estimated as bytes/4" in warnings[0], err
