@@ -853,6 +853,7 @@ class FakeUpstream(FakeServer):
 
         completion_tokens = (len(reply.content or "") // 4 if huge else self._count(reply.content or "")) + sum(
             self._count(tc["function"]["name"]) + self._count(tc["function"]["arguments"]) for tc in reply.tool_calls)
+        rec.completion_tokens = completion_tokens
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,

@@ -107,6 +107,7 @@ class RecordedRequest:
     status: int | None = None  # HTTP status sent (None: nothing sent yet)
     prompt_tokens: int | None = None  # the fake's count, for model calls that got that far
     cached_tokens: int | None = None  # simulated prompt-cache hit (see each fake's docstring)
+    completion_tokens: int | None = None  # usage of the answer (output tokens)
     faulted: bool = False  # a fault flag applied to this request
     disconnected: bool = False  # the client went away before the answer was complete
     transport: str = "http"  # "http" | "websocket" (one record per `response.create` message)
