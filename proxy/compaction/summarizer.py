@@ -18,6 +18,7 @@ from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.config import SummarizerConfig
 from proxy.escaping import escape_client_text
+from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
@@ -41,6 +42,7 @@ class SummaryJob:
     timeout_s: float
     focus: str | None
     max_calls: int
+    purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
 
 
 def summarizer_headers(scfg: SummarizerConfig, client_headers: dict[str, str]) -> dict[str, str]:
@@ -70,8 +72,10 @@ class HistorySummarizer:
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = (),
+        hooks: Hooks | None = None,
         max_concurrent: int | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.caller = caller
         # Per call, not per summary: one summary may run two calls at once (a split turn's prefix).
         self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
@@ -135,7 +139,7 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        async with self._limit or contextlib.nullcontext():
+        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
             try:
                 text = await self.caller.complete(
                     headers=job.headers,
@@ -146,12 +150,13 @@ class HistorySummarizer:
                     ],
                     max_output_tokens=job.output_cap,
                     timeout_s=job.timeout_s,
+                    usage=call.usage,
                 )
             except SummarizerError as e:
                 if e.reason:  # an answer, but not a summary (a tool call)
                     self.reject(e.reason, str(e))
                 raise
-        return self.accept(clean_output(text), job.output_cap, kind)
+            return self.accept(clean_output(text), job.output_cap, kind)
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and
