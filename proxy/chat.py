@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy import errors
+from proxy import credentials, errors
 from proxy.chat_request import (
     Conversation,
     analyze,
@@ -26,9 +26,11 @@ from proxy.chat_request import (
     parse_chat_body,
     unseen_bytes,
 )
+from proxy.compaction.budget import could_overflow
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
+    EventChecker,
     client_response_headers,
     client_timeout,
     is_event_stream,
@@ -38,7 +40,9 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
-from proxy.hashing import credential_scope
+from proxy.hashing import conversation_digest
+from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
+from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
 from proxy.tokens import encoding_name_for
@@ -49,6 +53,9 @@ log = logging.getLogger("proxy.chat")
 BIG_BODY = 512 * 1024  # this much text not counted before: counted off the event loop
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
+EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+                      "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
+                      "this for a request it rejects, such as a message it cannot template)")
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
@@ -79,9 +86,11 @@ def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: f
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
+    ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, state.cfg.server.body_timeout_s)
     body = parse_chat_body(raw)
     streaming = bool(body.get("stream"))
+    ex.model, ex.stream = body["model"], streaming
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
     model_cfg = cfg.model_settings(body["model"])
@@ -94,19 +103,29 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
     conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
     before = conv.total()
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
+    # The conversation's name for the journal and the bill (anonymous requests share one scope there).
+    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
 
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
         return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
-    credential = request.headers.get("authorization") or (f"Bearer {api_key}" if api_key else "")
-    ctx = RequestContext(
-        upstream_headers={"Authorization": up_headers["Authorization"]} if "Authorization" in up_headers else {},
-        scope=credential_scope(state.scope_secret, credential, request.headers.get("x-compaction-session")),
-        focus=request.headers.get("x-compaction-focus") or None,
-    )
-
     if cfg.server.log_content:
         _log_content(body)
+    if creds.scope is None:
+        # No credential, no configured key, no session id: any other such client could be served
+        # this one's records, so none are kept or read for it.
+        _warn_anonymous()
+        status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
+    ctx = RequestContext(
+        upstream_headers=creds.headers,
+        scope=creds.scope,
+        focus=request.headers.get("x-compaction-focus") or None,
+        conversation=ex.conversation,
+    )
+
     try:
         stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
         outcome = Outcome("none")
@@ -118,17 +137,34 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
         status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        if status != "none":
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, Outcome(status, reason="internal error"), before, before))
         return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
+    if outcome.status not in QUIET_STATUSES:
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
     if cfg.compaction.enabled:
-        retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait)
+        retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait, ex)
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+    window = state.compaction.budget_for(conv.model).window
+    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+
+
+_anonymous_warned = False
+
+
+def _warn_anonymous() -> None:
+    global _anonymous_warned
+    if not _anonymous_warned:
+        _anonymous_warned = True
+        log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
+                    "(set upstream.api_key, or send a credential or an x-compaction-session id)")
 
 
 def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:
@@ -150,7 +186,7 @@ def _dump(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
 
 
 def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext,
-                    body: dict[str, Any], before: int, tool_results: int, wait_ms: float) -> Any:
+                    body: dict[str, Any], before: int, tool_results: int, wait_ms: float, ex: Exchange) -> Any:
     """What to do once when the upstream says the forwarded request was too long for its window."""
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
@@ -158,6 +194,7 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
         outcome = await state.compaction.process(conv, fwd, ctx, budget=budget)
         if outcome.messages is None:
             return None
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
         return _dump(body, outcome.messages), _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
         )
@@ -173,10 +210,14 @@ async def _forward(
     streaming: bool,
     extra: dict[str, str],
     retry: Any = None,
+    not_an_overflow: str | None = None,
 ) -> web.StreamResponse:
+    """Send the request upstream and relay the answer. `retry` compacts it once more after an
+    overflow; `not_an_overflow`, when set, is why an empty stream cannot be one (the 502's text)."""
     url = upstream_url(state.cfg.upstream.base_url, request, "/chat/completions")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
+    ex = request[EXCHANGE]
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
@@ -184,6 +225,7 @@ async def _forward(
             async with state.session.post(
                 url, data=data, headers=headers, timeout=timeout, allow_redirects=False
             ) as upstream:
+                ex.upstream_ttfb_s = time.perf_counter() - t0
                 if can_retry and upstream.status in (400, 413, 422):
                     # Nothing has gone to the client yet: an overflow can still be compacted and retried.
                     err_body = await upstream.read()
@@ -199,12 +241,25 @@ async def _forward(
                         headers={**_passthrough_headers(upstream), **extra},
                     )
                 if not _checkable_stream(upstream):
-                    return await relay_completion(request, upstream, extra)
+                    resp = await relay_completion(request, upstream, extra)
+                    ex.upstream_s = time.perf_counter() - t0
+                    if resp.status == 200 and isinstance(resp, web.Response):
+                        ex.usage = completion_usage(resp.body)
+                    return resp
                 # Headers wait for the first bytes: until then an empty stream can still be retried.
                 first = await upstream.content.readany()
+                ex.upstream_ttfb_s = time.perf_counter() - t0
                 if first:
-                    return await relay_events(request, upstream, extra, first)
-                # llama.cpp answers a prompt over its window with 200 and an empty event stream.
+                    checker = EventChecker()
+                    resp = await relay_events(request, upstream, extra, first, checker)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = Usage.from_openai(checker.usage)
+                    return resp
+                # llama.cpp answers a prompt over its window with 200 and an empty event stream; also
+                # a request it rejects for other reasons, which no compaction can fix.
+                if attempt == 0 and not_an_overflow is not None:
+                    log.warning("upstream sent an empty event stream for a request well under its window")
+                    return errors.upstream_bad_response(not_an_overflow).response(extra)
                 again = await _compacted(retry) if can_retry else None
                 if again is None:
                     return errors.upstream_bad_response(EMPTY_STREAM).response(extra)

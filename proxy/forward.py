@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import errors
+from proxy.credentials import sent_credentials
 
 log = logging.getLogger("proxy.forward")
 
@@ -48,7 +49,8 @@ SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are s
 def upstream_request_headers(
     incoming: Any, api_key: str | None, *, identity_encoding: bool = False
 ) -> CIMultiDict[str]:
-    """Client headers minus hop-by-hop and our own; Authorization from config when absent."""
+    """Client headers minus hop-by-hop and our own; Authorization from config when the client
+    sent no credential of any kind (`api-key` and `x-api-key` count)."""
     connection_listed = {
         t.strip().lower() for v in incoming.getall("connection", []) for t in v.split(",") if t.strip()
     }
@@ -60,7 +62,7 @@ def upstream_request_headers(
         if identity_encoding and low == "accept-encoding":
             continue
         out.add(name, value)
-    if "authorization" not in out and api_key:
+    if api_key and not sent_credentials(out):
         out["Authorization"] = f"Bearer {api_key}"
     if identity_encoding:
         # We may need to read this response (errors, retries): keep it uncompressed.
@@ -226,6 +228,7 @@ class EventChecker:
     def __init__(self) -> None:
         self._pending = b""
         self.done = False  # `data: [DONE]` went by: the answer is complete
+        self.usage: Any = None  # the `usage` object of the stream's last chunk (stream_options.include_usage)
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
@@ -237,6 +240,8 @@ class EventChecker:
             event = buf[pos : m.start()]
             why = _check_event(event)
             self.done = self.done or event.strip() == b"data: [DONE]"
+            if why is None and (b'"usage":{' in event or b'"usage": {' in event):
+                self.usage = _event_usage(event)
             if why is not None:
                 self._pending = b""
                 return buf[:pos], why
@@ -256,6 +261,14 @@ class EventChecker:
         return rest, None
 
 
+def _event_usage(event: bytes) -> Any:
+    data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        return orjson.loads(data).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+
+
 def _check_event(event: bytes) -> str | None:
     data = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
     if not data:
@@ -271,15 +284,17 @@ class _BrokenStream(Exception):
 
 
 async def relay_events(
-    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes
+    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes,
+    checker: EventChecker | None = None,
 ) -> web.StreamResponse:
     """A chat completion event stream whose first bytes (`first`) were read already. A broken event
-    or a cut stream ends the client's stream with an `error` event instead of garbage."""
+    or a cut stream ends the client's stream with an `error` event instead of garbage. `checker`
+    (a new one by default) is left with what it saw (the usage)."""
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    checker = EventChecker()
+    checker = checker or EventChecker()
     chunk = first
     try:
         while chunk:

@@ -57,11 +57,14 @@ async def target(upstream, make_proxy):
     assert status == 200 and orjson.loads(body)["choices"][0]["message"]["content"] == "fine"
 
 
+AUTH = {"Authorization": "Bearer sk-test-key"}  # an anonymous request is not compacted
+
+
 async def post(proxy: Any, data: Any, headers: dict[str, str] | None = None, path: str = "/chat/completions"
                ) -> tuple[int, Any, bytes]:
     async def go() -> tuple[int, Any, bytes]:
         async with aiohttp.ClientSession() as s:
-            async with s.post(proxy.base_url + path, data=data, headers=headers) as r:
+            async with s.post(proxy.base_url + path, data=data, headers={**AUTH, **(headers or {})}) as r:
                 return r.status, r.headers, await r.read()
 
     return await asyncio.wait_for(go(), BOUND_S)

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import aiohttp
+import pytest
 import orjson
 
 from support.compaction_helpers import chat_history, main_summary
@@ -109,3 +110,68 @@ async def test_a_session_narrows_a_keys_scope_and_never_widens_it(upstream, make
     for (key, session), carried in made.items():
         headers = await send(proxy, key, msgs, session)
         assert headers["x-compaction-status"] == "reused" and made_by(upstream) == carried
+
+
+async def send_with(proxy: Any, headers: dict[str, str], messages: list[dict[str, Any]]) -> dict[str, str]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.base_url + "/chat/completions", headers=headers,
+                          data=orjson.dumps({"model": MODEL, "messages": messages})) as r:
+            assert r.status == 200
+            return dict(r.headers)
+
+
+SMALL = {
+    "models": {MODEL: {"context_window": 6000}},
+    "compaction": {"prepare_percent": 0},
+    "tool_results": {"threshold_tokens": 500},
+}
+
+
+@pytest.mark.parametrize("header", ["api-key", "x-api-key"])
+async def test_two_keys_in_the_same_non_authorization_header_share_nothing(upstream, make_proxy, header):
+    """Azure's `api-key` and Anthropic's `x-api-key` scope like `Authorization` does, and the
+    proxy's own summarizer calls carry that same header with the client's value, and no other."""
+    numbered(upstream)
+    proxy = await make_proxy(upstream.base_url, {**SMALL, "upstream": {"api_key": "sk-configured"}})
+    msgs = conversation()
+    a = await send_with(proxy, {header: "sk-key-A"}, msgs)
+    carried_a = made_by(upstream)
+    calls_a = len(upstream.summarizer_requests)
+    b = await send_with(proxy, {header: "sk-key-B"}, msgs)
+    carried_b = made_by(upstream)
+    assert (a["x-compaction-status"], b["x-compaction-status"]) == ("summarized", "summarized")
+    assert carried_a.isdisjoint(carried_b) and len(upstream.summarizer_requests) > calls_a
+    summarizer = upstream.records("summarizer")
+    assert {r.headers.get(header) for r in summarizer} == {"sk-key-A", "sk-key-B"}
+    for rec in upstream.records():  # the configured key never joins a client's own credential
+        assert "authorization" not in rec.headers, rec.headers
+    calls = len(upstream.summarizer_requests)
+    assert (await send_with(proxy, {header: "sk-key-A"}, msgs))["x-compaction-status"] == "reused"
+    assert made_by(upstream) == carried_a
+    assert (await send_with(proxy, {header: "sk-key-B"}, msgs))["x-compaction-status"] == "reused"
+    assert made_by(upstream) == carried_b
+    assert len(upstream.summarizer_requests) == calls
+
+
+async def test_a_request_with_no_credential_is_never_served_another_requests_records(upstream, make_proxy):
+    """No credential and no upstream.api_key: without a session id nothing is kept or read (the
+    request goes on uncompacted); with one, the session is its own scope."""
+    numbered(upstream)
+    proxy = await make_proxy(upstream.base_url, SMALL)
+    msgs = conversation()
+    for _ in range(2):
+        h = await send_with(proxy, {}, msgs)
+        assert h["x-compaction-status"] == "failed-open" and h["x-compaction-tool-results"] == "0"
+        assert upstream.chat_requests[-1]["messages"] == msgs
+    assert upstream.summarizer_requests == []
+    s1 = await send_with(proxy, {"x-compaction-session": "session-one"}, msgs)
+    carried_1 = made_by(upstream)
+    s2 = await send_with(proxy, {"x-compaction-session": "session-two"}, msgs)
+    carried_2 = made_by(upstream)
+    assert (s1["x-compaction-status"], s2["x-compaction-status"]) == ("summarized", "summarized")
+    assert carried_1.isdisjoint(carried_2)
+    again = await send_with(proxy, {"x-compaction-session": "session-one"}, msgs)
+    assert again["x-compaction-status"] == "reused" and made_by(upstream) == carried_1
+    # a key-holder naming the same session reaches nothing of the anonymous one's
+    keyed = await send_with(proxy, {"Authorization": "Bearer sk-key-A", "x-compaction-session": "session-one"}, msgs)
+    assert keyed["x-compaction-status"] == "summarized" and made_by(upstream).isdisjoint(carried_1)

@@ -43,7 +43,7 @@ async def chunks(raw: bytes) -> AsyncIterator[bytes]:
 async def post(url: str, data: Any) -> tuple[int, bytes]:
     async def go() -> tuple[int, bytes]:
         async with aiohttp.ClientSession() as s:
-            async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+            async with s.post(url, data=data, headers={"Content-Type": "application/json", "Authorization": "Bearer sk-test"}) as r:
                 return r.status, await r.read()
 
     return await asyncio.wait_for(go(), BOUND_S)

@@ -28,6 +28,7 @@ from support.replicas import Replica
 
 MODEL = "gpt-4"
 BOUND_S = 30
+AUTH = {"Authorization": "Bearer sk-test-key"}  # an anonymous request is not compacted
 STREAM = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "a long story"}], "stream": True})
 
 
@@ -96,7 +97,7 @@ async def _compact(session: aiohttp.ClientSession, replica: Replica) -> None:
 async def test_sigterm_refuses_new_connections_and_lets_a_stream_finish(tmp_path, fake):
     replica, db = _start(tmp_path, fake, grace_s=BOUND_S)
     try:
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers=AUTH) as s:
             await _compact(s, replica)
             release = _park_streams(fake)
             async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
@@ -121,7 +122,7 @@ async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits
     grace = 0.5
     replica, db = _start(tmp_path, fake, grace_s=grace)
     try:
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers=AUTH) as s:
             await _compact(s, replica)
             _park_streams(fake)  # never released
             fake.summarizer_delay_s = 3600  # and a compaction whose summary never comes

@@ -21,9 +21,11 @@ from proxy.compaction.inject import annotation_text, inject, summary_message_tex
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
 from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
-from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
+from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.config import Config
 from proxy.hashing import hash_chain, message_digest
+from proxy.ops.exchange import CONVERSATION
+from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.singleflight import SingleFlight
 from proxy.store.base import Store
@@ -57,6 +59,7 @@ class RequestContext:
     upstream_headers: dict[str, str]  # credentials for the summarizer calls: the client's own
     scope: str  # HMAC of the credential (+ session): the store namespace
     focus: str | None = None
+    conversation: str = ""  # digest naming the conversation (the bill attributes summarizer calls to it)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Outcome:
     tokens_after: int | None = None
     wait_ms: float = 0.0
     reason: str = ""
+    record: SummaryRecord | None = None  # the record applied (the journal reads covered and summary)
 
 
 @dataclass
@@ -100,6 +104,7 @@ class _PrepareJob:
     ctx: RequestContext
     budget: Budget
     total: int  # tokens the request forwarded
+    at: float  # when that request came (engine clock): the conversation's latest
 
 
 class CompactionEngine:
@@ -112,7 +117,9 @@ class CompactionEngine:
         prompts: Prompts,
         *,
         clock: Any = time.time,
+        hooks: Hooks | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.cfg = cfg
         self.store = store
         self.summarizer = summarizer
@@ -120,7 +127,6 @@ class CompactionEngine:
         self.prompts = prompts
         self.clock = clock
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
-        self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
@@ -134,7 +140,7 @@ class CompactionEngine:
     def budget_for(self, model: str) -> Budget:
         c = self.cfg.compaction
         return Budget.for_model(
-            self.cfg.model_settings(model).context_window,
+            self.cfg.context_window(model),
             threshold_tokens=c.threshold_tokens,
             threshold_percent=c.threshold_percent,
             reserve_tokens=c.reserve_tokens,
@@ -172,9 +178,12 @@ class CompactionEngine:
                 if record.prepared:
                     if await self._first_to_carry(ctx.scope, record):
                         out.status = "summarized"
+                        self.hooks.prepared("used")
                 elif not forced:
                     self._maybe_prepare(conv, fwd, ctx, budget, out.tokens_after)
                 return out
+            if record.prepared:
+                self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
         # Tier 1: old tool outputs become stubs; no model call.
         masked = self._mask_record(view, budget, record)
         if masked is not None:
@@ -189,8 +198,11 @@ class CompactionEngine:
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
+                was_prepared = joined.prepared
                 first = not joined.prepared or await self._first_to_carry(ctx.scope, joined)
                 out.status = "summarized" if first else "reused"
+                if was_prepared and first:
+                    self.hooks.prepared("used")
                 out.wait_ms = (time.perf_counter() - started) * 1000
                 return out
             record = base = joined  # the previous summary of a short update
@@ -433,7 +445,8 @@ class CompactionEngine:
         if record.covered == 0:  # masking only: nothing summarized, nothing injected
             n = sum(conv.tokens[i] if i not in changed else self.counter.count_message(fwd[i], conv.encoding, message_digest(fwd[i]))
                     for i in range(len(fwd)))
-            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + conv.tools_tokens + REPLY_OVERHEAD))
+            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + conv.tools_tokens + REPLY_OVERHEAD),
+                           record=record)
         messages = inject(
             fwd,
             conv.n_system,
@@ -452,7 +465,7 @@ class CompactionEngine:
                 m = messages[head_len + k]
                 n += self.counter.count_message(m, conv.encoding, message_digest(m)) if i in changed else conv.tokens[i]
         n += conv.tools_tokens + REPLY_OVERHEAD
-        return Outcome(status, messages=messages, tokens_after=conv.scaled(n))
+        return Outcome(status, messages=messages, tokens_after=conv.scaled(n), record=record)
 
     # -- records -------------------------------------------------------------------------------
     def _key(self, scope: str, chain_hex: str) -> str:
@@ -538,8 +551,8 @@ class CompactionEngine:
             return rec if rec is not None and rec.tier == "summary" and rec.covered == covered else None
 
         async def make() -> SummaryRecord:
-            async with self._limit:
-                rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared, work=work)
+            # The summarizer bounds its calls in flight (compaction.max_concurrent_summaries).
+            rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared, work=work)
             stored = self._records.get(key)
             if stored is not None and stored.tier != "summary":
                 await self._save(ctx.scope, rec)  # supersedes the masking (or digest) at this point
@@ -556,16 +569,17 @@ class CompactionEngine:
         fwd = view.fwd
         shown = (work or _Work(fwd, conv.tokens)).fwd  # what the summarizer reads: old outputs masked
         names = tool_names_by_call_id(fwd)
-        model = self.cfg.compaction.summarizer_model or conv.model
+        model = self.cfg.compaction.summarizer.model or conv.model
         job = SummaryJob(
-            headers=ctx.upstream_headers,
+            headers=summarizer_headers(self.cfg.compaction.summarizer, ctx.upstream_headers),
             model=model,
             # The summarizer model's own window when configured: its input budget depends on it.
-            window=self.cfg.model_settings(model).context_window or budget.window,
+            window=self.cfg.context_window(model) if model != conv.model else budget.window,
             output_cap=budget.output_cap,
             timeout_s=self.cfg.compaction.summarizer_timeout_s,
             focus=ctx.focus or self.cfg.compaction.focus,
             max_calls=self.cfg.compaction.max_fold_calls,
+            purpose="prepared" if prepared else "history",
         )
         main_span = shown[plan.start:plan.main_end]
         prev_text = previous.summary if previous is not None and previous.covered else None
@@ -675,7 +689,7 @@ class CompactionEngine:
         # (The in-process key of that message: this runs under the threshold, where the stable
         # digests of the whole history are not otherwise needed.)
         slot = f"{ctx.scope}:{conv.keys[conv.n_system]}"
-        job = _PrepareJob(conv, fwd, ctx, budget, total)
+        job = _PrepareJob(conv, fwd, ctx, budget, total, self.clock())
         if slot in self._pending:
             self._pending[slot] = job
             return
@@ -691,7 +705,9 @@ class CompactionEngine:
         while True:
             slot = await self._queue.get()
             try:
-                await self._prepare(self._pending.pop(slot))
+                job = self._pending.pop(slot)
+                CONVERSATION.set(job.ctx.conversation)
+                await self._prepare(job)
             except asyncio.CancelledError:
                 raise
             except SummarizerError as e:
@@ -701,7 +717,15 @@ class CompactionEngine:
             finally:
                 self._queue.task_done()
 
+    def _went_quiet(self, job: _PrepareJob) -> bool:
+        """No request of the conversation within compaction.prepare_idle_s: it may have ended, and
+        a summary nobody asks for would only keep the summarizer from the requests that wait."""
+        return self.clock() - job.at > self.cfg.compaction.prepare_idle_s
+
     async def _prepare(self, job: _PrepareJob) -> None:
+        if self._went_quiet(job):
+            log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
+            return
         conv, ctx = job.conv, job.ctx
         view = _View(conv, job.fwd)
         candidates = self._candidate_keys(view, ctx.scope)
@@ -725,8 +749,11 @@ class CompactionEngine:
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
             return
+        if self._went_quiet(job):  # the store lookups above may have taken a while
+            return
         self.prepared_jobs += 1
         await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+        self.hooks.prepared("made")
 
     async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:
         """Reuse of the summary the conversation carries now, while it keeps the request at or under

@@ -6,6 +6,8 @@ windows are cut on those block boundaries.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from collections import Counter
@@ -14,7 +16,9 @@ from typing import Callable, NoReturn
 
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
-from proxy.compaction.serialize import escape_untrusted
+from proxy.config import SummarizerConfig
+from proxy.escaping import escape_client_text
+from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
@@ -38,6 +42,15 @@ class SummaryJob:
     timeout_s: float
     focus: str | None
     max_calls: int
+    purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
+
+
+def summarizer_headers(scfg: SummarizerConfig, client_headers: dict[str, str]) -> dict[str, str]:
+    """Credentials for a summarizer call: the configured key; else the client's own when the
+    summarizer is the upstream; else none (a separate server never sees a client's key)."""
+    if scfg.api_key is not None:
+        return {"Authorization": f"Bearer {scfg.api_key.get_secret_value()}"}
+    return client_headers if scfg.base_url is None else {}
 
 
 def clean_output(text: str) -> str:
@@ -59,8 +72,13 @@ class HistorySummarizer:
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = (),
+        hooks: Hooks | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.caller = caller
+        # Per call, not per summary: one summary may run two calls at once (a split turn's prefix).
+        self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.prompts = prompts
         self.count = count
         self.required = required_headings
@@ -70,13 +88,13 @@ class HistorySummarizer:
     def user_message(self, blocks: list[str], previous: str | None, focus: str | None, kind: str) -> str:
         parts = ["<conversation>", "\n\n".join(blocks), "</conversation>"]
         if previous is not None:
-            parts += ["", "<previous-summary>", escape_untrusted(previous), "</previous-summary>"]
+            parts += ["", "<previous-summary>", escape_client_text(previous), "</previous-summary>"]
         if focus:
             parts += [
                 "",
                 "<focus>",
                 "Keep everything about this topic in full detail and compress the rest harder: "
-                + escape_untrusted(focus),
+                + escape_client_text(focus),
                 "</focus>",
             ]
         if kind == "turn":
@@ -121,22 +139,24 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        try:
-            text = await self.caller.complete(
-                headers=job.headers,
-                model=job.model,
-                messages=[
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-                ],
-                max_output_tokens=job.output_cap,
-                timeout_s=job.timeout_s,
-            )
-        except SummarizerError as e:
-            if e.reason:  # an answer, but not a summary (a tool call)
-                self.reject(e.reason, str(e))
-            raise
-        return self.accept(clean_output(text), job.output_cap, kind)
+        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
+            try:
+                text = await self.caller.complete(
+                    headers=job.headers,
+                    model=job.model,
+                    messages=[
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+                    ],
+                    max_output_tokens=job.output_cap,
+                    timeout_s=job.timeout_s,
+                    usage=call.usage,
+                )
+            except SummarizerError as e:
+                if e.reason:  # an answer, but not a summary (a tool call)
+                    self.reject(e.reason, str(e))
+                raise
+            return self.accept(clean_output(text), job.output_cap, kind)
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and

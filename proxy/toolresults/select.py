@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.serialize import tool_names_by_call_id
+from proxy.escaping import tool_name
 from proxy.text import clip_hint
 
 BEGIN = "--- BEGIN TOOL OUTPUT ---"
@@ -53,7 +54,8 @@ def select(
         name = names.get(call_id) or str(m.get("name") or "tool")
         if is_skipped(name, skip):
             continue
-        out.append(Candidate(i, call_id, name, message_text(m), tokens[i], tokens[i] > cap))
+        # Skipping matches the name as sent; the prompt and the note's header get it sanitized.
+        out.append(Candidate(i, call_id, tool_name(name), message_text(m), tokens[i], tokens[i] > cap))
     return out
 
 
