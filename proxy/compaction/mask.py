@@ -53,6 +53,7 @@ def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str) ->
             break
         shown.append(ident)
         used += len(ident) + 2
+    name = clamp_middle("".join(ch for ch in " ".join(name.split()) if ch.isprintable()), 64)  # one printable line
     parts = [f"[tool output elided: {name}({clamp_middle(' '.join(args.split()), ARGS_CHARS)})", f"{tokens} tokens"]
     if shown:
         more = len(idents) - len(shown) - sum(1 for i in idents if any(i in e for e in errors))
