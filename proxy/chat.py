@@ -100,7 +100,10 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     encoding = model_cfg.encoding or encoding_name_for(body["model"])
     keys, sizes = keys_of(body["messages"])
     unseen = unseen_bytes(keys, sizes, state.counter, encoding) if len(raw) > BIG_BODY else 0
-    count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
+    ratio = model_cfg.token_ratio
+    if cfg.compaction.learn_token_ratio and state.ratios is not None:
+        ratio = await state.ratios.ratio(body["model"], ratio)
+    count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=ratio, keys=keys)
     conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
     before = conv.total()
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
@@ -153,7 +156,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
               stage.summarized)
     window = state.compaction.budget_for(conv.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    resp = await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    _learn_ratio(state, conv, after, resp, ex.usage)
+    return resp
+
+
+def _learn_ratio(state: ProxyState, conv: Conversation, after: int, resp: web.StreamResponse, usage: Any) -> None:
+    """The upstream's prompt count of what we forwarded, against ours (spec 9.5). Only for the
+    request as planned: an overflow retry forwarded something else."""
+    if (not state.cfg.compaction.learn_token_ratio or state.ratios is None or usage is None
+            or resp.status != 200 or resp.headers.get("x-compaction-tokens-after") != str(after)):
+        return
+    state.ratios.observe(conv.model, round(after / conv.ratio), usage.prompt)
 
 
 _anonymous_warned = False

@@ -15,6 +15,7 @@ from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
 from proxy.ops.bill import Bill
 from proxy.ops.hooks import Fanout, Hooks
+from proxy.ratio import RatioLearner
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
@@ -50,6 +51,7 @@ class ProxyState:
     metrics: Metrics | None = None
     bill: Bill | None = None
     journal: Journal | None = None
+    ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -122,12 +124,15 @@ class ProxyState:
             metrics=metrics,
             bill=bill,
             journal=journal,
+            ratios=RatioLearner(store),
         )
 
     async def close(self) -> None:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.ratios is not None:
+            await self.ratios.idle()
         if self.journal is not None:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()

@@ -65,7 +65,8 @@ async def replay(proxy, upstream, convs, tools, check=None):
 
 
 def settings(window, **compaction):
-    return {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0, **compaction}}
+    return {"models": {MODEL: {"context_window": window}},
+            "compaction": {"prepare_percent": 0, "learn_token_ratio": True, **compaction}}
 
 
 def recall_listed(proxy) -> set[str]:
