@@ -27,6 +27,8 @@ Settings (attributes, settable any time, or keyword arguments):
   extra_block_types   block types accepted as opaque in either role (default none)
   cache_min_tokens    None: the model's minimum cacheable length | int
   chunk_delay_s       sleep between stream events
+  signing_key         None: a random key per fake | bytes: the key of thinking signatures and
+                      redacted_thinking data (recorded sessions carry signatures made with a known key)
   fail_status, fault_times  answer with Anthropic's error for that status
   error_mid_stream    None | an error type ("overloaded_error"): streams send an `error` event
                       halfway and end
@@ -98,9 +100,17 @@ class FakeMessages(FakeServer):
         self.fail_status: int | None = None
         self.fault_times: int | None = None
         self.error_mid_stream: str | None = None
+        self.signing_key: bytes | None = None
         super().__init__(**settings)
-        self.signer = Signer()
+        self._signer: Signer | None = None
         self._cache = BreakpointCache()
+
+    @property
+    def signer(self) -> Signer:
+        """Signs what only this fake may read; a fixed `signing_key` makes recorded sessions replayable."""
+        if self._signer is None or (self.signing_key is not None and self._signer.key != self.signing_key):
+            self._signer = Signer(self.signing_key)
+        return self._signer
 
     # ---- recordings --------------------------------------------------------------------------
 
