@@ -278,6 +278,9 @@ class FakeUpstream(FakeServer):
       empty_stream_on_overflow  a streaming request over the window gets 200, text/event-stream and
                           an empty body (no event, no [DONE]), as llama.cpp's server answers it: the
                           error is raised after the headers went out (non-streaming ones: the 400)
+      empty_stream_on_llama_error  the same empty stream for a streaming request that fails one of
+                          llama.cpp's own checks (reject_null_content_with_tool_calls): its server
+                          starts the stream before it validates, whatever the size of the request
       close_after_empty_stream_s  None | seconds: then close that connection, without a
                           `Connection: close` header, as the real server does at once; a delay
                           makes a client's reuse of the pooled connection fail for certain
@@ -341,6 +344,7 @@ class FakeUpstream(FakeServer):
         self.reject_consecutive_user: bool = False
         self.reject_null_content_with_tool_calls: bool = False
         self.empty_stream_on_overflow: bool = False
+        self.empty_stream_on_llama_error: bool = False
         self.close_after_empty_stream_s: float | None = None
         self.truncate_to_max_tokens: bool = True
         self.reply: ReplySpec = None
@@ -810,7 +814,10 @@ class FakeUpstream(FakeServer):
         body = rec.json
         if body is None:
             return await self._send_error(request, rec, _parse_error())
-        err = self.validate_chat(body) or self._llama_validation(body)
+        err = self.validate_chat(body)
+        if err is None and (err := self._llama_validation(body)) is not None:
+            if self.empty_stream_on_llama_error and body.get("stream"):
+                return await self._empty_stream(request, rec)
         if err is not None:
             return await self._send_error(request, rec, err)
         model = body["model"]

@@ -93,6 +93,8 @@ class ProxyState:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
         caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        summarizer_url = cfg.compaction.summarizer.base_url
+        summarizer_caller = UpstreamCaller(session, summarizer_url, cfg.upstream.connect_timeout_s) if summarizer_url else caller
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
@@ -100,7 +102,8 @@ class ProxyState:
         access = AccessLog() if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
-        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings), hooks=hooks)
+        summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
+                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
