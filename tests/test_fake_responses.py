@@ -444,3 +444,23 @@ async def test_reset_mid_stream(fake):
             with pytest.raises(aiohttp.ClientPayloadError):
                 await r.read()
     assert fake.records("responses")[-1].faulted
+
+
+async def test_websocket_faults(fake):
+    fake.reply, fake.broken_sse, fake.fault_times = "one two three four five", True, 1
+    ws_url = fake.base_url.replace("http://", "ws://") + "/responses"
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url) as ws:
+            await ws.send_str(json.dumps({"type": "response.create", "model": MODEL, "input": "x"}))
+            texts = []
+            while (msg := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                texts.append(msg.data)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1011
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(texts[-1])
+        fake.reset_mid_response, fake.broken_sse, fake.fault_times = True, False, 1
+        async with s.ws_connect(ws_url) as ws:
+            await ws.send_str(json.dumps({"type": "response.create", "model": MODEL, "input": "x"}))
+            while (msg := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                assert json.loads(msg.data)["type"] != "response.completed"
+            assert msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE)
