@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -71,7 +72,12 @@ class ProxyState:
             await self.refresh_scope_secret()
 
     @classmethod
-    async def create(cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None) -> "ProxyState":
+    async def create(
+        cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
+        make_caller: Callable[[aiohttp.ClientSession], UpstreamCaller] | None = None,
+    ) -> "ProxyState":
+        """`make_caller` makes the summarizers' upstream caller (inspect's dry run passes one that
+        answers placeholders); by default the real one, on the configured upstream."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -92,7 +98,10 @@ class ProxyState:
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
-        caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        if make_caller is None:
+            caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        else:
+            caller = make_caller(session)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
