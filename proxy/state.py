@@ -15,6 +15,7 @@ from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
 from proxy.ops.bill import Bill
+from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
@@ -51,6 +52,7 @@ class ProxyState:
     metrics: Metrics | None = None
     bill: Bill | None = None
     journal: Journal | None = None
+    series: Series | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -113,8 +115,10 @@ class ProxyState:
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            series.start()
         return cls(
             cfg=cfg,
             session=session,
@@ -128,12 +132,15 @@ class ProxyState:
             metrics=metrics,
             bill=bill,
             journal=journal,
+            series=series,
         )
 
     async def close(self) -> None:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.series is not None:
+            await self.series.stop()
         if self.journal is not None:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()
