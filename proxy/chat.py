@@ -26,6 +26,7 @@ from proxy.chat_request import (
     parse_chat_body,
     unseen_bytes,
 )
+from proxy.compaction.budget import could_overflow
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
@@ -53,6 +54,9 @@ log = logging.getLogger("proxy.chat")
 BIG_BODY = 512 * 1024  # this much text not counted before: counted off the event loop
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
+EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+                      "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
+                      "this for a request it rejects, such as a message it cannot template)")
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
@@ -144,7 +148,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait, ex)
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+    window = state.compaction.budget_for(conv.model).window
+    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
 
 
 _anonymous_warned = False
@@ -212,7 +218,10 @@ async def _forward(
     streaming: bool,
     extra: dict[str, str],
     retry: Any = None,
+    not_an_overflow: str | None = None,
 ) -> web.StreamResponse:
+    """Send the request upstream and relay the answer. `retry` compacts it once more after an
+    overflow; `not_an_overflow`, when set, is why an empty stream cannot be one (the 502's text)."""
     url = upstream_url(state.cfg.upstream.base_url, request, "/chat/completions")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
@@ -254,7 +263,11 @@ async def _forward(
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = Usage.from_openai(checker.usage)
                     return resp
-                # llama.cpp answers a prompt over its window with 200 and an empty event stream.
+                # llama.cpp answers a prompt over its window with 200 and an empty event stream; also
+                # a request it rejects for other reasons, which no compaction can fix.
+                if attempt == 0 and not_an_overflow is not None:
+                    log.warning("upstream sent an empty event stream for a request well under its window")
+                    return errors.upstream_bad_response(not_an_overflow).response(extra)
                 again = await _compacted(retry) if can_retry else None
                 if again is None:
                     return errors.upstream_bad_response(EMPTY_STREAM).response(extra)

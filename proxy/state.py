@@ -76,10 +76,10 @@ class ProxyState:
     @classmethod
     async def create(
         cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
-        make_caller: Callable[[aiohttp.ClientSession], UpstreamCaller] | None = None,
+        make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
     ) -> "ProxyState":
-        """`make_caller` makes the summarizers' upstream caller (inspect's dry run passes one that
-        answers placeholders); by default the real one, on the configured upstream."""
+        """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
+        run passes one that answers placeholders); by default the real ones."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -101,9 +101,10 @@ class ProxyState:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
         if make_caller is None:
-            caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
-        else:
-            caller = make_caller(session)
+            make_caller = lambda s, url: UpstreamCaller(s, url, cfg.upstream.connect_timeout_s)  # noqa: E731
+        caller = make_caller(session, cfg.upstream.base_url)
+        summarizer_url = cfg.compaction.summarizer.base_url
+        summarizer_caller = make_caller(session, summarizer_url) if summarizer_url else caller
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
@@ -111,7 +112,8 @@ class ProxyState:
         access = AccessLog() if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
-        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings), hooks=hooks)
+        summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
+                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)

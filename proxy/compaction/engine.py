@@ -20,7 +20,7 @@ from proxy.compaction.inject import annotation_text, inject, summary_message_tex
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, render_summary
 from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
-from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
+from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.config import Config
 from proxy.hashing import hash_chain, message_digest
 from proxy.ops.exchange import CONVERSATION
@@ -87,6 +87,7 @@ class _PrepareJob:
     ctx: RequestContext
     budget: Budget
     total: int  # tokens the request forwarded
+    at: float  # when that request came (engine clock): the conversation's latest
 
 
 class CompactionEngine:
@@ -109,7 +110,6 @@ class CompactionEngine:
         self.prompts = prompts
         self.clock = clock
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
-        self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
@@ -121,7 +121,7 @@ class CompactionEngine:
     def budget_for(self, model: str) -> Budget:
         c = self.cfg.compaction
         return Budget.for_model(
-            self.cfg.model_settings(model).context_window,
+            self.cfg.context_window(model),
             threshold_tokens=c.threshold_tokens,
             threshold_percent=c.threshold_percent,
             reserve_tokens=c.reserve_tokens,
@@ -366,8 +366,8 @@ class CompactionEngine:
             return rec
 
         async def make() -> SummaryRecord:
-            async with self._limit:
-                rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared)
+            # The summarizer bounds its calls in flight (compaction.max_concurrent_summaries).
+            rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared)
             return await self._publish(ctx.scope, rec)
 
         return await self.flight.run(key, make, existing)
@@ -378,12 +378,12 @@ class CompactionEngine:
         conv = view.conv
         fwd = view.fwd
         names = tool_names_by_call_id(fwd)
-        model = self.cfg.compaction.summarizer_model or conv.model
+        model = self.cfg.compaction.summarizer.model or conv.model
         job = SummaryJob(
-            headers=ctx.upstream_headers,
+            headers=summarizer_headers(self.cfg.compaction.summarizer, ctx.upstream_headers),
             model=model,
             # The summarizer model's own window when configured: its input budget depends on it.
-            window=self.cfg.model_settings(model).context_window or budget.window,
+            window=self.cfg.context_window(model) if model != conv.model else budget.window,
             output_cap=budget.output_cap,
             timeout_s=self.cfg.compaction.summarizer_timeout_s,
             focus=ctx.focus or self.cfg.compaction.focus,
@@ -462,7 +462,7 @@ class CompactionEngine:
         # (The in-process key of that message: this runs under the threshold, where the stable
         # digests of the whole history are not otherwise needed.)
         slot = f"{ctx.scope}:{conv.keys[conv.n_system]}"
-        job = _PrepareJob(conv, fwd, ctx, budget, total)
+        job = _PrepareJob(conv, fwd, ctx, budget, total, self.clock())
         if slot in self._pending:
             self._pending[slot] = job
             return
@@ -490,7 +490,15 @@ class CompactionEngine:
             finally:
                 self._queue.task_done()
 
+    def _went_quiet(self, job: _PrepareJob) -> bool:
+        """No request of the conversation within compaction.prepare_idle_s: it may have ended, and
+        a summary nobody asks for would only keep the summarizer from the requests that wait."""
+        return self.clock() - job.at > self.cfg.compaction.prepare_idle_s
+
     async def _prepare(self, job: _PrepareJob) -> None:
+        if self._went_quiet(job):
+            log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
+            return
         conv, ctx = job.conv, job.ctx
         view = _View(conv, job.fwd)
         candidates = self._candidate_keys(view, ctx.scope)
@@ -513,6 +521,8 @@ class CompactionEngine:
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
+            return
+        if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.prepared_jobs += 1
         await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)

@@ -149,10 +149,10 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
 
-    def make_caller(session: aiohttp.ClientSession) -> UpstreamCaller:
+    def make_caller(session: aiohttp.ClientSession, base_url: str) -> UpstreamCaller:
         if summarize:
-            return CountingCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s, log)
-        return DryRunCaller(session, cfg.upstream.base_url, log)
+            return CountingCaller(session, base_url, cfg.upstream.connect_timeout_s, log)
+        return DryRunCaller(session, base_url, log)
 
     state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
     try:
