@@ -33,6 +33,8 @@ Settings (attributes, settable any time, or keyword arguments):
   extra_item_types    item types accepted as opaque besides OpenAI's (default: none; OpenAI
                       rejects unknown types)
   chunk_delay_s       sleep between stream events
+  signing_key         None: a random key per fake | bytes: the key of encrypted_content and compaction
+                      tokens (recorded sessions carry tokens made with a known key)
   fail_status, fault_times, reset_mid_response   faults, as FakeUpstream (reset: halfway through
                       a stream, or the WebSocket closed without a close frame)
 Recording: requests (RecordedRequest; kind "responses" | "summarizer" | "compact" | "websocket"
@@ -94,12 +96,20 @@ class FakeResponses(FakeServer):
         self.fail_status: int | None = None
         self.fault_times: int | None = None
         self.reset_mid_response: bool = False
+        self.signing_key: bytes | None = None
         super().__init__(**settings)
-        self.signer = Signer()
+        self._signer: Signer | None = None
         self._prefix_cache = PrefixCache()
         self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
         self._items: dict[str, dict[str, Any]] = {}
         self._next: dict[str, list[Any]] = {}
+
+    @property
+    def signer(self) -> Signer:
+        """Signs what only this fake may read; a fixed `signing_key` makes recorded sessions replayable."""
+        if self._signer is None or (self.signing_key is not None and self._signer.key != self.signing_key):
+            self._signer = Signer(self.signing_key)
+        return self._signer
 
     # ---- recordings --------------------------------------------------------------------------
 
@@ -118,6 +128,10 @@ class FakeResponses(FakeServer):
     def clear_requests(self) -> None:
         super().clear_requests()
         self._prefix_cache.clear()
+
+    def reasoning_token(self, rs_id: str, following: dict[str, Any]) -> str:
+        """The encrypted_content this fake gives a reasoning item that precedes `following`."""
+        return self.signer.sign("reasoning", {"id": rs_id, "next": follow_descriptor(following)})
 
     # ---- counting ----------------------------------------------------------------------------
 
@@ -254,7 +268,7 @@ class FakeResponses(FakeServer):
             self._next[rs_id] = nxt
             if "reasoning.encrypted_content" not in include:
                 return None
-            return self.signer.sign("reasoning", {"id": rs_id, "next": nxt})
+            return self.reasoning_token(rs_id, following)
 
         output = ev.output_items(reply, reasoning_token)
         status, incomplete = "completed", None
