@@ -45,6 +45,7 @@ from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
+from proxy.toolresults.stage import StageResult
 from proxy.tokens import encoding_name_for
 from proxy.upstream import is_context_overflow
 
@@ -127,11 +128,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     )
 
     try:
-        stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
-        outcome = Outcome("none")
-        if cfg.compaction.enabled:
-            outcome = await state.compaction.process(conv, stage.messages, ctx)
-        messages = outcome.messages or stage.messages
+        stage, outcome, messages = await shrink(state, conv, ctx)
         out_raw = raw if messages is conv.messages else _dump(body, messages)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
@@ -165,6 +162,17 @@ def _warn_anonymous() -> None:
         _anonymous_warned = True
         log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
                     "(set upstream.api_key, or send a credential or an x-compaction-session id)")
+
+
+async def shrink(state: ProxyState, conv: Conversation, ctx: RequestContext) -> tuple[StageResult, Outcome, list[Any]]:
+    """The request's stages: tool results to notes, then the history. Returns the tool-result
+    stage's result, the compaction's outcome and the messages to forward (conv.messages itself
+    when nothing changed). `compaction-proxy inspect` runs this too, with a dry-run caller."""
+    stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
+    outcome = Outcome("none")
+    if state.cfg.compaction.enabled:
+        outcome = await state.compaction.process(conv, stage.messages, ctx)
+    return stage, outcome, outcome.messages or stage.messages
 
 
 def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:

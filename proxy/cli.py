@@ -22,7 +22,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="compaction-proxy",
         description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
         epilog="Other commands: `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
-        "no network), `compaction-proxy events --help` (the journal of compaction events).",
+        "no network), `compaction-proxy events --help` (the journal of compaction events), "
+        "`compaction-proxy inspect --help` (what the proxy would forward for a request body).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -51,7 +52,7 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-COMMANDS = ("events",)
+COMMANDS = ("events", "inspect")
 
 
 def main(argv: list[str] | None = None) -> int:

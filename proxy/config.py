@@ -93,6 +93,15 @@ class CompactionConfig(_Section):
     # accepted and the headings it lacks are added by code ("none recorded").
     required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
+    # Tier 1: over the threshold, first replace old tool outputs by stubs written by code; a
+    # summary is made only when that is not enough.
+    mask_tool_outputs: bool = True
+    # The identifier block of a summary grows with the summarized span up to this share of the
+    # target; identifiers that do not fit are listed in the record for recall.
+    identifiers_share: float = Field(0.15, ge=0, le=0.5)
+    # A digest written by code (the summarizer failed and the request did not fit the window)
+    # lives this long: then the summarizer is asked again.
+    digest_ttl_s: float = Field(120, gt=0)
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)
     prepare_workers: int = Field(2, ge=1)
