@@ -163,8 +163,7 @@ def default_history_summary(body: dict[str, Any]) -> str:
     """
     convo = last_user_text(body)
     digest = hashlib.sha256(convo.encode("utf-8")).hexdigest()[:12]
-    # Only inside the conversation: the instructions after it quote the "[User]:" label too.
-    task = _last_block(convo.split("</conversation>", 1)[0] + "</conversation>", "[User]:") or "(no user request found)"
+    task = _last_block(convo, "[User]:") or "(no user request found)"
     if len(task) > 300:
         task = task[:300] + " ..."
     update = "<previous-summary>" in convo
