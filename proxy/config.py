@@ -78,6 +78,9 @@ class CompactionConfig(_Section):
     prepare_queue: int = Field(64, ge=1)
     max_concurrent_summaries: int = Field(8, ge=1)
     max_fold_calls: int = Field(16, ge=1)
+    # The longest a request waits for a summary (or tool note) someone else is making; past it,
+    # it is forwarded without (failed-open, or the raw output with a notice).
+    max_wait_s: float = Field(10, gt=0)
 
 
 class ToolResultsConfig(_Section):
@@ -98,8 +101,10 @@ class StoreConfig(_Section):
     scope_secret: SecretStr | None = None
     ttl_s: float = Field(7 * 24 * 3600, gt=0)
     max_records: int = Field(100_000, ge=1)
-    # Holders renew their lock while they work; a dead holder's lock frees itself after this.
+    # A lock's last resort: it frees itself this long after its holder's last beat.
     lock_ttl_s: float = Field(30, gt=0)
+    # Holders rewrite their lock this often; a lock two beats (and a half) late is taken over.
+    lock_heartbeat_s: float = Field(2, gt=0)
 
     @field_validator("url")
     @classmethod

@@ -24,7 +24,7 @@ from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
 from proxy.config import Config
 from proxy.hashing import hash_chain, message_digest
 from proxy.prompts import Prompts
-from proxy.singleflight import SingleFlight
+from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
 from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
@@ -102,7 +102,9 @@ class CompactionEngine:
         self.counter = counter
         self.prompts = prompts
         self.clock = clock
-        self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self.flight: SingleFlight[SummaryRecord] = SingleFlight(
+            store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
+        )
         self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
@@ -157,7 +159,10 @@ class CompactionEngine:
                     self._maybe_prepare(conv, fwd, ctx, budget, out.tokens_after)
                 return out
         started = time.perf_counter()
-        joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
+        try:
+            joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
+        except Busy as e:
+            return _busy(started, e)
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -178,6 +183,8 @@ class CompactionEngine:
             if plan is None:
                 return Outcome("failed-open", reason="no valid cut point")
             new_record = await self._summary_for(view, plan, record, ctx, budget)
+        except Busy as e:  # not a failure of the summary: no cool-down
+            return _busy(started, e)
         except SummarizerError as e:
             log.warning("compaction failed open: %s", e)
             self._remember_failure(failure_key)
@@ -468,7 +475,7 @@ class CompactionEngine:
                 await self._prepare(self._pending.pop(slot))
             except asyncio.CancelledError:
                 raise
-            except SummarizerError as e:
+            except (SummarizerError, Busy) as e:
                 log.info("preparing a summary failed (the request path will try again): %s", e)
             except Exception:
                 log.exception("preparing a summary failed unexpectedly")
@@ -554,6 +561,10 @@ class CompactionEngine:
         """Wait until the background queue is drained (tests, shutdown)."""
         if self._queue is not None:
             await self._queue.join()
+
+
+def _busy(started: float, e: Busy) -> Outcome:
+    return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
 
 
 def _over_target_reason(plan: Plan, tokens: int, target: int) -> str:

@@ -85,6 +85,9 @@ class ResilientStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         return await self._guard(lambda: self.inner.delete(key, expected), False)
 
+    async def scan(self, prefix: str) -> dict[str, bytes]:
+        return await self._guard(lambda: self.inner.scan(prefix), {})
+
     async def ping(self) -> None:
         """Ask the backend now, back-off or not: an explicit health check wants the current answer."""
         await self._guard(self.inner.ping, None, probe=True)

@@ -20,7 +20,7 @@ from proxy.compaction import extract
 from proxy.config import Config
 from proxy.hashing import content_digest, message_digest
 from proxy.prompts import Prompts
-from proxy.singleflight import SingleFlight
+from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
 from proxy.toolresults import note as notes
@@ -63,7 +63,9 @@ class ToolResultStage:
         # Wall time, not monotonic: failure records carry an expiry that other replicas read.
         # Replaceable on a running stage (tests move time on): the breakers read it through us.
         self.clock = clock
-        self.flight: SingleFlight[dict[str, Any]] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self.flight: SingleFlight[dict[str, Any]] = SingleFlight(
+            store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
+        )
         self._limit = asyncio.Semaphore(self.tcfg.concurrency)
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self.calls = 0
@@ -148,7 +150,10 @@ class ToolResultStage:
             await self.store.put(key, orjson.dumps(rec))
             return rec
 
-        rec = await self.flight.run(key, make, existing)
+        try:
+            rec = await self.flight.run(key, make, existing)
+        except Busy:  # another request's note for this output is late: the raw output, this once
+            return self._raw_with_notice(c, conv, "its summary is still being made"), False
         if rec.get("ok"):
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
