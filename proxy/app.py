@@ -11,7 +11,8 @@ from aiohttp import web
 from proxy import errors, logsafe
 from proxy.chat import handle_chat
 from proxy.config import Config
-from proxy.forward import passthrough
+from proxy.forward import BodyPace, passthrough
+from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy")
@@ -48,14 +49,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    return await passthrough(request, state.session, state.cfg.upstream, state.max_body)
+    return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
     logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
-        middlewares=[error_middleware],
+        middlewares=[track_inflight, error_middleware],
         client_max_size=max_body,
         handler_args={
             "max_field_size": cfg.server.max_header_kb * 1024,
@@ -70,6 +71,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
         yield
         await app[STATE].close()
 
+    app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/chat/completions", handle_chat)

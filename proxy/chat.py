@@ -29,10 +29,12 @@ from proxy.chat_request import (
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
+    BodyPace,
     client_response_headers,
     client_timeout,
     is_event_stream,
     map_client_error,
+    read_body,
     relay_completion,
     relay_events,
     upstream_request_headers,
@@ -50,21 +52,6 @@ CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with 
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 
 
-async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body within `timeout_s`: a client dripping a body byte by byte must not hold a
-    connection (and its memory) open for ever."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
-    try:
-        return await asyncio.wait_for(request.read(), timeout_s)
-    except web.HTTPRequestEntityTooLarge:
-        raise errors.body_too_large(limit) from None
-    except asyncio.TimeoutError:
-        raise errors.ProxyError(
-            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
-        ) from None
-
-
 def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: float) -> dict[str, str]:
     return {
         "x-compaction-status": status,
@@ -78,7 +65,7 @@ def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: f
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
-    raw = await read_body(request, state.max_body, state.cfg.server.body_timeout_s)
+    raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     body = parse_chat_body(raw)
     streaming = bool(body.get("stream"))
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None

@@ -8,8 +8,6 @@ import logging
 import sys
 from typing import Any
 
-from aiohttp import web
-
 from proxy import __version__, logsafe
 from proxy.config import Config, ConfigError, load_config
 
@@ -67,23 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(cfg.server.log_level)
     install_uvloop()
     from proxy.app import create_app
+    from proxy.serve import raise_fd_limit, serve
 
     log.info(
         "compaction-proxy %s listening on http://%s:%d -> %s (store %s)",
         __version__, cfg.server.host, cfg.server.port, cfg.upstream.base_url, cfg.store.url.split("@")[-1],
     )
+    raise_fd_limit(cfg)
     try:
         # SIGTERM/SIGINT: stop listening at once, give requests in flight shutdown_grace_s to finish
         # (exiting as soon as none is left), cancel what still runs, then close the store.
-        web.run_app(
-            create_app(cfg),
-            host=cfg.server.host,
-            port=cfg.server.port,
-            shutdown_timeout=cfg.server.shutdown_grace_s,
-            handler_cancellation=True,
-            access_log=None,
-            print=None,
-        )
+        asyncio.run(serve(create_app(cfg), cfg))
     except OSError as e:  # the address is taken or not ours: one line, not a traceback
         print(f"compaction-proxy: cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}", file=sys.stderr)
         return 1

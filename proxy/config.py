@@ -27,7 +27,13 @@ class ServerConfig(_Section):
     max_body_mb: float = Field(64, gt=0)
     max_header_kb: int = Field(64, ge=1)
     shutdown_grace_s: float = Field(30, ge=0)
-    body_timeout_s: float = Field(60, gt=0)  # a chat request body must arrive within this (else 408)
+    # A request body must arrive within body_timeout_s, and a large one no slower than
+    # body_min_kb_s on average after that (else 408): a rate floor, not a total, for big uploads.
+    body_timeout_s: float = Field(60, gt=0)
+    body_min_kb_s: float = Field(64, gt=0)
+    header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
+    keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
+    max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
     log_level: str = "info"
     # Message content is never logged unless an operator turns this on.
     log_content: bool = False

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -322,29 +323,82 @@ def _has_dot_segment(path: str) -> bool:
     return any(seg in (".", "..") for seg in path.split("/"))
 
 
-class LimitedBody:
-    """A request body streamed upstream that stops at the size limit and remembers that it did.
+@dataclass(frozen=True)
+class BodyPace:
+    """How slowly a request body may arrive: all of it within `timeout_s`, or, for a large one,
+    no slower than `min_bytes_s` on average after that (a rate floor rather than a total, so a big
+    upload on a slow link passes while a client dripping bytes is cut)."""
 
-    The limit is hit inside aiohttp's body writer, which reports it as a broken upstream
-    connection; `exceeded` lets the caller answer 413 instead of 502.
+    timeout_s: float
+    min_bytes_s: float
+
+    @classmethod
+    def of(cls, server: Any) -> "BodyPace":
+        return cls(server.body_timeout_s, server.body_min_kb_s * 1024)
+
+    def timed_out(self) -> errors.ProxyError:
+        return errors.ProxyError(
+            408,
+            f"The request body did not arrive in time (within {self.timeout_s:g} s, then at least "
+            f"{self.min_bytes_s / 1024:g} KiB/s).",
+            code="request_timeout",
+        )
+
+
+async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> AsyncIterator[bytes]:
+    """The body as it arrives: 413 past `limit`, 408 when it falls behind `pace`."""
+    loop = asyncio.get_running_loop()
+    due = loop.time() + pace.timeout_s  # when the next byte is due at the latest
+    seen = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(request.content.readany(), max(0.0, due - loop.time()))
+        except asyncio.TimeoutError:
+            raise pace.timed_out() from None
+        if not chunk:
+            return
+        seen += len(chunk)
+        if seen > limit:
+            raise errors.body_too_large(limit)
+        due += len(chunk) / pace.min_bytes_s
+        yield chunk
+
+
+async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
+    """The whole body, within its pace: a client dripping a body byte by byte must not hold a
+    connection (and its memory) open for ever."""
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.body_too_large(limit)
+    parts = [chunk async for chunk in body_chunks(request, limit, pace)]
+    return b"".join(parts)
+
+
+class LimitedBody:
+    """A request body streamed upstream that stops at the size limit or when it falls behind its
+    pace, and remembers why.
+
+    Both happen inside aiohttp's body writer, which reports them as a broken upstream connection;
+    `error` lets the caller answer 413 or 408 instead of 502.
     """
 
-    def __init__(self, request: web.Request, limit: int) -> None:
+    def __init__(self, request: web.Request, limit: int, pace: BodyPace) -> None:
         self._request = request
         self._limit = limit
-        self.exceeded = False
+        self._pace = pace
+        self.error: errors.ProxyError | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        seen = 0
-        async for chunk in self._request.content.iter_any():
-            seen += len(chunk)
-            if seen > self._limit:
-                self.exceeded = True
-                raise errors.body_too_large(self._limit)
-            yield chunk
+        try:
+            async for chunk in body_chunks(self._request, self._limit, self._pace):
+                yield chunk
+        except errors.ProxyError as e:
+            self.error = e
+            raise
 
 
-async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int) -> web.StreamResponse:
+async def passthrough(
+    request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int, pace: BodyPace
+) -> web.StreamResponse:
     """Any other /v1/ route: same method, path, query and body, streamed both ways."""
     if _has_dot_segment(request.path):
         # Forwarded raw, `/v1/../x` (or `%2e%2e`, `..%2f`) would reach upstream paths outside the
@@ -358,9 +412,9 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
     if not request.body_exists:
         data = None
     elif length is not None and length <= SMALL_BODY:
-        data = await request.read()
+        data = await read_body(request, max_body, pace)
     else:
-        streamed = LimitedBody(request, max_body)
+        streamed = LimitedBody(request, max_body, pace)
         data = streamed.chunks()
     url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len("/v1"):])
     headers = upstream_request_headers(
@@ -380,6 +434,6 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
         ) as upstream:
             return await relay(request, upstream)
     except UPSTREAM_ERRORS as e:
-        if streamed is not None and streamed.exceeded:
-            raise errors.body_too_large(max_body) from None
+        if streamed is not None and streamed.error is not None:
+            raise streamed.error from None
         raise map_client_error(e) from None
