@@ -218,40 +218,49 @@ def _parses(body: bytes) -> bool:
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 DRAIN_S = 1.0  # after [DONE], how long we wait for the upstream's end of stream
-MAX_EVENT_BYTES = 16 << 20  # one SSE event; beyond this the stream is not a chat completion
+# One SSE event, at most. A chat completion chunk is a few KiB (a tool call's arguments arrive in
+# many small deltas); an event this large, or one that never ends, is not a chat completion, and
+# holding more of it per stream lets a few such streams take the process's memory.
+MAX_EVENT_BYTES = 1 << 20
 
 
 class EventChecker:
     """Cuts an SSE byte stream into whole events and checks that every `data:` payload is JSON or
     `[DONE]`. Whole events go on at once; only an unfinished last event waits for its end (a client
-    cannot use half an event anyway)."""
+    cannot use half an event anyway), and at most `max_event_bytes` of it: the only bytes a stream
+    holds besides the chunk being written."""
 
-    def __init__(self) -> None:
-        self._pending = b""
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._pending = bytearray()
+        self._max = max_event_bytes
         self.done = False  # `data: [DONE]` went by: the answer is complete
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
-        buf = self._pending + chunk if self._pending else chunk
-        pos = 0
+        buf = self._pending
         # An event's end can straddle chunks, but the pending part holds none: search only its last bytes.
-        at = max(0, len(self._pending) - 3)
+        at = max(0, len(buf) - 3)
+        buf += chunk  # in place: an event arriving in many small chunks is not copied again each time
+        pos = 0
         while (m := _EVENT_END.search(buf, at)) is not None:
-            event = buf[pos : m.start()]
+            event = bytes(buf[pos : m.start()])
             why = _check_event(event)
             self.done = self.done or event.strip() == b"data: [DONE]"
             if why is not None:
-                self._pending = b""
-                return buf[:pos], why
+                good = bytes(buf[:pos])
+                self._pending = bytearray()
+                return good, why
             pos = at = m.end()
-        self._pending = buf[pos:]
-        if len(self._pending) > MAX_EVENT_BYTES:
-            return buf[:pos], "an event is larger than any chat completion chunk"
-        return buf[:pos], None
+        good = bytes(buf[:pos])
+        del buf[:pos]
+        if len(buf) > self._max:
+            self._pending = bytearray()
+            return good, f"an event is larger than {self._max} bytes, far more than any chat completion chunk"
+        return good, None
 
     def finish(self) -> tuple[bytes, str | None]:
         """At the end of the stream: an unterminated last event goes on as it came when it is whole."""
-        rest, self._pending = self._pending, b""
+        rest, self._pending = bytes(self._pending), bytearray()
         if not rest.strip():
             return rest, None
         if _check_event(rest) is not None:
