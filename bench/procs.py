@@ -156,25 +156,27 @@ def proxy_command() -> list[str]:
 
 
 def start_proxy(
-    workdir: Path, upstream_port: int, *, models: dict[str, int], store: str, extra_env: dict[str, str] | None = None
+    workdir: Path, upstream_port: int, *, models: dict[str, int], store: str, extra_env: dict[str, str] | None = None,
+    name: str = "proxy",
 ) -> Server:
     """The real `compaction-proxy` console script with a config written to `workdir`.
 
     `models` maps model names to context windows; `store` is `memory` or `sqlite` (a file in workdir);
-    `extra_env` is added to its environment (experiments such as allocator settings).
+    `extra_env` is added to its environment (experiments such as allocator settings, or
+    COMPACTION_PROXY_METRICS__ENABLED=false); `name` tells several proxies of one run apart.
     """
     port = free_port()
     config = {
         "server": {"host": LOOPBACK, "port": port, "shutdown_grace_s": 1},
         "upstream": {"base_url": f"http://{LOOPBACK}:{upstream_port}/v1", "max_connections": 2000},
         "models": {name: {"context_window": window} for name, window in models.items()},
-        "store": {"url": "memory://" if store == "memory" else f"sqlite:///{workdir / 'proxy.db'}"},
+        "store": {"url": "memory://" if store == "memory" else f"sqlite:///{workdir / (name + '.db')}"},
     }
-    cfg = workdir / "proxy.yaml"
+    cfg = workdir / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     env.update(extra_env or {})
-    server = spawn("proxy", proxy_command() + ["--config", str(cfg)], port, workdir, env)
+    server = spawn(name, proxy_command() + ["--config", str(cfg)], port, workdir, env)
     wait_ready(server, path="/healthz", timeout_s=60)
     return server
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.stats import BASELINE, DIRECT, PROXY
+from bench.stats import BASELINE, DIRECT, NO_METRICS, PROXY
 
 COLUMNS = (
     ("workload", 10, "workload"),
-    ("target", 8, "target"),
+    ("target", 9, "target"),
     ("n", 5, "n"),
     ("p50 ms", 8, "p50_ms"),
     ("p99 ms", 8, "p99_ms"),
@@ -52,7 +52,7 @@ def main_table(workloads: dict[str, Any]) -> list[str]:
         if wl.get("metric") in ("memory", "crossing"):
             continue
         for target, row in wl["targets"].items():
-            cells = [name.ljust(10), target.ljust(8)]
+            cells = [name.ljust(10), target.ljust(9)]
             cells += [fmt(row.get(key), w) for _, w, key in COLUMNS[2:]]
             lines.append(" ".join(cells) + "  " + _notes(row, target))
     return lines
@@ -159,11 +159,28 @@ def render(doc: dict[str, Any]) -> str:
         lines += [""] + crossing_lines(wls["crossing"]["description"], cross)
     if "memory" in wls:
         lines += [""] + memory_table(wls["memory"])
+    if metrics := metrics_cost_lines(wls):
+        lines += [""] + metrics
     lines += [""] + targets_lines(doc["targets_check"])
     for name, wl in wls.items():
         if "profile" in wl:
             lines += [""] + profile_lines(name, wl["profile"])
     return "\n".join(lines)
+
+
+def metrics_cost_lines(wls: dict[str, Any]) -> list[str]:
+    """The proxy with and without metrics, side by side (when the run had both)."""
+    rows = [(name, wl["targets"][PROXY], wl["targets"][NO_METRICS]) for name, wl in wls.items()
+            if PROXY in wl.get("targets", {}) and NO_METRICS in wl.get("targets", {})
+            and "cpu_ms_per_req" in wl["targets"][PROXY]]
+    if not rows:
+        return []
+    lines = ["cost of metrics: proxy CPU per request with metrics on (proxy) and off (nometrics)",
+             f"{'workload':<10} {'on ms':>8} {'off ms':>8} {'on - off us':>12} {'on/off':>7}"]
+    for name, on, off in rows:
+        a, b = on["cpu_ms_per_req"], off["cpu_ms_per_req"]
+        lines.append(f"{name:<10} {fmt(a, 8)} {fmt(b, 8)} {fmt((a - b) * 1000, 12)} {fmt(a / b if b else None, 7)}")
+    return lines
 
 
 def profile_lines(name: str, prof: dict[str, Any], n: int = 12) -> list[str]:

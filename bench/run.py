@@ -37,7 +37,7 @@ from bench import procs, report  # noqa: E402
 from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
-from bench.stats import BASELINE, DIRECT, NGINX, PROXY, Tally, summarize  # noqa: E402
+from bench.stats import BASELINE, DIRECT, NGINX, NO_METRICS, PROXY, Tally, summarize  # noqa: E402
 from bench.workloads import agent_conversation, small_body  # noqa: E402
 
 RESULTS_DIR = procs.BENCH_DIR / "results"
@@ -318,7 +318,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
 
 
 def start_servers(
-    workdir: Path, sizes: Sizes, *, store: str, nginx: bool, proxy_env: dict[str, str]
+    workdir: Path, sizes: Sizes, *, store: str, nginx: bool, proxy_env: dict[str, str], compare_metrics: bool = False
 ) -> tuple[procs.Server, list[Target]]:
     upstream = procs.start_fake_upstream(workdir, chunks=sizes.stream_chunks, chunk_delay_ms=sizes.stream_delay_ms)
     started = [upstream]
@@ -335,6 +335,11 @@ def start_servers(
         proxy = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env)
         started.append(proxy)
         targets.append(Target(PROXY, proxy.port, proxy))
+        if compare_metrics:
+            env = {**proxy_env, "COMPACTION_PROXY_METRICS__ENABLED": "false"}
+            bare = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=env, name=NO_METRICS)
+            started.append(bare)
+            targets.append(Target(NO_METRICS, bare.port, bare))
     except BaseException:
         for s in reversed(started):
             s.stop()
@@ -395,6 +400,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-nginx", action="store_true", help="skip nginx even when installed")
     p.add_argument("--profile", action="store_true",
                    help="sample the proxy with py-spy during each workload (perturbs the figures)")
+    p.add_argument("--compare-metrics", action="store_true",
+                   help=f"also run the proxy with metrics.enabled false (target {NO_METRICS!r}): the cost of metrics")
     p.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for the proxy process (repeatable)")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/<time>.json)")
@@ -420,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(workdir, 0o755)  # nginx workers run as another user
         try:
             upstream, targets = start_servers(workdir, sizes, store=args.store, nginx=not args.no_nginx,
-                                              proxy_env=args.proxy_env)
+                                              proxy_env=args.proxy_env, compare_metrics=args.compare_metrics)
         except procs.StartError as e:
             print(f"bench: {e}", file=sys.stderr)
             return 1

@@ -9,6 +9,7 @@ from typing import Any
 from bench.loadgen import LoadResult, Result, percentile
 
 DIRECT, BASELINE, NGINX, PROXY = "direct", "baseline", "nginx", "proxy"
+NO_METRICS = "nometrics"  # the proxy with metrics.enabled false (bench/run.py --compare-metrics)
 
 
 @dataclass

@@ -12,6 +12,9 @@ from proxy import errors, logsafe
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import BodyPace, passthrough
+from proxy.ops import admin
+from proxy.ops.exchange import PROTOCOLS
+from proxy.ops.observe import observe, on_prepare
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
@@ -52,11 +55,17 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
+def add_protocol_route(app: web.Application, path: str, handler: Handler, protocol: str) -> None:
+    """A route served by a protocol adapter; `protocol` labels its metrics and log lines."""
+    PROTOCOLS[path] = protocol
+    app.router.add_post(path, handler)
+
+
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
     logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
-        middlewares=[track_inflight, error_middleware],
+        middlewares=[track_inflight, observe, error_middleware],
         client_max_size=max_body,
         handler_args={
             "max_field_size": cfg.server.max_header_kb * 1024,
@@ -73,7 +82,9 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
 
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
-    app.router.add_post("/v1/chat/completions", handle_chat)
+    add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
+    admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
     return app

@@ -30,6 +30,7 @@ from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
     BodyPace,
+    EventChecker,
     client_response_headers,
     client_timeout,
     is_event_stream,
@@ -40,6 +41,9 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
+from proxy.hashing import conversation_digest
+from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
+from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
 from proxy.tokens import encoding_name_for
@@ -65,9 +69,11 @@ def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: f
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
+    ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     body = parse_chat_body(raw)
     streaming = bool(body.get("stream"))
+    ex.model, ex.stream = body["model"], streaming
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
     model_cfg = cfg.model_settings(body["model"])
@@ -80,11 +86,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
     conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
     before = conv.total()
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
+    # The conversation's name for the journal and the bill (anonymous requests share one scope there).
+    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
 
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
         return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
-    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     if cfg.server.log_content:
         _log_content(body)
     if creds.scope is None:
@@ -97,6 +106,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         upstream_headers=creds.headers,
         scope=creds.scope,
         focus=request.headers.get("x-compaction-focus") or None,
+        conversation=ex.conversation,
     )
 
     try:
@@ -110,14 +120,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
         status = "failed-open" if _needs_compaction(state, conv.model, before) else "none"
+        if status != "none":
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, Outcome(status, reason="internal error"), before, before))
         return await _forward(request, state, raw, up_headers, streaming, _headers(status, before, before, 0, 0))
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
+    if outcome.status not in QUIET_STATUSES:
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
     if cfg.compaction.enabled:
-        retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait)
+        retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait, ex)
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
     return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
@@ -153,7 +167,7 @@ def _dump(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
 
 
 def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext,
-                    body: dict[str, Any], before: int, tool_results: int, wait_ms: float) -> Any:
+                    body: dict[str, Any], before: int, tool_results: int, wait_ms: float, ex: Exchange) -> Any:
     """What to do once when the upstream says the forwarded request was too long for its window."""
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
@@ -161,6 +175,7 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
         outcome = await state.compaction.process(conv, fwd, ctx, budget=budget)
         if outcome.messages is None:
             return None
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
         return _dump(body, outcome.messages), _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
         )
@@ -180,6 +195,7 @@ async def _forward(
     url = upstream_url(state.cfg.upstream.base_url, request, "/chat/completions")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
+    ex = request[EXCHANGE]
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
@@ -187,6 +203,7 @@ async def _forward(
             async with state.session.post(
                 url, data=data, headers=headers, timeout=timeout, allow_redirects=False
             ) as upstream:
+                ex.upstream_ttfb_s = time.perf_counter() - t0
                 if can_retry and upstream.status in (400, 413, 422):
                     # Nothing has gone to the client yet: an overflow can still be compacted and retried.
                     err_body = await upstream.read()
@@ -202,11 +219,20 @@ async def _forward(
                         headers={**_passthrough_headers(upstream), **extra},
                     )
                 if not _checkable_stream(upstream):
-                    return await relay_completion(request, upstream, extra)
+                    resp = await relay_completion(request, upstream, extra)
+                    ex.upstream_s = time.perf_counter() - t0
+                    if resp.status == 200 and isinstance(resp, web.Response):
+                        ex.usage = completion_usage(resp.body)
+                    return resp
                 # Headers wait for the first bytes: until then an empty stream can still be retried.
                 first = await upstream.content.readany()
+                ex.upstream_ttfb_s = time.perf_counter() - t0
                 if first:
-                    return await relay_events(request, upstream, extra, first)
+                    checker = EventChecker()
+                    resp = await relay_events(request, upstream, extra, first, checker)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = Usage.from_openai(checker.usage)
+                    return resp
                 # llama.cpp answers a prompt over its window with 200 and an empty event stream.
                 again = await _compacted(retry) if can_retry else None
                 if again is None:

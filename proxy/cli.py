@@ -10,6 +10,7 @@ from typing import Any
 
 from proxy import __version__, logsafe
 from proxy.config import Config, ConfigError, load_config
+from proxy.ops.logs import setup_logging
 
 log = logging.getLogger("proxy")
 
@@ -18,6 +19,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compaction-proxy",
         description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
+        epilog="Other commands: `compaction-proxy events --help` (the journal of compaction events).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -38,15 +40,6 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def setup_logging(level: str) -> None:
-    logsafe.install()
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def install_uvloop() -> None:
     try:
         import uvloop
@@ -55,14 +48,22 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+COMMANDS = ("events",)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        from proxy.ops import commands
+
+        return getattr(commands, f"{argv[0]}_main")(argv[1:])
     args = parse_args(argv)
     try:
         cfg: Config = load_config(args.config, overrides=flag_overrides(args))
     except ConfigError as e:
         print(f"compaction-proxy: config error: {e}", file=sys.stderr)
         return 2
-    setup_logging(cfg.server.log_level)
+    setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
     from proxy.app import create_app
     from proxy.serve import raise_fd_limit, serve

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -35,6 +35,8 @@ class ServerConfig(_Section):
     keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
     max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one JSON object a line
+    access_log: bool = True  # one line per request at INFO (never content or credentials)
     # Message content is never logged unless an operator turns this on.
     log_content: bool = False
 
@@ -120,6 +122,38 @@ class StoreConfig(_Section):
         return v
 
 
+class AdminConfig(_Section):
+    # /metrics, /dashboard and /admin/* answer only to loopback peers unless this is set; then only
+    # to requests carrying it as a bearer token (from anywhere).
+    token: SecretStr | None = None
+    sample_interval_s: float = Field(10, gt=0)  # the dashboard's time series: one point this often
+    sample_points: int = Field(360, ge=2)  # points kept (an hour at the default interval)
+
+
+class MetricsConfig(_Section):
+    enabled: bool = True  # Prometheus metrics (/metrics and the dashboard's figures)
+
+
+class JournalConfig(_Section):
+    enabled: bool = True  # compaction events kept in the store (`compaction-proxy events`)
+    max_events: int = Field(1000, ge=1)  # newest kept; they also expire with store.ttl_s
+
+
+class PriceConfig(_Section):
+    """US dollars per million tokens."""
+
+    input: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)  # None: same as input (no cache discount)
+    output: float = Field(ge=0)
+
+
+class BillingConfig(_Section):
+    # Added to (and overriding) the built-in, dated table in proxy/ops/prices.py. Keys are model
+    # names; a key also prices every model whose name starts with it (longest match wins).
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    max_conversations: int = Field(1000, ge=1)  # per-conversation figures kept in memory
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
@@ -127,6 +161,10 @@ class Config(_Section):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    journal: JournalConfig = Field(default_factory=JournalConfig)
+    billing: BillingConfig = Field(default_factory=BillingConfig)
 
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""

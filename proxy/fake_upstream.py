@@ -32,46 +32,48 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import hashlib
-import inspect
 import logging
 import re
 import secrets
-import string
 import struct
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Union
 
 import orjson
 from aiohttp import web
 
-from proxy.encodings import get_encoding
+from proxy.fakes.common import (
+    FakeError,
+    Invalid as _Invalid,
+    RecordedRequest,
+    count_text_tokens,
+    rand as _rand,
+    resolve as _resolve,
+    split_args as _split_args,
+    split_text as _split_text,
+    truncate_to_tokens as _truncate_to_tokens,
+    type_phrase as _type_phrase,
+    utf8_or_none as _utf8_or_none,
+)
+from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
+from proxy.fakes.server import RESP_KEY as _RESP_KEY, FakeServer
+from proxy.fakes.summarizer_match import (  # noqa: F401 (the prompt file names stay importable from here)
+    HISTORY_PROMPT_FILE,
+    PROMPT_MATCH_CHARS,
+    TOOL_OUTPUT_BEGIN,
+    TOOL_OUTPUT_END,
+    TOOL_PROMPT_FILE,
+    summarizer_kind as _summarizer_kind,
+)
 from proxy.prompts import SUMMARY_HEADINGS, default_dir
 
 log = logging.getLogger(__name__)
 
-# Per-request state of the fake's handlers (typed keys, as aiohttp recommends; plain strings on
-# aiohttp versions before RequestKey existed).
-_RequestKey = getattr(web, "RequestKey", None)
-_RESP_KEY: Any = _RequestKey("fake_resp", web.StreamResponse) if _RequestKey else "fake_resp"
-_ABORTED_KEY: Any = _RequestKey("fake_aborted", bool) if _RequestKey else "fake_aborted"
-
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TOOL_OUTPUT_BEGIN = "--- BEGIN TOOL OUTPUT ---"
-TOOL_OUTPUT_END = "--- END TOOL OUTPUT ---"
-HISTORY_PROMPT_FILE = "summarization-system.md"
-TOOL_PROMPT_FILE = "tool-result-summarizer.md"
-PROMPT_MATCH_CHARS = 60  # a summarizer request's system prompt starts with this much of the file
 IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image)
 SYSTEM_FINGERPRINT = "fp_fake0000"
-# OpenAI's prompt cache: prefixes from 1024 tokens on, hits in steps of 128 tokens.
-CACHE_MIN_TOKENS = 1024
-CACHE_STEP_TOKENS = 128
-_ALNUM = string.ascii_letters + string.digits
 
 # The format our summarizer prompts ask for: the fake's default summaries are valid ones.
 HISTORY_SUMMARY_HEADINGS = SUMMARY_HEADINGS
@@ -79,41 +81,6 @@ HISTORY_SUMMARY_HEADINGS = SUMMARY_HEADINGS
 
 # --------------------------------------------------------------------------------------------
 # Scripted errors
-
-
-@dataclass
-class FakeError:
-    """An error answer a scripted `reply`/`summarizer` returns: status, JSON body, extra headers.
-
-    `body` may also be str/bytes to send a non-JSON error body verbatim.
-    """
-
-    status: int
-    body: dict[str, Any] | str | bytes
-    headers: dict[str, str] | None = None
-
-    @classmethod
-    def openai(
-        cls,
-        status: int,
-        message: str,
-        type: str | None = None,
-        code: str | None = None,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> "FakeError":
-        """An error in OpenAI's shape; `type` defaults to what OpenAI uses for that status."""
-        if type is None:
-            type = _default_error_type(status)
-        return cls(status, {"error": {"message": message, "type": type, "param": param, "code": code}}, headers)
-
-
-def _default_error_type(status: int) -> str:
-    if status == 429:
-        return "requests"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
 
 
 def status_error(status: int, retry_after: float | int | None = None) -> FakeError:
@@ -148,68 +115,6 @@ def status_error(status: int, retry_after: float | int | None = None) -> FakeErr
 
 def _fmt_num(x: float | int) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
-
-
-class _Invalid(Exception):
-    """A validation failure, turned into a 400 invalid_request_error."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-
-# --------------------------------------------------------------------------------------------
-# Recording
-
-
-@dataclass
-class RecordedRequest:
-    """One request as the fake received it (filled in further while it is answered)."""
-
-    method: str
-    path: str  # decoded path, without the query string
-    raw_path: str  # path and query exactly as sent
-    query: dict[str, str]  # parsed query (last value wins); raw form in `query_string`
-    query_string: str
-    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    body: bytes
-    json: Any  # parsed body, or None when empty / not JSON
-    kind: str = "other"  # "chat" | "summarizer" (POST /v1/chat/completions) | "other"
-    summarizer_kind: str | None = None  # "history" | "tool" for summarizer requests
-    status: int | None = None  # HTTP status sent (None: nothing sent yet)
-    prompt_tokens: int | None = None  # the fake's count, for chat completions that got that far
-    cached_tokens: int | None = None  # simulated prompt-cache hit (see FakeUpstream docstring)
-    faulted: bool = False  # a fault flag applied to this request
-    disconnected: bool = False  # the client went away before the answer was complete
-
-
-# --------------------------------------------------------------------------------------------
-# Token counting (cl100k_base by default, roughly the way OpenAI bills chat requests)
-
-
-@functools.lru_cache(maxsize=None)
-def _encoding(name: str) -> Any:
-    try:
-        return get_encoding(name)
-    except Exception as exc:  # a broken install: fall back to bytes/4 rather than crash
-        log.warning("fake upstream: tiktoken encoding %s unavailable (%s); using bytes/4", name, exc)
-        return None
-
-
-@functools.lru_cache(maxsize=4096)  # histories are resent every turn; don't re-encode them
-def count_text_tokens(text: str, encoding: str = "cl100k_base") -> int:
-    enc = _encoding(encoding)
-    if enc is None:
-        return (len(text.encode("utf-8")) + 3) // 4
-    # disallowed_special=(): conversations may contain "<|im_start|>" etc. as plain text.
-    return len(enc.encode(text, disallowed_special=()))
-
-
-def _truncate_to_tokens(text: str, limit: int, encoding: str) -> str:
-    enc = _encoding(encoding)
-    if enc is None:
-        return text[: limit * 4]
-    return enc.decode(enc.encode(text, disallowed_special=())[:limit])
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,53 +239,6 @@ def default_tool_summary(body: dict[str, Any]) -> str:
     )
 
 
-def _type_phrase(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a decimal"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    return "an object"
-
-
-def _rand(n: int) -> str:
-    return "".join(secrets.choice(_ALNUM) for _ in range(n))
-
-
-def _collapse_ws(s: str) -> str:
-    return " ".join(s.split())
-
-
-_HTML_COMMENT_RE = re.compile(r"\A\s*<!--.*?-->", re.S)
-
-
-def _split_text(text: str, max_piece: int = 4096) -> list[str]:
-    """Split a reply into several stream deltas (words, at most ~48 pieces, none over max_piece)."""
-    words = re.findall(r"\s*\S+|\s+$", text)
-    if not words:
-        return []
-    per = max(1, -(-len(words) // 48))
-    pieces = ["".join(words[i : i + per]) for i in range(0, len(words), per)]
-    out: list[str] = []
-    for p in pieces:
-        out.extend(p[i : i + max_piece] for i in range(0, len(p), max_piece))
-    return out
-
-
-def _split_args(args: str) -> list[str]:
-    if len(args) < 3:
-        return [args] if args else []
-    k = -(-len(args) // 3)
-    return [args[i : i + k] for i in range(0, len(args), k)]
-
-
 @dataclass
 class _Reply:
     content: str | None
@@ -396,7 +254,7 @@ SummarizerSpec = Union[str, FakeError, None, Callable[[dict], Union[str, FakeErr
 # --------------------------------------------------------------------------------------------
 
 
-class FakeUpstream:
+class FakeUpstream(FakeServer):
     """A fake OpenAI API server on 127.0.0.1 (random port). Attributes (settable any time, or as
     keyword arguments of the constructor):
 
@@ -509,102 +367,8 @@ class FakeUpstream:
         self.models: list[str] = ["gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-3.5-turbo", "text-embedding-3-small"]
         self.embedding_dimensions: int = 8
 
-        self.requests: list[RecordedRequest] = []
-        self.disconnects: int = 0
-        self.errors: list[BaseException] = []
-
-        for name, value in settings.items():
-            if name.startswith("_") or not hasattr(self, name):
-                raise TypeError(f"FakeUpstream has no setting {name!r}")
-            setattr(self, name, value)
-
-        self.port: int | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._stopping = False
-        self._prefix_seen: set[bytes] = set()
-        self._thread: threading.Thread | None = None
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-
-    @property
-    def base_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("FakeUpstream is not started")
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def start(self) -> "FakeUpstream":
-        # Big client_max_size: the proxy forwards whole long histories and huge tool outputs.
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        # handler_cancellation: a client that goes away cancels its handler, so tests can see it
-        # (RecordedRequest.disconnected); short shutdown_timeout: parked streams must not hold stop().
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        self.loop = asyncio.get_running_loop()
-        self._stopping = False
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is None:
-            return
-        self._stopping = True
-        for t in list(self._tasks):  # parked/stalled handlers would otherwise delay cleanup
-            t.cancel()
-        await self._runner.cleanup()
-        self._runner = None
-
-    async def __aenter__(self) -> "FakeUpstream":
-        return await self.start()
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
-    # Thread mode, for synchronous tests: the server runs its own loop in a daemon thread. Set
-    # events from the test thread with `fake.loop.call_soon_threadsafe(event.set)`.
-    def start_in_thread(self) -> "FakeUpstream":
-        loop = asyncio.new_event_loop()
-        started: list[BaseException | None] = []
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self.start())
-                started.append(None)
-            except BaseException as exc:  # report to the starting thread
-                started.append(exc)
-                return
-            finally:
-                ready.set()
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="fake-upstream", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if not started or started[0] is not None:
-            raise RuntimeError(f"FakeUpstream failed to start: {started[0] if started else 'timeout'}")
-        return self
-
-    def stop_in_thread(self) -> None:
-        if self._thread is None or self.loop is None:
-            return
-        loop = self.loop
-        asyncio.run_coroutine_threadsafe(self.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(10)
-        loop.close()
-        self._thread = None
-
-    def __enter__(self) -> "FakeUpstream":
-        return self.start_in_thread()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_in_thread()
+        super().__init__(**settings)
+        self._prefix_cache = PrefixCache()
 
     # ---- recordings --------------------------------------------------------------------------
 
@@ -624,43 +388,12 @@ class FakeUpstream:
     def tool_summarizer_requests(self) -> list[dict[str, Any]]:
         return [r.json for r in self.requests if r.summarizer_kind == "tool"]
 
-    def records(self, kind: str | None = None) -> list[RecordedRequest]:
-        """RecordedRequests, optionally only of one kind ("chat" | "summarizer" | "other")."""
-        return [r for r in self.requests if kind is None or r.kind == kind]
-
     def clear_requests(self) -> None:
         """Forget the recordings and the simulated prompt cache (settings stay)."""
-        self.requests.clear()
-        self.errors.clear()
-        self.disconnects = 0
-        self._prefix_seen.clear()
-
-    async def wait_for_requests(self, n: int, kind: str | None = None, timeout: float = 5.0) -> list[RecordedRequest]:
-        """Wait until at least n requests (of `kind`) were received; TimeoutError otherwise."""
-        deadline = time.monotonic() + timeout
-        while len(self.records(kind)) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"expected {n} {kind or ''} requests, got {len(self.records(kind))}")
-            await asyncio.sleep(0.01)
-        return self.records(kind)
+        super().clear_requests()
+        self._prefix_cache.clear()
 
     # ---- summarizer recognition ----------------------------------------------------------------
-
-    def _prompt_prefixes(self, filename: str) -> list[str]:
-        """First 60 chars (whitespace-collapsed, up to any {{placeholder}}) of a prompt file, with and
-        without a leading HTML comment; read at request time because the prompts may change."""
-        try:
-            directory = Path(self.prompts_dir) if isinstance(self.prompts_dir, str) else self.prompts_dir
-            text = directory.joinpath(filename).read_text(encoding="utf-8")
-        except OSError:
-            return []
-        out = []
-        for variant in (text, _HTML_COMMENT_RE.sub("", text, count=1)):
-            # Stop at the first {{placeholder}}: the proxy renders it (tool name) before sending.
-            p = _collapse_ws(variant.split("{{", 1)[0])[:PROMPT_MATCH_CHARS]
-            if len(p) >= 10 and p not in out:
-                out.append(p)
-        return out
 
     def summarizer_kind(self, body: Any) -> str | None:
         """"history" | "tool" for a summarizer request, else None."""
@@ -672,18 +405,8 @@ class FakeUpstream:
         if msgs[0].get("role") not in ("system", "developer"):
             return None
         system = content_text(msgs[0].get("content"))
-        norm = _collapse_ws(system)
-        kinds = [
-            kind
-            for kind, fname in (("history", HISTORY_PROMPT_FILE), ("tool", TOOL_PROMPT_FILE))
-            if any(norm.startswith(p) for p in self._prompt_prefixes(fname))
-        ]
-        if len(kinds) == 1:
-            return kinds[0]
-        if kinds or (self.summarizer_marker and self.summarizer_marker in system):
-            everything = "\n".join(content_text(m.get("content")) for m in msgs if isinstance(m, dict))
-            return "tool" if TOOL_OUTPUT_BEGIN in everything else "history"
-        return None
+        everything = "\n".join(content_text(m.get("content")) for m in msgs if isinstance(m, dict))
+        return _summarizer_kind(self.prompts_dir, system, everything, self.summarizer_marker)
 
     def is_summarizer_request(self, body: Any) -> bool:
         return self.summarizer_kind(body) is not None
@@ -736,21 +459,10 @@ class FakeUpstream:
         """Simulated prompt cache: tokens of the longest message prefix (same model and tools)
         that an earlier request already sent, counted as OpenAI does: nothing under 1024 tokens,
         then in steps of 128 (1024, 1152, 1280 ...)."""
-        h = hashlib.sha256(orjson.dumps([body.get("model"), body.get("tools")], option=orjson.OPT_SORT_KEYS)).digest()
-        tokens = cached = 0
-        hit = True
-        for m in body.get("messages") or []:
-            h = hashlib.sha256(h + orjson.dumps(m, option=orjson.OPT_SORT_KEYS)).digest()
-            tokens += self.message_tokens(m) if isinstance(m, dict) else 0
-            if hit and h in self._prefix_seen:
-                cached = tokens
-            else:
-                hit = False
-                self._prefix_seen.add(h)
-        cached = int(cached * self.token_scale)
-        if cached < CACHE_MIN_TOKENS:
-            return 0
-        return cached - (cached - CACHE_MIN_TOKENS) % CACHE_STEP_TOKENS
+        msgs = [m for m in body.get("messages") or []]
+        segments = [(segment_key(m), self.message_tokens(m) if isinstance(m, dict) else 0) for m in msgs]
+        cached = self._prefix_cache.longest_seen([body.get("model"), body.get("tools")], segments)
+        return openai_cached_tokens(int(cached * self.token_scale))
 
     # ---- validation --------------------------------------------------------------------------
 
@@ -997,51 +709,10 @@ class FakeUpstream:
 
     # ---- request handling --------------------------------------------------------------------
 
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        rec = await self._record(request)
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            return await self._route(request, rec)
-        except asyncio.CancelledError:
-            if not self._stopping and not request.get(_ABORTED_KEY):
-                rec.disconnected = True
-                self.disconnects += 1
-            raise
-        except ConnectionResetError:  # client went away while we wrote
-            rec.disconnected = True
-            self.disconnects += 1
-            return request.get(_RESP_KEY) or web.Response(status=499)
-        finally:
-            if task is not None:
-                self._tasks.discard(task)
-
-    async def _record(self, request: web.Request) -> RecordedRequest:
-        body = await request.read()
-        headers: dict[str, str] = {}
-        for k, v in request.headers.items():
-            k = k.lower()
-            headers[k] = f"{headers[k]}, {v}" if k in headers else v
-        try:
-            parsed = orjson.loads(body) if body else None
-        except orjson.JSONDecodeError:
-            parsed = None
-        rec = RecordedRequest(
-            method=request.method,
-            path=request.path,
-            raw_path=request.raw_path,
-            query=dict(request.query),
-            query_string=request.query_string,
-            headers=headers,
-            body=body,
-            json=parsed,
-        )
-        if request.method == "POST" and request.path == "/v1/chat/completions" and isinstance(parsed, dict):
-            rec.summarizer_kind = self.summarizer_kind(parsed)
+    def _classify(self, rec: RecordedRequest) -> None:
+        if rec.method == "POST" and rec.path == "/v1/chat/completions" and isinstance(rec.json, dict):
+            rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "chat"
-        self.requests.append(rec)
-        return rec
 
     def _take_fault(self, rec: RecordedRequest) -> bool:
         """Whether the fault flags apply to this request (consumes one of fault_times)."""
@@ -1182,6 +853,7 @@ class FakeUpstream:
 
         completion_tokens = (len(reply.content or "") // 4 if huge else self._count(reply.content or "")) + sum(
             self._count(tc["function"]["name"]) + self._count(tc["function"]["arguments"]) for tc in reply.tool_calls)
+        rec.completion_tokens = completion_tokens
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -1309,13 +981,6 @@ class FakeUpstream:
             transport.close()
         return resp
 
-    async def _abort(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
-        """Cut the connection after what was written so far (a reset mid-response)."""
-        request[_ABORTED_KEY] = True
-        await asyncio.sleep(0.05)  # let the partial body reach the client first
-        if request.transport is not None:
-            request.transport.abort()
-        return resp
 
 
 def _sse_events(cid: str, created: int, model: str, reply: _Reply, usage: dict | None) -> list[tuple[bytes, bool]]:
@@ -1377,22 +1042,6 @@ def _parse_error() -> FakeError:
         "library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have "
         "trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)",
     )
-
-
-def _utf8_or_none(b: bytes) -> str | None:
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-async def _resolve(spec: Any, body: dict[str, Any]) -> Any:
-    """A scripted value, or the result of calling it (awaited when it is async)."""
-    if callable(spec) and not isinstance(spec, FakeError):
-        spec = spec(body)
-        if inspect.isawaitable(spec):
-            spec = await spec
-    return spec
 
 
 try:  # a ready-made fixture: `from proxy.fake_upstream import fake_upstream`

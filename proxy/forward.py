@@ -234,6 +234,7 @@ class EventChecker:
         self._pending = bytearray()
         self._max = max_event_bytes
         self.done = False  # `data: [DONE]` went by: the answer is complete
+        self.usage: Any = None  # the `usage` object of the stream's last chunk (stream_options.include_usage)
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
@@ -246,6 +247,8 @@ class EventChecker:
             event = bytes(buf[pos : m.start()])
             why = _check_event(event)
             self.done = self.done or event.strip() == b"data: [DONE]"
+            if why is None and (b'"usage":{' in event or b'"usage": {' in event):
+                self.usage = _event_usage(event)
             if why is not None:
                 good = bytes(buf[:pos])
                 self._pending = bytearray()
@@ -268,6 +271,14 @@ class EventChecker:
         return rest, None
 
 
+def _event_usage(event: bytes) -> Any:
+    data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        return orjson.loads(data).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+
+
 def _check_event(event: bytes) -> str | None:
     data = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
     if not data:
@@ -283,15 +294,17 @@ class _BrokenStream(Exception):
 
 
 async def relay_events(
-    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes
+    request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes,
+    checker: EventChecker | None = None,
 ) -> web.StreamResponse:
     """A chat completion event stream whose first bytes (`first`) were read already. A broken event
-    or a cut stream ends the client's stream with an `error` event instead of garbage."""
+    or a cut stream ends the client's stream with an `error` event instead of garbage. `checker`
+    (a new one by default) is left with what it saw (the usage)."""
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    checker = EventChecker()
+    checker = checker or EventChecker()
     chunk = first
     try:
         while chunk:

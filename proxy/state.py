@@ -13,6 +13,12 @@ from aiohttp import web
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
+from proxy.ops.bill import Bill
+from proxy.ops.hooks import Fanout, Hooks
+from proxy.ops.journal import Journal
+from proxy.ops.logs import AccessLog
+from proxy.ops.metrics import Metrics, StateCollector
+from proxy.ops.prices import PriceTable
 from proxy.prompts import Prompts
 from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
@@ -41,6 +47,10 @@ class ProxyState:
     scope_secret: bytes
     tool_results: ToolResultStage
     compaction: CompactionEngine
+    hooks: Hooks = field(default_factory=Hooks)
+    metrics: Metrics | None = None
+    bill: Bill | None = None
+    journal: Journal | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -86,8 +96,18 @@ class ProxyState:
         )
         caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
-        compaction = CompactionEngine(cfg, store, HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings)), counter, prompts)
+        metrics = Metrics() if cfg.metrics.enabled else None
+        bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
+        journal = Journal(store, cfg.journal.max_events, bill) if cfg.journal.enabled else None
+        access = AccessLog() if cfg.server.access_log else None
+        # The bill before the journal: an event carries its conversation's bill.
+        hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
+        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings), hooks=hooks)
+        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
+        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        if metrics is not None:
+            metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
         return cls(
             cfg=cfg,
             session=session,
@@ -95,14 +115,20 @@ class ProxyState:
             prompts=prompts,
             store=store,
             scope_secret=secret,
-            tool_results=ToolResultStage(cfg, store, caller, prompts, counter),
+            tool_results=tool_results,
             compaction=compaction,
+            hooks=hooks,
+            metrics=metrics,
+            bill=bill,
+            journal=journal,
         )
 
     async def close(self) -> None:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.journal is not None:
+            await self.journal.flush()
         await self.tool_results.flight.cancel_all()
         await self.session.close()
         await self.store.close()

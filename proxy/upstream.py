@@ -76,15 +76,17 @@ class UpstreamCaller:
         messages: list[dict[str, Any]],
         max_output_tokens: int,
         timeout_s: float,
+        usage: dict[str, Any] | None = None,
     ) -> str:
-        """One non-streaming completion; returns the assistant's text or raises SummarizerError."""
+        """One non-streaming completion; returns the assistant's text or raises SummarizerError.
+        `usage`, when given, receives the answer's `usage` object (for the bill)."""
         param = self._cap_param.get(model, self._default_param)
         for attempt in range(2):
             body = {"model": model, "messages": messages, "stream": False, param: max_output_tokens}
             status, raw = await self._post(headers, body, timeout_s)
             if status == 200:
                 self._cap_param[model] = param
-                return _extract_text(raw)
+                return _extract_text(raw, usage)
             if status == 400 and attempt == 0 and _rejects_param(raw, param):
                 param = _CAP_PARAMS[1] if param == _CAP_PARAMS[0] else _CAP_PARAMS[0]
                 continue
@@ -128,9 +130,11 @@ async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
     return bytes(raw)
 
 
-def _extract_text(raw: bytes) -> str:
+def _extract_text(raw: bytes, usage: dict[str, Any] | None = None) -> str:
     try:
         data = orjson.loads(raw)
+        if usage is not None and isinstance(data.get("usage"), dict):
+            usage.update(data["usage"])
         message = data["choices"][0]["message"]
         content = message.get("content")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):

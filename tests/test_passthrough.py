@@ -56,9 +56,11 @@ async def test_models_list_and_item_are_identical_to_direct(upstream, proxy):
         assert via_item[:2] == direct_item[:2]
         missing = await _get(s, proxy.base_url + "/models/nope")
         assert missing[0] == 404 and orjson.loads(missing[1])["error"]["code"] == "model_not_found"
-    # The upstream's own response headers come back to the client.
+    # The upstream's own response headers come back to the client; its request id under
+    # x-upstream-request-id, since x-request-id names the proxy's request (its access log line).
     assert via[2]["openai-version"] == "2020-10-01"
-    assert via[2]["x-request-id"].startswith("req_")
+    assert via[2]["x-upstream-request-id"].startswith("req_")
+    assert not via[2]["x-request-id"].startswith("req_")
     assert via[2]["Content-Type"] == "application/json"
 
 

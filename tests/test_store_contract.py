@@ -286,6 +286,71 @@ async def test_replicas_share_records_locks_expiry_and_the_bound(
     assert await b.get_many(["x", "y", "z"]) == {"z": b"3"}
 
 
+# -- logs (the journal) -------------------------------------------------------------------------
+
+
+async def test_a_log_keeps_its_newest_entries_in_order(store: Store, clock: FakeClock) -> None:
+    assert await store.tail("j", 10) == []
+    for i in range(7):
+        clock.advance(1)
+        await store.append("j", f"e{i}".encode(), max_len=5)
+    entries = await store.tail("j", 10)
+    assert [v for _, v in entries] == [b"e2", b"e3", b"e4", b"e5", b"e6"]
+    assert [t for t, _ in entries] == [clock() - 4, clock() - 3, clock() - 2, clock() - 1, clock()]
+    assert [v for _, v in await store.tail("j", 2)] == [b"e5", b"e6"]
+    assert await store.tail("j", 0) == []
+    assert await store.tail("other", 5) == []
+
+
+async def test_log_entries_round_trip_exactly(store: Store) -> None:
+    values = [b"", b"with spaces and\nnewlines", bytes(range(256)), "ünïcode".encode()]
+    for v in values:
+        await store.append("bin", v, max_len=10)
+    assert [v for _, v in await store.tail("bin", 10)] == values
+
+
+async def test_log_entries_expire_by_the_time_they_were_added(store: Store, clock: FakeClock) -> None:
+    await store.append("j", b"old", max_len=10)
+    clock.advance(TTL / 2)
+    await store.append("j", b"new", max_len=10)
+    assert [v for _, v in await store.tail("j", 10)] == [b"old", b"new"]  # reading refreshes nothing
+    clock.advance(TTL / 2 + 0.1)
+    assert [v for _, v in await store.tail("j", 10)] == [b"new"]
+    clock.advance(TTL)
+    assert await store.tail("j", 10) == []
+
+
+async def test_logs_live_apart_from_records_and_their_bound(make_store: MakeStore, clock: FakeClock) -> None:
+    store = make_store(max_records=2)
+    await store.put("j", b"record")
+    for i in range(5):
+        await store.append("j", b"entry", max_len=5)
+    clock.advance(1)
+    await store.put("a", b"1")
+    clock.advance(1)
+    await store.put("b", b"2")  # the bound of 2 records evicts "j"; the log of the same name stays
+    assert await store.get_many(["j", "a", "b"]) == {"a": b"1", "b": b"2"}
+    assert len(await store.tail("j", 10)) == 5
+
+
+async def test_replicas_share_a_log(backend: str, make_store: MakeStore) -> None:
+    if backend == "memory":
+        pytest.skip("memory:// is private to one process")
+    a, b = make_store(), make_store()
+    await a.append("j", b"from a", max_len=3)
+    await b.append("j", b"from b", max_len=3)
+    assert [v for _, v in await a.tail("j", 5)] == [b"from a", b"from b"]
+
+
+async def test_resilient_store_answers_an_empty_log_when_down(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_bytes(b"")
+    store = ResilientStore(SqliteStore(str(tmp_path / "a-file" / "s.db"), ttl_s=TTL, max_records=10))
+    await store.append("j", b"x", max_len=3)
+    assert await store.tail("j", 3) == []
+    assert not store.healthy and store.errors >= 1
+    await store.close()
+
+
 # -- SQLite specifics -------------------------------------------------------------------------
 
 

@@ -23,6 +23,8 @@ from proxy.compaction.serialize import content_text, serialize_messages, tool_na
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
 from proxy.config import Config
 from proxy.hashing import hash_chain, message_digest
+from proxy.ops.exchange import CONVERSATION
+from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
@@ -48,6 +50,7 @@ class RequestContext:
     upstream_headers: dict[str, str]  # credentials for the summarizer calls: the client's own
     scope: str  # HMAC of the credential (+ session): the store namespace
     focus: str | None = None
+    conversation: str = ""  # digest naming the conversation (the bill attributes summarizer calls to it)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Outcome:
     tokens_after: int | None = None
     wait_ms: float = 0.0
     reason: str = ""
+    record: SummaryRecord | None = None  # the record applied (the journal reads covered and summary)
 
 
 @dataclass
@@ -95,7 +99,9 @@ class CompactionEngine:
         prompts: Prompts,
         *,
         clock: Any = time.time,
+        hooks: Hooks | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.cfg = cfg
         self.store = store
         self.summarizer = summarizer
@@ -155,9 +161,12 @@ class CompactionEngine:
                 if record.prepared:
                     if await self._first_to_carry(ctx.scope, record):
                         out.status = "summarized"
+                        self.hooks.prepared("used")
                 elif not forced:
                     self._maybe_prepare(conv, fwd, ctx, budget, out.tokens_after)
                 return out
+            if record.prepared:
+                self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
         started = time.perf_counter()
         try:
             joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
@@ -166,8 +175,11 @@ class CompactionEngine:
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
+                was_prepared = joined.prepared
                 first = not joined.prepared or await self._first_to_carry(ctx.scope, joined)
                 out.status = "summarized" if first else "reused"
+                if was_prepared and first:
+                    self.hooks.prepared("used")
                 out.wait_ms = (time.perf_counter() - started) * 1000
                 return out
             record = joined  # the previous summary of a short update
@@ -280,7 +292,7 @@ class CompactionEngine:
         else:
             n += sum(conv.tokens[tail_start:])
         n += conv.tools_tokens + REPLY_OVERHEAD
-        return Outcome("reused", messages=messages, tokens_after=conv.scaled(n))
+        return Outcome("reused", messages=messages, tokens_after=conv.scaled(n), record=record)
 
     # -- records -------------------------------------------------------------------------------
     def _key(self, scope: str, chain_hex: str) -> str:
@@ -383,6 +395,7 @@ class CompactionEngine:
             timeout_s=self.cfg.compaction.summarizer_timeout_s,
             focus=ctx.focus or self.cfg.compaction.focus,
             max_calls=self.cfg.compaction.max_fold_calls,
+            purpose="prepared" if prepared else "history",
         )
         main_span = fwd[plan.start:plan.main_end]
         prev_text = previous.summary if previous else None
@@ -472,7 +485,9 @@ class CompactionEngine:
         while True:
             slot = await self._queue.get()
             try:
-                await self._prepare(self._pending.pop(slot))
+                job = self._pending.pop(slot)
+                CONVERSATION.set(job.ctx.conversation)
+                await self._prepare(job)
             except asyncio.CancelledError:
                 raise
             except (SummarizerError, Busy) as e:
@@ -508,6 +523,7 @@ class CompactionEngine:
             return
         self.prepared_jobs += 1
         await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+        self.hooks.prepared("made")
 
     async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:
         """Reuse of the summary the conversation carries now, while it keeps the request at or under

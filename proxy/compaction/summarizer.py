@@ -15,6 +15,7 @@ from typing import Callable, NoReturn
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.escaping import escape_client_text
+from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
 from proxy.upstream import SummarizerError, UpstreamCaller
@@ -38,6 +39,7 @@ class SummaryJob:
     timeout_s: float
     focus: str | None
     max_calls: int
+    purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
 
 
 def clean_output(text: str) -> str:
@@ -59,7 +61,9 @@ class HistorySummarizer:
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = (),
+        hooks: Hooks | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.caller = caller
         self.prompts = prompts
         self.count = count
@@ -121,22 +125,24 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        try:
-            text = await self.caller.complete(
-                headers=job.headers,
-                model=job.model,
-                messages=[
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-                ],
-                max_output_tokens=job.output_cap,
-                timeout_s=job.timeout_s,
-            )
-        except SummarizerError as e:
-            if e.reason:  # an answer, but not a summary (a tool call)
-                self.reject(e.reason, str(e))
-            raise
-        return self.accept(clean_output(text), job.output_cap, kind)
+        async with self.hooks.summarizer_call(job.purpose, job.model) as call:
+            try:
+                text = await self.caller.complete(
+                    headers=job.headers,
+                    model=job.model,
+                    messages=[
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+                    ],
+                    max_output_tokens=job.output_cap,
+                    timeout_s=job.timeout_s,
+                    usage=call.usage,
+                )
+            except SummarizerError as e:
+                if e.reason:  # an answer, but not a summary (a tool call)
+                    self.reject(e.reason, str(e))
+                raise
+            return self.accept(clean_output(text), job.output_cap, kind)
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and

@@ -7,7 +7,11 @@ guarantees, which tests/test_store_contract.py checks against all three:
   expires `ttl_s` after its last use, and a read (`get`/`get_many`) counts as a use and refreshes it;
 - at most `max_records` expiring keys are kept; past that the least recently used are evicted;
 - `add` is set-if-absent (locks, the generated secret); `delete(key, expected)` deletes only while
-  the value is still `expected` (releasing a lock one still holds).
+  the value is still `expected` (releasing a lock one still holds);
+- logs (the journal of compaction events) are a second, separate namespace: `append(name, value,
+  max_len)` adds an entry stamped with the clock and keeps the newest `max_len`; an entry expires
+  `ttl_s` after it was appended (reads do not refresh it); `tail(name, n)` is the newest n live
+  entries, oldest first. Logs do not count towards `max_records`.
 Time comes from an injectable `clock` so expiry is testable without sleeping.
 """
 
@@ -53,6 +57,14 @@ class Store(ABC):
         """Live keys starting with `prefix` and their values, where the backend can list them
         cheaply (SQLite); {} elsewhere. For start-up housekeeping only, never on a request."""
         return {}
+
+    @abstractmethod
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        """Add an entry to the end of log `name`; keep its newest `max_len` entries."""
+
+    @abstractmethod
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        """The newest `n` live entries of log `name` as (time appended, value), oldest first."""
 
     async def ping(self) -> None:
         """Raise StoreUnavailable when the backend is down."""

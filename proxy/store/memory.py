@@ -6,7 +6,7 @@ Nothing is shared between processes and nothing survives a restart.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from .base import Clock, Store
@@ -25,6 +25,7 @@ class MemoryStore(Store):
         # Expiring keys, least recently used first; only these count towards max_records.
         self._lru: OrderedDict[str, _Entry] = OrderedDict()
         self._permanent: dict[str, bytes] = {}
+        self._logs: dict[str, deque[tuple[float, bytes]]] = {}
 
     def _live(self, key: str, now: float) -> bytes | None:
         """The key's value unless absent or expired (an expired entry is dropped on sight)."""
@@ -71,6 +72,17 @@ class MemoryStore(Store):
             return False
         self._set(key, value, self._ttl(ttl_s), now)
         return True
+
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        log = self._logs.get(name)
+        if log is None or log.maxlen != max_len:
+            log = self._logs[name] = deque(log or (), maxlen=max_len)
+        log.append((self.clock(), value))
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        since = self.clock() - self.ttl_s
+        live = [e for e in self._logs.get(name, ()) if e[0] > since]
+        return live[-n:] if n > 0 else []
 
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         value = self._live(key, self.clock())

@@ -103,6 +103,16 @@ return 1
 """
 
 
+# Logs: `<ns>log:<name>` is a LIST of "<time> <value>" entries, newest last. ARGV: entry, max_len,
+# ttl ms (the list's own PEXPIRE: a log nobody appends to for a TTL is gone whole).
+_APPEND = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
 class RedisStore(Store):
     def __init__(
         self,
@@ -130,6 +140,7 @@ class RedisStore(Store):
         self._put = self._redis.register_script(_PUT)
         self._add = self._redis.register_script(_ADD)
         self._delete = self._redis.register_script(_DELETE)
+        self._append = self._redis.register_script(_APPEND)
 
     def _key(self, key: str) -> str:
         return f"{self._ns}k:{key}"
@@ -164,6 +175,31 @@ class RedisStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         args = [repr(self.clock()), "0" if expected is None else "1", expected or b""]
         return bool(await self._call(self._delete, [self._key(key)], args))
+
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        entry = repr(self.clock()).encode() + b" " + value
+        try:
+            await self._append(keys=[self._log_key(name)], args=[entry, max_len, max(1, round(self.ttl_s * 1000))])
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        if n <= 0:
+            return []
+        try:
+            raw = await self._redis.lrange(self._log_key(name), -n, -1)
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+        since = self.clock() - self.ttl_s
+        out = []
+        for entry in raw:
+            at, _, value = entry.partition(b" ")
+            if float(at) > since:
+                out.append((float(at), value))
+        return out
+
+    def _log_key(self, name: str) -> str:
+        return f"{self._ns}log:{name}"
 
     async def ping(self) -> None:
         try:

@@ -40,6 +40,7 @@ class ResilientStore(Store):
         self._retry_at = 0.0  # while unhealthy: no backend call before this
         self._probing = False  # while unhealthy: one call is trying the backend
         self._kind = type(inner).__name__
+        self.errors = 0  # failed backend calls since start (the metrics read it)
 
     async def _guard(self, call: Callable[[], Awaitable[T]], fallback: T, *, probe: bool = False) -> T:
         """`call()`, or `fallback` when it fails or when backing off (`probe` calls always go out)."""
@@ -63,6 +64,7 @@ class ResilientStore(Store):
 
     def _failed(self, e: Exception) -> None:
         reason = str(e) if isinstance(e, StoreUnavailable) else f"{type(e).__name__}: {e}"
+        self.errors += 1
         self._retry_at = self._monotonic() + self.retry_after_s
         if self.healthy:
             self.healthy = False
@@ -87,6 +89,12 @@ class ResilientStore(Store):
 
     async def scan(self, prefix: str) -> dict[str, bytes]:
         return await self._guard(lambda: self.inner.scan(prefix), {})
+
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        await self._guard(lambda: self.inner.append(name, value, max_len), None)
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        return await self._guard(lambda: self.inner.tail(name, n), [])
 
     async def ping(self) -> None:
         """Ask the backend now, back-off or not: an explicit health check wants the current answer."""

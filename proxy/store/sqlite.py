@@ -44,6 +44,13 @@ CREATE TRIGGER IF NOT EXISTS kv_count_insert AFTER INSERT ON kv WHEN NEW.expires
 BEGIN UPDATE kv_count SET expiring = expiring + 1; END;
 CREATE TRIGGER IF NOT EXISTS kv_count_delete AFTER DELETE ON kv WHEN OLD.expires_at IS NOT NULL
 BEGIN UPDATE kv_count SET expiring = expiring - 1; END;
+CREATE TABLE IF NOT EXISTS log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    at REAL NOT NULL,
+    value BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS log_name_seq ON log (name, seq);
 CREATE TRIGGER IF NOT EXISTS kv_count_update AFTER UPDATE OF expires_at ON kv
 WHEN (OLD.expires_at IS NULL) != (NEW.expires_at IS NULL)
 BEGIN UPDATE kv_count SET expiring = expiring + (NEW.expires_at IS NOT NULL) - (OLD.expires_at IS NOT NULL); END;
@@ -157,6 +164,23 @@ class SqliteStore(Store):
                 self._after_write(conn, now)
         return stored
 
+    def _append(self, conn: sqlite3.Connection, name: str, value: bytes, max_len: int, now: float) -> None:
+        with _transaction(conn):
+            conn.execute("INSERT INTO log (name, at, value) VALUES (?, ?, ?)", (name, now, value))
+            conn.execute(
+                "DELETE FROM log WHERE name = ? AND seq <= (SELECT seq FROM log WHERE name = ?"
+                " ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                (name, name, max_len),
+            )
+            conn.execute("DELETE FROM log WHERE name = ? AND at <= ?", (name, now - self.ttl_s))
+
+    def _tail(self, conn: sqlite3.Connection, name: str, n: int, now: float) -> list[tuple[float, bytes]]:
+        rows = conn.execute(
+            "SELECT at, value FROM log WHERE name = ? AND at > ? ORDER BY seq DESC LIMIT ?",
+            (name, now - self.ttl_s, n),
+        ).fetchall()
+        return [(at, bytes(v)) for at, v in reversed(rows)]
+
     def _delete(
         self, conn: sqlite3.Connection, key: str, expected: bytes | None, now: float
     ) -> bool:
@@ -205,6 +229,14 @@ class SqliteStore(Store):
             return dict(cur.fetchall())
 
         return await self._run(rows, self.clock())
+
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        await self._run(self._append, name, value, max_len, self.clock())
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        if n <= 0:
+            return []
+        return await self._run(self._tail, name, n, self.clock())
 
     async def ping(self) -> None:
         await self._run(lambda conn: conn.execute("SELECT 1").fetchone())

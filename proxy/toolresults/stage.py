@@ -19,6 +19,7 @@ from proxy.chat_request import Conversation
 from proxy.compaction import extract
 from proxy.config import Config
 from proxy.hashing import content_digest, message_digest
+from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
@@ -53,7 +54,9 @@ class ToolResultStage:
         counter: TokenCounter,
         *,
         clock: Callable[[], float] = time.time,
+        hooks: Hooks | None = None,
     ) -> None:
+        self.hooks = hooks or Hooks()
         self.cfg = cfg
         self.tcfg = cfg.tool_results
         self.store = store
@@ -78,6 +81,10 @@ class ToolResultStage:
                 self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, lambda: self.clock()
             )
         return b
+
+    def breaker_states(self) -> list[tuple[str, str]]:
+        """(model, state) of every breaker, for the metrics."""
+        return [(model, b.state) for (_, model), b in self._breakers.items()]
 
     async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
         """Returns the messages to forward; updates conv.tokens for the ones it replaced."""
@@ -166,16 +173,21 @@ class ToolResultStage:
         if c.tokens > room_tokens:
             payload = clamp_middle(payload, int(len(payload) * room_tokens / c.tokens * 0.9))
         self.calls += 1
-        text = await self.caller.complete(
-            headers=headers,
-            model=model,
-            messages=[
-                {"role": "system", "content": self.prompts["tool-result-summarizer"].render(tool_name=c.tool_name)},
-                {"role": "user", "content": sel.user_message(c.tool_name, hint, payload)},
-            ],
-            max_output_tokens=self.tcfg.max_output_tokens,
-            timeout_s=self.tcfg.timeout_s,
-        )
+        async with self.hooks.summarizer_call("tool_result", model) as call:
+            text = await self.caller.complete(
+                headers=headers,
+                model=model,
+                messages=[
+                    {"role": "system", "content": self.prompts["tool-result-summarizer"].render(tool_name=c.tool_name)},
+                    {"role": "user", "content": sel.user_message(c.tool_name, hint, payload)},
+                ],
+                max_output_tokens=self.tcfg.max_output_tokens,
+                timeout_s=self.tcfg.timeout_s,
+                usage=call.usage,
+            )
+            return await self._checked(c, text)
+
+    async def _checked(self, c: sel.Candidate, text: str) -> str:
         text = text.strip()
         if not text:
             raise SummarizerError("invalid", "the summarizer returned an empty note")

@@ -1,0 +1,434 @@
+"""A strict fake OpenAI Responses API (design.md sections 8 and 11) on 127.0.0.1.
+
+- `POST /v1/responses`: OpenAI's validation (proxy/fakes/responses/validate.py), JSON or SSE;
+  a context window (400 `context_length_exceeded`, or with `overflow_as_failed_event` a stream
+  that ends in `response.failed` with that code); stored responses for `previous_response_id`
+  and `item_reference` (unless `store: false`); reasoning items whose `encrypted_content` the fake
+  signs and checks (they must come back unchanged, right before the item they preceded);
+- WebSocket on `/v1/responses`: each `response.create` message is a request; the events come
+  back as JSON text messages; errors as `{"type": "error", "status", "error": {...}}` and the
+  socket stays open; one response at a time per socket, in order;
+- `POST /v1/responses/compact`: the user messages plus one signed `compaction` item (or 404, as
+  a server without it answers, when `serve_compact` is False);
+- a recording of every request (each WebSocket message too) and a prefix cache reporting
+  `usage.input_tokens_details.cached_tokens` as OpenAI does.
+
+    async with FakeResponses(window=8000) as fake:
+        client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test")
+        await client.responses.create(model="gpt-5", input="hi")
+        fake.responses_requests[-1]["input"]
+
+Settings (attributes, settable any time, or keyword arguments):
+  prompts_dir, require_api_key      as FakeUpstream
+  window, model_windows, encoding, token_scale   counting and the window (default 128000)
+  overflow_as_failed_event  streams over the window: 200 and a `response.failed` event with
+                      code context_length_exceeded (default False: HTTP 400 / a WebSocket error)
+  reply               None: "ok: <last user text[:50]>" | str | dict ({"content", "reasoning":
+                      summary text, "tool_calls": [{"name", "arguments"}], "custom_tool_calls":
+                      [{"name", "input"}]}) | FakeError | callable(view) -> any of those, where
+                      view is the chat-shaped view (proxy/fakes/chat_view.py; view["raw"] is the body)
+  summarizer, summarizer_marker, summarizer_delay_s   as FakeUpstream (callables get the view)
+  serve_compact       answer /v1/responses/compact (default True) or 404
+  compaction_item_tokens  what a compaction item counts for in later requests (default 200)
+  extra_item_types    item types accepted as opaque besides OpenAI's (default: none; OpenAI
+                      rejects unknown types)
+  chunk_delay_s       sleep between stream events
+  fail_status, fault_times, reset_mid_response   faults, as FakeUpstream (reset: halfway through
+                      a stream, or the WebSocket closed without a close frame)
+Recording: requests (RecordedRequest; kind "responses" | "summarizer" | "compact" | "websocket"
+(the handshake) | "other"; transport "websocket" for socket messages), responses_requests,
+summarizer_requests, compact_requests (parsed bodies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from proxy.fake_upstream import _parse_error, default_history_summary, default_reply, default_tool_summary, status_error
+from proxy.fakes.common import FakeError, Invalid, RecordedRequest, count_text_tokens, rand, resolve
+from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
+from proxy.fakes.responses import events as ev
+from proxy.fakes.responses.items import input_items, item_tokens, item_type, view
+from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
+from proxy.fakes.server import RESP_KEY, FakeServer
+from proxy.fakes.signing import Signer
+from proxy.fakes.summarizer_match import summarizer_kind
+from proxy.prompts import default_dir
+
+log = logging.getLogger(__name__)
+
+
+class _Failure(Exception):
+    """An error answer: HTTP status + OpenAI error body (a WebSocket error event carries both)."""
+
+    def __init__(self, err: FakeError) -> None:
+        super().__init__(str(err.body))
+        self.err = err
+
+
+class FakeResponses(FakeServer):
+    thread_name = "fake-responses"
+
+    def __init__(self, **settings: Any) -> None:
+        self.prompts_dir: Any = default_dir()
+        self.require_api_key: str | None = None
+        self.window: int = 128000
+        self.model_windows: dict[str, int] = {}
+        self.encoding: str = "o200k_base"
+        self.token_scale: float = 1.0
+        self.overflow_as_failed_event: bool = False
+        self.reply: Any = None
+        self.summarizer: Any = None
+        self.summarizer_marker: str | None = None
+        self.summarizer_delay_s: float = 0.0
+        self.serve_compact: bool = True
+        self.compaction_item_tokens: int = 200
+        self.extra_item_types: set[str] = set()
+        self.chunk_delay_s: float = 0.0
+        self.fail_status: int | None = None
+        self.fault_times: int | None = None
+        self.reset_mid_response: bool = False
+        super().__init__(**settings)
+        self.signer = Signer()
+        self._prefix_cache = PrefixCache()
+        self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
+        self._items: dict[str, dict[str, Any]] = {}
+        self._next: dict[str, list[Any]] = {}
+
+    # ---- recordings --------------------------------------------------------------------------
+
+    @property
+    def responses_requests(self) -> list[Any]:
+        return [r.json for r in self.requests if r.kind == "responses"]
+
+    @property
+    def summarizer_requests(self) -> list[Any]:
+        return [r.json for r in self.requests if r.kind == "summarizer"]
+
+    @property
+    def compact_requests(self) -> list[Any]:
+        return [r.json for r in self.requests if r.kind == "compact"]
+
+    def clear_requests(self) -> None:
+        super().clear_requests()
+        self._prefix_cache.clear()
+
+    # ---- counting ----------------------------------------------------------------------------
+
+    def window_for(self, model: str) -> int:
+        return self.model_windows.get(model, self.window)
+
+    def _count(self, text: str) -> int:
+        return count_text_tokens(text, self.encoding)
+
+    def _compaction_tokens(self, item: Any) -> int:
+        payload = self.signer.verify("compaction", item.get("encrypted_content")) or {}
+        return int(payload.get("tokens", self.compaction_item_tokens))
+
+    def count_input_tokens(self, body: dict[str, Any], items: list[Any]) -> int:
+        n = self._count(body.get("instructions") or "")
+        n += sum(item_tokens(it, self._count, self._compaction_tokens) for it in items)
+        n += sum(self._count(orjson.dumps(t).decode()) for t in body.get("tools") or [])
+        return int(n * self.token_scale)
+
+    def _cached_tokens(self, body: dict[str, Any], items: list[Any]) -> int:
+        head = [body.get("model"), body.get("instructions"), body.get("tools")]
+        segments = [(segment_key(it), item_tokens(it, self._count, self._compaction_tokens)) for it in items]
+        return openai_cached_tokens(int(self._prefix_cache.longest_seen(head, segments) * self.token_scale))
+
+    # ---- classification ----------------------------------------------------------------------
+
+    def summarizer_kind(self, body: Any) -> str | None:
+        if not isinstance(body, dict):
+            return None
+        v = view(body, input_items(body))
+        msgs = v["messages"]
+        if not msgs or msgs[0]["role"] != "system":
+            return None
+        everything = "\n".join(m["content"] for m in msgs)
+        return summarizer_kind(self.prompts_dir, msgs[0]["content"], everything, self.summarizer_marker)
+
+    def _classify(self, rec: RecordedRequest) -> None:
+        if rec.path == "/v1/responses" and rec.method == "GET":
+            rec.kind = "websocket"
+        elif rec.path == "/v1/responses/compact" and rec.method == "POST":
+            rec.kind = "compact"
+        elif rec.path == "/v1/responses" and rec.method == "POST":
+            rec.summarizer_kind = self.summarizer_kind(rec.json)
+            rec.kind = "summarizer" if rec.summarizer_kind else "responses"
+
+    def _take_fault(self, rec: RecordedRequest) -> bool:
+        if not (self.fail_status or self.reset_mid_response):
+            return False
+        if self.fault_times is not None:
+            if self.fault_times <= 0:
+                return False
+            self.fault_times -= 1
+        rec.faulted = True
+        return True
+
+    def _auth_error(self, headers: dict[str, str]) -> FakeError | None:
+        if self.require_api_key is None or headers.get("authorization") == f"Bearer {self.require_api_key}":
+            return None
+        if "authorization" not in headers:
+            return FakeError.openai(401, "You didn't provide an API key. You need to provide your API key in an "
+                                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+        return status_error(401)
+
+    # ---- routing -----------------------------------------------------------------------------
+
+    async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
+        err = self._auth_error(rec.headers)
+        if err is not None:
+            return self._error_response(rec, err)
+        method, path = request.method, request.path
+        if path == "/v1/responses" and method == "GET" and request.headers.get("upgrade", "").lower() == "websocket":
+            return await self._websocket(request, rec)
+        fault = self._take_fault(rec)
+        if fault and self.fail_status:
+            return self._error_response(rec, status_error(self.fail_status))
+        if path == "/v1/responses" and method == "POST":
+            return await self._http_create(request, rec, fault)
+        if path == "/v1/responses/compact" and method == "POST" and self.serve_compact:
+            return await self._compact(rec)
+        return self._error_response(rec, FakeError.openai(404, f"Invalid URL ({method} {path})"))
+
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"x-request-id": "req_" + rand(32), "openai-version": "2020-10-01", "openai-processing-ms": "5",
+                **(extra or {})}
+
+    def _error_response(self, rec: RecordedRequest, err: FakeError) -> web.Response:
+        rec.status = err.status
+        return web.Response(status=err.status, body=orjson.dumps(err.body, option=orjson.OPT_INDENT_2),
+                            headers=self._headers({"Content-Type": "application/json", **(err.headers or {})}))
+
+    # ---- the model call, shared by HTTP and WebSocket ------------------------------------------
+
+    def _context(self, websocket: bool, local: dict[str, list[Any]] | None = None) -> Context:
+        def find(rid: str) -> Any:
+            if local is not None and rid in local:
+                return local[rid]
+            return self._responses.get(rid)
+
+        return Context(signer=self.signer, stored_items=self._items, stored_next=self._next, find_response=find,
+                       extra_item_types=frozenset(self.extra_item_types), websocket=websocket)
+
+    async def _answer(self, body: Any, rec: RecordedRequest, ctx: Context, stream: bool,
+                      local: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+        """The response's events (the last one carries the final response). Raises _Failure."""
+        if body is None:
+            raise _Failure(_parse_error())
+        try:
+            items = check_request(body, ctx)
+        except Invalid as e:
+            raise _Failure(FakeError.openai(400, e.message, "invalid_request_error", e.code, e.param)) from None
+        rid = "resp_" + rand(40)
+        model = body["model"]
+        window = self.window_for(model)
+        rec.prompt_tokens = tokens = self.count_input_tokens(body, items)
+        if tokens > window:
+            message = ("Your input exceeds the context window of this model. Please adjust your input and try "
+                       "again.")
+            if stream and self.overflow_as_failed_event:
+                final = ev.response_object(rid, body, "failed", [], None,
+                                           error={"code": "context_length_exceeded", "message": message})
+                return ev.failed_events(final)
+            raise _Failure(FakeError.openai(400, message, "invalid_request_error", "context_length_exceeded",
+                                            "input"))
+        rec.cached_tokens = cached = self._cached_tokens(body, items)
+        if body.get("generate") is False:  # a WebSocket warm-up: state prepared, no output
+            final = ev.response_object(rid, body, "completed", [], ev.usage(tokens, cached, 0))
+            self._store(body, rid, items, [], local)
+            return ev.stream_events(final)
+        reply = await self._reply(body, items, rec)
+        include = body.get("include") or []
+
+        def reasoning_token(rs_id: str, following: dict[str, Any]) -> str | None:
+            nxt = follow_descriptor(following)
+            self._next[rs_id] = nxt
+            if "reasoning.encrypted_content" not in include:
+                return None
+            return self.signer.sign("reasoning", {"id": rs_id, "next": nxt})
+
+        output = ev.output_items(reply, reasoning_token)
+        status, incomplete = "completed", None
+        out_tokens = sum(self._count(ev_text(it)) for it in output)
+        limit = body.get("max_output_tokens")
+        if limit and out_tokens > limit:
+            status, incomplete, out_tokens = "incomplete", {"reason": "max_output_tokens"}, limit
+        reasoning_tokens = self._count(reply.reasoning or "")
+        final = ev.response_object(rid, body, status, output, ev.usage(tokens, cached, out_tokens, reasoning_tokens),
+                                   incomplete=incomplete)
+        self._store(body, rid, items, output, local)
+        return ev.stream_events(final)
+
+    def _store(self, body: dict[str, Any], rid: str, items: list[Any], output: list[Any],
+               local: dict[str, list[Any]] | None) -> None:
+        if local is not None:  # a socket keeps its latest response for chaining, stored or not
+            local.clear()
+            local[rid] = items + output
+        if body.get("store") is False:
+            return
+        self._responses[rid] = items + output
+        for it in output:
+            self._items[it["id"]] = it
+
+    async def _reply(self, body: dict[str, Any], items: list[Any], rec: RecordedRequest) -> ev.Reply:
+        v = view(body, items)
+        try:
+            if rec.summarizer_kind:
+                if self.summarizer_delay_s:
+                    await asyncio.sleep(self.summarizer_delay_s)
+                result = await resolve(self.summarizer, v)
+                if result is None:
+                    result = (default_tool_summary if rec.summarizer_kind == "tool" else default_history_summary)(v)
+            else:
+                result = await resolve(self.reply, v)
+                if result is None:
+                    result = default_reply(v)
+            if isinstance(result, FakeError):
+                raise _Failure(result)
+            return ev.normalize_reply(result)
+        except (_Failure, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a broken scripted callable: make it visible, not a hang
+            self.errors.append(exc)
+            log.exception("fake responses: scripted answer failed")
+            raise _Failure(FakeError.openai(500, f"fake upstream: scripted answer failed: {exc!r}")) from None
+
+    # ---- HTTP --------------------------------------------------------------------------------
+
+    async def _http_create(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
+        body = rec.json
+        stream = isinstance(body, dict) and body.get("stream") is True
+        try:
+            events = await self._answer(body, rec, self._context(False), stream)
+        except _Failure as f:
+            return self._error_response(rec, f.err)
+        if not stream:
+            rec.status = 200
+            return web.Response(status=200, body=orjson.dumps(events[-1]["response"], option=orjson.OPT_INDENT_2),
+                                headers=self._headers({"Content-Type": "application/json"}))
+        resp = web.StreamResponse(status=200, headers=self._headers(
+            {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}))
+        rec.status = 200
+        await resp.prepare(request)
+        request[RESP_KEY] = resp
+        numbered = ev.numbered(events)
+        for i, e in enumerate(numbered):
+            if fault and self.reset_mid_response and i == len(numbered) // 2:
+                return await self._abort(request, resp)
+            if self.chunk_delay_s and i:
+                await asyncio.sleep(self.chunk_delay_s)
+            await resp.write(ev.sse(e))
+        await resp.write_eof()
+        return resp
+
+    async def _compact(self, rec: RecordedRequest) -> web.StreamResponse:
+        """OpenAI's /responses/compact: all user messages, then one opaque compaction item."""
+        body = rec.json
+        if body is None:
+            return self._error_response(rec, _parse_error())
+        try:
+            items = check_request(body, self._context(False), compact=True)
+        except Invalid as e:
+            return self._error_response(rec, FakeError.openai(400, e.message, "invalid_request_error", e.code,
+                                                              e.param))
+        tokens = self.count_input_tokens(body, items)
+        if tokens > self.window_for(body["model"]):
+            return self._error_response(rec, FakeError.openai(
+                400, "Your input exceeds the context window of this model. Please adjust your input and try again.",
+                "invalid_request_error", "context_length_exceeded", "input"))
+        rec.prompt_tokens = tokens
+        users = [{"id": "msg_" + rand(24), "type": "message", "status": "completed", "role": "user",
+                  "content": [{"type": "input_text", "text": m["content"]}] if isinstance(m.get("content"), str)
+                  else m["content"]}
+                 for m in items if item_type(m) == "message" and m.get("role") == "user"]
+        token = self.signer.sign("compaction", {"id": "cmp_" + rand(24), "tokens": self.compaction_item_tokens,
+                                                "covered": tokens})
+        out = users + [{"id": "cmp_" + rand(24), "type": "compaction", "encrypted_content": token,
+                        "created_by": "fake-responses"}]
+        payload = {"id": "resp_" + rand(40), "object": "response.compaction", "created_at": int(time.time()),
+                   "output": out, "usage": ev.usage(tokens, 0, self.compaction_item_tokens)}
+        rec.status = 200
+        return web.Response(status=200, body=orjson.dumps(payload, option=orjson.OPT_INDENT_2),
+                            headers=self._headers({"Content-Type": "application/json"}))
+
+    # ---- WebSocket ---------------------------------------------------------------------------
+
+    async def _websocket(self, request: web.Request, handshake: RecordedRequest) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        request[RESP_KEY] = ws
+        handshake.status = 101
+        local: dict[str, list[Any]] = {}
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                await ws.send_str(_ws_error(400, FakeError.openai(400, "Binary WebSocket messages are not supported.",
+                                                                  code="invalid_message")))
+                continue
+            if msg.type != WSMsgType.TEXT:
+                continue
+            rec = RecordedRequest(method="WS", path="/v1/responses", raw_path=request.raw_path, query={},
+                                  query_string="", headers=handshake.headers, body=msg.data.encode(), json=None,
+                                  transport="websocket")
+            self.requests.append(rec)
+            try:
+                event = orjson.loads(msg.data)
+            except orjson.JSONDecodeError:
+                await ws.send_str(_ws_error(400, _parse_error()))
+                continue
+            if not isinstance(event, dict) or event.get("type") != "response.create":
+                got = event.get("type") if isinstance(event, dict) else None
+                await ws.send_str(_ws_error(400, FakeError.openai(
+                    400, f"Invalid value: '{got}'. Supported values are: 'response.create'.", code="invalid_value",
+                    param="type")))
+                continue
+            body = {k: v for k, v in event.items() if k != "type"}
+            body.pop("stream", None)  # implicit over a socket
+            rec.json = body
+            rec.summarizer_kind = self.summarizer_kind(body)
+            rec.kind = "summarizer" if rec.summarizer_kind else "responses"
+            fault = self._take_fault(rec)
+            if fault and self.fail_status:
+                rec.status = self.fail_status
+                await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status)))
+                continue
+            try:
+                events = await self._answer(body, rec, self._context(True, local), True, local)
+            except _Failure as f:
+                rec.status = f.err.status
+                await ws.send_str(_ws_error(f.err.status, f.err))
+                continue
+            rec.status = 200
+            numbered = ev.numbered(events)
+            for i, e in enumerate(numbered):
+                if fault and self.reset_mid_response and i == len(numbered) // 2:
+                    if request.transport is not None:
+                        request.transport.abort()  # no close frame
+                    return ws
+                if self.chunk_delay_s and i:
+                    await asyncio.sleep(self.chunk_delay_s)
+                if "stream_id" in body:
+                    e = {**e, "stream_id": body["stream_id"]}
+                await ws.send_str(orjson.dumps(e).decode())
+        return ws
+
+
+def ev_text(item: dict[str, Any]) -> str:
+    if item["type"] == "message":
+        return "".join(p.get("text", "") for p in item["content"])
+    return item.get("arguments") or item.get("input") or ""
+
+
+def _ws_error(status: int, err: FakeError) -> str:
+    """OpenAI's WebSocket error event: the HTTP status and the error object."""
+    error = err.body.get("error") if isinstance(err.body, dict) else {"message": str(err.body)}
+    return orjson.dumps({"type": "error", "status": status, "error": error}).decode()
+

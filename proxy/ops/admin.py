@@ -1,0 +1,98 @@
+"""Admin routes (/metrics, /dashboard, /admin/...) and who may reach them (design sections 7, 14).
+
+Without `admin.token` they answer loopback peers only; with it, only requests carrying it as a
+bearer token (compared in constant time), from anywhere. They live outside /v1/, which is the
+upstream's namespace: /v1/metrics is proxied like any other route.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from proxy import errors
+from proxy.state import STATE
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def denial(remote: str | None, authorization: str | None, token: str | None) -> int | None:
+    """None when the request may see admin routes, else the status to answer (pure)."""
+    if token is None:
+        return None if is_loopback(remote) else 403
+    if not authorization:
+        return 401
+    scheme, _, given = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return 401
+    return None if hmac.compare_digest(given.strip().encode(), token.encode()) else 403
+
+
+def admin(handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        secret = request.app[STATE].cfg.admin.token
+        status = denial(request.remote, request.headers.get("authorization"),
+                        secret.get_secret_value() if secret is not None else None)
+        if status == 401:
+            raise errors.ProxyError(401, "Admin routes need the admin token as a bearer token.",
+                                    type="authentication_error", code="admin_token_required")
+        if status == 403:
+            why = ("The admin token is not valid." if secret is not None
+                   else "Admin routes answer loopback clients only (set admin.token to reach them remotely).")
+            raise errors.ProxyError(403, why, type="permission_error", code="admin_forbidden")
+        return await handler(request)
+
+    return guarded
+
+
+async def metrics(request: web.Request) -> web.Response:
+    m = request.app[STATE].metrics
+    if m is None:
+        raise errors.ProxyError(404, "Metrics are turned off (metrics.enabled).", code="not_found")
+    return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def _limit(request: web.Request, default: int = 50, most: int = 1000) -> int:
+    try:
+        n = int(request.query.get("limit", default))
+    except ValueError:
+        raise errors.bad_request("'limit' must be an integer.", param="limit") from None
+    return max(0, min(n, most))
+
+
+async def events(request: web.Request) -> web.Response:
+    """The journal's newest compaction events, newest first."""
+    state = request.app[STATE]
+    found = await state.journal.recent(_limit(request)) if state.journal is not None else []
+    return web.json_response({"events": found}, dumps=_dumps)
+
+
+async def bill(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response(state.bill.report(_limit(request)) if state.bill is not None else {}, dumps=_dumps)
+
+
+def _dumps(obj: object) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/metrics", admin(metrics))
+    app.router.add_get("/admin/api/events", admin(events))
+    app.router.add_get("/admin/api/bill", admin(bill))

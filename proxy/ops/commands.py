@@ -1,0 +1,85 @@
+"""`compaction-proxy events` and `compaction-proxy inspect`: the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from proxy.config import Config, ConfigError, load_config
+from proxy.ops.journal import read_events
+from proxy.ops.prices import PRICES_DATE
+from proxy.store import open_store
+
+SUMMARY_LINES = 12
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "store", None):
+        overrides["store"] = {"url": args.store}
+    if getattr(args, "upstream", None):
+        overrides["upstream"] = {"base_url": args.upstream}
+    return load_config(args.config, overrides=overrides)
+
+
+def events_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="compaction-proxy events",
+                                description="List the journal of compaction events, newest first.")
+    p.add_argument("--config", metavar="FILE", help="the proxy's YAML config (its store.url)")
+    p.add_argument("--store", metavar="URL", help="store URL (overrides the config's)")
+    p.add_argument("-n", "--limit", type=int, default=20, help="events to show (default 20)")
+    p.add_argument("--full", action="store_true", help="whole summaries (default: their first lines)")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    args = p.parse_args(argv)
+    try:
+        cfg = _config(args)
+    except ConfigError as e:
+        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+        return 2
+    found = asyncio.run(_read(cfg, args.limit))
+    if found is None:
+        print("compaction-proxy events: the store cannot be read", file=sys.stderr)
+        return 1
+    for event in found:
+        print(orjson.dumps(event).decode() if args.json else format_event(event, full=args.full))
+    return 0
+
+
+async def _read(cfg: Config, n: int) -> list[dict[str, Any]] | None:
+    store = open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records)
+    try:
+        return await read_events(store, n)
+    except Exception as e:  # StoreUnavailable, or a file that is no store
+        print(f"compaction-proxy events: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    finally:
+        await store.close()
+
+
+def format_event(e: dict[str, Any], *, full: bool = False) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("time", 0)))
+    head = (f"{when}  {e.get('tier')}  {e.get('model')}  conversation {e.get('conversation')}  "
+            f"tokens {e.get('tokens_before')} -> {e.get('tokens_after')}  "
+            f"{e.get('covered')} of {e.get('messages')} messages summarized  "
+            f"{e.get('calls')} summarizer calls  waited {e.get('wait_ms', 0):.0f} ms  request {e.get('request_id')}")
+    lines = [head]
+    lines += [f"  cut: {c}" for c in e.get("cut") or []]
+    if e.get("reason"):
+        lines.append(f"  reason: {e['reason']}")
+    if bill := e.get("bill"):
+        lines.append(f"  bill so far ({bill.get('requests')} requests; prices of {PRICES_DATE}): "
+                     f"direct ${bill.get('direct', 0):.4f}, through the proxy ${bill.get('proxy', 0):.4f} "
+                     f"(summarizer ${bill.get('summarizer', 0):.4f}), saved ${bill.get('saved', 0):.4f}")
+    summary = (e.get("summary") or "").splitlines()
+    if summary:
+        shown = summary if full else summary[:SUMMARY_LINES]
+        lines.append("  summary:")
+        lines += ["    " + s for s in shown]
+        if len(shown) < len(summary):
+            lines.append(f"    [... {len(summary) - len(shown)} more lines; --full shows them]")
+    return "\n".join(lines)

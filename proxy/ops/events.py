@@ -1,0 +1,54 @@
+"""Turning a compacted request into its journal event, and reading an answer's usage (pure)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+
+from proxy.ops.exchange import Exchange, Usage
+from proxy.ops.hooks import CompactionEvent
+
+# Statuses that are no compaction event: nothing needed, or a stored summary applied again.
+QUIET_STATUSES = frozenset({"none", "reused", "bypassed"})
+
+
+def compaction_event(ex: Exchange, scope: str, conv: Any, outcome: Any, before: int, after: int) -> CompactionEvent:
+    """`conv` has .messages and .n_system; `outcome` has .status, .record, .wait_ms, .reason."""
+    record = outcome.record
+    covered = record.covered if record is not None else 0
+    return CompactionEvent(
+        time=time.time(), request_id=ex.request_id, scope=scope, conversation=ex.conversation, model=ex.model,
+        tier=outcome.status, covered=covered, messages=len(conv.messages), tokens_before=before, tokens_after=after,
+        calls=ex.summarizer_calls, wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
+        cut=describe_cut(conv.messages, conv.n_system, covered), reason=outcome.reason,
+    )
+
+
+def describe_cut(messages: list[Any], n_system: int, covered: int) -> list[str]:
+    """What the summary stands for, without content: the span and its roles, tool calls by name."""
+    if covered <= 0:
+        return []
+    span = messages[n_system:n_system + covered]
+    roles = Counter(str(m.get("role")) for m in span if isinstance(m, dict))
+    tools = Counter(
+        str((c.get("function") or {}).get("name", "?"))
+        for m in span if isinstance(m, dict)
+        for c in (m.get("tool_calls") or []) if isinstance(c, dict)
+    )
+    lines = [f"messages {n_system + 1}-{n_system + covered} of {len(messages)}: "
+             + ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))]
+    if tools:
+        lines.append("tool calls: " + ", ".join(f"{name} x{n}" for name, n in tools.most_common(12)))
+    return lines
+
+
+def completion_usage(body: bytes) -> Usage | None:
+    """The usage of a non-streaming chat completion answer (None when it has none)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return Usage.from_openai(data.get("usage")) if isinstance(data, dict) else None

@@ -1,0 +1,91 @@
+"""What one HTTP request did, filled in as it goes and reported once at its end."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+# Routes served by a protocol adapter -> the protocol's label in metrics and logs. Adapters add
+# theirs when their route is registered (app.py); every other route is labelled "none".
+PROTOCOLS: dict[str, str] = {}
+
+_PREFIX = os.urandom(4).hex()
+_SEQ = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """Unique per process start and request, cheap (no randomness per request)."""
+    return f"{_PREFIX}{next(_SEQ):08x}"
+
+
+@dataclass(slots=True)
+class Usage:
+    """The upstream's `usage` of one answer, the fields the bill needs."""
+
+    prompt: int
+    cached: int
+    completion: int
+
+    @classmethod
+    def from_openai(cls, usage: Any) -> "Usage | None":
+        if not isinstance(usage, dict):
+            return None
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(prompt, cached if isinstance(cached, int) and 0 <= cached <= prompt else 0, completion)
+
+
+@dataclass(slots=True)
+class Prefix:
+    """The client's messages as the bill sees them: in-process keys and token counts, in order."""
+
+    keys: list[int]
+    tokens: list[int]
+    tools_tokens: int
+
+
+@dataclass(slots=True)
+class Exchange:
+    request_id: str
+    method: str
+    path: str
+    route: str
+    protocol: str
+    started: float = field(default_factory=time.perf_counter)
+    code: int = 0
+    # Filled by a protocol adapter; the x-compaction-* figures are read from the response headers.
+    model: str = ""
+    compaction: str = ""
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    tool_notes: int = 0
+    wait_ms: float = 0.0
+    conversation: str = ""  # digest naming the conversation (scope + its first message)
+    upstream_ttfb_s: float | None = None  # request sent -> first byte of the answer
+    upstream_s: float | None = None  # request sent -> answer relayed
+    upstream_request_id: str = ""
+    usage: Usage | None = None
+    summarizer_calls: int = 0  # made on this request's path
+    stream: bool = False  # the client asked for a stream
+    stream_open: bool = False  # an event stream is being relayed (counted in the streams gauge)
+    # Messages before and after the shrinking stages, for the bill's direct-cost estimate.
+    prefix: Prefix | None = None
+
+
+# The request's Exchange, under this key of the aiohttp request (a typed key where aiohttp has them).
+EXCHANGE: Any = web.RequestKey("exchange", Exchange) if hasattr(web, "RequestKey") else "compaction_proxy.exchange"
+
+
+# The request being served (unset in background work): summarizer calls attribute themselves here.
+CURRENT: ContextVar[Exchange | None] = ContextVar("compaction_proxy_exchange", default=None)
+# The conversation a summarizer call works for (set on request paths and by preparation workers).
+CONVERSATION: ContextVar[str] = ContextVar("compaction_proxy_conversation", default="")

@@ -1,0 +1,120 @@
+"""The named events the core reports, and the fan-out to the listeners (metrics, logs, journal, bill).
+
+The core calls `state.hooks.<event>(...)` at a handful of places; it never touches a counter or a
+logger for the operator's view itself. A listener overrides the events it wants; `Fanout` calls
+only the overridden ones, so an event nobody listens to costs one method call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
+from proxy.upstream import SummarizerError
+
+EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
+          "prepared")
+
+
+@dataclass(slots=True)
+class SummarizerCall:
+    kind: str  # history | tool_result | prepared
+    model: str
+    conversation: str
+    seconds: float = 0.0
+    # Why it failed: a rejected answer's reason (acceptance.Verdict.reason), else SummarizerError.kind
+    # (overflow, http, timeout, network, invalid), or "cancelled".
+    error: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)  # the answer's `usage`, filled by UpstreamCaller
+
+    @property
+    def tokens(self) -> Usage | None:
+        return Usage.from_openai(self.usage)
+
+
+@dataclass(slots=True)
+class CompactionEvent:
+    """One request whose history the proxy compacted (or failed to): a journal entry."""
+
+    time: float
+    request_id: str
+    scope: str  # the credential scope's digest (an HMAC, never the credential)
+    conversation: str
+    model: str
+    tier: str  # the request's x-compaction-status: summarized, masked, degraded, failed-open, ...
+    covered: int  # non-system messages the summary stands for
+    messages: int  # messages the client sent
+    tokens_before: int
+    tokens_after: int
+    calls: int  # summarizer calls made on the request's path
+    wait_ms: float
+    summary: str = ""
+    cut: list[str] = field(default_factory=list)  # what the covered messages were, one short line each
+    reason: str = ""
+
+
+class Hooks:
+    """Every event, doing nothing. Listeners subclass and override."""
+
+    def request_started(self, ex: Exchange) -> None: ...
+    def request_done(self, ex: Exchange) -> None: ...
+    def stream_opened(self) -> None: ...
+    def stream_closed(self) -> None: ...
+    def summarizer_done(self, call: SummarizerCall) -> None: ...
+    def compaction(self, event: CompactionEvent) -> None: ...
+    def prepared(self, outcome: str) -> None:
+        """A summary prepared ahead: `made`, `used` (carried by the request that crossed the
+        threshold) or `wasted` (that request had to call the summarizer anyway)."""
+
+    def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
+        """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and
+        the checks of its answer; a SummarizerError leaving the block is counted by its kind."""
+        ex = CURRENT.get()
+        return _CallTimer(self, SummarizerCall(kind, model, ex.conversation if ex is not None else CONVERSATION.get()))
+
+
+class Fanout(Hooks):
+    def __init__(self, listeners: list[Hooks]) -> None:
+        self.listeners = listeners
+        for name in EVENTS:
+            fns = [getattr(h, name) for h in listeners if getattr(type(h), name) is not getattr(Hooks, name)]
+            if not fns:
+                continue
+            setattr(self, name, fns[0] if len(fns) == 1 else _each(fns))
+
+    def find(self, kind: type) -> Any:
+        return next((h for h in self.listeners if isinstance(h, kind)), None)
+
+
+def _each(fns: list[Any]) -> Any:
+    def call(*args: Any) -> None:
+        for fn in fns:
+            fn(*args)
+
+    return call
+
+
+class _CallTimer:
+    __slots__ = ("hooks", "call", "t0")
+
+    def __init__(self, hooks: Hooks, call: SummarizerCall) -> None:
+        self.hooks = hooks
+        self.call = call
+        self.t0 = 0.0
+
+    async def __aenter__(self) -> SummarizerCall:
+        ex = CURRENT.get()
+        if ex is not None:
+            ex.summarizer_calls += 1
+        self.t0 = time.perf_counter()
+        return self.call
+
+    async def __aexit__(self, typ: Any, exc: Any, tb: Any) -> None:
+        self.call.seconds = time.perf_counter() - self.t0
+        if isinstance(exc, SummarizerError):
+            self.call.error = getattr(exc, "reason", "") or exc.kind
+        elif exc is not None:
+            self.call.error = "cancelled" if isinstance(exc, BaseException) and not isinstance(exc, Exception) else "error"
+        self.hooks.summarizer_done(self.call)

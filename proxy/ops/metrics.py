@@ -1,0 +1,164 @@
+"""Prometheus metrics, on a registry of their own per app (tests and several apps never collide).
+
+Counters and histograms are fed by the hooks; states that already live somewhere (the store's
+health, the breakers, the bill) are read when /metrics is scraped, so they cost nothing per request.
+Label children are cached by their label values: `.labels()` formats and locks on every call.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from proxy.ops.exchange import Exchange
+from proxy.ops.hooks import CompactionEvent, Hooks, SummarizerCall
+
+P = "compaction_proxy_"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
+SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180)
+
+
+class Metrics(Hooks):
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(P + "requests_total", "HTTP requests answered, by route, protocol, status code and "
+                                "x-compaction-status", ["route", "protocol", "code", "compaction"], registry=r)
+        self.duration = Histogram(P + "request_duration_seconds", "Time from request to the end of the answer",
+                                  ["route", "protocol"], buckets=LATENCY_BUCKETS, registry=r)
+        self.received = Counter(P + "tokens_received_total", "Prompt tokens the clients sent (the proxy's count, "
+                                "x-compaction-tokens-before)", ["protocol"], registry=r)
+        self.forwarded = Counter(P + "tokens_forwarded_total", "Prompt tokens forwarded upstream (the proxy's count, "
+                                 "x-compaction-tokens-after)", ["protocol"], registry=r)
+        self.notes = Counter(P + "tool_result_notes_total", "Tool results forwarded as notes (x-compaction-tool-results)",
+                             ["protocol"], registry=r)
+        self.wait = Histogram(P + "compaction_wait_seconds", "Time a request waited on summarizer calls "
+                              "(x-compaction-wait-ms)", ["protocol"], buckets=WAIT_BUCKETS, registry=r)
+        self.upstream = Histogram(P + "upstream_duration_seconds", "Request sent upstream -> answer relayed",
+                                  ["protocol"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram(P + "upstream_ttfb_seconds", "Request sent upstream -> first byte of its answer",
+                              ["protocol"], buckets=LATENCY_BUCKETS, registry=r)
+        self.usage = Counter(P + "upstream_tokens_total", "Tokens of the upstream's own usage reports, by kind "
+                             "(prompt, cached: the part of prompt read from its cache, completion)",
+                             ["protocol", "kind"], registry=r)
+        self.calls = Counter(P + "summarizer_calls_total", "Summarizer calls, by kind (history, tool_result, prepared)",
+                             ["kind"], registry=r)
+        self.failures = Counter(P + "summarizer_failures_total", "Summarizer calls that gave no usable text, by kind "
+                                "and reason", ["kind", "reason"], registry=r)
+        self.summarizer_seconds = Histogram(P + "summarizer_duration_seconds", "Summarizer call latency, by kind",
+                                            ["kind"], buckets=SUMMARIZER_BUCKETS, registry=r)
+        self.compactions = Counter(P + "compactions_total", "Requests whose history was compacted or failed to be, by "
+                                   "tier (x-compaction-status)", ["tier"], registry=r)
+        self.prepared_summaries = Counter(P + "prepared_summaries_total", "Summaries prepared ahead: made, used by "
+                                          "the crossing request, wasted (it called the summarizer anyway)",
+                                          ["outcome"], registry=r)
+        self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r)
+        self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r)
+        self._req: dict[tuple[str, str, int, str], Any] = {}
+        self._by_route: dict[tuple[str, str], Any] = {}
+        self._by_protocol: dict[str, tuple[Any, ...]] = {}
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- hooks --------------------------------------------------------------------------------
+    def request_started(self, ex: Exchange) -> None:
+        self.in_flight.inc()
+
+    def request_done(self, ex: Exchange) -> None:
+        self.in_flight.dec()
+        key = (ex.route, ex.protocol, ex.code, ex.compaction)
+        c = self._req.get(key)
+        if c is None:
+            c = self._req[key] = self.requests.labels(ex.route, ex.protocol, str(ex.code), ex.compaction)
+        c.inc()
+        h = self._by_route.get(key[:2])
+        if h is None:
+            h = self._by_route[key[:2]] = self.duration.labels(ex.route, ex.protocol)
+        h.observe(time.perf_counter() - ex.started)
+        if ex.tokens_before is None:
+            return  # not a protocol adapter's answer (pass-through, admin, an early error)
+        p = self._by_protocol.get(ex.protocol)
+        if p is None:
+            p = self._by_protocol[ex.protocol] = self._protocol_children(ex.protocol)
+        received, forwarded, notes, wait, upstream, ttfb, prompt, cached, completion = p
+        received.inc(ex.tokens_before)
+        forwarded.inc(ex.tokens_after or 0)
+        if ex.tool_notes:
+            notes.inc(ex.tool_notes)
+        wait.observe(ex.wait_ms / 1000)
+        if ex.upstream_s is not None:
+            upstream.observe(ex.upstream_s)
+        if ex.upstream_ttfb_s is not None:
+            ttfb.observe(ex.upstream_ttfb_s)
+        if ex.usage is not None:
+            prompt.inc(ex.usage.prompt)
+            cached.inc(ex.usage.cached)
+            completion.inc(ex.usage.completion)
+
+    def _protocol_children(self, protocol: str) -> tuple[Any, ...]:
+        return (self.received.labels(protocol), self.forwarded.labels(protocol), self.notes.labels(protocol),
+                self.wait.labels(protocol), self.upstream.labels(protocol), self.ttfb.labels(protocol),
+                self.usage.labels(protocol, "prompt"), self.usage.labels(protocol, "cached"),
+                self.usage.labels(protocol, "completion"))
+
+    def stream_opened(self) -> None:
+        self.streams.inc()
+
+    def stream_closed(self) -> None:
+        self.streams.dec()
+
+    def summarizer_done(self, call: SummarizerCall) -> None:
+        self.calls.labels(call.kind).inc()
+        self.summarizer_seconds.labels(call.kind).observe(call.seconds)
+        if call.error is not None:
+            self.failures.labels(call.kind, call.error).inc()
+
+    def compaction(self, event: CompactionEvent) -> None:
+        self.compactions.labels(event.tier).inc()
+
+    def prepared(self, outcome: str) -> None:
+        self.prepared_summaries.labels(outcome).inc()
+
+
+class StateCollector(Collector):
+    """States read at scrape time: the store's health and errors, the breakers, the bill."""
+
+    def __init__(self, store: Any, breakers: Callable[[], Iterable[tuple[str, str]]], bill: Any) -> None:
+        self.store = store
+        self.breakers = breakers
+        self.bill = bill
+
+    def describe(self) -> list[Any]:
+        return []  # families are built at collect time; nothing to check at registration
+
+    def collect(self) -> Iterable[Any]:
+        up = GaugeMetricFamily(P + "store_up", "1 while the store answers; 0 during an outage (no reuse)")
+        up.add_metric([], 1.0 if getattr(self.store, "healthy", True) else 0.0)
+        yield up
+        errors = CounterMetricFamily(P + "store_errors", "Store calls that failed (the request went on without reuse)")
+        errors.add_metric([], float(getattr(self.store, "errors", 0)))
+        yield errors
+        breaker = GaugeMetricFamily(P + "summarizer_breaker_state", "Tool-result summarizer circuit breakers: 1 for "
+                                    "the state each is in", labels=["model", "state"])
+        for model, state in self.breakers():
+            for s in ("closed", "half-open", "open"):
+                breaker.add_metric([model, s], 1.0 if s == state else 0.0)
+        yield breaker
+        if self.bill is not None:
+            cost = CounterMetricFamily(P + "cost_usd", "What the priced requests cost (US dollars): `direct` sent "
+                                       "without the proxy (estimated, with the provider's prompt cache), `proxy` as "
+                                       "forwarded, summarizer calls included", labels=["way"])
+            totals = self.bill.totals()
+            cost.add_metric(["direct"], totals.direct)
+            cost.add_metric(["proxy"], totals.proxy)
+            yield cost

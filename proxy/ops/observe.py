@@ -1,0 +1,87 @@
+"""The outermost middleware: one Exchange per request, reported to the hooks when it ends.
+
+The x-compaction-* figures are read from the answer's headers as it is prepared, so every protocol
+adapter that sets them (the external contract) is observed without code of its own; the same
+moment gives the answer our request id (the upstream's own id moves to x-upstream-request-id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
+from proxy.state import STATE
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    hooks = request.app[STATE].hooks
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
+    request[EXCHANGE] = ex
+    token = CURRENT.set(ex)
+    hooks.request_started(ex)
+    try:
+        resp = await handler(request)
+        ex.code = resp.status
+        if not resp.prepared:  # a plain Response: aiohttp sends it after the middlewares return
+            _note(ex, resp.headers)
+        return resp
+    except web.HTTPException as e:
+        ex.code = e.status
+        raise
+    except asyncio.CancelledError:
+        ex.code = CLIENT_CLOSED
+        raise
+    except BaseException:
+        ex.code = 500
+        raise
+    finally:
+        CURRENT.reset(token)
+        if ex.stream_open:
+            hooks.stream_closed()
+        hooks.request_done(ex)
+
+
+async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures."""
+    ex = request.get(EXCHANGE)
+    if ex is None:
+        return
+    h = response.headers
+    _note(ex, h)
+    if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
+        ex.stream_open = True
+        request.app[STATE].hooks.stream_opened()
+
+
+def _note(ex: Exchange, h: Any) -> None:
+    """Our id on the answer; its x-compaction-* figures into the exchange (idempotent)."""
+    if h.get("x-request-id") == ex.request_id:
+        return
+    upstream_id = h.get("x-request-id")
+    if upstream_id is not None:
+        ex.upstream_request_id = upstream_id
+        h["x-upstream-request-id"] = upstream_id
+    h["x-request-id"] = ex.request_id
+    status = h.get("x-compaction-status")
+    if status is not None:
+        ex.compaction = status
+        ex.tokens_before = _int(h.get("x-compaction-tokens-before"))
+        ex.tokens_after = _int(h.get("x-compaction-tokens-after"))
+        ex.tool_notes = _int(h.get("x-compaction-tool-results")) or 0
+        ex.wait_ms = float(_int(h.get("x-compaction-wait-ms")) or 0)
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None

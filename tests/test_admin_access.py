@@ -1,0 +1,73 @@
+"""Admin routes (design 7, 14): loopback only unless admin.token is set, then only with the token as
+a bearer token; /v1/metrics belongs to the upstream and is proxied."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.ops.admin import denial, is_loopback
+
+TOKEN = "adm-0123456789abcdef"
+ADMIN_PATHS = ("/metrics",)
+
+
+@pytest.mark.parametrize("remote, expected", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("10.0.0.7", False), ("192.168.1.2", False), ("::ffff:10.0.0.7", False), ("2001:db8::1", False),
+    ("", False), (None, False), ("not-an-ip", False),
+])
+def test_loopback_peers(remote, expected):
+    assert is_loopback(remote) is expected
+
+
+def test_without_a_token_only_loopback_peers_pass():
+    assert denial("127.0.0.1", None, None) is None
+    assert denial("10.1.2.3", None, None) == 403
+    assert denial("10.1.2.3", f"Bearer {TOKEN}", None) == 403  # no token configured: nothing to present
+
+
+def test_with_a_token_only_the_token_passes_from_anywhere():
+    for remote in ("127.0.0.1", "10.1.2.3"):
+        assert denial(remote, None, TOKEN) == 401
+        assert denial(remote, "Basic " + TOKEN, TOKEN) == 401
+        assert denial(remote, "Bearer wrong", TOKEN) == 403
+        assert denial(remote, "Bearer " + TOKEN[:-1], TOKEN) == 403
+        assert denial(remote, f"Bearer {TOKEN}", TOKEN) is None
+        assert denial(remote, f"bearer  {TOKEN} ", TOKEN) is None
+
+
+async def test_the_token_guards_every_admin_route(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, {"admin": {"token": TOKEN}})
+    async with aiohttp.ClientSession() as s:
+        for path in ADMIN_PATHS:
+            async with s.get(proxy.root + path) as r:
+                assert r.status == 401
+                assert orjson.loads(await r.read())["error"]["code"] == "admin_token_required"
+            async with s.get(proxy.root + path, headers={"Authorization": "Bearer not-it"}) as r:
+                assert r.status == 403
+                body = await r.read()
+                assert TOKEN.encode() not in body
+            async with s.get(proxy.root + path, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 200, path
+    assert upstream.requests == []  # admin routes never reach the upstream
+
+
+async def test_loopback_clients_need_no_token_when_none_is_set(proxy):
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.root + "/metrics") as r:
+            assert r.status == 200
+            assert "compaction_proxy_requests_total" in await r.text()
+
+
+async def test_v1_metrics_is_the_upstreams(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, {"admin": {"token": TOKEN}})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.base_url + "/metrics", headers={"Authorization": "Bearer sk-client"}) as r:
+            status, body = r.status, await r.read()
+        async with s.get(upstream.base_url + "/metrics") as r:
+            direct = r.status
+    assert [rec.path for rec in upstream.requests] == ["/v1/metrics"] * 2
+    assert upstream.requests[0].headers["authorization"] == "Bearer sk-client"
+    assert status == direct and b"compaction_proxy_" not in body  # the fake's own answer, passed through

@@ -1,0 +1,87 @@
+"""The journal of compaction events (design 14): kept in the store, bounded, read back by
+/admin/api/events and by the `compaction-proxy events` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from support.compaction_helpers import forwarded_summary
+from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
+from support.proxy_server import merge
+
+SCRIPT = Path(sys.executable).parent / "compaction-proxy"
+
+
+async def api_events(proxy: Any, limit: int = 50) -> list[dict[str, Any]]:
+    await proxy.state.journal.flush()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.root + f"/admin/api/events?limit={limit}") as r:
+            assert r.status == 200
+            return (await r.json())["events"]
+
+
+async def test_a_compaction_is_journaled_with_its_numbers_and_summary(upstream, make_proxy, tmp_path: Path):
+    store = f"sqlite:///{tmp_path / 'j.db'}"
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {
+        "store": {"url": store}, "billing": {"prices": {MODEL: {"input": 1, "output": 2}}}}))
+    answers = await replay(proxy.base_url, request_points(conversation("journal")))
+    i = next(i for i, a in enumerate(answers) if a.headers["x-compaction-status"] == "summarized")
+    compacted = next(r for r in upstream.chat_requests if any("<summary>" in str(m.get("content")) for m in r["messages"]))
+
+    (event,) = await api_events(proxy)  # reuse is no event
+    h = answers[i].headers
+    assert event["tier"] == "summarized" and event["model"] == MODEL
+    assert event["request_id"] == h["x-request-id"]
+    assert event["tokens_before"] == int(h["x-compaction-tokens-before"])
+    assert event["tokens_after"] == int(h["x-compaction-tokens-after"])
+    assert event["calls"] == len(upstream.history_summarizer_requests)  # the tool note was made earlier
+    assert event["summary"] == forwarded_summary(compacted["messages"])  # the summary itself
+    assert 0 < event["covered"] < event["messages"] == len(request_points(conversation("journal"))[i])
+    assert event["cut"][0].startswith(f"messages 2-{event['covered'] + 1} of {event['messages']}")
+    assert "read_log x1" in event["cut"][1]
+    assert KEY not in orjson.dumps(event).decode() and len(event["scope"]) == 32
+    assert event["bill"]["requests"] == i  # the conversation's bill before this request
+
+    # The command reads the same journal from the store, with the proxy's config or a URL.
+    out = subprocess.run([str(SCRIPT), "events", "--store", store, "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [orjson.loads(line) for line in out.stdout.splitlines()] == [event]
+    out = subprocess.run([str(SCRIPT), "events", "--store", store], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert "summarized  gpt-4" in out.stdout and "## Active Task" in out.stdout and "more lines; --full" in out.stdout
+
+
+async def test_the_journal_keeps_its_newest_events(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"journal": {"max_events": 2}}))
+    for tag in ("one", "two", "three"):
+        await replay(proxy.base_url, request_points(conversation(tag))[:15])
+    events = await api_events(proxy)
+    assert [e["tier"] for e in events] == ["summarized", "summarized"]
+    assert [e["conversation"] for e in events] == [e["conversation"] for e in events[:2]]
+    assert len({e["conversation"] for e in events}) == 2
+    assert len(await api_events(proxy, limit=1)) == 1
+
+
+async def test_failed_open_is_journaled_with_its_reason(upstream, make_proxy):
+    from proxy.fake_upstream import FakeError
+
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"tool_results": {"enabled": False}}))
+    upstream.summarizer = FakeError.openai(503, "overloaded", "server_error")
+    answers = await replay(proxy.base_url, request_points(conversation("fails"))[12:14])
+    assert answers[-1].headers["x-compaction-status"] == "failed-open"
+    later, first = (await api_events(proxy))[:2]
+    assert first["tier"] == "failed-open" and "503" in first["reason"] and first["summary"] == ""
+    assert later["tier"] == "failed-open" and "cool-down" in later["reason"]
+
+
+def test_events_command_on_an_unreadable_store_fails_cleanly(tmp_path: Path):
+    (tmp_path / "a-file").write_bytes(b"")
+    out = subprocess.run([str(SCRIPT), "events", "--store", f"sqlite:///{tmp_path}/a-file/x.db"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "cannot be read" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,132 @@
+"""Logs (design 14): server.log_format text|json, one access line per request, compaction events
+with their numbers; never message content or credentials."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.ops.logs import JsonFormatter, TextFormatter
+from support.compaction_helpers import filler
+from proxy.fake_upstream import FakeUpstream
+from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
+from support.replicas import Replica
+
+PLANTED_KEY = "sk-planted-LOGKEY-5f1e2d3c4b"
+PLANTED_CONTENT = "PLANTED-CONTENT-zebra-quartz-91"
+
+
+@pytest.fixture
+def captured():
+    """What the root logger writes at DEBUG, through `make(formatter)`."""
+    root = logging.getLogger()
+    added: list[logging.Handler] = []
+    level = root.level
+
+    def make(formatter: logging.Formatter) -> io.StringIO:
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+        added.append(handler)
+        root.setLevel(logging.DEBUG)
+        return stream
+
+    yield make
+    for h in added:
+        root.removeHandler(h)
+    root.setLevel(level)
+
+
+def planted_conversation() -> list[list[dict[str, Any]]]:
+    msgs = conversation("logs")
+    msgs[1]["content"] += f" Remember {PLANTED_CONTENT}."
+    msgs[3]["content"] += f"\nsecret line {PLANTED_CONTENT}\n" + filler(50)
+    msgs[-1]["content"] += f" {PLANTED_CONTENT}"
+    return request_points(msgs)
+
+
+async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy, captured, monkeypatch):
+    stream = captured(JsonFormatter())
+    proxy = await make_proxy(upstream.base_url, SETTINGS)
+    points = planted_conversation()
+    answers = await replay(proxy.base_url, points, key=PLANTED_KEY)
+    # An upstream that breaks mid-answer, and a bug in a stage (logged with its traceback).
+    upstream.reset_mid_response, upstream.fault_times = True, 1
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": points[0]},
+                          headers={"Authorization": f"Bearer {PLANTED_KEY}"}) as r:
+            assert r.status == 502
+        monkeypatch.setattr(proxy.state.tool_results, "process", _raises)
+        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": points[0]},
+                          headers={"Authorization": f"Bearer {PLANTED_KEY}"}) as r:
+            assert r.status == 200 and r.headers["x-compaction-status"] == "none"
+
+    text = stream.getvalue()
+    lines = [orjson.loads(line) for line in text.splitlines()]  # every line is one JSON object
+    assert PLANTED_KEY not in text and PLANTED_KEY[3:] not in text
+    assert PLANTED_CONTENT not in text
+    assert any("Traceback" in line.get("exception", "") for line in lines)
+
+    access = [line for line in lines if line["logger"] == "proxy.access"]
+    assert len(access) == len(answers) + 2  # one per request
+    for line, answer in zip(access, answers):
+        h = answer.headers
+        assert line["request_id"] == h["x-request-id"]
+        assert (line["method"], line["path"], line["status"], line["protocol"]) == (
+            "POST", "/v1/chat/completions", 200, "chat_completions")
+        assert line["compaction"] == h["x-compaction-status"]
+        assert line["tokens_before"] == int(h["x-compaction-tokens-before"])
+        assert line["tokens_after"] == int(h["x-compaction-tokens-after"])
+        assert line["tool_notes"] == int(h["x-compaction-tool-results"])
+        assert line["wait_ms"] == pytest.approx(int(h["x-compaction-wait-ms"]))
+        assert line["duration_ms"] >= 0 and line["upstream_ttfb_ms"] >= 0
+        assert line["upstream_prompt"] == answer.usage["prompt_tokens"]
+    assert access[-2]["status"] == 502
+
+    events = [line for line in lines if line["logger"] == "proxy.events"]
+    summarized = next(i for i, a in enumerate(answers) if a.headers["x-compaction-status"] == "summarized")
+    (event,) = [e for e in events if e["tier"] == "summarized"]
+    assert event["level"] == "info" and event["request_id"] == answers[summarized].headers["x-request-id"]
+    assert event["tokens_before"] == int(answers[summarized].headers["x-compaction-tokens-before"])
+    assert event["tokens_after"] == int(answers[summarized].headers["x-compaction-tokens-after"])
+    assert event["covered"] > 0 and event["calls"] == len(upstream.history_summarizer_requests) > 0
+
+
+async def _raises(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("a bug in a stage")
+
+
+async def test_text_lines_stay_one_line_whatever_the_path(proxy, captured):
+    stream = captured(TextFormatter())
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.base_url + "/models%0Aforged%20INFO%20line") as r:
+            request_id = r.headers["x-request-id"]
+    (line,) = [line for line in stream.getvalue().splitlines() if "proxy.access" in line]
+    assert f"request_id={request_id}" in line and "status=" in line and "duration_ms=" in line
+    assert "\\n" in line  # the newline the client sent, escaped
+
+
+def test_the_console_script_logs_json_when_told(tmp_path: Path):
+    with FakeUpstream() as fake:
+        replica = Replica(tmp_path, "json-logs", fake.base_url, "memory://",
+                          {"server": {"log_format": "json", "log_level": "debug"}})
+        replica.start()
+        try:
+            replica.wait_ready()
+            answers = asyncio.run(replay(replica.base_url, planted_conversation()[:2], key=PLANTED_KEY))
+        finally:
+            replica.stop()
+    text = replica.log_text()
+    lines = [orjson.loads(line) for line in text.splitlines() if line.strip()]
+    assert any(line["message"].startswith("compaction-proxy ") for line in lines)
+    ids = [line.get("request_id") for line in lines if line["logger"] == "proxy.access"]
+    assert [a.headers["x-request-id"] for a in answers] == [i for i in ids if i in {a.headers["x-request-id"] for a in answers}]
+    assert PLANTED_KEY not in text and PLANTED_CONTENT not in text

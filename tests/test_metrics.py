@@ -1,0 +1,164 @@
+"""/metrics (design 14): Prometheus text format, parsed with prometheus_client's own parser after a
+replay that summarizes a tool result, compacts the history and reuses the summary; the counters
+must agree with what the client saw in the x-compaction-* headers and with what the fake upstream
+recorded (summarizer calls, its usage reports)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.fake_upstream import FakeError
+from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
+from support.proxy_server import merge
+
+ROUTE = "/v1/chat/completions"
+
+
+async def scrape(proxy: Any, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of the proxy's /metrics."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.root + "/metrics", headers=headers or {}) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = await r.text()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """Sum over every series of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+async def test_counters_agree_with_the_headers_the_client_received(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, SETTINGS)
+    answers = await replay(proxy.base_url, request_points(conversation()))
+    statuses = Counter(a.headers["x-compaction-status"] for a in answers)
+    assert statuses["summarized"] == 1 and statuses["reused"] >= 2 and statuses["none"] >= 5  # the replay compacts
+    m = await scrape(proxy)
+
+    for status, n in statuses.items():
+        assert value(m, "compaction_proxy_requests_total", route=ROUTE, protocol="chat_completions", code="200",
+                     compaction=status) == n
+    assert value(m, "compaction_proxy_tokens_received_total", protocol="chat_completions") == sum(
+        int(a.headers["x-compaction-tokens-before"]) for a in answers)
+    assert value(m, "compaction_proxy_tokens_forwarded_total", protocol="chat_completions") == sum(
+        int(a.headers["x-compaction-tokens-after"]) for a in answers)
+    notes = sum(int(a.headers["x-compaction-tool-results"]) for a in answers)
+    assert notes == len(answers)  # the tool result is a note in every request
+    assert value(m, "compaction_proxy_tool_result_notes_total", protocol="chat_completions") == notes
+    assert value(m, "compaction_proxy_compactions_total", tier="summarized") == 1
+
+    # x-compaction-wait-ms as a histogram in seconds: one observation per request, same total.
+    assert value(m, "compaction_proxy_compaction_wait_seconds_count", protocol="chat_completions") == len(answers)
+    waited = sum(int(a.headers["x-compaction-wait-ms"]) for a in answers) / 1000
+    assert value(m, "compaction_proxy_compaction_wait_seconds_sum", protocol="chat_completions") == pytest.approx(waited)
+    assert waited > 0
+
+    # Summarizer calls by kind, as the fake upstream counted them.
+    assert value(m, "compaction_proxy_summarizer_calls_total", kind="history") == len(upstream.history_summarizer_requests) > 0
+    assert value(m, "compaction_proxy_summarizer_calls_total", kind="tool_result") == len(upstream.tool_summarizer_requests) == 1
+    assert value(m, "compaction_proxy_summarizer_duration_seconds_count", kind="history") == len(upstream.history_summarizer_requests)
+    assert total(m, "compaction_proxy_summarizer_failures_total") == 0
+
+    # The upstream's own usage, streamed answers included, as the client received it.
+    chat = [r for r in upstream.records() if r.kind == "chat"]
+    for kind, key in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+        assert value(m, "compaction_proxy_upstream_tokens_total", protocol="chat_completions", kind=kind) == sum(
+            a.usage[key] for a in answers)
+    cached = sum(a.usage["prompt_tokens_details"]["cached_tokens"] for a in answers)
+    assert cached == sum(r.cached_tokens for r in chat) > 0
+    assert value(m, "compaction_proxy_upstream_tokens_total", protocol="chat_completions", kind="cached") == cached
+
+    # Upstream timings: one observation per forwarded request.
+    for name in ("compaction_proxy_upstream_ttfb_seconds_count", "compaction_proxy_upstream_duration_seconds_count"):
+        assert value(m, name, protocol="chat_completions") == len(answers)
+    assert value(m, "compaction_proxy_request_duration_seconds_count", route=ROUTE, protocol="chat_completions") == len(answers)
+    # Nothing is left in flight but the scrape itself; every stream was closed.
+    assert value(m, "compaction_proxy_requests_in_flight") == 1
+    assert value(m, "compaction_proxy_streams_open") == 0
+    assert value(m, "compaction_proxy_store_up") == 1 and value(m, "compaction_proxy_store_errors_total") == 0
+
+
+async def test_upstream_errors_and_pass_through_are_counted_by_route_and_code(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, SETTINGS)
+    async with aiohttp.ClientSession() as s:
+        upstream.reply = FakeError.openai(429, "slow down", "rate_limit_exceeded")
+        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": "hi"}]}, headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status == 429
+        async with s.post(proxy.base_url + "/chat/completions", data=b"{not json") as r:
+            assert r.status == 400
+        async with s.get(proxy.base_url + "/models") as r:
+            assert r.status == 200
+        async with s.get(proxy.root + "/nowhere") as r:
+            assert r.status == 404
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_requests_total", route=ROUTE, protocol="chat_completions", code="429",
+                 compaction="none") == 1
+    # A body the proxy refused never reached compaction: no status of its own.
+    assert value(m, "compaction_proxy_requests_total", route=ROUTE, protocol="chat_completions", code="400",
+                 compaction="") == 1
+    assert value(m, "compaction_proxy_requests_total", route="/v1/{tail}", protocol="none", code="200",
+                 compaction="") == 1
+    # Unknown paths share one label: clients cannot grow the number of series.
+    assert value(m, "compaction_proxy_requests_total", route="unmatched", protocol="none", code="404",
+                 compaction="") == 1
+
+
+async def test_summarizer_failures_by_reason_and_the_breaker_state(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"tool_results": {"breaker_failures": 2}}))
+    upstream.summarizer = FakeError.openai(500, "summarizer down", "server_error")
+    convs = [conversation(f"fail{i}")[:4] for i in range(3)]  # a different tool output each
+    for msgs in convs:
+        answers = await replay(proxy.base_url, [msgs])
+        assert answers[0].headers["x-compaction-tool-results"] == "0"
+    m = await scrape(proxy)
+    # Two failures opened the breaker; the third result was not sent to the summarizer at all.
+    assert len(upstream.tool_summarizer_requests) == 2
+    assert value(m, "compaction_proxy_summarizer_failures_total", kind="tool_result", reason="http") == 2
+    assert value(m, "compaction_proxy_summarizer_breaker_state", model=MODEL, state="open") == 1
+    assert value(m, "compaction_proxy_summarizer_breaker_state", model=MODEL, state="closed") == 0
+
+
+async def test_a_store_outage_shows_as_store_up_0_and_errors(upstream, make_proxy, tmp_path: Path):
+    (tmp_path / "a-file").write_bytes(b"")  # where the store's directory must go: fails even as root
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"store": {"url": f"sqlite:///{tmp_path}/a-file/s.db"}}))
+    await replay(proxy.base_url, request_points(conversation())[:2])
+    m = await scrape(proxy)
+    assert value(m, "compaction_proxy_store_up") == 0
+    assert value(m, "compaction_proxy_store_errors_total") >= 1
+
+
+async def test_two_apps_in_one_process_count_apart(upstream, make_proxy):
+    a = await make_proxy(upstream.base_url, SETTINGS)
+    b = await make_proxy(upstream.base_url, SETTINGS)
+    await replay(a.base_url, request_points(conversation("a"))[:3])
+    await replay(b.base_url, request_points(conversation("b"))[:1])
+    count = lambda m: total(m, "compaction_proxy_requests_total", route=ROUTE)  # noqa: E731
+    assert count(await scrape(a)) == 3
+    assert count(await scrape(b)) == 1
+
+
+async def test_metrics_can_be_turned_off(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"metrics": {"enabled": False}}))
+    answers = await replay(proxy.base_url, request_points(conversation())[:2])
+    assert answers[0].headers["x-compaction-status"] == "none"
+    assert proxy.state.metrics is None
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.root + "/metrics") as r:
+            assert r.status == 404
