@@ -6,17 +6,15 @@ client gets the upstream's answer or an OpenAI-shaped error, with the x-compacti
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
+import re
 import time
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
-from proxy import credentials, errors
+from proxy import credentials, errors, jsonbody, offload
 from proxy.chat_request import (
     Conversation,
     analyze,
@@ -24,7 +22,6 @@ from proxy.chat_request import (
     latest_user_index,
     message_text,
     parse_chat_body,
-    unseen_bytes,
 )
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
@@ -51,7 +48,6 @@ from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.chat")
 
-BIG_BODY = 512 * 1024  # this much text not counted before: counted off the event loop
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 
@@ -71,28 +67,19 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    body = parse_chat_body(raw)
-    streaming = bool(body.get("stream"))
-    ex.model, ex.stream = body["model"], streaming
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    model_cfg = cfg.model_settings(body["model"])
-
-    # Counting new text is the slow part (tiktoken): off the event loop when there is much of it.
-    # A long history seen before is all cache hits, cheaper on the loop than a thread hop.
-    encoding = model_cfg.encoding or encoding_name_for(body["model"])
-    keys, sizes = keys_of(body["messages"])
-    unseen = unseen_bytes(keys, sizes, state.counter, encoding) if len(raw) > BIG_BODY else 0
-    count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
-    conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
+    if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
+        return await _bypass(request, state, raw, up_headers)
+    # Parsing, keying and counting grow with the body: off the event loop when it is large.
+    body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, cfg)
+    streaming = bool(body.get("stream"))
+    ex.model, ex.stream = body["model"], streaming
     before = conv.total()
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
     ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
     ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
-
-    if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
-        return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
     if cfg.server.log_content:
         _log_content(body)
@@ -114,8 +101,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         outcome = Outcome("none")
         if cfg.compaction.enabled:
             outcome = await state.compaction.process(conv, stage.messages, ctx)
+        outcome = not_larger(outcome, before)
         messages = outcome.messages or stage.messages
-        out_raw = raw if messages is conv.messages else _dump(body, messages)
+        out_raw = raw if messages is conv.messages else await offload.sized(len(raw), _dump, body, messages)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
@@ -163,7 +151,42 @@ def _log_content(body: dict[str, Any]) -> None:
 def _dump(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
     out = dict(body)
     out["messages"] = messages
-    return orjson.dumps(out)
+    return jsonbody.dumps(out)
+
+
+def read_chat_request(raw: bytes, counter: Any, cfg: Any) -> tuple[dict[str, Any], Conversation]:
+    """The body parsed and checked, and its conversation keyed and counted (pure; may run in a
+    worker thread)."""
+    body = parse_chat_body(raw)
+    model_cfg = cfg.model_settings(body["model"])
+    encoding = model_cfg.encoding or encoding_name_for(body["model"])
+    keys, _ = keys_of(body["messages"])
+    return body, analyze(body, counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
+
+
+def not_larger(outcome: Outcome, before: int) -> Outcome:
+    """A compacted request that is not smaller than the original is no compaction: the original
+    goes upstream (its newest turn alone can be over the window), and the status says so."""
+    if outcome.messages is None or outcome.tokens_after is None or outcome.tokens_after < before:
+        return outcome
+    return Outcome("failed-open", wait_ms=outcome.wait_ms,
+                   reason=f"the compacted request ({outcome.tokens_after} tokens) is not smaller than the original ({before})")
+
+
+_STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+
+
+async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any) -> web.StreamResponse:
+    """x-compaction-bypass: the body goes upstream as it came, valid or not; the counts are the
+    proxy's when it can make them, else 0."""
+    ex = request[EXCHANGE]
+    try:
+        body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, state.cfg)
+        tokens, streaming = conv.total(), bool(body.get("stream"))
+        ex.model, ex.stream = body["model"], streaming
+    except Exception:  # not ours to judge: the upstream answers it
+        tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
+    return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", tokens, tokens, 0, 0))
 
 
 def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext,
@@ -172,11 +195,12 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         budget = state.compaction.budget_for(conv.model).halved()
-        outcome = await state.compaction.process(conv, fwd, ctx, budget=budget)
+        outcome = not_larger(await state.compaction.process(conv, fwd, ctx, budget=budget), before)
         if outcome.messages is None:
             return None
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
-        return _dump(body, outcome.messages), _headers(
+        dumped = await offload.sized(sum(conv.tokens) * 4, _dump, body, outcome.messages)
+        return dumped, _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
         )
 

@@ -8,11 +8,12 @@ import logging
 import sys
 from typing import Any
 
-from proxy import __version__, logsafe
+from proxy import __version__
 from proxy.config import Config, ConfigError, load_config
 from proxy.ops.logs import setup_logging
 
 log = logging.getLogger("proxy")
+SWITCH_INTERVAL_S = 0.001
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         __version__, cfg.server.host, cfg.server.port, cfg.upstream.base_url, cfg.store.url.split("@")[-1],
     )
     raise_fd_limit(cfg)
+    # Large requests are parsed, hashed and scanned in worker threads (proxy/offload.py); the event
+    # loop gets the GIL back from them after this long, not the default 5 ms, so that every other
+    # request keeps its latency meanwhile.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         # SIGTERM/SIGINT: stop listening at once, give requests in flight shutdown_grace_s to finish
         # (exiting as soon as none is left), cancel what still runs, then close the store.

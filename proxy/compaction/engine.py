@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chat_request import Conversation
+from proxy import offload
 from proxy.compaction import extract
 from proxy.compaction.budget import Budget
 from proxy.compaction.inject import annotation_text, inject, summary_message_text
@@ -141,7 +142,7 @@ class CompactionEngine:
         if not forced and total <= budget.threshold:
             self._maybe_prepare(conv, fwd, ctx, budget, total)
             return Outcome("none")
-        view = _View(conv, fwd)
+        view = await offload.sized(4 * total, _View, conv, fwd)  # digests of a long history: off the loop
         limit_for = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
         # Local records first (no I/O on the common reuse path); the shared store only when no
         # local record fits, since another replica may have made a longer one.
@@ -399,13 +400,17 @@ class CompactionEngine:
         )
         main_span = fwd[plan.start:plan.main_end]
         prev_text = previous.summary if previous else None
+        # Serializing and scanning the span grow with it: off the event loop when it is large.
+        size = 4 * sum(conv.tokens[plan.start:plan.cut])  # about its characters
         main_coro = (
-            self.summarizer.summarize(job, serialize_messages(main_span, names), prev_text)
+            self.summarizer.summarize(job, await offload.sized(size, serialize_messages, main_span, names), prev_text)
             if main_span
             else _value(prev_text)
         )
         turn_coro = (
-            self.summarizer.summarize(job, serialize_messages(fwd[plan.turn_start:plan.cut], names), None, kind="turn")
+            self.summarizer.summarize(
+                job, await offload.sized(size, serialize_messages, fwd[plan.turn_start:plan.cut], names), None, kind="turn"
+            )
             if plan.turn_start is not None
             else _value(None)
         )
@@ -413,21 +418,26 @@ class CompactionEngine:
         if model_text is None:
             model_text = ""
         summarized = fwd[plan.start:plan.cut]
-        files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
-        text = extract.span_text(summarized)
-        # This span's identifiers first: the previous summary already carries the older ones.
-        candidates = extract.find_identifiers(text) + (previous.identifiers if previous else [])
-        idents = extract.dropped(candidates, model_text + "\n" + (turn_text or ""))
-        errors = extract.dropped(extract.find_error_lines(text), model_text)[:10]
-        summary = render_summary(
-            model_text,
-            turn_prefix=turn_text,
-            files=files,
-            identifiers=idents,
-            errors=errors,
-            latest_requests=extract.latest_requests(fwd, conv.n_system, plan.cut),
-            extras_chars=extras_chars(budget),
-        )
+
+        def code_written() -> tuple[dict[str, str], list[str], str]:
+            files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
+            text = extract.span_text(summarized)
+            # This span's identifiers first: the previous summary already carries the older ones.
+            candidates = extract.find_identifiers(text) + (previous.identifiers if previous else [])
+            idents = extract.dropped(candidates, model_text + "\n" + (turn_text or ""))
+            errors = extract.dropped(extract.find_error_lines(text), model_text)[:10]
+            summary = render_summary(
+                model_text,
+                turn_prefix=turn_text,
+                files=files,
+                identifiers=idents,
+                errors=errors,
+                latest_requests=extract.latest_requests(fwd, conv.n_system, plan.cut),
+                extras_chars=extras_chars(budget),
+            )
+            return files, candidates, summary
+
+        files, candidates, summary = await offload.sized(size, code_written)
         return SummaryRecord(
             covered=plan.cut - conv.n_system,
             chain=view.chain_hex(plan.cut - conv.n_system),
@@ -499,7 +509,7 @@ class CompactionEngine:
 
     async def _prepare(self, job: _PrepareJob) -> None:
         conv, ctx = job.conv, job.ctx
-        view = _View(conv, job.fwd)
+        view = await offload.sized(4 * job.total, _View, conv, job.fwd)
         candidates = self._candidate_keys(view, ctx.scope)
         if any(self.flight.running(k) for k in candidates):
             return  # a summary of this conversation is being made already

@@ -11,10 +11,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import orjson
 
+from proxy import offload
 from proxy.chat_request import Conversation
 from proxy.compaction import extract
 from proxy.config import Config
@@ -31,10 +32,8 @@ from proxy.tokens import TokenCounter
 from proxy.upstream import SummarizerError, UpstreamCaller
 
 log = logging.getLogger("proxy.toolresults")
-T = TypeVar("T")
 
 PAUSED = "the summarizer failed repeatedly and is paused"
-BIG_TEXT = 512 * 1024  # characters; above this, scanning and counting run off the event loop
 
 
 @dataclass
@@ -109,8 +108,8 @@ class ToolResultStage:
             new = dict(messages[c.index])
             new["content"] = text
             messages[c.index] = new
-            conv.tokens[c.index] = await _off_loop_if(
-                len(text) > BIG_TEXT, self.counter.count_message, new, conv.encoding, message_digest(new)
+            conv.tokens[c.index] = await offload.sized(
+                len(text), self.counter.count_message, new, conv.encoding, message_digest(new)
             )
             summarized += ok
         return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
@@ -196,7 +195,7 @@ class ToolResultStage:
         if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
             raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
-        found = await _off_loop_if(len(c.text) > BIG_TEXT, extract.find_identifiers, c.text)
+        found = await offload.sized(len(c.text), extract.find_identifiers, c.text)
         text = notes.with_identifiers(text, extract.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
@@ -211,12 +210,6 @@ class ToolResultStage:
             max_chars = int(len(text) * cap / c.tokens)
             text = clamp_middle(text, max(0, max_chars - len(notice) - 1), what="characters of tool output")
         return notice + "\n" + text
-
-
-async def _off_loop_if(big: bool, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args), in a worker thread when the input is big: a multi-megabyte tool output would
-    otherwise stall every other request on the event loop for seconds."""
-    return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
 def _reason(e: SummarizerError) -> str:
