@@ -3,25 +3,23 @@
 #   docker run -p 8787:8787 compaction-proxy
 FROM python:3.11-slim
 
-# tiktoken reads its encodings from TIKTOKEN_CACHE_DIR; they are fetched below, at build time, so
-# the container never downloads anything at start-up (and works without network access).
+# tiktoken's encodings ship inside the package (proxy/encoding_files): nothing is downloaded at
+# build time or at start-up, and the container counts exactly without network access.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TIKTOKEN_CACHE_DIR=/opt/tiktoken
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COPY pyproject.toml README.md /build/
 COPY proxy /build/proxy
 COPY prompts /build/prompts
-RUN pip install /build \
-    && python -c "import tiktoken; [tiktoken.get_encoding(n) for n in ('o200k_base', 'cl100k_base')]" \
-    && rm -rf /build
+RUN pip install /build && rm -rf /build
 
-# Non-root; /data is the working directory, where the default SQLite store (compaction-proxy.db)
-# lives: mount a volume there to keep summaries across restarts.
-RUN useradd --create-home --uid 10001 proxy && mkdir /data && chown proxy:proxy /data
-USER proxy
+# Non-root. Debian's base-passwd already has a user `proxy` (uid 13), hence `compaction`. /data is
+# the working directory, where the default SQLite store (compaction-proxy.db) lives: mount a
+# volume there to keep summaries across restarts.
+RUN useradd --create-home --uid 10001 --user-group compaction && mkdir /data && chown compaction:compaction /data
+USER compaction
 WORKDIR /data
 
 EXPOSE 8787

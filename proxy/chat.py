@@ -23,6 +23,7 @@ from proxy.chat_request import (
     message_text,
     parse_chat_body,
 )
+from proxy.compaction.budget import could_overflow
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
@@ -43,6 +44,7 @@ from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
+from proxy.toolresults.stage import StageResult
 from proxy.tokens import encoding_name_for
 from proxy.upstream import is_context_overflow
 
@@ -50,6 +52,9 @@ log = logging.getLogger("proxy.chat")
 
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
+EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+                      "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
+                      "this for a request it rejects, such as a message it cannot template)")
 
 
 def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: float) -> dict[str, str]:
@@ -97,12 +102,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     )
 
     try:
-        stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
-        outcome = Outcome("none")
-        if cfg.compaction.enabled:
-            outcome = await state.compaction.process(conv, stage.messages, ctx)
-        outcome = not_larger(outcome, before)
-        messages = outcome.messages or stage.messages
+        stage, outcome, messages = await shrink(state, conv, ctx)
         out_raw = raw if messages is conv.messages else await offload.sized(len(raw), _dump, body, messages)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
@@ -122,7 +122,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait, ex)
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", conv.model, outcome.status, before, after,
               stage.summarized)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry)
+    window = state.compaction.budget_for(conv.model).window
+    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
 
 
 _anonymous_warned = False
@@ -134,6 +136,18 @@ def _warn_anonymous() -> None:
         _anonymous_warned = True
         log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
                     "(set upstream.api_key, or send a credential or an x-compaction-session id)")
+
+
+async def shrink(state: ProxyState, conv: Conversation, ctx: RequestContext) -> tuple[StageResult, Outcome, list[Any]]:
+    """The request's stages: tool results to notes, then the history. Returns the tool-result
+    stage's result, the compaction's outcome and the messages to forward (conv.messages itself
+    when nothing changed). `compaction-proxy inspect` runs this too, with a dry-run caller."""
+    before = conv.total()
+    stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
+    outcome = Outcome("none")
+    if state.cfg.compaction.enabled:
+        outcome = not_larger(await state.compaction.process(conv, stage.messages, ctx), before)
+    return stage, outcome, outcome.messages or stage.messages
 
 
 def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:
@@ -215,7 +229,10 @@ async def _forward(
     streaming: bool,
     extra: dict[str, str],
     retry: Any = None,
+    not_an_overflow: str | None = None,
 ) -> web.StreamResponse:
+    """Send the request upstream and relay the answer. `retry` compacts it once more after an
+    overflow; `not_an_overflow`, when set, is why an empty stream cannot be one (the 502's text)."""
     url = upstream_url(state.cfg.upstream.base_url, request, "/chat/completions")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
@@ -257,7 +274,11 @@ async def _forward(
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = Usage.from_openai(checker.usage)
                     return resp
-                # llama.cpp answers a prompt over its window with 200 and an empty event stream.
+                # llama.cpp answers a prompt over its window with 200 and an empty event stream; also
+                # a request it rejects for other reasons, which no compaction can fix.
+                if attempt == 0 and not_an_overflow is not None:
+                    log.warning("upstream sent an empty event stream for a request well under its window")
+                    return errors.upstream_bad_response(not_an_overflow).response(extra)
                 again = await _compacted(retry) if can_retry else None
                 if again is None:
                     return errors.upstream_bad_response(EMPTY_STREAM).response(extra)

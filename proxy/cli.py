@@ -20,7 +20,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compaction-proxy",
         description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
-        epilog="Other commands: `compaction-proxy events --help` (the journal of compaction events).",
+        epilog="Other commands: `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
+        "no network), `compaction-proxy events --help` (the journal of compaction events), "
+        "`compaction-proxy inspect --help` (what the proxy would forward for a request body).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -49,11 +51,15 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-COMMANDS = ("events",)
+COMMANDS = ("events", "inspect")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # `compaction-proxy demo`: the proxy and a fake upstream, on loopback
+        from proxy.demo import main as demo
+
+        return demo(argv[1:])
     if argv and argv[0] in COMMANDS:
         from proxy.ops import commands
 

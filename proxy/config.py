@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from proxy.windows import window_for
 
 ENV_PREFIX = "COMPACTION_PROXY_"
 
@@ -65,13 +66,31 @@ class ModelConfig(_Section):
     encoding: str | None = None
 
 
+class SummarizerConfig(_Section):
+    """Where history summaries are made. Unset, each key follows the request: its upstream, its
+    credentials, its model."""
+
+    base_url: str | None = None  # another server (a cheaper model, a local one); default: upstream.base_url
+    # Sent as `Authorization: Bearer ...` to the summarizer. Unset: the client's own credentials,
+    # but only when the summarizer is the upstream itself; a separate base_url without a key gets
+    # no credential (a client's key never goes to a server it did not choose).
+    api_key: SecretStr | None = None
+    model: str | None = None  # default: the request's model
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str | None) -> str | None:
+        return None if v is None else UpstreamConfig._strip_slash(v)
+
+
 class CompactionConfig(_Section):
     enabled: bool = True
     threshold_tokens: int | None = None
     threshold_percent: float | None = Field(None, ge=1, le=99)
     reserve_tokens: int | None = Field(None, ge=0)
     keep_recent_tokens: int = Field(20000, ge=0)
-    summarizer_model: str | None = None
+    summarizer: SummarizerConfig = Field(default_factory=SummarizerConfig)
+    summarizer_model: str | None = None  # the older name of summarizer.model, still accepted
     summarizer_timeout_s: float = Field(180, gt=0)
     # A conversation whose summary just failed forwards uncompacted (failed-open) this long before
     # the summarizer is asked again.
@@ -80,15 +99,38 @@ class CompactionConfig(_Section):
     # accepted and the headings it lacks are added by code ("none recorded").
     required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
+    # Tier 1: over the threshold, first replace old tool outputs by stubs written by code; a
+    # summary is made only when that is not enough.
+    mask_tool_outputs: bool = True
+    # The identifier block of a summary grows with the summarized span up to this share of the
+    # target; identifiers that do not fit are listed in the record for recall.
+    identifiers_share: float = Field(0.15, ge=0, le=0.5)
+    # A digest written by code (the summarizer failed and the request did not fit the window)
+    # lives this long: then the summarizer is asked again.
+    digest_ttl_s: float = Field(120, gt=0)
     # Start preparing the next summary off the request path at this share of the threshold; 0 = off.
     prepare_percent: float = Field(80, ge=0, le=100)
     prepare_workers: int = Field(2, ge=1)
     prepare_queue: int = Field(64, ge=1)
+    # Prepare ahead only for a conversation whose latest request is at most this old when a worker
+    # gets to it: a conversation that went quiet (ended, or its agent is stuck) costs no summary.
+    prepare_idle_s: float = Field(120, gt=0)
+    # Summarizer calls in flight at once, per process: request path and preparation together.
     max_concurrent_summaries: int = Field(8, ge=1)
     max_fold_calls: int = Field(16, ge=1)
     # The longest a request waits for a summary (or tool note) someone else is making; past it,
     # it is forwarded without (failed-open, or the raw output with a notice).
     max_wait_s: float = Field(10, gt=0)
+
+    @model_validator(mode="after")
+    def _summarizer_model_alias(self) -> "CompactionConfig":
+        old, new = self.summarizer_model, self.summarizer.model
+        if old is not None and new is not None and old != new:
+            raise ValueError("summarizer_model is the older name of summarizer.model: set one of them")
+        if old is not None:
+            self.summarizer.model = old
+        self.summarizer_model = self.summarizer.model
+        return self
 
 
 class ToolResultsConfig(_Section):
@@ -169,6 +211,11 @@ class Config(_Section):
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""
         return self.models.get(model) or self.models.get("default") or _DEFAULT_MODEL
+
+    def context_window(self, model: str) -> int:
+        """The model's window: from `models:` (its entry, else `default`), else the built-in table
+        of well-known models (proxy/windows.py), else 128000 with one warning per model."""
+        return window_for(model, self.model_settings(model).context_window)
 
 
 _DEFAULT_MODEL = ModelConfig()

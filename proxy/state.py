@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -14,6 +15,7 @@ from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
 from proxy.ops.bill import Bill
+from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
@@ -51,6 +53,7 @@ class ProxyState:
     metrics: Metrics | None = None
     bill: Bill | None = None
     journal: Journal | None = None
+    series: Series | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -72,7 +75,12 @@ class ProxyState:
             await self.refresh_scope_secret()
 
     @classmethod
-    async def create(cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None) -> "ProxyState":
+    async def create(
+        cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
+        make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
+    ) -> "ProxyState":
+        """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
+        run passes one that answers placeholders); by default the real ones."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -94,7 +102,11 @@ class ProxyState:
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
-        caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        if make_caller is None:
+            make_caller = lambda s, url: UpstreamCaller(s, url, cfg.upstream.connect_timeout_s)  # noqa: E731
+        caller = make_caller(session, cfg.upstream.base_url)
+        summarizer_url = cfg.compaction.summarizer.base_url
+        summarizer_caller = make_caller(session, summarizer_url) if summarizer_url else caller
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
@@ -102,12 +114,15 @@ class ProxyState:
         access = AccessLog() if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
-        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings), hooks=hooks)
+        summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
+                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            series.start()
         return cls(
             cfg=cfg,
             session=session,
@@ -121,12 +136,15 @@ class ProxyState:
             metrics=metrics,
             bill=bill,
             journal=journal,
+            series=series,
         )
 
     async def close(self) -> None:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.series is not None:
+            await self.series.stop()
         if self.journal is not None:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()

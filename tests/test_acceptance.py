@@ -79,6 +79,9 @@ def test_completion_is_idempotent_and_keeps_text_before_any_heading():
     assert complete_headings(main_summary("x"), SUMMARY_HEADINGS).count("#") == main_summary("x").count("#")
 
 
+FITS = chat_history(9, 200)  # over the threshold of a 6000-token window, within the window
+
+
 def settings(window: int) -> dict:
     return {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0}}
 
@@ -104,7 +107,7 @@ async def test_a_reply_instead_of_a_summary_is_counted_and_logged(upstream, make
     proxy = await make_proxy(upstream.base_url, settings(6000))
     client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-accept", max_retries=0)
     with caplog.at_level(logging.WARNING, logger="proxy.compaction"):
-        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=chat_history(14, 200))
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=FITS)
     assert raw.headers["x-compaction-status"] == "failed-open"  # the original fits the window
     assert proxy.state.compaction.summarizer.rejected["reply"] >= 1
     assert any("summary rejected (reply)" in r.getMessage() for r in caplog.records)
@@ -116,6 +119,6 @@ async def test_a_tool_call_answer_is_refused(upstream, make_proxy):
     upstream.summarizer = lambda body: {"content": None, "tool_calls": [{"name": "run_tests", "arguments": {}}]}
     proxy = await make_proxy(upstream.base_url, settings(6000))
     client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-accept", max_retries=0)
-    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=chat_history(14, 200))
+    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=FITS)
     assert raw.headers["x-compaction-status"] == "failed-open"
     assert proxy.state.compaction.summarizer.rejected["tool_call"] >= 1

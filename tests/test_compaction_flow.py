@@ -298,7 +298,8 @@ async def test_files_identifiers_and_errors_survive_a_summary_that_drops_them(up
 
 async def test_latest_request_in_the_summarized_span_is_kept_verbatim_with_the_one_before_continue(upstream, make_proxy, client_for):
     upstream.summarizer = main_summary("bare")
-    proxy = await make_proxy(upstream.base_url, settings(6000))
+    # tier 2 is what this is about: without masking, so that the span with the request is summarized
+    proxy = await make_proxy(upstream.base_url, settings(6000, mask_tool_outputs=False))
     request = "Migrate the billing job to the new queue and keep retries at 5, nothing else."
     msgs = chat_history(2, 200)[:-1] + [
         {"role": "user", "content": request},

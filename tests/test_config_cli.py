@@ -16,7 +16,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from proxy.cli import flag_overrides, parse_args
-from proxy.config import Config, ConfigError, ModelConfig, load_config
+from proxy.config import Config, ConfigError, load_config
 from proxy.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +39,8 @@ def test_example_file_loads_and_equals_the_defaults():
     example = load_config(EXAMPLE, environ={})
     defaults = load_config(None, environ={})
     assert example.model_dump(exclude={"models"}) == defaults.model_dump(exclude={"models"})
-    # The example spells out the built-in window for unknown models (128000) as `models.default`.
-    assert example.models == {"default": ModelConfig(context_window=128000)}
+    # `models.default` is only shown commented out: set, it would replace the built-in table.
+    assert example.models == {}
 
 
 def test_example_file_documents_every_key():

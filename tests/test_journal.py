@@ -71,8 +71,16 @@ async def test_the_journal_keeps_its_newest_events(upstream, make_proxy):
 async def test_failed_open_is_journaled_with_its_reason(upstream, make_proxy):
     from proxy.fake_upstream import FakeError
 
-    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"tool_results": {"enabled": False}}))
+    from proxy.compaction.budget import resolve_threshold
+    from support.ops_replay import WINDOW
+
+    # Without tier 1 (masking old tool outputs would serve this request), and with a window the
+    # originals fit (over it, the floor is a digest: degraded, not failed-open); same threshold.
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {
+        "tool_results": {"enabled": False}, "models": {MODEL: {"context_window": 4 * WINDOW}},
+        "compaction": {"mask_tool_outputs": False, "threshold_tokens": resolve_threshold(WINDOW)}}))
     upstream.summarizer = FakeError.openai(503, "overloaded", "server_error")
+    upstream.window = 4 * WINDOW
     answers = await replay(proxy.base_url, request_points(conversation("fails"))[12:14])
     assert answers[-1].headers["x-compaction-status"] == "failed-open"
     later, first = (await api_events(proxy))[:2]

@@ -25,6 +25,7 @@ from support.conversations import (
     tau_conversations,
 )
 from proxy.fake_upstream import FakeUpstream
+from support.clock import FakeClock
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer
 
@@ -121,6 +122,61 @@ async def test_the_queue_is_bounded_never_blocks_and_stops_with_the_proxy(
     await asyncio.wait_for(proxy.close(), 10)
     assert background_tasks() == []  # workers and their summaries cancelled at shutdown
     assert len(upstream.summarizer_requests) == 1
+
+
+@pytest.mark.parametrize("quiet_s", [119, 121], ids=["recent", "idle"])
+async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
+    upstream: FakeUpstream, make_proxy, quiet_s: float
+) -> None:
+    """The one worker is busy with conversation A while B's job waits; by the time the worker gets
+    to B, B's last request is `quiet_s` old (on the engine's clock): prepared within
+    prepare_idle_s (120 s), skipped past it."""
+    upstream.window = WINDOW
+    release = asyncio.Event()
+
+    async def held(body: dict) -> None:  # A's summary waits until the test lets it go
+        await release.wait()
+
+    upstream.summarizer = held
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_idle_s=120))
+    engine = proxy.state.compaction
+    engine.clock = clock = FakeClock()
+    c = client(proxy.base_url)
+    assert (await send(c, synthetic("busy", turns=12))).status == "none"
+    await upstream.wait_for_requests(1, "summarizer")
+    assert (await send(c, synthetic("quiet", turns=12))).status == "none"
+    clock.advance(quiet_s)
+    release.set()
+    await engine.idle()
+    prepared = [r for r in upstream.records("summarizer") if "quiet" in r.body.decode()]
+    if quiet_s < 120:
+        assert engine.prepared_jobs == 2 and len(prepared) == 1
+    else:
+        assert engine.prepared_jobs == 1 and prepared == []
+        # the crossing request makes the summary itself, as without preparation
+        assert (await send(c, synthetic("quiet", turns=14))).status == "summarized"
+
+
+async def test_preparation_and_requests_share_max_concurrent_summaries(upstream: FakeUpstream, make_proxy) -> None:
+    """Four workers and four conversations to prepare, one summarizer slot: never two calls at once."""
+    upstream.window = WINDOW
+    in_flight = peak = 0
+
+    async def counted(body: dict) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        for _ in range(20):  # yield to the loop, so that concurrent calls would overlap here
+            await asyncio.sleep(0)
+        in_flight -= 1
+
+    upstream.summarizer = counted
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=4, max_concurrent_summaries=1))
+    c = client(proxy.base_url)
+    await asyncio.gather(*(send(c, synthetic(f"slot {i}", turns=12)) for i in range(4)))
+    await proxy.state.compaction.idle()
+    assert len(upstream.records("summarizer")) == 4
+    assert peak == 1
 
 
 async def test_one_preparation_per_conversation_however_many_requests(upstream: FakeUpstream, make_proxy) -> None:

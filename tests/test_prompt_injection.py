@@ -207,7 +207,7 @@ async def test_a_tool_name_enters_every_prompt_as_one_clipped_printable_line(ups
 
     # and in a history summary's [Tool call] block
     upstream.clear_requests()
-    hist = await make_proxy(upstream.base_url, settings())
+    hist = await make_proxy(upstream.base_url, {**settings(), "compaction": {**settings().get("compaction", {}), "mask_tool_outputs": False}})
     history = chat_history(11, 150)
     history[3:3] = msgs[1:]
     assert await send(hist, history) == "summarized"

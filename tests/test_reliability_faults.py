@@ -209,6 +209,53 @@ async def test_an_empty_stream_with_no_retry_left_is_a_502(upstream, make_proxy,
     assert headers["x-compaction-status"] == ("summarized" if compaction else "none")
 
 
+def _templating_failure(pad_words: int) -> list[dict[str, Any]]:
+    """A tool call whose assistant message has `content: null`, which llama.cpp's server rejects
+    (after its stream has started: an empty stream), then `pad_words` words of history."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    return [
+        {"role": "user", "content": "look it up " + "word " * pad_words},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+        {"role": "user", "content": "and?"},
+    ]
+
+
+async def test_an_empty_stream_for_a_small_request_is_a_502_not_an_overflow(upstream, make_proxy):
+    """A 522-token request can never overflow an 8000-token window: no compaction, no retry, a
+    502 that says what happened."""
+    upstream.reject_null_content_with_tool_calls = True
+    upstream.empty_stream_on_llama_error = True
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 8000}},
+                                                 "compaction": {"prepare_percent": 0}})
+    msgs = _templating_failure(480)
+    assert 400 < proxy_count({"model": MODEL, "messages": msgs}) < 4000
+    status, headers, raw = await post(proxy.base_url, _body(True, msgs, MODEL))
+    assert status == 502
+    err = _openai_error(raw)
+    assert err["code"] == "bad_upstream_response"
+    assert "without sending an event" in err["message"] and "well under the model's 8000-token window" in err["message"]
+    assert [r.status for r in upstream.records("chat")] == [200]  # sent once, never retried
+    assert upstream.records("summarizer") == []
+    assert headers["x-compaction-status"] == "none"
+
+
+async def test_an_empty_stream_for_a_request_near_the_window_is_still_retried_compacted(upstream, make_proxy):
+    """The other side of the line: past half the window the same empty stream may be an overflow,
+    so the request is compacted and retried (here the retry no longer carries the bad message)."""
+    upstream.reject_null_content_with_tool_calls = True
+    upstream.empty_stream_on_llama_error = True
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 8000}},
+                                                 "compaction": {"prepare_percent": 0, "required_headings": []}})
+    msgs = _templating_failure(10) + chat_history(13, 150)[1:]
+    assert 4000 <= proxy_count({"model": MODEL, "messages": msgs}) <= 6800
+    status, headers, raw = await post(proxy.base_url, _body(True, msgs, MODEL))
+    assert status == 200, raw
+    assert headers["x-compaction-status"] == "summarized"
+    assert [r.status for r in upstream.records("chat")] == [200, 200]
+    assert len(upstream.records("summarizer")) >= 1
+
+
 # -- summarizer faults: the request always goes through ------------------------------------------
 
 SMALL = {"models": {MODEL: {"context_window": 6000}}, "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}}

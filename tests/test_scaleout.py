@@ -82,8 +82,9 @@ async def test_alternating_replicas_forward_what_one_replica_forwards(
     points = request_points(tau_conversations(fixtures_dir, 1)[0])
     alone = await make_proxy(upstream_fake.base_url, SETTINGS)  # one replica on its own store
     statuses, forwarded, summaries = await _replay([client(alone.base_url)], upstream_fake, points)
+    # several compaction events (masking old tool outputs now serves some requests summaries served)
     events = statuses.count("summarized")
-    assert events >= 3, statuses
+    assert events >= 2, statuses
 
     statuses2, forwarded2, summaries2 = await _replay([client(r.base_url) for r in replicas], upstream_fake, points)
     assert statuses2 == statuses

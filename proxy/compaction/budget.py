@@ -81,3 +81,10 @@ class Budget:
         """After an upstream context-length rejection: compact as if the threshold were half."""
         t = max(1, self.threshold // 2)
         return Budget(self.window, t, int(HYSTERESIS * t), min(self.keep_recent, t // 2), self.output_cap)
+
+
+def could_overflow(tokens: int, window: int) -> bool:
+    """Whether an upstream's silent failure (an empty event stream) can be a prompt over its window.
+    Tokenizers unlike tiktoken's count differently, but not by 2x: a request under half the
+    window is not an overflow, and compacting it would not help."""
+    return tokens * 2 >= window

@@ -9,19 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chat_request import Conversation
 from proxy import offload
-from proxy.compaction import extract
+from proxy.compaction import extract, mask
 from proxy.compaction.budget import Budget
+from proxy.compaction.digest import write_digest
 from proxy.compaction.inject import annotation_text, inject, summary_message_text
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
-from proxy.compaction.record import SummaryRecord, render_summary
+from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
 from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
-from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
+from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.config import Config
 from proxy.hashing import hash_chain, message_digest
 from proxy.ops.exchange import CONVERSATION
@@ -35,13 +36,21 @@ from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.compaction")
 
-MAX_EXTRA_CHARS = 6000  # the code-written files and identifier lists of one summary, at most
+MAX_FILES_CHARS = 3000  # the code-written files block of one summary, at most
+MAX_KNOWN_IDENTIFIERS = 5000  # identifiers a record remembers for the next update
+CHARS_PER_IDENTIFIER_TOKEN = 3  # a first fill of the identifier block, checked by counting after
 
 
-def extras_chars(budget: Budget) -> int:
-    """Room for the code-written lists: scaled to the summary's output cap, so small windows keep
-    their hysteresis."""
-    return min(MAX_EXTRA_CHARS, budget.output_cap)
+def files_chars(budget: Budget) -> int:
+    """Room for the files block: scaled to the summary's output cap, so small windows keep their
+    hysteresis."""
+    return min(MAX_FILES_CHARS, budget.output_cap)
+
+
+def identifier_budget(target: int, share: float, span_tokens: int) -> int:
+    """Tokens for the identifier block (spec 9.3): growing with the summarized span, up to `share`
+    of the target."""
+    return min(int(share * target), max(256, span_tokens // 8))
 
 
 @dataclass
@@ -56,7 +65,7 @@ class RequestContext:
 
 @dataclass
 class Outcome:
-    status: str  # none | summarized | reused | failed-open
+    status: str  # none | summarized | reused | masked | degraded | failed-open
     messages: list[dict[str, Any]] | None = None  # None: forward the messages unchanged
     tokens_after: int | None = None
     wait_ms: float = 0.0
@@ -80,6 +89,14 @@ class _View:
 
 
 @dataclass
+class _Work:
+    """The forwarded messages as compaction plans them (old tool outputs masked), with counts."""
+
+    fwd: list[dict[str, Any]]
+    tokens: list[int]
+
+
+@dataclass
 class _PrepareJob:
     """A request whose conversation gets its next summary made ahead of time."""
 
@@ -88,6 +105,7 @@ class _PrepareJob:
     ctx: RequestContext
     budget: Budget
     total: int  # tokens the request forwarded
+    at: float  # when that request came (engine clock): the conversation's latest
 
 
 class CompactionEngine:
@@ -112,19 +130,20 @@ class CompactionEngine:
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(
             store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
         )
-        self._limit = asyncio.Semaphore(cfg.compaction.max_concurrent_summaries)
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
         self._pending: dict[str, _PrepareJob] = {}  # conversation slot -> its latest job
         self._workers: list[asyncio.Task[None]] = []
         self.prepared_jobs = 0
+        # compaction events by tier, identifiers left for recall (for tests, benches and metrics)
+        self.stats: Counter[str] = Counter()
 
     # -- budgets -------------------------------------------------------------------------------
     def budget_for(self, model: str) -> Budget:
         c = self.cfg.compaction
         return Budget.for_model(
-            self.cfg.model_settings(model).context_window,
+            self.cfg.context_window(model),
             threshold_tokens=c.threshold_tokens,
             threshold_percent=c.threshold_percent,
             reserve_tokens=c.reserve_tokens,
@@ -168,11 +187,20 @@ class CompactionEngine:
                 return out
             if record.prepared:
                 self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
+        # Tier 1: old tool outputs become stubs; no model call.
+        masked = self._mask_record(view, budget, record)
+        if masked is not None:
+            out = self._apply(view, masked, ctx)
+            if out.tokens_after is not None and out.tokens_after <= budget.target:
+                masked = await self._publish(ctx.scope, masked)
+                self.stats["events_masked"] += 1
+                return self._apply(view, masked, ctx)
+        base = masked or record
         started = time.perf_counter()
         try:
             joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
-        except Busy as e:
-            return _busy(started, e)
+        except Busy as e:  # someone else's summary is late: go on without it
+            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -183,25 +211,27 @@ class CompactionEngine:
                     self.hooks.prepared("used")
                 out.wait_ms = (time.perf_counter() - started) * 1000
                 return out
-            record = joined  # the previous summary of a short update
+            record = base = joined  # the previous summary of a short update
         # A summary that just failed for this conversation is not retried on every request: each
         # attempt can cost the client the summarizer's whole timeout.
         failure_key = f"{ctx.scope}:{view.chain_hex(record.covered if record else 1)}"
         if (until := self._failures.get(failure_key)) is not None:
             if self.clock() < until:
-                return Outcome("failed-open", reason="a summary failed recently; retrying after the cool-down")
+                return await self._floor(view, base, ctx, budget, "a summary failed recently; retrying after the cool-down", 0.0)
             del self._failures[failure_key]
+        # Tier 2: summarize the older part of the (masked) history.
+        work = self._masked_fwd(view, base)
         try:
-            plan = self._plan(view, budget, record)
+            plan = self._plan(view, budget, base, work)
             if plan is None:
-                return Outcome("failed-open", reason="no valid cut point")
-            new_record = await self._summary_for(view, plan, record, ctx, budget)
-        except Busy as e:  # not a failure of the summary: no cool-down
-            return _busy(started, e)
+                return await self._floor(view, base, ctx, budget, "no valid cut point", 0.0)
+            new_record = await self._summary_for(view, plan, base, ctx, budget, work=work)
+        except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
+            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
         except SummarizerError as e:
-            log.warning("compaction failed open: %s", e)
+            log.warning("summary failed: %s", e)
             self._remember_failure(failure_key)
-            return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
+            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
         out = self._apply(view, new_record, ctx)
         out.wait_ms = (time.perf_counter() - started) * 1000
         if out.tokens_after is not None and out.tokens_after > budget.target:
@@ -210,8 +240,126 @@ class CompactionEngine:
         if new_record.prepared:  # made ahead by another path and reached here first
             new_record.prepared = False
             await self._save(ctx.scope, new_record)
+        self.stats["events_summarized"] += 1
         out.status = "summarized"
         return out
+
+    async def _floor(
+        self, view: _View, base: SummaryRecord | None, ctx: RequestContext, budget: Budget, why: str, wait_ms: float
+    ) -> Outcome:
+        """The summary failed. The original goes forward when it fits the window (`failed-open`);
+        else the masked history when that fits; else a digest written by code replaces the oldest
+        part (tier 3, `degraded`). Over the window only when even that cannot fit (logged)."""
+        conv = view.conv
+        if view.conv.total() <= budget.window:
+            return Outcome("failed-open", wait_ms=wait_ms, reason=why)
+        if base is not None:
+            out = self._apply(view, base, ctx)
+            if out.tokens_after is not None and out.tokens_after <= budget.window:
+                out.status = "masked" if base.tier == "mask" else out.status
+                out.wait_ms, out.reason = wait_ms, why
+                return out
+        if base is not None and base.tier == "digest":
+            # A digest is not built on: the next one digests everything older from the start (the
+            # user's requests verbatim lead it), so digests never pile up.
+            base = replace(base, covered=0, summary="", masked_until=0)
+        work = self._masked_fwd(view, base)
+        plan = self._plan(view, budget, base, work)
+        if plan is None:
+            log.warning("request over the window and nothing to compact (%d tokens, window %d): forwarded as it is",
+                        conv.total(), budget.window)
+            return Outcome("failed-open", wait_ms=wait_ms, reason=why)
+        rec = self._digest_record(view, plan, base, work, budget)
+        out = self._apply(view, rec, ctx)
+        if out.tokens_after is not None and out.tokens_after > budget.window:
+            log.warning("request still over the window after every tier (%d tokens, window %d): forwarded; %s",
+                        out.tokens_after, budget.window, why)
+        else:
+            ttl = self.cfg.compaction.digest_ttl_s
+            await self.store.put(self._key(ctx.scope, rec.chain), rec.to_bytes(), ttl)
+            self._remember(self._key(ctx.scope, rec.chain), rec)
+        self.stats["events_degraded"] += 1
+        out.status, out.wait_ms, out.reason = "degraded", wait_ms, why
+        log.info("compaction degraded to a digest written by code: %s", why)
+        return out
+
+    # -- tier 1 and tier 3: written by code ----------------------------------------------------
+    def _masked_fwd(self, view: _View, record: SummaryRecord | None) -> _Work:
+        """The forwarded messages with the record's stubs in place, and their token counts."""
+        conv = view.conv
+        fwd, tokens = view.fwd, conv.tokens
+        if record is None or not record.masks:
+            return _Work(fwd, tokens)
+        fwd, tokens = list(fwd), list(tokens)
+        for i in range(conv.n_system, len(fwd)):
+            stub = record.masks.get(conv.digests[i].hex())
+            if stub is not None:
+                fwd[i] = mask.masked_message(fwd[i], stub)
+                tokens[i] = self.counter.count_message(fwd[i], conv.encoding, message_digest(fwd[i]))
+        return _Work(fwd, tokens)
+
+    def _mask_record(self, view: _View, budget: Budget, record: SummaryRecord | None) -> SummaryRecord | None:
+        """The record with every tool output older than the kept recent part masked, or None when
+        there is nothing (new) to mask."""
+        conv = view.conv
+        n_sys = conv.n_system
+        if not self.cfg.compaction.mask_tool_outputs:
+            return None
+        if record is not None and record.tier == "digest":
+            return None  # the floor is short-lived: the next compaction is a real one
+        work = self._masked_fwd(view, record)
+        covered = record.covered if record else 0
+        start = n_sys + covered
+        roles = [str(m.get("role")) for m in work.fwd]
+        keep = choose_cut(roles, work.tokens, start=start, keep_budget=int(budget.keep_recent / conv.ratio))
+        if keep is None:
+            return None
+        base = dict(record.masks) if record else {}
+        new = mask.maskable(work.fwd, work.tokens, start, keep.cut, lambda i: conv.digests[i].hex() in base)
+        if not new:
+            return None
+        calls = mask.calls_by_id(work.fwd)
+        recall = list(record.recall_identifiers) if record else []
+        for i in new:
+            name, args = calls.get(str(work.fwd[i].get("tool_call_id")), (str(work.fwd[i].get("name") or "tool"), ""))
+            d = conv.digests[i].hex()
+            output = mask.output_text(work.fwd[i])
+            base[d] = stub = mask.stub_text(name, args, conv.scaled(work.tokens[i]), output, d[:12])
+            # what the stub had no room for is listed for recall, never silently gone
+            recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
+                       if x not in stub and x not in recall]
+        extent = keep.cut - n_sys
+        if record is not None and extent <= record.extent:
+            return None
+        prev = record or SummaryRecord(covered=0, chain="", summary="")
+        return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, recall_identifiers=recall, masked_until=extent, created=self.clock(), prepared=False, expires=None)
+
+    def _digest_record(self, view: _View, plan: Plan, previous: SummaryRecord | None, work: _Work, budget: Budget) -> SummaryRecord:
+        conv = view.conv
+        n_sys = conv.n_system
+        span = view.fwd[plan.start:plan.cut]
+        count = lambda t: self.counter.count_text(t, conv.encoding)  # noqa: E731
+        constraints = _union(previous.constraints if previous else [], extract.find_constraints(span))
+        latest = extract.latest_requests(view.fwd, n_sys, plan.cut)
+        digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, count)
+        if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
+            digest = previous.summary + "\n\n" + digest  # what the previous compaction kept stays
+        summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
+                                 constraints=constraints, latest_requests=latest)
+        covered = plan.cut - n_sys
+        masks = dict(previous.masks) if previous else {}
+        identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
+        errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        present = summary + "\n" + extract.span_text(work.fwd[plan.cut:])
+        recall = _union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
+        self.stats["identifiers_to_recall"] += len(recall)
+        return SummaryRecord(
+            covered=covered, chain=view.chain_hex(covered), summary=summary, tier="digest",
+            files=extract.merge_files(previous.files if previous else {}, extract.files_touched(span)),
+            identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:],
+            recall_identifiers=recall, constraints=constraints, masks=masks, created=self.clock(),
+            expires=self.clock() + self.cfg.compaction.digest_ttl_s,
+        )
 
     def _remember_failure(self, key: str) -> None:
         cooldown = self.cfg.compaction.failure_cooldown_s
@@ -221,30 +369,35 @@ class CompactionEngine:
         while len(self._failures) > 4096:
             self._failures.pop(next(iter(self._failures)))
 
-    def _plan(self, view: _View, budget: Budget, record: SummaryRecord | None) -> Plan | None:
+    def _plan(self, view: _View, budget: Budget, record: SummaryRecord | None, work: _Work | None = None) -> Plan | None:
         """The cut that brings the forwarded request down to the target, summary message included."""
         conv = view.conv
+        work = work or _Work(view.fwd, conv.tokens)
         n_sys = conv.n_system
-        roles = [str(m.get("role")) for m in view.fwd]
+        roles = [str(m.get("role")) for m in work.fwd]
         start = n_sys + (record.covered if record else 0)
         # Besides the kept messages the request holds the system messages, the annotation and the
-        # summary wrapper, the model's summary (at most the output cap) and the code-written lists
-        # (counted at 2 characters a token, to be safe).
+        # summary wrapper, the model's summary (at most the output cap), the files block (counted
+        # at 2 characters a token, to be safe) and the user's constraints.
+        constraints = _union(record.constraints if record else [], extract.find_constraints(view.fwd[start:]))
         fixed = (
             sum(conv.tokens[:n_sys]) + self._wrapper_tokens(conv.encoding) + budget.output_cap
-            + extras_chars(budget) // 2 + conv.tools_tokens + REPLY_OVERHEAD
+            + files_chars(budget) // 2 + conv.tools_tokens + REPLY_OVERHEAD
+            + sum(self.counter.count_text(c, conv.encoding) + 2 for c in constraints)
         )
 
         def cut_for(extra: int) -> Plan | None:
             # Text counted in parts can tokenize a little differently once joined: 2% of the parts.
             slack = (fixed + extra) // 50
             keep = max(0, min(budget.keep_recent, int(budget.target / conv.ratio) - fixed - extra - slack))
-            return choose_cut(roles, conv.tokens, start=start, keep_budget=keep)
+            return choose_cut(roles, work.tokens, start=start, keep_budget=keep)
 
         def extra_for(plan: Plan) -> int:
-            # Parts that depend on the cut: a split turn's own summary, and the user's latest
-            # request copied verbatim when it falls in the summarized span.
+            # Parts that depend on the cut: a split turn's own summary, the identifier block (it
+            # grows with the span), and the user's latest request copied verbatim when it falls in
+            # the summarized span.
             n = budget.output_cap if plan.turn_start is not None else 0
+            n += self._identifier_room(view, plan, record, budget)
             return n + sum(self.counter.count_text(t, conv.encoding) for t in extract.latest_requests(view.fwd, n_sys, plan.cut))
 
         # A later cut can split a turn the earlier one did not: re-plan until the room left for
@@ -258,11 +411,23 @@ class CompactionEngine:
             plan = cut_for(extra)
         return plan
 
+    def _identifier_room(self, view: _View, plan: Plan, record: SummaryRecord | None, budget: Budget) -> int:
+        """Tokens the identifier block of a cut may take: its budget, or less when the span and the
+        previous record have fewer identifiers (2 characters a token, to be safe)."""
+        conv = view.conv
+        room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share,
+                                 conv.scaled(sum(conv.tokens[plan.start:plan.cut])))
+        span = view.fwd[plan.start:plan.cut]
+        found = extract.find_identifiers(extract.span_text(span)) + extract.find_error_lines(extract.tool_text(span))
+        known = (record.identifiers + record.errors) if record else []
+        need = sum(len(x) + 10 for x in found + known) // 2
+        return min(room, need)
+
     def _wrapper_tokens(self, encoding: str) -> int:
         """The summary message and annotation around an empty summary (section headings included),
         with message framing."""
-        headings = render_summary("", turn_prefix="-", files={}, identifiers=["-"], errors=[], latest_requests=["-", "-"],
-                                  extras_chars=MAX_EXTRA_CHARS)
+        headings = render_summary("", turn_prefix="-", files={}, files_chars=0, identifier_lines=["-"],
+                                  constraints=["-"], latest_requests=["-", "-"])
         text = summary_message_text(self.prompts, headings) + annotation_text(self.prompts, 10**6)
         return self.counter.count_text(text, encoding) + 2 * (MESSAGE_OVERHEAD + 2)
 
@@ -272,11 +437,24 @@ class CompactionEngine:
         conv = view.conv
         cut = conv.n_system + record.covered
         fwd = view.fwd
-        clamp = _clamps(conv, cut, record)
-        if clamp:
+        changed = _clamps(conv, cut, record)  # index -> max tokens, or -1 for a masked output
+        if record.masks:
+            for i in range(cut, len(fwd)):
+                if conv.digests[i].hex() in record.masks:
+                    changed[i] = -1
+        if changed:
             fwd = list(fwd)
-            for i, max_tokens in clamp.items():
-                fwd[i] = _clamp_message(fwd[i], max_tokens, conv.tokens[i])
+            for i, max_tokens in changed.items():
+                if max_tokens < 0:
+                    fwd[i] = mask.masked_message(fwd[i], record.masks[conv.digests[i].hex()])
+                else:
+                    fwd[i] = _clamp_message(fwd[i], max_tokens, conv.tokens[i])
+        status = _STATUS_OF_TIER[record.tier]
+        if record.covered == 0:  # masking only: nothing summarized, nothing injected
+            n = sum(conv.tokens[i] if i not in changed else self.counter.count_message(fwd[i], conv.encoding, message_digest(fwd[i]))
+                    for i in range(len(fwd)))
+            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + conv.tools_tokens + REPLY_OVERHEAD),
+                           record=record)
         messages = inject(
             fwd,
             conv.n_system,
@@ -288,12 +466,14 @@ class CompactionEngine:
         tail_start = cut + 1 if fwd[cut].get("role") == "user" else cut  # a user message is merged
         head_len = len(messages) - (len(fwd) - tail_start)
         n = sum(self.counter.count_message(m, conv.encoding, message_digest(m)) for m in messages[:head_len])
-        if clamp:
-            n += sum(self.counter.count_message(m, conv.encoding, message_digest(m)) for m in messages[head_len:])
-        else:
+        if not changed:
             n += sum(conv.tokens[tail_start:])
+        else:
+            for k, i in enumerate(range(tail_start, len(fwd))):
+                m = messages[head_len + k]
+                n += self.counter.count_message(m, conv.encoding, message_digest(m)) if i in changed else conv.tokens[i]
         n += conv.tools_tokens + REPLY_OVERHEAD
-        return Outcome("reused", messages=messages, tokens_after=conv.scaled(n), record=record)
+        return Outcome(status, messages=messages, tokens_after=conv.scaled(n), record=record)
 
     # -- records -------------------------------------------------------------------------------
     def _key(self, scope: str, chain_hex: str) -> str:
@@ -319,6 +499,9 @@ class CompactionEngine:
             key = self._key(scope, view.chain_hex(k))
             rec = self._records.get(key)
             if rec is not None:
+                if rec.expired(self.clock()):
+                    del self._records[key]
+                    continue
                 self._records.move_to_end(key)
                 return rec
         return None
@@ -333,7 +516,7 @@ class CompactionEngine:
         for key in keys:
             raw = found.get(key)
             rec = SummaryRecord.from_bytes(raw) if raw is not None else None
-            if rec is not None:
+            if rec is not None and not rec.expired(self.clock()):
                 self._remember(key, rec)
                 return rec
         return None
@@ -361,7 +544,8 @@ class CompactionEngine:
         return rec
 
     async def _summary_for(
-        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *, prepared: bool = False
+        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *,
+        prepared: bool = False, work: _Work | None = None,
     ) -> SummaryRecord:
         covered = plan.cut - view.conv.n_system
         key = self._key(ctx.scope, view.chain_hex(covered))
@@ -371,35 +555,42 @@ class CompactionEngine:
             if rec is None:
                 raw = await self.store.get(key)
                 rec = SummaryRecord.from_bytes(raw) if raw is not None else None
-            return rec
+            # A masking or a digest stored at the same point is not a summary of it.
+            return rec if rec is not None and rec.tier == "summary" and rec.covered == covered else None
 
         async def make() -> SummaryRecord:
-            async with self._limit:
-                rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared)
+            # The summarizer bounds its calls in flight (compaction.max_concurrent_summaries).
+            rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared, work=work)
+            stored = self._records.get(key)
+            if stored is not None and stored.tier != "summary":
+                await self._save(ctx.scope, rec)  # supersedes the masking (or digest) at this point
+                return rec
             return await self._publish(ctx.scope, rec)
 
         return await self.flight.run(key, make, existing)
 
     async def _make_record(
-        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *, prepared: bool
+        self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *,
+        prepared: bool, work: _Work | None = None,
     ) -> SummaryRecord:
         conv = view.conv
         fwd = view.fwd
+        shown = (work or _Work(fwd, conv.tokens)).fwd  # what the summarizer reads: old outputs masked
         names = tool_names_by_call_id(fwd)
-        model = self.cfg.compaction.summarizer_model or conv.model
+        model = self.cfg.compaction.summarizer.model or conv.model
         job = SummaryJob(
-            headers=ctx.upstream_headers,
+            headers=summarizer_headers(self.cfg.compaction.summarizer, ctx.upstream_headers),
             model=model,
             # The summarizer model's own window when configured: its input budget depends on it.
-            window=self.cfg.model_settings(model).context_window or budget.window,
+            window=self.cfg.context_window(model) if model != conv.model else budget.window,
             output_cap=budget.output_cap,
             timeout_s=self.cfg.compaction.summarizer_timeout_s,
             focus=ctx.focus or self.cfg.compaction.focus,
             max_calls=self.cfg.compaction.max_fold_calls,
             purpose="prepared" if prepared else "history",
         )
-        main_span = fwd[plan.start:plan.main_end]
-        prev_text = previous.summary if previous else None
+        main_span = shown[plan.start:plan.main_end]
+        prev_text = previous.summary if previous is not None and previous.covered else None
         # Serializing and scanning the span grow with it: off the event loop when it is large.
         size = 4 * sum(conv.tokens[plan.start:plan.cut])  # about its characters
         main_coro = (
@@ -409,7 +600,7 @@ class CompactionEngine:
         )
         turn_coro = (
             self.summarizer.summarize(
-                job, await offload.sized(size, serialize_messages, fwd[plan.turn_start:plan.cut], names), None, kind="turn"
+                job, await offload.sized(size, serialize_messages, shown[plan.turn_start:plan.cut], names), None, kind="turn"
             )
             if plan.turn_start is not None
             else _value(None)
@@ -417,37 +608,70 @@ class CompactionEngine:
         model_text, turn_text = await asyncio.gather(main_coro, turn_coro)
         if model_text is None:
             model_text = ""
-        summarized = fwd[plan.start:plan.cut]
+        # Scanning the span for what code writes grows with it too.
+        return await offload.sized(size, self._finish_record, view, plan, previous, model_text, turn_text, budget,
+                                   prepared=prepared)
 
-        def code_written() -> tuple[dict[str, str], list[str], str]:
-            files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
-            text = extract.span_text(summarized)
-            # This span's identifiers first: the previous summary already carries the older ones.
-            candidates = extract.find_identifiers(text) + (previous.identifiers if previous else [])
-            idents = extract.dropped(candidates, model_text + "\n" + (turn_text or ""))
-            errors = extract.dropped(extract.find_error_lines(text), model_text)[:10]
-            summary = render_summary(
-                model_text,
-                turn_prefix=turn_text,
-                files=files,
-                identifiers=idents,
-                errors=errors,
-                latest_requests=extract.latest_requests(fwd, conv.n_system, plan.cut),
-                extras_chars=extras_chars(budget),
-            )
-            return files, candidates, summary
-
-        files, candidates, summary = await offload.sized(size, code_written)
+    def _finish_record(
+        self, view: _View, plan: Plan, previous: SummaryRecord | None, model_text: str, turn_text: str | None,
+        budget: Budget, *, prepared: bool,
+    ) -> SummaryRecord:
+        """The record around the model's text: the blocks code writes (spec 9.3)."""
+        conv = view.conv
+        fwd = view.fwd
+        n_sys = conv.n_system
+        summarized = fwd[plan.start:plan.cut]  # the client's own messages, not their stubs
+        files = extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized))
+        text = extract.span_text(summarized)
+        # Carried over: the previous record's identifiers and error lines, with this span's.
+        candidates = _union(previous.identifiers if previous else [], extract.find_identifiers(text))
+        errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized)))
+        constraints = _union(previous.constraints if previous else [], extract.find_constraints(summarized))
+        kept = self._masked_fwd(view, previous).fwd[plan.cut:]
+        present = "\n".join([model_text, turn_text or "", extract.span_text(kept), *constraints])
+        span_tokens = conv.scaled(sum(conv.tokens[plan.start:plan.cut]))
+        room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens)
+        users = extract.user_text(fwd[n_sys:])
+        lines, rest = self._fit_identifiers(candidates, errors, present, room, users, text, conv.encoding)
+        if rest:
+            self.stats["identifiers_to_recall"] += len(rest)
+        covered = plan.cut - n_sys
+        summary = render_summary(
+            model_text,
+            turn_prefix=turn_text,
+            files=files,
+            files_chars=files_chars(budget),
+            identifier_lines=lines,
+            constraints=constraints,
+            latest_requests=extract.latest_requests(fwd, n_sys, plan.cut),
+        )
+        prev_masks = previous.masks if previous else {}
         return SummaryRecord(
-            covered=plan.cut - conv.n_system,
-            chain=view.chain_hex(plan.cut - conv.n_system),
+            covered=covered,
+            chain=view.chain_hex(covered),
             summary=summary,
             files=files,
-            identifiers=_cap_chars(candidates, MAX_EXTRA_CHARS * 2),
+            identifiers=candidates[-MAX_KNOWN_IDENTIFIERS:],
             clamped={conv.digests[i].hex(): n for i, n in plan.clamp.items()},
             created=self.clock(),
             prepared=prepared,
+            # stubs of outputs the summary keeps (the masking reached past the new cut)
+            masks={d: t for d, t in prev_masks.items() if d in {conv.digests[i].hex() for i in range(plan.cut, len(fwd))}},
+            errors=errors[-MAX_KNOWN_IDENTIFIERS:],
+            constraints=constraints,
+            recall_identifiers=_union(previous.recall_identifiers if previous else [], rest),
         )
+
+    def _fit_identifiers(
+        self, candidates: list[str], errors: list[str], present: str, room_tokens: int, users: str, text: str, encoding: str
+    ) -> tuple[list[str], list[str]]:
+        """The identifier block within its token budget, most salient first; the rest for recall."""
+        chars = room_tokens * CHARS_PER_IDENTIFIER_TOKEN
+        while True:
+            lines, rest = identifier_lines(candidates, errors, present=present, budget_chars=chars, user_text=users, text=text)
+            if chars <= 64 or self.counter.count_text("\n".join(lines), encoding) <= room_tokens:
+                return lines, rest
+            chars = chars * 3 // 4
 
     # -- summaries made ahead of time -----------------------------------------------------------
     # A request past `prepare_percent` of the threshold queues a job; a worker makes, off the
@@ -479,7 +703,7 @@ class CompactionEngine:
         # (The in-process key of that message: this runs under the threshold, where the stable
         # digests of the whole history are not otherwise needed.)
         slot = f"{ctx.scope}:{conv.keys[conv.n_system]}"
-        job = _PrepareJob(conv, fwd, ctx, budget, total)
+        job = _PrepareJob(conv, fwd, ctx, budget, total, self.clock())
         if slot in self._pending:
             self._pending[slot] = job
             return
@@ -507,7 +731,15 @@ class CompactionEngine:
             finally:
                 self._queue.task_done()
 
+    def _went_quiet(self, job: _PrepareJob) -> bool:
+        """No request of the conversation within compaction.prepare_idle_s: it may have ended, and
+        a summary nobody asks for would only keep the summarizer from the requests that wait."""
+        return self.clock() - job.at > self.cfg.compaction.prepare_idle_s
+
     async def _prepare(self, job: _PrepareJob) -> None:
+        if self._went_quiet(job):
+            log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
+            return
         conv, ctx = job.conv, job.ctx
         view = await offload.sized(4 * job.total, _View, conv, job.fwd)
         candidates = self._candidate_keys(view, ctx.scope)
@@ -530,6 +762,8 @@ class CompactionEngine:
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
+            return
+        if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.prepared_jobs += 1
         await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
@@ -589,8 +823,11 @@ class CompactionEngine:
             await self._queue.join()
 
 
-def _busy(started: float, e: Busy) -> Outcome:
-    return Outcome("failed-open", wait_ms=(time.perf_counter() - started) * 1000, reason=str(e))
+_STATUS_OF_TIER = {"summary": "reused", "mask": "masked", "digest": "degraded"}
+
+
+def _union(old: list[str], new: list[str]) -> list[str]:
+    return old + [x for x in new if x not in old]
 
 
 def _over_target_reason(plan: Plan, tokens: int, target: int) -> str:

@@ -14,8 +14,11 @@ import orjson
 from proxy.compaction.serialize import content_text
 
 # -- identifiers -----------------------------------------------------------------------------
+_URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
+_TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d+\b")  # LED-7112, PROJ-42
 _IDENT_PATTERNS = [
-    re.compile(r"https?://[^\s<>\"'`)\]}]+"),
+    _URL,
+    _TICKET,
     re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
     re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
     # paths: absolute, home- or dot-relative, or relative with a directory and an extension
@@ -88,6 +91,41 @@ def find_error_lines(text: str) -> list[str]:
         if len(out) >= MAX_ERROR_LINES:
             break
     return out
+
+
+_HEX = re.compile(r"^[0-9a-f]{7,64}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-")
+_PATH_LIKE = re.compile(r"/|\.\w{1,8}$")
+
+
+def _kind_weight(ident: str) -> int:
+    """Kinds an agent needs exactly (tickets, hashes, URLs) above paths above other tokens."""
+    if _URL.fullmatch(ident) or _TICKET.fullmatch(ident) or _HEX.match(ident) or _UUID.match(ident):
+        return 3
+    if "@" in ident or _PATH_LIKE.search(ident):
+        return 2
+    return 0
+
+
+def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "") -> list[str]:
+    """Most salient first (spec 9.3): named by the user, in an error, of a kind agents need
+    verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer)."""
+    errors = list(errors)
+    n = max(len(idents), 1)
+
+    def score(k: int) -> float:
+        ident = idents[k]
+        s = _kind_weight(ident) + 2.0 * k / n
+        if user_text and ident in user_text:
+            s += 4
+        if any(ident in e for e in errors):
+            s += 3
+        if text:
+            s += min(text.count(ident), 4) / 2
+        return s
+
+    order = sorted(range(len(idents)), key=lambda k: -score(k))
+    return [idents[k] for k in order]
 
 
 def dropped(candidates: Iterable[str], summary: str) -> list[str]:
@@ -206,17 +244,60 @@ def is_continuation(text: str) -> bool:
 
 
 def latest_requests(messages: list[dict[str, Any]], start: int, end: int) -> list[str]:
-    """The latest user request in messages[start:end] verbatim, when it is the conversation's latest
-    user message; and, if that is a bare "ok"/"continue", the last substantive request before it."""
+    """What a summary of messages[start:end] must carry verbatim so that the user's intent is never
+    only a paraphrase (spec 9.3): the conversation's latest user message when it falls in the span
+    and, if that is a bare "ok"/"continue", the last substantive request before it; when the latest
+    user message is a continuation that is kept (at or after `end`), the substantive request
+    before it if that is summarized (before `end`). The first item is always the latest message
+    (it may be kept, and is then not repeated)."""
     users = [i for i in range(len(messages)) if messages[i].get("role") == "user"]
-    if not users or not (start <= users[-1] < end):
+    if not users or users[-1] < start:
         return []
     latest = content_text(messages[users[-1]].get("content"))
-    out = [latest]
+    substantive = None
     if is_continuation(latest):
         for i in reversed(users[:-1]):
             text = content_text(messages[i].get("content"))
             if text.strip() and not is_continuation(text):
-                out.append(text)
+                substantive = (i, text)
                 break
+    if users[-1] < end:
+        return [latest] + ([substantive[1]] if substantive else [])
+    if substantive is not None and substantive[0] < end:
+        return [latest, substantive[1]]
+    return []
+
+
+# -- the user's constraints and corrections ----------------------------------------------------
+# A sentence ends at . ! ? followed by a space or the end (a path's dot does not end one).
+_SENTENCE = re.compile(r"(?:[^.!?\n。！？]|[.!?](?=[^\s.!?]))+[.!?。！？]?")
+_CONSTRAINT = re.compile(
+    r"\b(?:never|always|do not|don't|must(?: not)?|mustn't|avoid|only use|instead of|rather than|prefer|"
+    r"make sure|correction|actually,|not\s+\w+,?\s+but|use [\w.-]+,? not)\b|禁止|不要|必须|务必|改正",
+    re.IGNORECASE,
+)
+MAX_CONSTRAINT_CHARS = 400
+
+
+def find_constraints(messages: Iterable[dict[str, Any]]) -> list[str]:
+    """Sentences of user messages that state a constraint, a preference or a correction, verbatim
+    ("Never use floats for money.", "Use ruff, not black."), in order, without duplicates."""
+    out: list[str] = []
+    for m in messages:
+        if m.get("role") != "user":
+            continue
+        for sent in _SENTENCE.findall(content_text(m.get("content"))):
+            sent = sent.strip()
+            if sent and len(sent) <= MAX_CONSTRAINT_CHARS and _CONSTRAINT.search(sent) and sent not in out:
+                out.append(sent)
     return out
+
+
+def tool_text(messages: Iterable[dict[str, Any]]) -> str:
+    """The tool outputs of the messages: where error lines come from (prose that says "failed"
+    is not one)."""
+    return "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("tool", "function"))
+
+
+def user_text(messages: Iterable[dict[str, Any]]) -> str:
+    return "\n".join(content_text(m.get("content")) for m in messages if m.get("role") == "user")

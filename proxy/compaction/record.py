@@ -11,21 +11,35 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
-from proxy.compaction.extract import capped_lines, render_files
+from proxy.compaction.extract import rank_identifiers, render_files
 
 
 @dataclass
 class SummaryRecord:
-    covered: int  # non-system messages summarized
-    chain: str  # hex hash chain over them
+    covered: int  # non-system messages summarized (0: nothing summarized, only masked)
+    chain: str  # hex hash chain over the first `extent` non-system messages: the record's key
     summary: str
     files: dict[str, str] = field(default_factory=dict)
-    identifiers: list[str] = field(default_factory=list)
+    identifiers: list[str] = field(default_factory=list)  # every one known from the covered span
     # kept tool outputs too big for the target: original message digest (hex) -> max tokens. Part
     # of the record so that every request carrying it forwards the same bytes.
     clamped: dict[str, int] = field(default_factory=dict)
     created: float = 0.0
     prepared: bool = False  # made ahead of time and not yet carried by a request
+    tier: str = "summary"  # summary | mask (no summary made) | digest (written by code: the floor)
+    # old tool outputs replaced by stubs: original message digest (hex) -> stub text (tier 1)
+    masks: dict[str, str] = field(default_factory=dict)
+    masked_until: int = 0  # non-system messages the masking looked at (the key's extent with `covered`)
+    errors: list[str] = field(default_factory=list)  # error lines from the covered span
+    constraints: list[str] = field(default_factory=list)  # the user's stated constraints, verbatim
+    # identifiers of the covered span that did not fit the summary's identifier block: not lost,
+    # listed here for recall (a later issue makes them retrievable)
+    recall_identifiers: list[str] = field(default_factory=list)
+    expires: float | None = None  # a digest is short-lived: the summarizer is tried again after it
+
+    @property
+    def extent(self) -> int:
+        return max(self.covered, self.masked_until)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -38,21 +52,24 @@ class SummaryRecord:
         except (orjson.JSONDecodeError, TypeError):
             return None
 
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
 
 def render_summary(
     model_text: str,
     *,
     turn_prefix: str | None,
     files: dict[str, str],
-    identifiers: list[str],
-    errors: list[str],
+    files_chars: int,
+    identifier_lines: list[str],
+    constraints: list[str],
     latest_requests: list[str],
-    extras_chars: int,
 ) -> str:
-    """Model summary + split-turn context + the deterministic blocks.
+    """Model summary + split-turn context + the blocks code writes (spec 4.5, 9.3).
 
-    The files and identifier lists share `extras_chars` (the room the plan left for them), so the
-    summary stays the size the cut was planned for; the user's requests are never cut.
+    The files block is capped at `files_chars`; the identifier lines come already fitted to their
+    own budget; the user's constraints and requests are never cut.
     """
     parts = [model_text.strip()] if model_text.strip() else []
     if turn_prefix:
@@ -60,18 +77,46 @@ def render_summary(
             "## Current Turn So Far\n"
             "(The request below started the turn that the kept messages continue.)\n\n" + turn_prefix.strip()
         )
-    room = extras_chars
     if files:
-        block = render_files(files, room // 2 if identifiers or errors else room)
-        parts.append("## Files Touched\n" + block)
-        room -= len(block)
-        identifiers = [i for i in identifiers if f"- {i} (" not in block]  # listed already
-    if identifiers or errors:
-        lines = [f"- {i}" for i in identifiers] + [f"- error: {e}" for e in errors]
-        parts.append("\n".join(["## Identifiers (verbatim from the summarized messages)", *capped_lines(lines, room)]))
+        parts.append("## Files Touched\n" + render_files(files, files_chars))
+    if identifier_lines:
+        parts.append("\n".join(["## Identifiers (verbatim from the summarized messages)", *identifier_lines]))
+    if constraints:
+        parts.append("\n".join(["## User Constraints (verbatim)", *(f"- {c}" for c in constraints)]))
     if latest_requests:
         block = ["## Latest User Request (verbatim)", latest_requests[0]]
         if len(latest_requests) > 1:
             block += ["", "Last substantive request before it (verbatim):", latest_requests[1]]
         parts.append("\n".join(block))
     return "\n\n".join(parts)
+
+
+def identifier_lines(
+    candidates: list[str], errors: list[str], *, present: str, budget_chars: int, user_text: str, text: str
+) -> tuple[list[str], list[str]]:
+    """(lines for the identifier block, identifiers left for recall): what is not already verbatim
+    in `present` (the model's summary, the kept messages), most salient first, within the budget."""
+    errors = [e for e in errors if e not in present]
+    idents = [i for i in candidates if i not in present]
+    ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
+    lines: list[str] = []
+    used = 0
+    for e in errors:  # error lines are the most needed and the least recoverable
+        line = f"- error: {e}"
+        if used + len(line) + 1 > budget_chars:
+            break
+        lines.append(line)
+        used += len(line) + 1
+    shown = set()
+    for ident in ranked:
+        if any(ident in e for e in errors[: len(lines)]):
+            shown.add(ident)
+            continue
+        line = f"- {ident}"
+        if used + len(line) + 1 > budget_chars:
+            continue  # a shorter one may still fit
+        lines.append(line)
+        used += len(line) + 1
+        shown.add(ident)
+    rest = [i for i in ranked if i not in shown] + [e for e in errors if f"- error: {e}" not in lines]
+    return lines, rest

@@ -6,6 +6,8 @@ windows are cut on those block boundaries.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from collections import Counter
@@ -14,6 +16,7 @@ from typing import Callable, NoReturn
 
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
+from proxy.config import SummarizerConfig
 from proxy.escaping import escape_client_text
 from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
@@ -42,6 +45,14 @@ class SummaryJob:
     purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
 
 
+def summarizer_headers(scfg: SummarizerConfig, client_headers: dict[str, str]) -> dict[str, str]:
+    """Credentials for a summarizer call: the configured key; else the client's own when the
+    summarizer is the upstream; else none (a separate server never sees a client's key)."""
+    if scfg.api_key is not None:
+        return {"Authorization": f"Bearer {scfg.api_key.get_secret_value()}"}
+    return client_headers if scfg.base_url is None else {}
+
+
 def clean_output(text: str) -> str:
     """Drop a leading reasoning block and a wrapping code fence, which some models add. A fence
     left open (an answer cut at the output cap) is closed, so the blocks code appends after the
@@ -62,9 +73,12 @@ class HistorySummarizer:
         count: CountFn,
         required_headings: tuple[str, ...] = (),
         hooks: Hooks | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
         self.hooks = hooks or Hooks()
         self.caller = caller
+        # Per call, not per summary: one summary may run two calls at once (a split turn's prefix).
+        self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.prompts = prompts
         self.count = count
         self.required = required_headings
@@ -125,7 +139,7 @@ class HistorySummarizer:
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
         self.calls += 1
-        async with self.hooks.summarizer_call(job.purpose, job.model) as call:
+        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
             try:
                 text = await self.caller.complete(
                     headers=job.headers,

@@ -165,7 +165,7 @@ class ToolResultStage:
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
 
     async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
-        window = self.cfg.model_settings(model).context_window or 128_000
+        window = self.cfg.context_window(model)
         # One call per result: a payload larger than the summarizer's window is cut head and tail.
         room_tokens = max(1024, int(0.8 * window) - self.tcfg.max_output_tokens - 1500)
         payload = c.text

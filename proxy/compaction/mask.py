@@ -1,0 +1,74 @@
+"""Tier 1 of compaction (spec 9.1): old tool outputs become stubs written by code. Pure functions.
+
+No model call and no wait: the outputs of tool calls older than the kept recent part are replaced
+by one line naming the call, its size, and the identifiers and error lines found in it. User and
+assistant messages stay verbatim. The stubs are stored with the record (keyed by the original
+message's digest), so every later request forwards the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from proxy.compaction import extract
+from proxy.compaction.serialize import content_text
+from proxy.text import clamp_middle
+
+ARGS_CHARS = 160  # the call's arguments in a stub, at most
+STUB_IDENTIFIERS_CHARS = 600
+STUB_ERRORS = 3
+MIN_MASKED_TOKENS = 120  # outputs smaller than this are left alone: a stub would save little
+
+
+def calls_by_id(messages: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """tool_call_id -> (tool name, arguments) from the assistants' calls."""
+    out: dict[str, tuple[str, str]] = {}
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(call.get("id"), str):
+                out[call["id"]] = (str(fn.get("name", "tool")), str(fn.get("arguments", "")))
+    return out
+
+
+def maskable(messages: Sequence[dict[str, Any]], tokens: Sequence[int], start: int, end: int,
+             masked: Callable[[int], bool]) -> list[int]:
+    """Indices of tool outputs in messages[start:end] worth replacing, not replaced already."""
+    return [
+        i for i in range(start, end)
+        if messages[i].get("role") in ("tool", "function") and tokens[i] >= MIN_MASKED_TOKENS and not masked(i)
+    ]
+
+
+def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str) -> str:
+    """`[tool output elided: name(args) · N tokens · identifiers: ... · errors: ... · recall id R]`"""
+    errors = extract.find_error_lines(output)[:STUB_ERRORS]
+    idents = extract.rank_identifiers(extract.find_identifiers(output), errors=errors)
+    shown: list[str] = []
+    used = 0
+    for ident in idents:
+        if any(ident in e for e in errors):
+            continue  # the error line carries it verbatim
+        if used + len(ident) + 2 > STUB_IDENTIFIERS_CHARS:
+            break
+        shown.append(ident)
+        used += len(ident) + 2
+    name = clamp_middle("".join(ch for ch in " ".join(name.split()) if ch.isprintable()), 64)  # one printable line
+    parts = [f"[tool output elided: {name}({clamp_middle(' '.join(args.split()), ARGS_CHARS)})", f"{tokens} tokens"]
+    if shown:
+        more = len(idents) - len(shown) - sum(1 for i in idents if any(i in e for e in errors))
+        parts.append("identifiers: " + ", ".join(shown) + (f" (+{more} more)" if more > 0 else ""))
+    if errors:
+        parts.append("errors: " + " | ".join(errors))
+    parts.append(f"recall id {recall_id}]")
+    return " · ".join(parts)
+
+
+def masked_message(msg: dict[str, Any], stub: str) -> dict[str, Any]:
+    out = dict(msg)
+    out["content"] = stub
+    return out
+
+
+def output_text(msg: dict[str, Any]) -> str:
+    return content_text(msg.get("content"))

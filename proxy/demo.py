@@ -1,0 +1,236 @@
+"""`compaction-proxy demo`: watch the proxy compact a long agent session, with no key and no network.
+
+Everything runs in this process, on 127.0.0.1: the packaged fake OpenAI upstream
+(proxy/fake_upstream.py, the one the tests use), the proxy itself with a small window, and a
+scripted coding agent that drives both through the real `openai` client. The agent asks, the fake
+model answers with a tool call, the agent runs the "tool" (a canned, realistic output) and sends
+the result back, turn after turn, so the history grows the way a real agent's does. Each request
+prints its compaction status and token counts; a new summary is printed when it first goes
+upstream; totals at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+LOOPBACK = "127.0.0.1"
+MODEL = "demo-agent"
+WINDOW = 6000  # small, so the session compacts every few turns
+TOOL_THRESHOLD = 1200  # tool outputs above this become notes
+DEFAULT_TURNS = 16
+SUMMARY_LINES = 14  # of each new summary, printed
+
+_STEP_RE = re.compile(r"\[step (\d+)\]")
+_SUMMARY_RE = re.compile(r"<summary>\n(.*?)\n</summary>", re.DOTALL)
+Print = Callable[[str], None]
+
+_TASKS = [
+    ("Find why test_parse_dates fails", "pytest tests/test_dates.py -x"),
+    ("Look at the date parser", "sed -n 1,80p src/calendar_app/dates.py"),
+    ("Check which callers pass naive datetimes", "grep -rn 'parse_date(' src/"),
+    ("Run the whole suite to see what else breaks", "pytest -q"),
+    ("Fix the timezone handling in parse_date", "apply_patch src/calendar_app/dates.py"),
+    ("Re-run the failing test", "pytest tests/test_dates.py -x"),
+    ("Check the changelog format", "sed -n 1,40p CHANGELOG.md"),
+    ("Add a changelog entry", "apply_patch CHANGELOG.md"),
+    ("Look for other naive datetime uses", "grep -rn 'datetime.now()' src/"),
+    ("Fix the scheduler's naive datetime", "apply_patch src/calendar_app/scheduler.py"),
+    ("Run the scheduler tests", "pytest tests/test_scheduler.py -q"),
+    ("Check the CI config for the Python versions", "cat .github/workflows/ci.yml"),
+    ("Run the linters", "ruff check src tests"),
+    ("Fix the lint warning", "apply_patch src/calendar_app/scheduler.py"),
+    ("Run the whole suite again", "pytest -q"),
+    ("Write the pull request description", "git diff --stat"),
+]
+
+
+def _lines(seed: str, n: int, fmt: Callable[[int, str], str]) -> str:
+    out = []
+    for i in range(n):
+        h = hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()
+        out.append(fmt(i, h))
+    return "\n".join(out)
+
+
+def tool_output(step: int, command: str) -> str:
+    """A canned, deterministic output for the agent's command (paths, line numbers, hashes)."""
+    if command.startswith("pytest"):
+        n = 160 if command == "pytest -q" and step == 4 else 40  # one very long run: a tool note
+        body = _lines(f"{step}{command}", n, lambda i, h: (
+            f"tests/test_{['dates', 'scheduler', 'export', 'sync'][i % 4]}.py::test_case_{h[:6]} "
+            f"{'FAILED' if i % 9 == 4 else 'PASSED'} [{(i + 1) * 100 // n:3d}%]"))
+        failed = body.count("FAILED")
+        return (f"$ {command}\n{body}\nE   AssertionError: expected 2024-03-10T02:30:00+00:00, got naive datetime\n"
+                f"src/calendar_app/dates.py:47: AssertionError\n== {failed} failed, {n - failed} passed in 3.2{step}s ==")
+    if command.startswith("grep"):
+        return f"$ {command}\n" + _lines(f"{step}", 24, lambda i, h: (
+            f"src/calendar_app/{['dates', 'scheduler', 'export', 'sync'][i % 4]}.py:{int(h[:3], 16) % 400 + 1}:"
+            f"    when = parse_date(row['{h[:5]}'])  # {h[5:13]}"))
+    if command.startswith("apply_patch"):
+        path = command.split()[1]
+        return (f"$ {command}\npatched {path}: 1 hunk, +6 -2\n"
+                f"--- a/{path}\n+++ b/{path}\n@@ -44,7 +44,11 @@\n-    return datetime.strptime(text, FMT)\n"
+                f"+    value = datetime.strptime(text, FMT)\n+    if value.tzinfo is None:\n"
+                f"+        value = value.replace(tzinfo=timezone.utc)\n+    return value\n")
+    return f"$ {command}\n" + _lines(f"{step}{command}", 30, lambda i, h: (
+        f"{i + 1:4d}  {['def', 'class', 'return', 'import', '#', 'if'][i % 6]} item_{h[:8]} = {int(h[8:12], 16)}"))
+
+
+class ScriptedModel:
+    """The fake upstream's model: a tool call when the last message is the user's, an answer
+    after a tool result. Stateless: everything it needs is in the request, as with a real model."""
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        # The latest step named in a user message (older ones may be inside a summary by now).
+        step = max((int(n) for m in messages if m.get("role") == "user"
+                    for n in _STEP_RE.findall(str(m.get("content")))), default=1)
+        _, command = _TASKS[(step - 1) % len(_TASKS)]
+        if messages[-1].get("role") == "tool":
+            return f"Step {step} done: `{command}` ran; next I will continue with the plan."
+        return {"content": None, "tool_calls": [
+            {"id": f"call_{step:03d}", "function": {"name": "shell", "arguments": {"command": command}}}]}
+
+
+@dataclass
+class Totals:
+    requests: int = 0
+    sent: int = 0  # tokens the agent sent
+    forwarded: int = 0  # tokens the upstream got
+    statuses: dict[str, int] = field(default_factory=dict)
+    tool_notes: int = 0
+    wait_ms: int = 0
+
+
+async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
+    from openai import AsyncOpenAI
+
+    from proxy.app import create_app
+    from proxy.config import Config
+    from proxy.fake_upstream import FakeUpstream
+    from proxy.state import STATE
+
+    totals = Totals()
+    async with FakeUpstream(reply=ScriptedModel(), window=WINDOW) as fake:
+        cfg = Config.model_validate({
+            "server": {"host": LOOPBACK, "port": 0},
+            "upstream": {"base_url": fake.base_url},
+            "models": {MODEL: {"context_window": WINDOW}},
+            "tool_results": {"threshold_tokens": TOOL_THRESHOLD},
+            "store": {"url": "memory://"},
+        })
+        runner = web.AppRunner(create_app(cfg), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, LOOPBACK, 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        proxy_url = f"http://{LOOPBACK}:{port}/v1"
+        engine = runner.app[STATE].compaction
+        threshold = cfg_threshold(cfg)
+        out(f"compaction-proxy demo: agent -> proxy {proxy_url} -> fake upstream {fake.base_url}")
+        out(f"model {MODEL}: window {WINDOW} tokens, compaction above {threshold}, tool outputs above "
+            f"{TOOL_THRESHOLD} tokens become notes; no key, nothing leaves {LOOPBACK}\n")
+        out(f"{'turn':>4} {'req':>3}  {'status':<11} {'tokens before -> after':>22}  {'wait ms':>7}  note")
+        client = AsyncOpenAI(base_url=proxy_url, api_key="sk-demo-no-key-needed", max_retries=0, timeout=60)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": (
+            "You are a coding agent working in the calendar-app repository. Use the shell tool, one "
+            "command at a time, and report what you found.")}]
+        tools = [{"type": "function", "function": {
+            "name": "shell", "description": "Run a shell command in the repository",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+        shown: set[str] = set()
+        try:
+            for step in range(1, turns + 1):
+                task, _ = _TASKS[(step - 1) % len(_TASKS)]
+                messages.append({"role": "user", "content": f"[step {step}] {task}."})
+                for _ in range(2):  # the tool call, then the answer after its result
+                    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
+                                                                                   tools=tools)
+                    reply = raw.parse().choices[0].message
+                    _report(out, totals, step, raw.headers, fake, shown)
+                    if reply.tool_calls:
+                        call = reply.tool_calls[0]
+                        messages.append({"role": "assistant", "content": None, "tool_calls": [call.model_dump()]})
+                        command = json.loads(call.function.arguments)["command"]
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_output(step, command)})
+                    else:
+                        messages.append({"role": "assistant", "content": reply.content})
+                        break
+                await engine.idle()  # the agent's think time: a background summary gets its turn
+        finally:
+            await client.close()
+            await runner.cleanup()
+        summaries = len(fake.history_summarizer_requests)
+        tool_calls = len(fake.tool_summarizer_requests)
+    saved = 100 * (1 - totals.forwarded / totals.sent) if totals.sent else 0.0
+    out("")
+    out(f"totals: {totals.requests} requests; " + ", ".join(f"{k} {v}" for k, v in sorted(totals.statuses.items())))
+    out(f"        the agent sent {totals.sent} tokens, the upstream received {totals.forwarded} ({saved:.0f}% less)")
+    out(f"        {summaries} history summarizer calls, {tool_calls} tool-result notes "
+        f"({totals.tool_notes} requests carried one), {totals.wait_ms} ms spent waiting on summaries")
+    return totals
+
+
+def cfg_threshold(cfg: Any) -> int:
+    from proxy.compaction.budget import Budget
+
+    c = cfg.compaction
+    return Budget.for_model(cfg.context_window(MODEL), threshold_tokens=c.threshold_tokens,
+                            threshold_percent=c.threshold_percent, reserve_tokens=c.reserve_tokens,
+                            keep_recent_tokens=c.keep_recent_tokens).threshold
+
+
+def _report(out: Print, totals: Totals, step: int, headers: Any, fake: Any, shown: set[str]) -> None:
+    status = headers["x-compaction-status"]
+    before, after = int(headers["x-compaction-tokens-before"]), int(headers["x-compaction-tokens-after"])
+    notes, wait = int(headers["x-compaction-tool-results"]), int(headers["x-compaction-wait-ms"])
+    totals.requests += 1
+    totals.sent += before
+    totals.forwarded += after
+    totals.statuses[status] = totals.statuses.get(status, 0) + 1
+    totals.tool_notes += notes > 0
+    totals.wait_ms += wait
+    note = f"{notes} tool result(s) as notes" if notes else ""
+    out(f"{step:>4} {totals.requests:>3}  {status:<11} {before:>10} -> {after:<9}  {wait:>7}  {note}".rstrip())
+    if status == "summarized":
+        summary = _forwarded_summary(fake.chat_requests[-1]["messages"])
+        if summary and summary not in shown:
+            shown.add(summary)
+            lines = summary.splitlines()
+            out(f"           new summary ({len(lines)} lines), as the upstream got it:")
+            for line in lines[:SUMMARY_LINES]:
+                out(f"           | {line[:100]}{' ...' if len(line) > 100 else ''}")
+            if len(lines) > SUMMARY_LINES:
+                out(f"           | ... {len(lines) - SUMMARY_LINES} more lines")
+
+
+def _forwarded_summary(messages: list[dict[str, Any]]) -> str | None:
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "user" and isinstance(content, str) and (found := _SUMMARY_RE.search(content)):
+            return found.group(1)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="compaction-proxy demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=DEFAULT_TURNS, help=f"agent turns to play (default {DEFAULT_TURNS})")
+    args = p.parse_args(argv)
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        print("compaction-proxy demo: needs the openai package: pip install 'compaction-proxy[demo]'", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    totals = asyncio.run(run(max(1, args.turns)))
+    return 0 if totals.requests else 1

@@ -1,0 +1,210 @@
+"""Long replays with a careless summarizer (issue 12): tiers, the floor, what code keeps.
+
+Every session goes through the real proxy with the openai client to the fake upstream, whose window
+equals the proxy's and which rejects anything larger (as OpenAI does).
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from proxy.compaction.extract import is_continuation
+from proxy.fake_upstream import count_text_tokens
+from proxy.prompts import SUMMARY_HEADINGS
+from support.careless import CarelessSummarizer
+from support.coding_session import CONTINUE, coding_session
+from support.invariants import check_forwarded, text_of
+from support.transcripts import enlarge_tool_outputs, swe_agent_messages
+
+MODEL = "gpt-4"
+SWE = "swe-agent/marshmallow-1867.function_calling.traj"
+
+
+def all_text(messages) -> str:
+    parts = []
+    for m in messages:
+        parts.append(text_of(m.get("content")))
+        parts += [str((c.get("function") or {}).get("arguments", "")) for c in m.get("tool_calls") or ()]
+    return "\n".join(parts)
+
+
+def points(messages):
+    pts = [messages[:i] for i in range(1, len(messages)) if messages[i]["role"] == "assistant"]
+    return pts + ([messages] if messages[-1]["role"] == "user" else [])
+
+
+def sessions(fixtures_dir, name):
+    if name == "tau":
+        data = json.loads((fixtures_dir / "tau-bench" / "gpt-4o-airline.json").read_text())
+        data.sort(key=lambda d: -len(json.dumps(d["traj"])))
+        return 6000, [[dict(m) for m in d["traj"]] for d in data[:3]], None
+    if name == "swe":
+        msgs = enlarge_tool_outputs(swe_agent_messages(fixtures_dir / SWE), lambda k: 1500, count_text_tokens).messages
+        return 12000, [msgs], None
+    s = coding_session(30)
+    return 12000, [s.messages], s.tools
+
+
+async def replay(proxy, upstream, convs, tools, check=None):
+    extra = {"tools": tools} if tools else {}
+    statuses = []
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-careless", max_retries=0) as client:
+        for conv in convs:
+            for history in points(conv):
+                raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history, **extra)
+                raw.parse()
+                statuses.append(raw.headers["x-compaction-status"])
+                fwd = upstream.chat_requests[-1]["messages"]
+                if check:
+                    check(history, fwd, statuses[-1])
+    return statuses
+
+
+def settings(window, **compaction):
+    return {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0, **compaction}}
+
+
+def recall_listed(proxy) -> set[str]:
+    return {x for rec in proxy.state.compaction._records.values() for x in rec.recall_identifiers}
+
+
+@pytest.mark.parametrize("name", ["tau", "swe", "coding"])
+async def test_careless_replays_never_go_over_the_window_nor_fail(upstream, make_proxy, fixtures_dir, name):
+    window, convs, tools = sessions(fixtures_dir, name)
+    upstream.window = window
+    upstream.summarizer = careless = CarelessSummarizer()
+    proxy = await make_proxy(upstream.base_url, settings(window))
+    summaries = []
+
+    def check(history, fwd, status):
+        check_forwarded(history, fwd, compacted="<summary>" in all_text(fwd))
+        text = all_text(fwd)
+        if "<summary>" in text and "## Digest of earlier messages" not in text:
+            summaries.append(text)
+
+    statuses = await replay(proxy, upstream, convs, tools, check)
+    chats = upstream.records("chat")
+    assert all(r.status == 200 for r in chats)  # never over the window, never a failed request
+    assert max(r.prompt_tokens for r in chats) <= window
+    assert set(statuses) - {"none"}, "the replay never needed compaction"
+    if summaries:  # the model's summaries carry every heading, whatever the model skipped
+        for h in SUMMARY_HEADINGS:
+            assert f"\n{h}\n" in summaries[-1], h
+    if name == "coding":
+        assert careless.calls and careless.replies  # it was careless, and sometimes replied
+
+
+async def test_masking_alone_serves_the_swe_agent_run_with_stable_bytes(upstream, make_proxy, fixtures_dir):
+    window, convs, _ = sessions(fixtures_dir, "swe")
+    upstream.window = window
+    upstream.summarizer = CarelessSummarizer()
+    proxy = await make_proxy(upstream.base_url, settings(window))
+    seen: dict[int, str] = {}
+    changed = []
+
+    def check(history, fwd, status):
+        for i, m in enumerate(fwd):
+            if m["role"] == "tool" and text_of(m["content"]).startswith("[tool output elided: "):
+                if seen.setdefault(i, m["content"]) != m["content"]:
+                    changed.append(i)
+
+    statuses = await replay(proxy, upstream, convs, None, check)
+    assert "masked" in statuses and not {"summarized", "reused", "degraded", "failed-open"} & set(statuses)
+    assert upstream.history_summarizer_requests == []  # no model call at all
+    assert seen and not changed  # every stub identical in every later request
+    stub = next(iter(seen.values()))
+    assert " tokens · " in stub and "recall id " in stub
+
+
+async def test_summarizer_down_for_a_whole_session(upstream, make_proxy):
+    s = coding_session(24)
+    upstream.window = 12000
+    upstream.fault_target = "summarizer"
+    upstream.fail_status = 500
+    proxy = await make_proxy(upstream.base_url, settings(12000))
+    statuses = await replay(proxy, upstream, [s.messages], s.tools,
+                            lambda h, f, st: check_forwarded(h, f, compacted="<summary>" in all_text(f)))
+    chats = upstream.records("chat")
+    assert all(r.status == 200 and r.prompt_tokens <= 12000 for r in chats)
+    assert "degraded" in statuses
+    first = statuses.index("degraded")
+    assert all(st in ("degraded", "masked") for st in statuses[first:])
+
+
+async def test_planted_identifiers_are_verbatim_or_listed_for_recall(upstream, make_proxy):
+    s = coding_session(30)
+    upstream.window = 12000
+    upstream.summarizer = CarelessSummarizer()
+    proxy = await make_proxy(upstream.base_url, settings(12000))
+    missing = []
+
+    def check(history, fwd, status):
+        text = all_text(fwd)
+        sent = all_text(history)
+        recall = recall_listed(proxy)
+        missing.extend((k, v) for k, v in s.all_planted() if v in sent and v not in text and v not in recall)
+
+    statuses = await replay(proxy, upstream, [s.messages], s.tools, check)
+    assert statuses.count("summarized") + statuses.count("degraded") >= 3
+    assert missing == []
+
+
+async def test_latest_substantive_request_is_verbatim_in_every_forwarded_request(upstream, make_proxy):
+    s = coding_session(30)
+    upstream.window = 12000
+    upstream.summarizer = CarelessSummarizer()
+    # a short kept part, so that a kept "OK, continue." often follows a summarized request
+    proxy = await make_proxy(upstream.base_url, settings(12000, keep_recent_tokens=1500))
+    kept_continuation = []
+
+    def check(history, fwd, status):
+        users = [text_of(m["content"]) for m in history if m["role"] == "user"]
+        substantive = next(u for u in reversed(users) if not is_continuation(u))
+        assert substantive in all_text(fwd), status
+        fwd_users = [text_of(m.get("content")) for m in fwd if m["role"] == "user"]
+        # kept (a kept message may carry the summary merged in front of it): ends the user message
+        if users[-1] == CONTINUE and any(u.endswith(CONTINUE) for u in fwd_users) \
+                and not any(u.endswith(substantive) for u in fwd_users):
+            kept_continuation.append(status)
+
+    statuses = await replay(proxy, upstream, [s.messages], s.tools, check)
+    assert "summarized" in statuses or "degraded" in statuses
+    # (extract.latest_requests' unit test covers a kept "OK, continue." whose request was summarized)
+
+
+async def test_constraints_from_summarized_messages_are_carried_verbatim(upstream, make_proxy):
+    s = coding_session(30)
+    upstream.window = 12000
+    upstream.summarizer = CarelessSummarizer(reply_every=0)
+    proxy = await make_proxy(upstream.base_url, settings(12000))
+    last = []
+    await replay(proxy, upstream, [s.messages], s.tools, lambda h, f, st: last.append(all_text(f)))
+    assert "<summary>" in last[-1]
+    for c in s.constraints:
+        assert c in last[-1], c
+
+
+@pytest.mark.parametrize("mask", [True, False])
+async def test_masking_can_be_turned_off(upstream, make_proxy, fixtures_dir, mask):
+    window, convs, _ = sessions(fixtures_dir, "swe")
+    upstream.window = window
+    proxy = await make_proxy(upstream.base_url, settings(window, mask_tool_outputs=mask))
+    statuses = await replay(proxy, upstream, convs, None)
+    assert ("masked" in statuses) is mask
+    assert (upstream.history_summarizer_requests == []) is mask
+
+
+async def test_a_request_that_cannot_be_made_to_fit_is_forwarded_and_the_upstream_answers(upstream, make_proxy):
+    upstream.window = 2000
+    upstream.fault_target = "summarizer"
+    upstream.fail_status = 500
+    proxy = await make_proxy(upstream.base_url, settings(2000))
+    huge = [{"role": "user", "content": "x " * 5000}]  # one message, nothing older to compact
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-careless", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as ei:
+            await client.chat.completions.create(model=MODEL, messages=huge)
+    assert ei.value.code == "context_length_exceeded"
