@@ -188,7 +188,7 @@ class CompactionEngine:
             if record.prepared:
                 self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
         # Tier 1: old tool outputs become stubs; no model call.
-        masked = self._mask_record(view, budget, record)
+        masked = await offload.sized(4 * total, self._mask_record, view, budget, record)
         if masked is not None:
             out = self._apply(view, masked, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -222,7 +222,7 @@ class CompactionEngine:
         # Tier 2: summarize the older part of the (masked) history.
         work = self._masked_fwd(view, base)
         try:
-            plan = self._plan(view, budget, base, work)
+            plan = await offload.sized(4 * total, self._plan, view, budget, base, work)
             if plan is None:
                 return await self._floor(view, base, ctx, budget, "no valid cut point", 0.0)
             new_record = await self._summary_for(view, plan, base, ctx, budget, work=work)
@@ -264,12 +264,13 @@ class CompactionEngine:
             # user's requests verbatim lead it), so digests never pile up.
             base = replace(base, covered=0, summary="", masked_until=0)
         work = self._masked_fwd(view, base)
-        plan = self._plan(view, budget, base, work)
+        size = 4 * conv.total()
+        plan = await offload.sized(size, self._plan, view, budget, base, work)
         if plan is None:
             log.warning("request over the window and nothing to compact (%d tokens, window %d): forwarded as it is",
                         conv.total(), budget.window)
             return Outcome("failed-open", wait_ms=wait_ms, reason=why)
-        rec = self._digest_record(view, plan, base, work, budget)
+        rec = await offload.sized(size, self._digest_record, view, plan, base, work, budget)
         out = self._apply(view, rec, ctx)
         if out.tokens_after is not None and out.tokens_after > budget.window:
             log.warning("request still over the window after every tier (%d tokens, window %d): forwarded; %s",
@@ -758,7 +759,7 @@ class CompactionEngine:
             target=job.budget.target - growth,
             keep_recent=max(0, job.budget.keep_recent - int(growth / conv.ratio)),
         )
-        plan = self._plan(view, ahead, record)
+        plan = await offload.sized(4 * job.total, self._plan, view, ahead, record)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
