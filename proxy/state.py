@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -14,6 +15,7 @@ from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
 from proxy.ops.bill import Bill
+from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ratio import RatioLearner
 from proxy.ops.journal import Journal
@@ -21,6 +23,7 @@ from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
 from proxy.ops.prices import PriceTable
 from proxy.prompts import Prompts
+from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
 from proxy.store.base import Store
 from proxy.store.resilient import ResilientStore
@@ -52,6 +55,7 @@ class ProxyState:
     bill: Bill | None = None
     journal: Journal | None = None
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
+    series: Series | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
@@ -73,7 +77,12 @@ class ProxyState:
             await self.refresh_scope_secret()
 
     @classmethod
-    async def create(cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None) -> "ProxyState":
+    async def create(
+        cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
+        make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
+    ) -> "ProxyState":
+        """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
+        run passes one that answers placeholders); by default the real ones."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -89,14 +98,17 @@ class ProxyState:
         if not isinstance(store, ResilientStore):
             store = ResilientStore(store)
         secret = await _scope_secret(cfg, store)
+        await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
-        caller = UpstreamCaller(session, cfg.upstream.base_url, cfg.upstream.connect_timeout_s)
+        if make_caller is None:
+            make_caller = lambda s, url: UpstreamCaller(s, url, cfg.upstream.connect_timeout_s)  # noqa: E731
+        caller = make_caller(session, cfg.upstream.base_url)
         summarizer_url = cfg.compaction.summarizer.base_url
-        summarizer_caller = UpstreamCaller(session, summarizer_url, cfg.upstream.connect_timeout_s) if summarizer_url else caller
+        summarizer_caller = make_caller(session, summarizer_url) if summarizer_url else caller
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
@@ -109,8 +121,10 @@ class ProxyState:
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            series.start()
         return cls(
             cfg=cfg,
             session=session,
@@ -125,6 +139,7 @@ class ProxyState:
             bill=bill,
             journal=journal,
             ratios=RatioLearner(store),
+            series=series,
         )
 
     async def close(self) -> None:
@@ -133,6 +148,8 @@ class ProxyState:
         await self.compaction.stop()
         if self.ratios is not None:
             await self.ratios.idle()
+        if self.series is not None:
+            await self.series.stop()
         if self.journal is not None:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()

@@ -101,3 +101,18 @@ def test_a_broken_install_estimates_with_one_warning(wheel: Path, tmp_path: Path
     assert out["counts"][1] == {"o200k_base": 10, "cl100k_base": 10}  # bytes/4
     warnings = [line for line in err.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and "estimated as bytes/4" in warnings[0], err
+
+
+def test_wheel_carries_the_dashboard_and_its_vendored_library(wheel: Path, tmp_path: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assets = ("index.html", "dashboard.js", "dashboard.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+              "vendor/LICENSE-uPlot")
+    assert {f"proxy/dashboard/{a}" for a in assets} <= names
+    # The page is put together from the zipped wheel's package data (no file of the checkout).
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import proxy; from proxy.ops.dashboard import page; "
+             "assert proxy.__file__.startswith(sys.argv[1]); html = page('N0NCE'); "
+             "assert 'uPlot' in html and 'refresh()' in html and '/*SCRIPT*/' not in html; print(len(html))")
+    proc = subprocess.run([sys.executable, "-c", probe, str(wheel)], env=_offline_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 50_000

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from proxy import errors
+from proxy.ops import dashboard
 from proxy.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -44,11 +45,15 @@ def denial(remote: str | None, authorization: str | None, token: str | None) -> 
     return None if hmac.compare_digest(given.strip().encode(), token.encode()) else 403
 
 
-def admin(handler: Handler) -> Handler:
+def admin(handler: Handler, *, token_in_query: bool = False) -> Handler:
+    """Guard an admin route. `token_in_query`: the token may also come as ?token= (the dashboard
+    page, which a browser opens without headers; its script then sends the header itself)."""
     async def guarded(request: web.Request) -> web.StreamResponse:
         secret = request.app[STATE].cfg.admin.token
-        status = denial(request.remote, request.headers.get("authorization"),
-                        secret.get_secret_value() if secret is not None else None)
+        authorization = request.headers.get("authorization")
+        if authorization is None and token_in_query and "token" in request.query:
+            authorization = "Bearer " + request.query["token"]
+        status = denial(request.remote, authorization, secret.get_secret_value() if secret is not None else None)
         if status == 401:
             raise errors.ProxyError(401, "Admin routes need the admin token as a bearer token.",
                                     type="authentication_error", code="admin_token_required")
@@ -92,7 +97,15 @@ def _dumps(obj: object) -> str:
     return orjson.dumps(obj).decode()
 
 
+async def dashboard_feed(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response(await dashboard.feed(state, state.series), dumps=_dumps,
+                             headers={"Cache-Control": "no-store"})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", admin(metrics))
+    app.router.add_get("/dashboard", admin(dashboard.dashboard_page, token_in_query=True))
+    app.router.add_get("/admin/api/dashboard", admin(dashboard_feed))
     app.router.add_get("/admin/api/events", admin(events))
     app.router.add_get("/admin/api/bill", admin(bill))

@@ -83,3 +83,45 @@ def format_event(e: dict[str, Any], *, full: bool = False) -> str:
         if len(shown) < len(summary):
             lines.append(f"    [... {len(summary) - len(shown)} more lines; --full shows them]")
     return "\n".join(lines)
+
+
+def inspect_main(argv: list[str]) -> int:
+    import os
+
+    from proxy.errors import ProxyError
+    from proxy.ops.inspect import format_report, inspect, request_headers
+
+    p = argparse.ArgumentParser(
+        prog="compaction-proxy inspect",
+        description="Show what the proxy would forward for a request body: token counts against the threshold and "
+                    "window, the cut, the tool results that become notes, the stored record reused, and a diff of "
+                    "original vs forwarded. Calls no upstream unless --summarize; never writes the store.")
+    p.add_argument("file", metavar="FILE", help="a request body (JSON), e.g. a POST /v1/chat/completions body; - reads stdin")
+    p.add_argument("--config", metavar="FILE", help="the proxy's YAML config (windows, thresholds, store, upstream)")
+    p.add_argument("--store", metavar="URL", help="store URL to look for stored summaries and notes (overrides the config's)")
+    p.add_argument("--upstream", metavar="URL", help="upstream base URL for --summarize (overrides the config's)")
+    p.add_argument("--api-key", help="the client's key: stored records are per credential (default: $OPENAI_API_KEY)")
+    p.add_argument("--session", help="the client's x-compaction-session, if it sends one")
+    p.add_argument("--focus", help="the client's x-compaction-focus, if it sends one")
+    p.add_argument("--summarize", action="store_true",
+                   help="make the summaries for real: calls the configured upstream (the store is still not written)")
+    p.add_argument("--json", action="store_true", help="the report as one JSON object (the forwarded body included)")
+    args = p.parse_args(argv)
+    try:
+        cfg = _config(args)
+    except ConfigError as e:
+        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
+    except OSError as e:
+        print(f"compaction-proxy inspect: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    headers = request_headers(args.api_key or os.environ.get("OPENAI_API_KEY"), args.session, args.focus)
+    try:
+        report = asyncio.run(inspect(cfg, raw, headers=headers, summarize=args.summarize))
+    except ProxyError as e:
+        print(f"compaction-proxy inspect: the proxy would answer {e.status}: {e.message}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(report.as_dict()).decode() if args.json else format_report(report))
+    return 0

@@ -23,7 +23,8 @@ def compaction_event(ex: Exchange, scope: str, conv: Any, outcome: Any, before: 
         time=time.time(), request_id=ex.request_id, scope=scope, conversation=ex.conversation, model=ex.model,
         tier=outcome.status, covered=covered, messages=len(conv.messages), tokens_before=before, tokens_after=after,
         calls=ex.summarizer_calls, wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
-        cut=describe_cut(conv.messages, conv.n_system, covered), reason=outcome.reason,
+        cut=describe_cut(conv.messages, conv.n_system, covered) + describe_masks(getattr(record, "masks", None)),
+        reason=outcome.reason,
     )
 
 
@@ -42,6 +43,19 @@ def describe_cut(messages: list[Any], n_system: int, covered: int) -> list[str]:
              + ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))]
     if tools:
         lines.append("tool calls: " + ", ".join(f"{name} x{n}" for name, n in tools.most_common(12)))
+    return lines
+
+
+MASKS_LISTED = 5
+
+
+def describe_masks(masks: dict[str, str] | None) -> list[str]:
+    """Old tool outputs replaced by code-written stubs (the masking tier): how many, the first few."""
+    if not masks:
+        return []
+    stubs = list(masks.values())
+    lines = [f"{len(stubs)} old tool outputs replaced by stubs"]
+    lines += [f"stub: {s[:300]}" for s in stubs[:MASKS_LISTED]]
     return lines
 
 

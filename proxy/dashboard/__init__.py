@@ -1,0 +1,1 @@
+"""The dashboard's assets (package data): the page, its script and style, and vendored uPlot."""

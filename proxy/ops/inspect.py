@@ -1,0 +1,281 @@
+"""`compaction-proxy inspect FILE`: what the proxy would forward for one request body.
+
+It runs the request's real stages (chat.shrink: tool results to notes, then the history) on a
+real ProxyState, with two things swapped for the dry run: the store is read through but never
+written (DryRunStore), and the summarizers' upstream caller answers a placeholder instead of
+calling anyone (DryRunCaller). With `--summarize` the caller is the real one: the configured
+upstream writes the summary (and the notes) the proxy would make; the store is still not written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy import credentials
+from proxy.chat import shrink
+from proxy.chat_request import analyze, parse_chat_body
+from proxy.compaction.engine import RequestContext
+from proxy.config import Config
+from proxy.hashing import conversation_digest
+from proxy.state import ProxyState
+from proxy.store import open_store
+from proxy.store.base import Store
+from proxy.store.memory import MemoryStore
+from proxy.tokens import encoding_name_for
+from proxy.toolresults.select import BEGIN as TOOL_OUTPUT_BEGIN
+from proxy.upstream import UpstreamCaller
+
+PLACEHOLDER = ("## Active Task\n(dry run: no summarizer was called; `compaction-proxy inspect --summarize` "
+               "asks the configured upstream for the real text)")
+NOTE_PLACEHOLDER = "(dry run: this tool output would be replaced by the summarizer's note)"
+HEAD_LINES, TAIL_LINES, LINE_CHARS = 12, 4, 240  # of each message in the diff
+
+
+class DryRunStore(Store):
+    """Reads see the real store and what this run wrote; writes stay in memory."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(ttl_s=inner.ttl_s, max_records=inner.max_records, clock=inner.clock)
+        self.inner = inner
+        self.overlay = MemoryStore(ttl_s=inner.ttl_s, max_records=inner.max_records, clock=inner.clock)
+        self.healthy = True
+
+    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        found = await self.inner.get_many(keys)
+        found.update(await self.overlay.get_many(keys))
+        return found
+
+    async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+        await self.overlay.put(key, value, ttl_s)
+
+    async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
+        if await self.inner.get(key) is not None:
+            return False
+        return await self.overlay.add(key, value, ttl_s)
+
+    async def delete(self, key: str, expected: bytes | None = None) -> bool:
+        return await self.overlay.delete(key, expected)
+
+    async def append(self, name: str, value: bytes, max_len: int) -> None:
+        await self.overlay.append(name, value, max_len)
+
+    async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
+        return await self.inner.tail(name, n)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass
+class CallLog:
+    history: int = 0
+    tool: int = 0
+
+
+class DryRunCaller(UpstreamCaller):
+    """Answers every summarizer call with a placeholder that passes the proxy's checks."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, log: CallLog) -> None:
+        super().__init__(session, base_url, 1.0)
+        self.log = log
+
+    async def complete(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> str:  # type: ignore[override]
+        if TOOL_OUTPUT_BEGIN in str(messages[-1].get("content")):
+            self.log.tool += 1
+            return NOTE_PLACEHOLDER
+        self.log.history += 1
+        return PLACEHOLDER
+
+
+class CountingCaller(UpstreamCaller):
+    """The real caller, counting its calls (for the report of --summarize)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, connect_timeout_s: float, log: CallLog) -> None:
+        super().__init__(session, base_url, connect_timeout_s)
+        self.log = log
+
+    async def complete(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> str:  # type: ignore[override]
+        if TOOL_OUTPUT_BEGIN in str(messages[-1].get("content")):
+            self.log.tool += 1
+        else:
+            self.log.history += 1
+        return await super().complete(messages=messages, **kwargs)
+
+
+@dataclass
+class Report:
+    model: str
+    encoding: str
+    window: int
+    threshold: int
+    target: int
+    tokens_before: int
+    tokens_after: int
+    status: str
+    reason: str
+    scope: str | None
+    summarize: bool
+    calls: dict[str, int]
+    tool_notes: list[dict[str, Any]] = field(default_factory=list)
+    cut: dict[str, Any] | None = None
+    record: dict[str, Any] | None = None
+    diff: list[str] = field(default_factory=list)
+    forwarded: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def inspect_config(cfg: Config) -> Config:
+    """The proxy's config for a one-request run: nothing in the background, nothing reported."""
+    return cfg.model_copy(update={
+        "compaction": cfg.compaction.model_copy(update={"prepare_percent": 0}),
+        "metrics": cfg.metrics.model_copy(update={"enabled": False}),
+        "journal": cfg.journal.model_copy(update={"enabled": False}),
+        "server": cfg.server.model_copy(update={"access_log": False}),
+    })
+
+
+async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize: bool = False) -> Report:
+    """The dry run of one request body (raises ProxyError for a body the proxy would refuse)."""
+    body = parse_chat_body(raw)
+    cfg = inspect_config(cfg)
+    log = CallLog()
+    store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
+
+    def make_caller(session: aiohttp.ClientSession, base_url: str) -> UpstreamCaller:
+        if summarize:
+            return CountingCaller(session, base_url, cfg.upstream.connect_timeout_s, log)
+        return DryRunCaller(session, base_url, log)
+
+    state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
+    try:
+        return await _run(state, body, headers, summarize, log)
+    finally:
+        await state.close()
+
+
+async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str], summarize: bool, log: CallLog) -> Report:
+    cfg = state.cfg
+    model_cfg = cfg.model_settings(body["model"])
+    encoding = model_cfg.encoding or encoding_name_for(body["model"])
+    conv = analyze(body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio)
+    original = list(conv.messages)
+    original_tokens = list(conv.tokens)
+    before = conv.total()
+    budget = state.compaction.budget_for(conv.model)
+    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key)
+    ctx = RequestContext(
+        upstream_headers=creds.headers,
+        # Without a credential no stored record can be matched; the stages still show what a
+        # first request of this conversation would get.
+        scope=creds.scope or "inspect-without-credential",
+        focus=headers.get("x-compaction-focus"),
+        conversation=conversation_digest(creds.scope or "", original[min(conv.n_system, len(original) - 1)]),
+    )
+    stage, outcome, messages = await shrink(state, conv, ctx)
+    after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
+    report = Report(
+        model=conv.model, encoding=encoding, window=budget.window, threshold=budget.threshold, target=budget.target,
+        tokens_before=before, tokens_after=after, status=outcome.status, reason=outcome.reason,
+        scope=creds.scope, summarize=summarize, calls={"history": log.history, "tool_result": log.tool},
+    )
+    for i, (old, new) in enumerate(zip(original, stage.messages)):
+        if new is not old:
+            report.tool_notes.append({
+                "index": i, "tool_call_id": old.get("tool_call_id"), "tokens_before": original_tokens[i],
+                "tokens_after": conv.tokens[i], "source": _note_source(str(new.get("content")), summarize),
+            })
+    record = outcome.record
+    if record is not None:
+        first = conv.n_system + 1
+        report.cut = {"first": first, "last": conv.n_system + record.covered, "covered": record.covered,
+                      "kept": len(original) - conv.n_system - record.covered, "messages": len(original)}
+        report.record = {"chain": record.chain, "created": record.created, "reused": outcome.status == "reused",
+                         "summary": record.summary}
+    report.diff = diff_lines(original, messages)
+    report.forwarded = {**body, "messages": messages}
+    return report
+
+
+def _note_source(text: str, summarize: bool) -> str:
+    if NOTE_PLACEHOLDER in text:
+        return "new note (dry run: placeholder)"
+    return "note" if summarize else "note from the store"  # a dry run makes placeholders only
+
+
+def message_lines(msg: dict[str, Any]) -> list[str]:
+    """One message as readable lines, long content clipped head and tail (the same way on both
+    sides of the diff, so an unchanged message stays unchanged)."""
+    head = f"### {msg.get('role')}"
+    if msg.get("tool_call_id"):
+        head += f" (answers {msg['tool_call_id']})"
+    lines = [head]
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        lines.append(f"-> {fn.get('name')}({_clip(str(fn.get('arguments', '')), 120)})  [{call.get('id')}]")
+    content = msg.get("content")
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", f"[{p.get('type')}]")) for p in content if isinstance(p, dict))
+    text = content.splitlines() if isinstance(content, str) else []
+    if len(text) > HEAD_LINES + TAIL_LINES:
+        text = text[:HEAD_LINES] + [f"[... {len(text) - HEAD_LINES - TAIL_LINES} lines ...]"] + text[-TAIL_LINES:]
+    return lines + [_clip(line, LINE_CHARS) for line in text]
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def diff_lines(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]) -> list[str]:
+    a = [line for m in original for line in message_lines(m)]
+    b = [line for m in forwarded for line in message_lines(m)]
+    return list(difflib.unified_diff(a, b, "original", "forwarded", n=2, lineterm=""))
+
+
+def format_report(r: Report) -> str:
+    out = [f"model {r.model} ({r.encoding}): window {r.window}, threshold {r.threshold}, target {r.target} tokens",
+           f"tokens: {r.tokens_before} received -> {r.tokens_after} forwarded "
+           f"({'over' if r.tokens_before > r.threshold else 'under'} the threshold)"]
+    if r.scope is None:
+        out.append("no credential given (--api-key, or OPENAI_API_KEY): stored records of a client cannot be matched")
+    n = len(r.tool_notes)
+    out.append(f"tool results: {n} {'becomes a note' if n == 1 else 'become notes'}")
+    for n in r.tool_notes:
+        out.append(f"  message {n['index'] + 1} (answers {n['tool_call_id']}): {n['tokens_before']} -> "
+                   f"{n['tokens_after']} tokens, {n['source']}")
+    out.append(f"history: {r.status}" + (f" ({r.reason})" if r.reason else ""))
+    if r.cut is not None and r.record is not None:
+        c = r.cut
+        out.append(f"  cut: messages {c['first']}-{c['last']} of {c['messages']} summarized, {c['kept']} kept verbatim")
+        if r.record["reused"]:
+            made = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.record["created"]))
+            out.append(f"  reuses the stored record {r.record['chain'][:16]}... made {made}")
+        else:
+            out.append("  a new summary" + (" (dry run: placeholder text)" if not r.summarize else ""))
+    calls = r.calls["history"] + r.calls["tool_result"]
+    verb = "made" if r.summarize else "would be made (none was: dry run)"
+    out.append(f"summarizer calls: {calls} {verb} ({r.calls['history']} history, {r.calls['tool_result']} tool result)")
+    out.append("")
+    out.append("diff of the messages (original -> forwarded):" if r.diff else "forwarded unchanged")
+    out += r.diff
+    return "\n".join(out)
+
+
+def request_headers(api_key: str | None, session: str | None, focus: str | None) -> dict[str, str]:
+    h: dict[str, str] = {}
+    if api_key:
+        h["Authorization"] = f"Bearer {api_key}"
+    if session:
+        h["x-compaction-session"] = session
+    if focus:
+        h["x-compaction-focus"] = focus
+    return h
+

@@ -1,0 +1,105 @@
+"""`compaction-proxy inspect` (design 14): the real stages in a dry run, run as the console script
+against a fake upstream that records every call."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from proxy.fake_upstream import FakeUpstream
+from support.conversations import synthetic
+from support.ops_replay import MODEL, SETTINGS, conversation, replay
+from support.proxy_server import merge
+
+SCRIPT = Path(sys.executable).parent / "compaction-proxy"
+KEY = "sk-inspect-key"
+
+
+def write(tmp_path: Path, upstream_url: str, messages: list[dict[str, Any]], **settings: Any) -> tuple[Path, Path]:
+    body = tmp_path / "request.json"
+    body.write_bytes(orjson.dumps({"model": MODEL, "messages": messages}))
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text(yaml.safe_dump(merge(merge(SETTINGS, {"upstream": {"base_url": upstream_url},
+                                                         "store": {"url": "memory://"}}), settings)))
+    return body, cfg
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), "inspect", *args, "--api-key", KEY], capture_output=True, text=True, timeout=120)
+
+
+def test_a_dry_run_shows_counts_notes_cut_and_diff_and_calls_no_upstream(tmp_path: Path):
+    with FakeUpstream() as fake:
+        body, cfg = write(tmp_path, fake.base_url, conversation("dry"))
+        out = run(str(body), "--config", str(cfg))
+        assert out.returncode == 0, out.stderr
+        assert fake.requests == []
+    text = out.stdout
+    assert "window 6000, threshold 5100, target 4080 tokens" in text
+    assert "over the threshold" in text
+    assert "tool results: 1 becomes a note" in text and "message 4 (answers call_log1)" in text
+    assert "history: summarized" in text
+    assert "cut: messages 2-" in text and "kept verbatim" in text
+    assert "would be made (none was: dry run)" in text
+    lines = text.splitlines()
+    assert "--- original" in lines and "+++ forwarded" in lines
+    assert "-### tool (answers call_log1)" in lines  # the summarized span leaves ...
+    assert any(line.startswith("+<summary>") for line in lines)  # ... and the summary comes in
+    assert "-Go on with step 16 of dry." not in lines and "-Go on with step 1 of dry." in lines  # newest kept
+
+
+def test_summarize_calls_the_configured_upstream_once(tmp_path: Path):
+    with FakeUpstream() as fake:
+        body, cfg = write(tmp_path, fake.base_url, synthetic("once"), tool_results={"enabled": False},
+                          compaction={"keep_recent_tokens": 20000})
+        out = run(str(body), "--config", str(cfg), "--summarize", "--json")
+        assert out.returncode == 0, out.stderr
+        assert len(fake.requests) == 1 and len(fake.history_summarizer_requests) == 1
+        assert fake.requests[0].headers["authorization"] == f"Bearer {KEY}"
+    report = orjson.loads(out.stdout)
+    assert report["status"] == "summarized" and report["calls"] == {"history": 1, "tool_result": 0}
+    assert "dry run" not in report["record"]["summary"]
+    assert report["tokens_after"] < report["tokens_before"]
+
+
+async def test_inspect_shows_the_stored_record_and_forwards_what_the_proxy_forwarded(upstream, make_proxy, tmp_path: Path):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"store": {"url": store}}))
+    points = [conversation("kept")[: n] for n in (34, 36)]
+    answers = await replay(proxy.base_url, points, key=KEY)
+    assert [a.headers["x-compaction-status"] for a in answers] == ["summarized", "reused"]
+    forwarded = upstream.chat_requests[-1]["messages"]
+    seen = len(upstream.requests)
+    await proxy.close()
+
+    body, cfg = write(tmp_path, upstream.base_url, points[-1], store={"url": store})
+    proc = await asyncio.create_subprocess_exec(
+        str(SCRIPT), "inspect", str(body), "--config", str(cfg), "--api-key", KEY, "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, stderr.decode()
+    report = orjson.loads(stdout)
+    assert report["status"] == "reused" and report["record"]["reused"] is True
+    assert report["calls"] == {"history": 0, "tool_result": 0}
+    assert report["tool_notes"][0]["source"] == "note from the store"
+    assert report["forwarded"]["messages"] == forwarded  # byte for byte what the proxy sent
+    assert report["tokens_after"] == int(answers[-1].headers["x-compaction-tokens-after"])
+    assert len(upstream.requests) == seen  # inspect called nobody
+    text = subprocess.run([str(SCRIPT), "inspect", str(body), "--config", str(cfg), "--api-key", KEY],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "reuses the stored record" in text
+
+
+def test_a_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_path: Path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "gpt-4", "messages": "not a list"}')
+    out = subprocess.run([str(SCRIPT), "inspect", str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "would answer 400" in out.stderr and "'messages' must be an array" in out.stderr
+    missing = subprocess.run([str(SCRIPT), "inspect", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
