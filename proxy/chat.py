@@ -41,7 +41,7 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
-from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
+from proxy.ops.events import compaction_event, completion_usage, is_event
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
@@ -140,7 +140,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
-    if outcome.status not in QUIET_STATUSES:
+    if is_event(ex, outcome):
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
@@ -202,7 +202,8 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
         outcome = await state.compaction.process(conv, fwd, ctx, budget=budget)
         if outcome.messages is None:
             return None
-        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
+        if is_event(ex, outcome):
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
         return _dump(body, outcome.messages), _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
         )
