@@ -261,8 +261,9 @@ def format_report(r: Report) -> str:
         else:
             out.append("  a new summary" + (" (dry run: placeholder text)" if not r.summarize else ""))
     calls = r.calls["history"] + r.calls["tool_result"]
-    verb = "made" if r.summarize else "would be made (none was: dry run)"
-    out.append(f"summarizer calls: {calls} {verb} ({r.calls['history']} history, {r.calls['tool_result']} tool result)")
+    split = f"{r.calls['history']} history, {r.calls['tool_result']} tool result"
+    out.append(f"summarizer calls: {calls} made ({split})" if r.summarize
+               else f"summarizer calls: {calls} asked for in this dry run ({split}), none made")
     out.append("")
     out.append("diff of the messages (original -> forwarded):" if r.diff else "forwarded unchanged")
     out += r.diff
