@@ -106,7 +106,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     before = conv.total()
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
-    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    ex.conversation = conversation_digest(creds.scope or "", conv.first_digest())
     ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
 
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):

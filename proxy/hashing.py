@@ -71,10 +71,10 @@ def hash_chain(digests: Sequence[bytes]) -> list[bytes]:
     return out
 
 
-def conversation_digest(scope: str, first_message: Any) -> str:
-    """Names a conversation in the journal and the bill: its scope and first message (not its
-    content: a digest; the prepare slot tells conversations apart the same way)."""
-    return hashlib.blake2b(scope.encode() + message_digest(first_message), digest_size=8).hexdigest()
+def conversation_digest(scope: str, first_message_digest: bytes) -> str:
+    """Names a conversation in the journal and the bill: its scope and the digest of its first
+    message (the prepare slot tells conversations apart the same way)."""
+    return hashlib.blake2b(scope.encode() + first_message_digest, digest_size=8).hexdigest()
 
 
 def credential_scope(secret: bytes, credential: str, session: str | None) -> str:

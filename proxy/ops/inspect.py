@@ -178,7 +178,7 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
         # first request of this conversation would get.
         scope=creds.scope or "inspect-without-credential",
         focus=headers.get("x-compaction-focus"),
-        conversation=conversation_digest(creds.scope or "", original[min(conv.n_system, len(original) - 1)]),
+        conversation=conversation_digest(creds.scope or "", conv.first_digest()),
     )
     stage, outcome, messages = await shrink(state, conv, ctx)
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
