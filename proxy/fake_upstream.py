@@ -58,7 +58,8 @@ from proxy.fakes.common import (
     utf8_or_none as _utf8_or_none,
 )
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
-from proxy.fakes.server import RESP_KEY as _RESP_KEY, FakeServer
+from proxy.fakes.faults import FaultInjection
+from proxy.fakes.server import FakeServer
 from proxy.fakes.summarizer_match import (  # noqa: F401 (the prompt file names stay importable from here)
     HISTORY_PROMPT_FILE,
     PROMPT_MATCH_CHARS,
@@ -254,7 +255,7 @@ SummarizerSpec = Union[str, FakeError, None, Callable[[dict], Union[str, FakeErr
 # --------------------------------------------------------------------------------------------
 
 
-class FakeUpstream(FakeServer):
+class FakeUpstream(FakeServer, FaultInjection):
     """A fake OpenAI API server on 127.0.0.1 (random port). Attributes (settable any time, or as
     keyword arguments of the constructor):
 
@@ -348,9 +349,6 @@ class FakeUpstream(FakeServer):
         self.close_after_empty_stream_s: float | None = None
         self.truncate_to_max_tokens: bool = True
         self.reply: ReplySpec = None
-        self.chunk_delay_s: float = 0.0
-        self.release_last_chunk: asyncio.Event | None = None
-        self.last_chunk_waiting: asyncio.Event = asyncio.Event()
 
         self.summarizer_marker: str | None = None
         self.summarizer: SummarizerSpec = None
@@ -358,15 +356,7 @@ class FakeUpstream(FakeServer):
         self.endless_summary: bool = False
         self.endless_summary_chars: int = 1_000_000
 
-        self.fault_target: str = "all"
-        self.fault_times: int | None = None
-        self.fail_status: int | None = None
-        self.retry_after: float | int | None = None
-        self.stall_before_headers_s: float = 0.0
-        self.stall_mid_stream_s: float = 0.0
-        self.reset_mid_response: bool = False
-        self.malformed_json: bool = False
-        self.broken_sse: bool = False
+        self._init_faults()  # fault flags, chunk_delay_s, release_last_chunk (proxy/fakes/faults.py)
 
         self.models: list[str] = ["gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-3.5-turbo", "text-embedding-3-small"]
         self.embedding_dimensions: int = 8
@@ -718,25 +708,11 @@ class FakeUpstream(FakeServer):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "chat"
 
-    def _take_fault(self, rec: RecordedRequest) -> bool:
-        """Whether the fault flags apply to this request (consumes one of fault_times)."""
-        if not (self.fail_status or self.stall_before_headers_s or self.stall_mid_stream_s
-                or self.reset_mid_response or self.malformed_json or self.broken_sse):
-            return False
-        is_completion = rec.method == "POST" and rec.path == "/v1/chat/completions"
-        target = self.fault_target
-        if target == "completions" and not is_completion:
-            return False
-        if target == "chat" and not (is_completion and rec.kind != "summarizer"):
-            return False
-        if target == "summarizer" and rec.kind != "summarizer":
-            return False
-        if self.fault_times is not None:
-            if self.fault_times <= 0:
-                return False
-            self.fault_times -= 1
-        rec.faulted = True
-        return True
+    model_kinds = ("chat", "summarizer")
+    agent_kind = "chat"
+
+    def _is_model_call(self, rec: RecordedRequest) -> bool:
+        return rec.method == "POST" and rec.path == "/v1/chat/completions"
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
         fault = self._take_fault(rec)
@@ -934,49 +910,13 @@ class FakeUpstream(FakeServer):
                          headers: dict[str, str] | None = None, fault: bool = False) -> web.StreamResponse:
         data = orjson.dumps(payload, option=orjson.OPT_INDENT_2)  # OpenAI pretty-prints JSON answers
         hdrs = self._headers({"Content-Type": "application/json", **(headers or {})})
-        rec.status = status
-        if fault and self.malformed_json:
-            return web.Response(status=status, body=data[: len(data) // 2], headers=hdrs)
-        if fault and (self.reset_mid_response or self.stall_mid_stream_s):
-            resp = web.StreamResponse(status=status, headers=hdrs)
-            resp.content_length = len(data)
-            await resp.prepare(request)
-            request[_RESP_KEY] = resp
-            await resp.write(data[: len(data) // 2])
-            if self.reset_mid_response:
-                return await self._abort(request, resp)
-            await asyncio.sleep(self.stall_mid_stream_s)
-            await resp.write(data[len(data) // 2 :])
-            await resp.write_eof()
-            return resp
-        return web.Response(status=status, body=data, headers=hdrs)
+        return await self._send_body(request, rec, data, status=status, headers=hdrs, fault=fault)
 
     async def _stream(self, request: web.Request, rec: RecordedRequest, events: list[tuple[bytes, bool]],
                       fault: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers=self._headers(
-            {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}))
-        rec.status = 200
-        await resp.prepare(request)
-        request[_RESP_KEY] = resp
-        middle = max(1, len(events) // 2)
-        for i, (data, final) in enumerate(events):
-            if fault and i == middle:
-                if self.broken_sse:
-                    await resp.write(b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{"delta":\n\n')
-                    await resp.write_eof()
-                    return resp
-                if self.reset_mid_response:
-                    return await self._abort(request, resp)
-                if self.stall_mid_stream_s:
-                    await asyncio.sleep(self.stall_mid_stream_s)
-            if final and self.release_last_chunk is not None and rec.kind != "summarizer":
-                self.last_chunk_waiting.set()
-                await self.release_last_chunk.wait()
-            if self.chunk_delay_s and i > 0:
-                await asyncio.sleep(self.chunk_delay_s)
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
+        headers = self._headers({"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        broken = b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{"delta":\n\n'
+        return await self._send_stream(request, rec, events, headers=headers, fault=fault, broken=broken)
 
     async def _empty_stream(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
         """llama.cpp's server: 200, no event at all, a clean end of the chunked body; its server

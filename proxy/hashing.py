@@ -16,13 +16,13 @@ import hmac
 from collections import OrderedDict
 from typing import Any, Sequence
 
-import orjson
+from proxy import jsonbody
 
 _DIGEST_SIZE = 16
 
 
 def message_digest(msg: Any) -> bytes:
-    return hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).digest()[:_DIGEST_SIZE]
+    return hashlib.sha256(jsonbody.dumps(msg, sort_keys=True)).digest()[:_DIGEST_SIZE]
 
 
 def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
@@ -31,7 +31,7 @@ def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
     work counting it is)."""
     keys, sizes = [], []
     for m in messages:
-        raw = orjson.dumps(m)
+        raw = jsonbody.dumps(m)
         keys.append(hash(raw))
         sizes.append(len(raw))
     return keys, sizes
@@ -43,6 +43,16 @@ class DigestCache:
     def __init__(self, size: int = 200_000) -> None:
         self._d: OrderedDict[int, bytes] = OrderedDict()
         self._size = size
+
+    def digest(self, msg: Any, key: int) -> bytes:
+        """One message's digest (the conversation's first: it names the conversation); a
+        message seen before costs a lookup."""
+        digest = self._d.get(key)
+        if digest is None:
+            digest = self._d[key] = message_digest(msg)
+            if len(self._d) > self._size:
+                self._d.popitem(last=False)
+        return digest
 
     def digests(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
         out = []

@@ -22,6 +22,7 @@ from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
 from proxy.ops.prices import PriceTable
 from proxy.prompts import Prompts
+from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
 from proxy.store.base import Store
 from proxy.store.resilient import ResilientStore
@@ -95,6 +96,7 @@ class ProxyState:
         if not isinstance(store, ResilientStore):
             store = ResilientStore(store)
         secret = await _scope_secret(cfg, store)
+        await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included

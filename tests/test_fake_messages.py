@@ -9,9 +9,10 @@ import json
 
 import aiohttp
 import pytest
-from anthropic import Anthropic, AsyncAnthropic, AuthenticationError, BadRequestError
+from anthropic import Anthropic, APIStatusError, AsyncAnthropic, AuthenticationError, BadRequestError
 
 from proxy.fakes.messages import FakeMessages
+from proxy.prompts import Prompts
 
 MODEL = "claude-sonnet-4-6"
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}
@@ -27,8 +28,9 @@ async def fake():
 
 
 @pytest.fixture
-def client(fake):
-    return AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0)
+async def client(fake):
+    async with AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0) as c:
+        yield c  # closed inside the loop
 
 
 async def post(fake, body, path="/v1/messages", headers=HEADERS):
@@ -77,8 +79,8 @@ async def test_async_client_text_and_usage(fake, client):
 
 
 def test_sync_client():
-    with FakeMessages(reply="fine") as fake:
-        c = Anthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0)
+    with FakeMessages(reply="fine") as fake, Anthropic(base_url=fake.base_url, api_key="sk-ant-test",
+                                                       max_retries=0) as c:
         r = c.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}])
         assert r.content[0].text == "fine"
 
@@ -374,3 +376,21 @@ async def test_count_tokens_validates_too(fake):
     assert "max_tokens: Extra inputs" in await rejected(
         fake, {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
         "/v1/messages/count_tokens")
+
+
+async def test_summarizer_calls_are_recognized_and_answered(fake, client):
+    prompts = Prompts(fake.prompts_dir)
+    r = await client.messages.create(model=MODEL, max_tokens=2000, system=[
+        {"type": "text", "text": prompts.text("summarization-system")}],
+        messages=[{"role": "user", "content": "<conversation>\n[User]: fix it\n</conversation>"}])
+    assert r.content[0].text.startswith("## Active Task")
+    assert fake.records("summarizer")[-1].summarizer_kind == "history" and fake.messages_requests == []
+
+
+async def test_fail_status_in_anthropics_shape(fake, client):
+    fake.fail_status, fake.fault_times = 529, 1
+    with pytest.raises(APIStatusError) as e:
+        await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 529 and e.value.body["error"]["type"] == "overloaded_error"
+    r = await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}])
+    assert r.stop_reason == "end_turn"

@@ -11,6 +11,8 @@ import pytest
 from openai import APIStatusError, AsyncOpenAI, BadRequestError, OpenAI
 
 from proxy.fakes.responses import FakeResponses
+from proxy.prompts import Prompts
+from support.careless import CarelessSummarizer
 
 MODEL = "gpt-5"
 SHELL = {"type": "function", "name": "shell", "description": "Run a command.",
@@ -24,8 +26,9 @@ async def fake():
 
 
 @pytest.fixture
-def client(fake):
-    return AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+async def client(fake):
+    async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
+        yield c  # closed inside the loop
 
 
 async def post(fake: FakeResponses, body: dict, path: str = "/responses") -> tuple[int, dict]:
@@ -63,13 +66,15 @@ async def test_async_client_string_input_and_usage(fake, client):
     assert fake.responses_requests[-1] == {"model": MODEL, "input": "Hello there", "instructions": "Be brief."}
 
 
-def test_sync_client_with_item_input():
-    with FakeResponses(reply="fine") as fake:
-        c = OpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+def test_sync_client_with_item_input_and_streaming():
+    with FakeResponses(reply="fine") as fake, OpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
         r = c.responses.create(model=MODEL, input=[user("hi"), {"role": "assistant", "content": "hello"},
                                                    {"role": "user", "content": "how are you?"}])
         assert r.output_text == "fine"
         assert fake.responses_requests[-1]["input"][2] == {"role": "user", "content": "how are you?"}
+        with c.responses.stream(model=MODEL, input="again") as stream:
+            deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+            assert "".join(deltas) == stream.get_final_response().output_text == "fine"
 
 
 async def test_tool_round_trip_with_reasoning_items(fake, client):
@@ -379,3 +384,83 @@ async def test_websocket_handshake_needs_the_key(fake):
         with pytest.raises(aiohttp.WSServerHandshakeError) as e:
             await s.ws_connect(ws_url, headers={"Authorization": "Bearer sk-wrong"})
     assert e.value.status == 401
+
+
+async def test_openai_clients_own_websocket(fake, client):
+    """client.responses.connect(): the openai package's WebSocket client against the fake."""
+    fake.reply = "over the socket"
+    async with client.responses.connect() as conn:
+        await conn.response.create(model=MODEL, input="hello", store=False)
+        events = []
+        async for e in conn:
+            events.append(e)
+            if e.type in ("response.completed", "error"):
+                break
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "over the socket"
+    assert fake.requests[-1].transport == "websocket" and fake.requests[-1].json["store"] is False
+
+
+# ---- the proxy's summarizer calls -------------------------------------------------------------
+
+
+async def test_summarizer_calls_are_recognized_and_answered(fake, client):
+    prompts = Prompts(fake.prompts_dir)
+    convo = "<conversation>\n[User]: fix the parser\n[Assistant]: on it\n</conversation>"
+    r = await client.responses.create(model=MODEL, instructions=prompts.text("summarization-system"), input=convo)
+    assert r.output_text.startswith("## Active Task") and fake.records("summarizer")[-1].summarizer_kind == "history"
+    tool_call = [{"role": "developer", "content": prompts["tool-result-summarizer"].render(tool_name="shell")},
+                 user("Tool: shell\n--- BEGIN TOOL OUTPUT ---\n" + "line\n" * 300 + "--- END TOOL OUTPUT ---")]
+    r = await client.responses.create(model=MODEL, input=tool_call)
+    assert r.output_text.startswith("[Summary of shell output]")
+    assert len(fake.summarizer_requests) == 2 and fake.responses_requests == []
+
+
+async def test_careless_summarizer_works_on_this_protocol(fake, client):
+    fake.summarizer = CarelessSummarizer(reply_every=2)
+    prompts = Prompts(fake.prompts_dir)
+    body = dict(model=MODEL, instructions=prompts.text("summarization-system"), tools=[SHELL],
+                input="<conversation>\n[User]: update src/app.py for TICKET-1234\n</conversation>")
+    first = await client.responses.create(**body)
+    assert first.output_text.startswith("## Goal") and "## Active Task" not in first.output_text
+    second = await client.responses.create(**body)  # answers the conversation instead: a tool call
+    assert [o.type for o in second.output] == ["function_call"] and second.output[0].name == "shell"
+
+
+# ---- faults -----------------------------------------------------------------------------------
+
+
+async def test_fail_status_in_openais_shape(fake, client):
+    fake.fail_status, fake.fault_times = 429, 1
+    with pytest.raises(APIStatusError) as e:
+        await client.responses.create(model=MODEL, input="x")
+    assert e.value.status_code == 429 and e.value.code == "rate_limit_exceeded"
+    assert (await client.responses.create(model=MODEL, input="x")).status == "completed"
+
+
+async def test_reset_mid_stream(fake):
+    fake.reset_mid_response, fake.reply = True, "one two three four five six"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(fake.base_url + "/responses", json={"model": MODEL, "input": "x", "stream": True}) as r:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+    assert fake.records("responses")[-1].faulted
+
+
+async def test_websocket_faults(fake):
+    fake.reply, fake.broken_sse, fake.fault_times = "one two three four five", True, 1
+    ws_url = fake.base_url.replace("http://", "ws://") + "/responses"
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url) as ws:
+            await ws.send_str(json.dumps({"type": "response.create", "model": MODEL, "input": "x"}))
+            texts = []
+            while (msg := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                texts.append(msg.data)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1011
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(texts[-1])
+        fake.reset_mid_response, fake.broken_sse, fake.fault_times = True, False, 1
+        async with s.ws_connect(ws_url) as ws:
+            await ws.send_str(json.dumps({"type": "response.create", "model": MODEL, "input": "x"}))
+            while (msg := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                assert json.loads(msg.data)["type"] != "response.completed"
+            assert msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE)

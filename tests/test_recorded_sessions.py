@@ -38,11 +38,11 @@ def test_sessions_have_the_shapes_they_stand_for():
 
 async def test_codex_session_replays_against_the_responses_fake():
     async with FakeResponses(signing_key=FIXTURE_SIGNING_KEY, reply="ok") as fake:
-        client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
-        for body in codex_requests():
-            stream = await client.responses.create(**body)
-            events = [e.type async for e in stream]
-            assert events[-1] == "response.completed"
+        async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+            for body in codex_requests():
+                stream = await client.responses.create(**body)
+                events = [e.type async for e in stream]
+                assert events[-1] == "response.completed"
         recs = fake.records("responses")
         assert [r.status for r in recs] == [200] * len(codex_requests())
         assert recs[0].prompt_tokens < THRESHOLD < recs[-1].prompt_tokens
@@ -68,26 +68,26 @@ async def test_codex_session_replays_over_the_websocket():
 
 async def test_codex_session_fails_under_another_key():
     async with FakeResponses(reply="ok") as fake:  # a different provider account
-        client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
         body = next(b for b in codex_requests() if any(item_type(i) == "reasoning" for i in input_items(b)))
-        with pytest.raises(BadRequestError) as e:
-            await client.responses.create(**{**body, "stream": False})
+        async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+            with pytest.raises(BadRequestError) as e:
+                await client.responses.create(**{**body, "stream": False})
         assert e.value.code == "invalid_encrypted_content"
 
 
 async def test_claude_session_replays_against_the_messages_fake():
     async with FakeMessages(signing_key=FIXTURE_SIGNING_KEY, reply="ok") as fake:
-        client = AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0)
         usages = []
-        for body in claude_requests():
-            body.pop("stream")
-            async with client.messages.stream(**body) as s:
-                final = await s.get_final_message()
-            usages.append(final.usage)
-            counted = await client.messages.count_tokens(**{k: v for k, v in body.items()
-                                                            if k not in ("max_tokens", "metadata")})
-            u = final.usage
-            assert counted.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+        async with AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0) as client:
+            for body in claude_requests():
+                body.pop("stream")
+                async with client.messages.stream(**body) as s:
+                    final = await s.get_final_message()
+                usages.append(u := final.usage)
+                counted = await client.messages.count_tokens(**{k: v for k, v in body.items()
+                                                                if k not in ("max_tokens", "metadata")})
+                assert counted.input_tokens == (u.input_tokens + u.cache_read_input_tokens
+                                                + u.cache_creation_input_tokens)
         recs = fake.records("messages")
         assert [r.status for r in recs] == [200] * len(claude_requests())
         assert recs[0].prompt_tokens < THRESHOLD < recs[-1].prompt_tokens

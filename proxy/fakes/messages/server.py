@@ -26,12 +26,13 @@ Settings (attributes, settable any time, or keyword arguments):
                       (default False: the fake insists on alternation)
   extra_block_types   block types accepted as opaque in either role (default none)
   cache_min_tokens    None: the model's minimum cacheable length | int
-  chunk_delay_s       sleep between stream events
   signing_key         None: a random key per fake | bytes: the key of thinking signatures and
                       redacted_thinking data (recorded sessions carry signatures made with a known key)
-  fail_status, fault_times  answer with Anthropic's error for that status
-  error_mid_stream    None | an error type ("overloaded_error"): streams send an `error` event
-                      halfway and end
+  fault_target, fault_times, fail_status, retry_after, stall_before_headers_s, stall_mid_stream_s,
+  reset_mid_response, malformed_json, broken_sse, chunk_delay_s, release_last_chunk
+                      the shared fault flags (proxy/fakes/faults.py), errors in Anthropic's shape
+  error_mid_stream    None | an error type ("overloaded_error"): streams send Anthropic's `error`
+                      event halfway and end (a fault flag too: fault_target and fault_times apply)
 Recording: requests (kind "messages" | "summarizer" | "count_tokens" | "other"),
 messages_requests, summarizer_requests, count_requests (parsed bodies).
 """
@@ -60,7 +61,8 @@ from proxy.fakes.messages.blocks import (
 )
 from proxy.fakes.messages.cache import BreakpointCache
 from proxy.fakes.messages.validate import Context, check_request, thinking_enabled, thinking_signature
-from proxy.fakes.server import RESP_KEY, FakeServer
+from proxy.fakes.faults import FaultInjection
+from proxy.fakes.server import FakeServer
 from proxy.fakes.signing import Signer
 from proxy.fakes.summarizer_match import summarizer_kind
 from proxy.prompts import default_dir
@@ -72,13 +74,18 @@ _MESSAGES = {401: "invalid x-api-key", 403: "Your API key does not have permissi
              500: "Internal server error", 529: "Overloaded"}
 
 
+_BROKEN_SSE = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":\n\n'
+
+
 class _Failure(Exception):
     def __init__(self, err: FakeError) -> None:
         super().__init__(str(err.body))
         self.err = err
 
 
-class FakeMessages(FakeServer):
+class FakeMessages(FakeServer, FaultInjection):
+    model_kinds = ("messages", "summarizer")
+    agent_kind = "messages"
     base_path = ""  # the anthropic client's base_url has no /v1
     thread_name = "fake-messages"
 
@@ -96,9 +103,7 @@ class FakeMessages(FakeServer):
         self.merge_consecutive_roles: bool = False
         self.extra_block_types: set[str] = set()
         self.cache_min_tokens: int | None = None
-        self.chunk_delay_s: float = 0.0
-        self.fail_status: int | None = None
-        self.fault_times: int | None = None
+        self._init_faults()
         self.error_mid_stream: str | None = None
         self.signing_key: bytes | None = None
         super().__init__(**settings)
@@ -218,24 +223,21 @@ class FakeMessages(FakeServer):
             return FakeError.anthropic(400, "anthropic-version: header is required")
         return None
 
-    def _take_fault(self, rec: RecordedRequest) -> bool:
-        if not (self.fail_status or self.error_mid_stream):
-            return False
-        if self.fault_times is not None:
-            if self.fault_times <= 0:
-                return False
-            self.fault_times -= 1
-        rec.faulted = True
-        return True
+    def _fault_flags(self) -> tuple:
+        return super()._fault_flags() + (self.error_mid_stream,)
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
         err = self._header_error(rec.headers)
         if err is not None:
             return self._error_response(rec, err)
         fault = self._take_fault(rec)
+        if fault and self.stall_before_headers_s:
+            await asyncio.sleep(self.stall_before_headers_s)
         if fault and self.fail_status:
+            headers = {"retry-after": str(self.retry_after)} if self.retry_after is not None else None
             return self._error_response(rec, FakeError.anthropic(self.fail_status,
-                                                                 _MESSAGES.get(self.fail_status, "Error")))
+                                                                 _MESSAGES.get(self.fail_status, "Error"),
+                                                                 headers=headers))
         if rec.kind == "count_tokens":
             return self._count_tokens(rec)
         if rec.kind in ("messages", "summarizer") or (request.method == "POST" and request.path == "/v1/messages"):
@@ -288,25 +290,17 @@ class FakeMessages(FakeServer):
         rec.completion_tokens = out_tokens
         final = ev.message_object("msg_01" + rand(22), body["model"], blocks, stop,
                                   {**usage, "output_tokens": out_tokens, "service_tier": "standard"})
-        rec.status = 200
         if not body.get("stream"):
-            return web.Response(status=200, body=orjson.dumps(final),
-                                headers=self._headers({"Content-Type": "application/json"}))
-        resp = web.StreamResponse(status=200, headers=self._headers(
-            {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}))
-        await resp.prepare(request)
-        request[RESP_KEY] = resp
+            return await self._send_body(request, rec, orjson.dumps(final), status=200, fault=fault,
+                                         headers=self._headers({"Content-Type": "application/json"}))
         events = ev.stream_events(final)
-        for i, e in enumerate(events):
-            if fault and self.error_mid_stream and i == len(events) // 2:
-                await resp.write(ev.sse({"type": "error", "error": {"type": self.error_mid_stream,
-                                                                    "message": "Overloaded"}}))
-                break
-            if self.chunk_delay_s and i:
-                await asyncio.sleep(self.chunk_delay_s)
-            await resp.write(ev.sse(e))
-        await resp.write_eof()
-        return resp
+        if fault and self.error_mid_stream:
+            events = events[: len(events) // 2] + [{"type": "error", "error": {
+                "type": self.error_mid_stream, "message": _MESSAGES.get(529, "Error")
+                if self.error_mid_stream == "overloaded_error" else "Internal server error"}}]
+        chunks = [(ev.sse(e), i == len(events) - 1) for i, e in enumerate(events)]
+        headers = self._headers({"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        return await self._send_stream(request, rec, chunks, headers=headers, fault=fault, broken=_BROKEN_SSE)
 
     async def _reply(self, body: dict[str, Any], rec: RecordedRequest) -> ev.Reply:
         v = view(body)

@@ -32,11 +32,13 @@ Settings (attributes, settable any time, or keyword arguments):
   compaction_item_tokens  what a compaction item counts for in later requests (default 200)
   extra_item_types    item types accepted as opaque besides OpenAI's (default: none; OpenAI
                       rejects unknown types)
-  chunk_delay_s       sleep between stream events
   signing_key         None: a random key per fake | bytes: the key of encrypted_content and compaction
                       tokens (recorded sessions carry tokens made with a known key)
-  fail_status, fault_times, reset_mid_response   faults, as FakeUpstream (reset: halfway through
-                      a stream, or the WebSocket closed without a close frame)
+  fault_target, fault_times, fail_status, retry_after, stall_before_headers_s, stall_mid_stream_s,
+  reset_mid_response, malformed_json, broken_sse, chunk_delay_s, release_last_chunk
+                      the shared fault flags (proxy/fakes/faults.py); on a WebSocket a fail_status is an
+                      error event, a reset drops the connection without a close frame, a broken stream
+                      sends a message that is not JSON and closes with 1011
 Recording: requests (RecordedRequest; kind "responses" | "summarizer" | "compact" | "websocket"
 (the handshake) | "other"; transport "websocket" for socket messages), responses_requests,
 summarizer_requests, compact_requests (parsed bodies).
@@ -58,7 +60,8 @@ from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_
 from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, view
 from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
-from proxy.fakes.server import RESP_KEY, FakeServer
+from proxy.fakes.faults import FaultInjection
+from proxy.fakes.server import ABORTED_KEY, RESP_KEY, FakeServer
 from proxy.fakes.signing import Signer
 from proxy.fakes.summarizer_match import summarizer_kind
 from proxy.prompts import default_dir
@@ -74,8 +77,10 @@ class _Failure(Exception):
         self.err = err
 
 
-class FakeResponses(FakeServer):
+class FakeResponses(FakeServer, FaultInjection):
     thread_name = "fake-responses"
+    model_kinds = ("responses", "summarizer", "compact")
+    agent_kind = "responses"
 
     def __init__(self, **settings: Any) -> None:
         self.prompts_dir: Any = default_dir()
@@ -92,10 +97,7 @@ class FakeResponses(FakeServer):
         self.serve_compact: bool = True
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
-        self.chunk_delay_s: float = 0.0
-        self.fail_status: int | None = None
-        self.fault_times: int | None = None
-        self.reset_mid_response: bool = False
+        self._init_faults()
         self.signing_key: bytes | None = None
         super().__init__(**settings)
         self._signer: Signer | None = None
@@ -177,16 +179,6 @@ class FakeResponses(FakeServer):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "responses"
 
-    def _take_fault(self, rec: RecordedRequest) -> bool:
-        if not (self.fail_status or self.reset_mid_response):
-            return False
-        if self.fault_times is not None:
-            if self.fault_times <= 0:
-                return False
-            self.fault_times -= 1
-        rec.faulted = True
-        return True
-
     def _auth_error(self, headers: dict[str, str]) -> FakeError | None:
         if self.require_api_key is None or headers.get("authorization") == f"Bearer {self.require_api_key}":
             return None
@@ -205,12 +197,14 @@ class FakeResponses(FakeServer):
         if path == "/v1/responses" and method == "GET" and request.headers.get("upgrade", "").lower() == "websocket":
             return await self._websocket(request, rec)
         fault = self._take_fault(rec)
+        if fault and self.stall_before_headers_s:
+            await asyncio.sleep(self.stall_before_headers_s)
         if fault and self.fail_status:
-            return self._error_response(rec, status_error(self.fail_status))
+            return self._error_response(rec, status_error(self.fail_status, self.retry_after))
         if path == "/v1/responses" and method == "POST":
             return await self._http_create(request, rec, fault)
         if path == "/v1/responses/compact" and method == "POST" and self.serve_compact:
-            return await self._compact(rec)
+            return await self._compact(request, rec, fault)
         return self._error_response(rec, FakeError.openai(404, f"Invalid URL ({method} {path})"))
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -326,25 +320,18 @@ class FakeResponses(FakeServer):
         except _Failure as f:
             return self._error_response(rec, f.err)
         if not stream:
-            rec.status = 200
-            return web.Response(status=200, body=orjson.dumps(events[-1]["response"], option=orjson.OPT_INDENT_2),
-                                headers=self._headers({"Content-Type": "application/json"}))
-        resp = web.StreamResponse(status=200, headers=self._headers(
-            {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}))
-        rec.status = 200
-        await resp.prepare(request)
-        request[RESP_KEY] = resp
+            return await self._json(request, rec, events[-1]["response"], fault)
         numbered = ev.numbered(events)
-        for i, e in enumerate(numbered):
-            if fault and self.reset_mid_response and i == len(numbered) // 2:
-                return await self._abort(request, resp)
-            if self.chunk_delay_s and i:
-                await asyncio.sleep(self.chunk_delay_s)
-            await resp.write(ev.sse(e))
-        await resp.write_eof()
-        return resp
+        chunks = [(ev.sse(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
+        headers = self._headers({"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        return await self._send_stream(request, rec, chunks, headers=headers, fault=fault, broken=_BROKEN_SSE)
 
-    async def _compact(self, rec: RecordedRequest) -> web.StreamResponse:
+    async def _json(self, request: web.Request, rec: RecordedRequest, payload: Any, fault: bool) -> web.StreamResponse:
+        data = orjson.dumps(payload, option=orjson.OPT_INDENT_2)
+        headers = self._headers({"Content-Type": "application/json"})
+        return await self._send_body(request, rec, data, status=200, headers=headers, fault=fault)
+
+    async def _compact(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
         """OpenAI's /responses/compact: all user messages, then one opaque compaction item."""
         body = rec.json
         if body is None:
@@ -370,9 +357,7 @@ class FakeResponses(FakeServer):
                         "created_by": "fake-responses"}]
         payload = {"id": "resp_" + rand(40), "object": "response.compaction", "created_at": int(time.time()),
                    "output": out, "usage": ev.usage(tokens, 0, self.compaction_item_tokens)}
-        rec.status = 200
-        return web.Response(status=200, body=orjson.dumps(payload, option=orjson.OPT_INDENT_2),
-                            headers=self._headers({"Content-Type": "application/json"}))
+        return await self._json(request, rec, payload, fault)
 
     # ---- WebSocket ---------------------------------------------------------------------------
 
@@ -410,9 +395,11 @@ class FakeResponses(FakeServer):
             rec.summarizer_kind = self.summarizer_kind(body)
             rec.kind = "summarizer" if rec.summarizer_kind else "responses"
             fault = self._take_fault(rec)
+            if fault and self.stall_before_headers_s:
+                await asyncio.sleep(self.stall_before_headers_s)
             if fault and self.fail_status:
                 rec.status = self.fail_status
-                await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status)))
+                await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status, self.retry_after)))
                 continue
             try:
                 events = await self._answer(body, rec, self._context(True, local), True, local)
@@ -422,17 +409,29 @@ class FakeResponses(FakeServer):
                 continue
             rec.status = 200
             numbered = ev.numbered(events)
-            for i, e in enumerate(numbered):
-                if fault and self.reset_mid_response and i == len(numbered) // 2:
-                    if request.transport is not None:
-                        request.transport.abort()  # no close frame
-                    return ws
-                if self.chunk_delay_s and i:
-                    await asyncio.sleep(self.chunk_delay_s)
-                if "stream_id" in body:
-                    e = {**e, "stream_id": body["stream_id"]}
-                await ws.send_str(orjson.dumps(e).decode())
+            if "stream_id" in body:  # the lane's events echo it
+                numbered = [{**e, "stream_id": body["stream_id"]} for e in numbered]
+            chunks = [(orjson.dumps(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
+
+            async def write(data: bytes) -> None:
+                await ws.send_str(data.decode())
+
+            async def abort() -> None:  # no close frame
+                request[ABORTED_KEY] = True
+                if request.transport is not None:
+                    request.transport.abort()
+
+            outcome = await self._play(rec, chunks, fault, write, abort, _BROKEN_WS)
+            if outcome == "reset":
+                return ws
+            if outcome == "broken":
+                await ws.close(code=1011)
+                return ws
         return ws
+
+
+_BROKEN_SSE = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":\n\n'
+_BROKEN_WS = b'{"type":"response.output_text.delta","delta":'
 
 
 def ev_text(item: dict[str, Any]) -> str:
