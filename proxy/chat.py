@@ -40,7 +40,7 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
-from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
+from proxy.ops.events import compaction_event, completion_usage, is_event
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
@@ -85,7 +85,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     before = conv.total()
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
-    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    ex.conversation = conversation_digest(creds.scope or "", conv.first_digest())
     ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
 
     if cfg.server.log_content:
@@ -116,7 +116,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
-    if outcome.status not in QUIET_STATUSES:
+    if is_event(ex, outcome):
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
@@ -225,7 +225,8 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
         outcome = not_larger(await state.compaction.process(conv, fwd, ctx, budget=budget), before)
         if outcome.messages is None:
             return None
-        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
+        if is_event(ex, outcome):
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
         dumped = await offload.sized(sum(conv.tokens) * 4, _dump, body, outcome.messages)
         return dumped, _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
