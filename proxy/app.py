@@ -11,10 +11,11 @@ from aiohttp import web
 from proxy import errors, logsafe
 from proxy.chat import handle_chat
 from proxy.config import Config
-from proxy.forward import passthrough
+from proxy.forward import BodyPace, passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
+from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy")
@@ -51,7 +52,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    return await passthrough(request, state.session, state.cfg.upstream, state.max_body)
+    return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
 def add_protocol_route(app: web.Application, path: str, handler: Handler, protocol: str) -> None:
@@ -64,7 +65,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
-        middlewares=[observe, error_middleware],
+        middlewares=[track_inflight, observe, error_middleware],
         client_max_size=max_body,
         handler_args={
             "max_field_size": cfg.server.max_header_kb * 1024,
@@ -79,6 +80,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
         yield
         await app[STATE].close()
 
+    app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)

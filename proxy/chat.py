@@ -6,17 +6,15 @@ client gets the upstream's answer or an OpenAI-shaped error, with the x-compacti
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
+import re
 import time
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
-from proxy import credentials, errors
+from proxy import credentials, errors, jsonbody, offload
 from proxy.chat_request import (
     Conversation,
     analyze,
@@ -24,24 +22,25 @@ from proxy.chat_request import (
     latest_user_index,
     message_text,
     parse_chat_body,
-    unseen_bytes,
 )
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.engine import Outcome, RequestContext
 from proxy.forward import (
     UPSTREAM_ERRORS,
+    BodyPace,
     EventChecker,
     client_response_headers,
     client_timeout,
     is_event_stream,
     map_client_error,
+    read_body,
     relay_completion,
     relay_events,
     upstream_request_headers,
     upstream_url,
 )
 from proxy.hashing import conversation_digest
-from proxy.ops.events import QUIET_STATUSES, compaction_event, completion_usage
+from proxy.ops.events import compaction_event, completion_usage, is_event
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
@@ -51,27 +50,11 @@ from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.chat")
 
-BIG_BODY = 512 * 1024  # this much text not counted before: counted off the event loop
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
 EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
                       "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
                       "this for a request it rejects, such as a message it cannot template)")
-
-
-async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body within `timeout_s`: a client dripping a body byte by byte must not hold a
-    connection (and its memory) open for ever."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
-    try:
-        return await asyncio.wait_for(request.read(), timeout_s)
-    except web.HTTPRequestEntityTooLarge:
-        raise errors.body_too_large(limit) from None
-    except asyncio.TimeoutError:
-        raise errors.ProxyError(
-            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
-        ) from None
 
 
 def _headers(status: str, before: int, after: int, tool_results: int, wait_ms: float) -> dict[str, str]:
@@ -88,29 +71,22 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
     ex = request[EXCHANGE]
-    raw = await read_body(request, state.max_body, state.cfg.server.body_timeout_s)
-    body = parse_chat_body(raw)
-    streaming = bool(body.get("stream"))
-    ex.model, ex.stream = body["model"], streaming
+    raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    model_cfg = cfg.model_settings(body["model"])
-
-    # Counting new text is the slow part (tiktoken): off the event loop when there is much of it.
-    # A long history seen before is all cache hits, cheaper on the loop than a thread hop.
-    encoding = model_cfg.encoding or encoding_name_for(body["model"])
-    keys, sizes = keys_of(body["messages"])
-    unseen = unseen_bytes(keys, sizes, state.counter, encoding) if len(raw) > BIG_BODY else 0
-    count = functools.partial(analyze, body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
-    conv = await asyncio.to_thread(count) if unseen > BIG_BODY else count()
+    if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
+        return await _bypass(request, state, raw, up_headers)
+    # Parsing, keying and counting grow with the body: off the event loop when it is large.
+    body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, cfg)
+    if cfg.compaction.learn_token_ratio and state.ratios is not None:
+        conv.ratio = await state.ratios.ratio(conv.model, conv.ratio)  # learned from the upstream's usage
+    streaming = bool(body.get("stream"))
+    ex.model, ex.stream = body["model"], streaming
     before = conv.total()
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
-    ex.conversation = conversation_digest(creds.scope or "", conv.messages[min(conv.n_system, len(conv.messages) - 1)])
+    ex.conversation = conversation_digest(creds.scope or "", conv.first_digest())
     ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # the original's, for the bill
-
-    if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
-        return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", before, before, 0, 0))
 
     if cfg.server.log_content:
         _log_content(body)
@@ -129,7 +105,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
 
     try:
         stage, outcome, messages = await shrink(state, conv, ctx)
-        out_raw = raw if messages is conv.messages else _dump(body, messages)
+        out_raw = raw if messages is conv.messages else await offload.sized(len(raw), _dump, body, messages)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
@@ -140,7 +116,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
     wait = stage.wait_ms + outcome.wait_ms
     headers = _headers(outcome.status, before, after, stage.summarized, wait)
-    if outcome.status not in QUIET_STATUSES:
+    if is_event(ex, outcome):
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     retry = None
@@ -150,7 +126,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
               stage.summarized)
     window = state.compaction.budget_for(conv.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    resp = await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    _learn_ratio(state, conv, after, resp, ex.usage)
+    return resp
+
+
+def _learn_ratio(state: ProxyState, conv: Conversation, after: int, resp: web.StreamResponse, usage: Any) -> None:
+    """The upstream's prompt count of what we forwarded, against ours (spec 9.5). Only for the
+    request as planned: an overflow retry forwarded something else."""
+    if (not state.cfg.compaction.learn_token_ratio or state.ratios is None or usage is None
+            or resp.status != 200 or resp.headers.get("x-compaction-tokens-after") != str(after)):
+        return
+    state.ratios.observe(conv.model, round(after / conv.ratio), usage.prompt)
 
 
 _anonymous_warned = False
@@ -168,10 +155,11 @@ async def shrink(state: ProxyState, conv: Conversation, ctx: RequestContext) -> 
     """The request's stages: tool results to notes, then the history. Returns the tool-result
     stage's result, the compaction's outcome and the messages to forward (conv.messages itself
     when nothing changed). `compaction-proxy inspect` runs this too, with a dry-run caller."""
+    before = conv.total()
     stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
     outcome = Outcome("none")
     if state.cfg.compaction.enabled:
-        outcome = await state.compaction.process(conv, stage.messages, ctx)
+        outcome = not_larger(await state.compaction.process(conv, stage.messages, ctx), before)
     return stage, outcome, outcome.messages or stage.messages
 
 
@@ -190,7 +178,42 @@ def _log_content(body: dict[str, Any]) -> None:
 def _dump(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
     out = dict(body)
     out["messages"] = messages
-    return orjson.dumps(out)
+    return jsonbody.dumps(out)
+
+
+def read_chat_request(raw: bytes, counter: Any, cfg: Any) -> tuple[dict[str, Any], Conversation]:
+    """The body parsed and checked, and its conversation keyed and counted (pure; may run in a
+    worker thread)."""
+    body = parse_chat_body(raw)
+    model_cfg = cfg.model_settings(body["model"])
+    encoding = model_cfg.encoding or encoding_name_for(body["model"])
+    keys, _ = keys_of(body["messages"])
+    return body, analyze(body, counter, encoding=encoding, ratio=model_cfg.token_ratio, keys=keys)
+
+
+def not_larger(outcome: Outcome, before: int) -> Outcome:
+    """A compacted request that is not smaller than the original is no compaction: the original
+    goes upstream (its newest turn alone can be over the window), and the status says so."""
+    if outcome.messages is None or outcome.tokens_after is None or outcome.tokens_after < before:
+        return outcome
+    return Outcome("failed-open", wait_ms=outcome.wait_ms,
+                   reason=f"the compacted request ({outcome.tokens_after} tokens) is not smaller than the original ({before})")
+
+
+_STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+
+
+async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any) -> web.StreamResponse:
+    """x-compaction-bypass: the body goes upstream as it came, valid or not; the counts are the
+    proxy's when it can make them, else 0."""
+    ex = request[EXCHANGE]
+    try:
+        body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, state.cfg)
+        tokens, streaming = conv.total(), bool(body.get("stream"))
+        ex.model, ex.stream = body["model"], streaming
+    except Exception:  # not ours to judge: the upstream answers it
+        tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
+    return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", tokens, tokens, 0, 0))
 
 
 def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext,
@@ -199,11 +222,13 @@ def _overflow_retry(state: ProxyState, conv: Conversation, fwd: list[dict[str, A
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         budget = state.compaction.budget_for(conv.model).halved()
-        outcome = await state.compaction.process(conv, fwd, ctx, budget=budget)
+        outcome = not_larger(await state.compaction.process(conv, fwd, ctx, budget=budget), before)
         if outcome.messages is None:
             return None
-        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
-        return _dump(body, outcome.messages), _headers(
+        if is_event(ex, outcome):
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, outcome.tokens_after or before))
+        dumped = await offload.sized(sum(conv.tokens) * 4, _dump, body, outcome.messages)
+        return dumped, _headers(
             outcome.status, before, outcome.tokens_after or before, tool_results, wait_ms + outcome.wait_ms
         )
 

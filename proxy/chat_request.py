@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from proxy import jsonbody
 from proxy.errors import ProxyError, bad_request
 from proxy.hashing import DigestCache, message_keys
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter, encoding_name_for
@@ -25,9 +26,14 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise bad_request("Request body is empty; expected a JSON object.")
     try:
-        body = orjson.loads(raw)
+        body = jsonbody.loads(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"Request body is not valid JSON: {e}") from None
+    except jsonbody.DuplicateKeys as e:
+        # Parsers disagree on which value wins (first or last): the proxy must not act on one
+        # value while the upstream reads the other.
+        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
+        raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
     validate_chat_body(body, messages=False)
     # The messages are checked by `analyze`, which writes each of them anyway.
     _check_writable({k: v for k, v in body.items() if k != "messages"})
@@ -39,7 +45,7 @@ def _check_writable(value: Any) -> None:
     again (message keys, tool counts, the forwarded body): refuse here what would fail there as a
     500. (A message 253 or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)"""
     try:
-        orjson.dumps(value)
+        jsonbody.dumps(value)
     except orjson.JSONEncodeError:
         raise _too_deep() from None
 
@@ -160,6 +166,12 @@ class Conversation:
         Computed only when needed (compaction), and once per distinct message."""
         return DIGESTS.digests(self.messages, self.keys)
 
+    def first_digest(self) -> bytes:
+        """The stable digest of the first non-system message (or of the last message), computed
+        once per distinct message: it names the conversation."""
+        i = min(self.n_system, len(self.messages) - 1)
+        return DIGESTS.digest(self.messages[i], self.keys[i])
+
     @property
     def model(self) -> str:
         return self.body["model"]
@@ -180,11 +192,6 @@ def keys_of(messages: list[Any]) -> tuple[list[int], list[int]]:
         return message_keys(messages)
     except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
         raise _too_deep() from None
-
-
-def unseen_bytes(keys: list[int], sizes: list[int], counter: TokenCounter, encoding: str) -> int:
-    """How much of the request the counter has not seen yet: the work `analyze` will do."""
-    return sum(size for key, size in zip(keys, sizes) if counter.cached(encoding, key) is None)
 
 
 def analyze(

@@ -8,13 +8,12 @@ import logging
 import sys
 from typing import Any
 
-from aiohttp import web
-
-from proxy import __version__, logsafe
+from proxy import __version__
 from proxy.config import Config, ConfigError, load_config
 from proxy.ops.logs import setup_logging
 
 log = logging.getLogger("proxy")
+SWITCH_INTERVAL_S = 0.001
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,23 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
     from proxy.app import create_app
+    from proxy.serve import raise_fd_limit, serve
 
     log.info(
         "compaction-proxy %s listening on http://%s:%d -> %s (store %s)",
         __version__, cfg.server.host, cfg.server.port, cfg.upstream.base_url, cfg.store.url.split("@")[-1],
     )
+    raise_fd_limit(cfg)
+    # Large requests are parsed, hashed and scanned in worker threads (proxy/offload.py); the event
+    # loop gets the GIL back from them after this long, not the default 5 ms, so that every other
+    # request keeps its latency meanwhile.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         # SIGTERM/SIGINT: stop listening at once, give requests in flight shutdown_grace_s to finish
         # (exiting as soon as none is left), cancel what still runs, then close the store.
-        web.run_app(
-            create_app(cfg),
-            host=cfg.server.host,
-            port=cfg.server.port,
-            shutdown_timeout=cfg.server.shutdown_grace_s,
-            handler_cancellation=True,
-            access_log=None,
-            print=None,
-        )
+        asyncio.run(serve(create_app(cfg), cfg))
     except OSError as e:  # the address is taken or not ours: one line, not a traceback
         print(f"compaction-proxy: cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}", file=sys.stderr)
         return 1

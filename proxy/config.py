@@ -28,7 +28,13 @@ class ServerConfig(_Section):
     max_body_mb: float = Field(64, gt=0)
     max_header_kb: int = Field(64, ge=1)
     shutdown_grace_s: float = Field(30, ge=0)
-    body_timeout_s: float = Field(60, gt=0)  # a chat request body must arrive within this (else 408)
+    # A request body must arrive within body_timeout_s, and a large one no slower than
+    # body_min_kb_s on average after that (else 408): a rate floor, not a total, for big uploads.
+    body_timeout_s: float = Field(60, gt=0)
+    body_min_kb_s: float = Field(64, gt=0)
+    header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
+    keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
+    max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one JSON object a line
     access_log: bool = True  # one line per request at INFO (never content or credentials)
@@ -93,6 +99,9 @@ class CompactionConfig(_Section):
     # accepted and the headings it lacks are added by code ("none recorded").
     required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
+    # Learn each model's ratio between the upstream's usage.prompt_tokens and tiktoken's count
+    # (smoothed, bounded to [0.5, 2], kept in the store) and count requests with it.
+    learn_token_ratio: bool = True
     # Tier 1: over the threshold, first replace old tool outputs by stubs written by code; a
     # summary is made only when that is not enough.
     mask_tool_outputs: bool = True
@@ -112,6 +121,9 @@ class CompactionConfig(_Section):
     # Summarizer calls in flight at once, per process: request path and preparation together.
     max_concurrent_summaries: int = Field(8, ge=1)
     max_fold_calls: int = Field(16, ge=1)
+    # The longest a request waits for a summary (or tool note) someone else is making; past it,
+    # it is forwarded without (failed-open, or the raw output with a notice).
+    max_wait_s: float = Field(10, gt=0)
 
     @model_validator(mode="after")
     def _summarizer_model_alias(self) -> "CompactionConfig":
@@ -142,8 +154,10 @@ class StoreConfig(_Section):
     scope_secret: SecretStr | None = None
     ttl_s: float = Field(7 * 24 * 3600, gt=0)
     max_records: int = Field(100_000, ge=1)
-    # Holders renew their lock while they work; a dead holder's lock frees itself after this.
+    # A lock's last resort: it frees itself this long after its holder's last beat.
     lock_ttl_s: float = Field(30, gt=0)
+    # Holders rewrite their lock this often; a lock two beats (and a half) late is taken over.
+    lock_heartbeat_s: float = Field(2, gt=0)
 
     @field_validator("url")
     @classmethod

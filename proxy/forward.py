@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -217,43 +218,52 @@ def _parses(body: bytes) -> bool:
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 DRAIN_S = 1.0  # after [DONE], how long we wait for the upstream's end of stream
-MAX_EVENT_BYTES = 16 << 20  # one SSE event; beyond this the stream is not a chat completion
+# One SSE event, at most. A chat completion chunk is a few KiB (a tool call's arguments arrive in
+# many small deltas); an event this large, or one that never ends, is not a chat completion, and
+# holding more of it per stream lets a few such streams take the process's memory.
+MAX_EVENT_BYTES = 1 << 20
 
 
 class EventChecker:
     """Cuts an SSE byte stream into whole events and checks that every `data:` payload is JSON or
     `[DONE]`. Whole events go on at once; only an unfinished last event waits for its end (a client
-    cannot use half an event anyway)."""
+    cannot use half an event anyway), and at most `max_event_bytes` of it: the only bytes a stream
+    holds besides the chunk being written."""
 
-    def __init__(self) -> None:
-        self._pending = b""
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._pending = bytearray()
+        self._max = max_event_bytes
         self.done = False  # `data: [DONE]` went by: the answer is complete
         self.usage: Any = None  # the `usage` object of the stream's last chunk (stream_options.include_usage)
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
-        buf = self._pending + chunk if self._pending else chunk
-        pos = 0
+        buf = self._pending
         # An event's end can straddle chunks, but the pending part holds none: search only its last bytes.
-        at = max(0, len(self._pending) - 3)
+        at = max(0, len(buf) - 3)
+        buf += chunk  # in place: an event arriving in many small chunks is not copied again each time
+        pos = 0
         while (m := _EVENT_END.search(buf, at)) is not None:
-            event = buf[pos : m.start()]
+            event = bytes(buf[pos : m.start()])
             why = _check_event(event)
             self.done = self.done or event.strip() == b"data: [DONE]"
             if why is None and (b'"usage":{' in event or b'"usage": {' in event):
                 self.usage = _event_usage(event)
             if why is not None:
-                self._pending = b""
-                return buf[:pos], why
+                good = bytes(buf[:pos])
+                self._pending = bytearray()
+                return good, why
             pos = at = m.end()
-        self._pending = buf[pos:]
-        if len(self._pending) > MAX_EVENT_BYTES:
-            return buf[:pos], "an event is larger than any chat completion chunk"
-        return buf[:pos], None
+        good = bytes(buf[:pos])
+        del buf[:pos]
+        if len(buf) > self._max:
+            self._pending = bytearray()
+            return good, f"an event is larger than {self._max} bytes, far more than any chat completion chunk"
+        return good, None
 
     def finish(self) -> tuple[bytes, str | None]:
         """At the end of the stream: an unterminated last event goes on as it came when it is whole."""
-        rest, self._pending = self._pending, b""
+        rest, self._pending = bytes(self._pending), bytearray()
         if not rest.strip():
             return rest, None
         if _check_event(rest) is not None:
@@ -335,29 +345,82 @@ def _has_dot_segment(path: str) -> bool:
     return any(seg in (".", "..") for seg in path.split("/"))
 
 
-class LimitedBody:
-    """A request body streamed upstream that stops at the size limit and remembers that it did.
+@dataclass(frozen=True)
+class BodyPace:
+    """How slowly a request body may arrive: all of it within `timeout_s`, or, for a large one,
+    no slower than `min_bytes_s` on average after that (a rate floor rather than a total, so a big
+    upload on a slow link passes while a client dripping bytes is cut)."""
 
-    The limit is hit inside aiohttp's body writer, which reports it as a broken upstream
-    connection; `exceeded` lets the caller answer 413 instead of 502.
+    timeout_s: float
+    min_bytes_s: float
+
+    @classmethod
+    def of(cls, server: Any) -> "BodyPace":
+        return cls(server.body_timeout_s, server.body_min_kb_s * 1024)
+
+    def timed_out(self) -> errors.ProxyError:
+        return errors.ProxyError(
+            408,
+            f"The request body did not arrive in time (within {self.timeout_s:g} s, then at least "
+            f"{self.min_bytes_s / 1024:g} KiB/s).",
+            code="request_timeout",
+        )
+
+
+async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> AsyncIterator[bytes]:
+    """The body as it arrives: 413 past `limit`, 408 when it falls behind `pace`."""
+    loop = asyncio.get_running_loop()
+    due = loop.time() + pace.timeout_s  # when the next byte is due at the latest
+    seen = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(request.content.readany(), max(0.0, due - loop.time()))
+        except asyncio.TimeoutError:
+            raise pace.timed_out() from None
+        if not chunk:
+            return
+        seen += len(chunk)
+        if seen > limit:
+            raise errors.body_too_large(limit)
+        due += len(chunk) / pace.min_bytes_s
+        yield chunk
+
+
+async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
+    """The whole body, within its pace: a client dripping a body byte by byte must not hold a
+    connection (and its memory) open for ever."""
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.body_too_large(limit)
+    parts = [chunk async for chunk in body_chunks(request, limit, pace)]
+    return b"".join(parts)
+
+
+class LimitedBody:
+    """A request body streamed upstream that stops at the size limit or when it falls behind its
+    pace, and remembers why.
+
+    Both happen inside aiohttp's body writer, which reports them as a broken upstream connection;
+    `error` lets the caller answer 413 or 408 instead of 502.
     """
 
-    def __init__(self, request: web.Request, limit: int) -> None:
+    def __init__(self, request: web.Request, limit: int, pace: BodyPace) -> None:
         self._request = request
         self._limit = limit
-        self.exceeded = False
+        self._pace = pace
+        self.error: errors.ProxyError | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        seen = 0
-        async for chunk in self._request.content.iter_any():
-            seen += len(chunk)
-            if seen > self._limit:
-                self.exceeded = True
-                raise errors.body_too_large(self._limit)
-            yield chunk
+        try:
+            async for chunk in body_chunks(self._request, self._limit, self._pace):
+                yield chunk
+        except errors.ProxyError as e:
+            self.error = e
+            raise
 
 
-async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int) -> web.StreamResponse:
+async def passthrough(
+    request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int, pace: BodyPace
+) -> web.StreamResponse:
     """Any other /v1/ route: same method, path, query and body, streamed both ways."""
     if _has_dot_segment(request.path):
         # Forwarded raw, `/v1/../x` (or `%2e%2e`, `..%2f`) would reach upstream paths outside the
@@ -371,9 +434,9 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
     if not request.body_exists:
         data = None
     elif length is not None and length <= SMALL_BODY:
-        data = await request.read()
+        data = await read_body(request, max_body, pace)
     else:
-        streamed = LimitedBody(request, max_body)
+        streamed = LimitedBody(request, max_body, pace)
         data = streamed.chunks()
     url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len("/v1"):])
     headers = upstream_request_headers(
@@ -393,6 +456,6 @@ async def passthrough(request: web.Request, session: aiohttp.ClientSession, cfg:
         ) as upstream:
             return await relay(request, upstream)
     except UPSTREAM_ERRORS as e:
-        if streamed is not None and streamed.exceeded:
-            raise errors.body_too_large(max_body) from None
+        if streamed is not None and streamed.error is not None:
+            raise streamed.error from None
         raise map_client_error(e) from None

@@ -16,13 +16,13 @@ import hmac
 from collections import OrderedDict
 from typing import Any, Sequence
 
-import orjson
+from proxy import jsonbody
 
 _DIGEST_SIZE = 16
 
 
 def message_digest(msg: Any) -> bytes:
-    return hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).digest()[:_DIGEST_SIZE]
+    return hashlib.sha256(jsonbody.dumps(msg, sort_keys=True)).digest()[:_DIGEST_SIZE]
 
 
 def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
@@ -31,7 +31,7 @@ def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
     work counting it is)."""
     keys, sizes = [], []
     for m in messages:
-        raw = orjson.dumps(m)
+        raw = jsonbody.dumps(m)
         keys.append(hash(raw))
         sizes.append(len(raw))
     return keys, sizes
@@ -43,6 +43,16 @@ class DigestCache:
     def __init__(self, size: int = 200_000) -> None:
         self._d: OrderedDict[int, bytes] = OrderedDict()
         self._size = size
+
+    def digest(self, msg: Any, key: int) -> bytes:
+        """One message's digest (the conversation's first: it names the conversation); a
+        message seen before costs a lookup."""
+        digest = self._d.get(key)
+        if digest is None:
+            digest = self._d[key] = message_digest(msg)
+            if len(self._d) > self._size:
+                self._d.popitem(last=False)
+        return digest
 
     def digests(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
         out = []
@@ -71,10 +81,10 @@ def hash_chain(digests: Sequence[bytes]) -> list[bytes]:
     return out
 
 
-def conversation_digest(scope: str, first_message: Any) -> str:
-    """Names a conversation in the journal and the bill: its scope and first message (not its
-    content: a digest; the prepare slot tells conversations apart the same way)."""
-    return hashlib.blake2b(scope.encode() + message_digest(first_message), digest_size=8).hexdigest()
+def conversation_digest(scope: str, first_message_digest: bytes) -> str:
+    """Names a conversation in the journal and the bill: its scope and the digest of its first
+    message (the prepare slot tells conversations apart the same way)."""
+    return hashlib.blake2b(scope.encode() + first_message_digest, digest_size=8).hexdigest()
 
 
 def credential_scope(secret: bytes, credential: str, session: str | None) -> str:

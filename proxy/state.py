@@ -17,11 +17,13 @@ from proxy.config import Config
 from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
+from proxy.ratio import RatioLearner
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
 from proxy.ops.prices import PriceTable
 from proxy.prompts import Prompts
+from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
 from proxy.store.base import Store
 from proxy.store.resilient import ResilientStore
@@ -52,6 +54,7 @@ class ProxyState:
     metrics: Metrics | None = None
     bill: Bill | None = None
     journal: Journal | None = None
+    ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
@@ -95,6 +98,7 @@ class ProxyState:
         if not isinstance(store, ResilientStore):
             store = ResilientStore(store)
         secret = await _scope_secret(cfg, store)
+        await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
@@ -134,6 +138,7 @@ class ProxyState:
             metrics=metrics,
             bill=bill,
             journal=journal,
+            ratios=RatioLearner(store),
             series=series,
         )
 
@@ -141,6 +146,8 @@ class ProxyState:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.ratios is not None:
+            await self.ratios.idle()
         if self.series is not None:
             await self.series.stop()
         if self.journal is not None:

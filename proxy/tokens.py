@@ -15,7 +15,7 @@ import re
 from collections import OrderedDict
 from typing import Any, Hashable, Iterable
 
-import orjson
+from proxy import jsonbody
 
 from .encodings import get_encoding
 
@@ -148,14 +148,14 @@ class TokenCounter:
                 else:
                     n += OTHER_PART_TOKENS
             return n
-        return self.count_text(orjson.dumps(content).decode(), enc)
+        return self.count_text(jsonbody.dumps(content).decode(), enc)
 
     def count_tools(self, tools: Any, encoding: str) -> int:
         """Tool schemas are sent to the model as text; count their JSON (a close upper estimate).
         Agents resend the same schemas every request: cached like messages."""
         if not tools:
             return 0
-        raw = orjson.dumps(tools)
+        raw = jsonbody.dumps(tools)
         key = (encoding, "tools", hash(raw))
         n = self._cache.get(key)
         if n is None:

@@ -137,7 +137,7 @@ CORPUS: dict[str, tuple[bytes, int | None]] = {
     "tools-not-objects": (body_with(tools=[1, "two", None]), 400),
     "content-parts-junk": (body_with(messages=[user([{"type": "image_url"}, {"type": "input_audio", "x": [1]}])]), None),
     "huge-number": (body_with(temperature="T").replace(b'"T"', b"1" + b"0" * 400), 400),
-    "duplicate-keys": (b'{"model": "x", "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}', 200),
+    "duplicate-keys": (b'{"model": "x", "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}', 400),
     "huge-string": (body_with(messages=[user("lorem ipsum " * 150_000)]), None),
     "huge-tool-output": (body_with(messages=VALID["messages"][:3] + [
         {"role": "tool", "tool_call_id": "call_1", "content": "row\n" * 400_000}]), 200),

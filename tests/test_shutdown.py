@@ -161,3 +161,27 @@ def test_a_taken_port_is_one_line_and_status_1(tmp_path):
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert f"compaction-proxy: cannot listen on 127.0.0.1:{port}: " in run.stderr
+
+
+async def test_a_grace_of_2_s_cuts_a_stream_after_2_s_not_twice_that(tmp_path, fake):
+    """aiohttp waits its shutdown timeout twice (for the handler, then again after asking it to
+    stop, which a streaming relay never notices): a grace of 5 s cut streams after 10.4 s."""
+    grace = 2.0
+    replica, _ = _start(tmp_path, fake, grace_s=grace)
+    try:
+        async with aiohttp.ClientSession(headers=AUTH) as s:
+            _park_streams(fake)  # never released
+            async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
+                await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
+                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
+                replica.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await asyncio.wait_for(r.read(), BOUND_S)
+                cut = time.monotonic() - signalled
+        assert await _exit_code(replica) == 0
+        exited = time.monotonic() - signalled
+    finally:
+        replica.kill()
+    assert grace - 0.2 <= cut < grace + 1.0, cut  # the grace, once
+    assert exited < 2 * grace, exited

@@ -265,3 +265,98 @@ async def test_a_down_store_does_not_delay_the_call() -> None:
     # poll_s=10: a single poll would blow the 2 s bound
     assert await asyncio.wait_for(flight.run("k", records.storing(maker), records.existing), 2) == "value"
     assert maker.calls == 1
+
+
+# -- owners, heartbeats, the wait bound (issue 19 item 3) -----------------------------------------
+
+import os  # noqa: E402
+import time  # noqa: E402
+
+import orjson  # noqa: E402
+
+from proxy.singleflight import OWNER, Busy, clear_dead_locks, left_by_a_dead_life  # noqa: E402
+
+
+def foreign_lock(beat: float, every: float = 0.2, **owner: object) -> bytes:
+    return orjson.dumps({"host": "another-host", "pid": 4242, "life": "x", "token": "t", "beat": beat, "every": every,
+                         **owner})
+
+
+async def test_a_lock_whose_holder_stopped_beating_is_taken_over_after_two_missed_beats():
+    store = MemoryStore(ttl_s=3600, max_records=100)
+    # Another replica took the lock and died: it beats no more (its expiry is far away).
+    await store.put("lock:k", foreign_lock(time.time()), 3600)
+    flight: SingleFlight[str] = SingleFlight(store, lock_ttl_s=3600, heartbeat_s=0.2, max_wait_s=30, poll_s=0.01)
+    rec = Records(store, "k")
+    maker = Maker("mine")
+    maker.release.set()
+    t0 = time.monotonic()
+    assert await flight.run("k", rec.storing(maker), rec.existing) == "mine"
+    waited = time.monotonic() - t0
+    assert 2 * 0.2 <= waited < 3600 and maker.calls == 1, waited  # two missed beats, not the expiry
+    assert await store.get("lock:k") is None  # released after use
+
+
+async def test_a_live_holder_keeps_its_lock_and_a_waiter_gives_up_at_max_wait():
+    store = MemoryStore(ttl_s=3600, max_records=100)
+    holder: SingleFlight[str] = SingleFlight(store, lock_ttl_s=3600, heartbeat_s=0.1, poll_s=0.01)
+    waiter: SingleFlight[str] = SingleFlight(store, lock_ttl_s=3600, heartbeat_s=0.1, max_wait_s=0.8, poll_s=0.01)
+    rec = Records(store, "k")
+    slow = Maker("holder's")
+    held = asyncio.create_task(holder.run("k", rec.storing(slow), rec.existing))
+    await slow.started.wait()
+    t0 = time.monotonic()
+    with pytest.raises(Busy):
+        await waiter.run("k", rec.storing(Maker("never")), rec.existing)
+    assert 0.8 <= time.monotonic() - t0 < 3  # beats kept the lock; the wait is bounded
+    slow.release.set()
+    assert await held == "holder's"
+
+
+async def test_a_second_request_in_the_process_waits_at_most_max_wait_for_the_first_ones_value():
+    store = MemoryStore(ttl_s=3600, max_records=100)
+    flight: SingleFlight[str] = SingleFlight(store, lock_ttl_s=3600, max_wait_s=0.3, poll_s=0.01)
+    rec = Records(store, "k")
+    slow = Maker("first")
+    first = asyncio.create_task(flight.run("k", rec.storing(slow), rec.existing))
+    await slow.started.wait()
+    with pytest.raises(Busy):
+        await flight.run("k", rec.storing(Maker()), rec.existing)
+    with pytest.raises(Busy):
+        await flight.join("k")
+    slow.release.set()
+    assert await first == "first" and slow.calls == 1
+
+
+async def test_start_up_clears_only_locks_left_by_a_dead_life_of_this_process(tmp_path):
+    from proxy.store.sqlite import SqliteStore
+
+    store = SqliteStore(str(tmp_path / "s.db"), ttl_s=3600, max_records=100)
+    here = {"host": OWNER["host"]}
+    gone = {**here, "pid": _dead_pid(), "life": "old"}
+    locks = {
+        "lock:same-pid-earlier-life": foreign_lock(time.time(), **here, pid=OWNER["pid"], life="earlier"),
+        "lock:dead-pid": foreign_lock(time.time(), **gone),
+        "lock:live-process": foreign_lock(time.time(), **here, pid=os.getppid(), life="theirs"),
+        "lock:other-host": foreign_lock(time.time(), pid=OWNER["pid"]),
+        "lock:this-life": foreign_lock(time.time(), **OWNER),
+        "lock:old-format": b"a0b1c2",
+    }
+    for k, v in locks.items():
+        await store.put(k, v, 3600)
+    await store.put("sum:record", b"kept", 3600)
+    assert await clear_dead_locks(store) == 2
+    left = await store.scan("lock:")
+    assert sorted(left) == ["lock:live-process", "lock:old-format", "lock:other-host", "lock:this-life"]
+    assert await store.get("sum:record") == b"kept"
+    assert not left_by_a_dead_life(b"not json")
+    await store.close()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

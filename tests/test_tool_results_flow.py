@@ -11,8 +11,8 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from proxy import offload
 from proxy.compaction import extract
-from proxy.toolresults import stage
 from support.clock import FakeClock
 from proxy.fake_upstream import FakeError, count_text_tokens, tool_output_payload
 from support.invariants import check_forwarded
@@ -419,7 +419,7 @@ async def test_parallel_results_each_on_its_own_concurrently_within_the_bound(up
 
 async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream, run, monkeypatch):
     proxy, client = await run()
-    monkeypatch.setattr(stage, "BIG_TEXT", 20_000)  # "huge" scaled down, to keep the test fast
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 20_000)  # "huge" scaled down, to keep the test fast
     loop_thread = threading.get_ident()
     scans: list[int] = []
     counts: list[int] = []
@@ -438,7 +438,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
     monkeypatch.setattr(extract, "find_identifiers", find)
     monkeypatch.setattr(counter, "count_message", count)
     ok, failing = log_payload(lines=400, tag="ok"), log_payload(lines=400, tag="bad")
-    assert len(ok) > stage.BIG_TEXT and len(failing) > stage.BIG_TEXT
+    assert len(ok) > offload.OFFLOAD_BYTES and len(failing) > offload.OFFLOAD_BYTES
     upstream.summarizer = lambda body: (
         FakeError.openai(500, "boom") if "[bad]" in body["messages"][1]["content"] else None
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chat_request import Conversation
+from proxy import offload
 from proxy.compaction import extract, mask
 from proxy.compaction.budget import Budget
 from proxy.compaction.digest import write_digest
@@ -27,7 +28,7 @@ from proxy.hashing import hash_chain, message_digest
 from proxy.ops.exchange import CONVERSATION
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
-from proxy.singleflight import SingleFlight
+from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
 from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
@@ -126,7 +127,9 @@ class CompactionEngine:
         self.counter = counter
         self.prompts = prompts
         self.clock = clock
-        self.flight: SingleFlight[SummaryRecord] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self.flight: SingleFlight[SummaryRecord] = SingleFlight(
+            store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
+        )
         self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
@@ -158,7 +161,7 @@ class CompactionEngine:
         if not forced and total <= budget.threshold:
             self._maybe_prepare(conv, fwd, ctx, budget, total)
             return Outcome("none")
-        view = _View(conv, fwd)
+        view = await offload.sized(4 * total, _View, conv, fwd)  # digests of a long history: off the loop
         limit_for = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
         # Local records first (no I/O on the common reuse path); the shared store only when no
         # local record fits, since another replica may have made a longer one.
@@ -185,7 +188,7 @@ class CompactionEngine:
             if record.prepared:
                 self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
         # Tier 1: old tool outputs become stubs; no model call.
-        masked = self._mask_record(view, budget, record)
+        masked = await offload.sized(4 * total, self._mask_record, view, budget, record)
         if masked is not None:
             out = self._apply(view, masked, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -194,7 +197,10 @@ class CompactionEngine:
                 return self._apply(view, masked, ctx)
         base = masked or record
         started = time.perf_counter()
-        joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
+        try:
+            joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
+        except Busy as e:  # someone else's summary is late: go on without it
+            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -216,10 +222,12 @@ class CompactionEngine:
         # Tier 2: summarize the older part of the (masked) history.
         work = self._masked_fwd(view, base)
         try:
-            plan = self._plan(view, budget, base, work)
+            plan = await offload.sized(4 * total, self._plan, view, budget, base, work)
             if plan is None:
                 return await self._floor(view, base, ctx, budget, "no valid cut point", 0.0)
             new_record = await self._summary_for(view, plan, base, ctx, budget, work=work)
+        except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
+            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
         except SummarizerError as e:
             log.warning("summary failed: %s", e)
             self._remember_failure(failure_key)
@@ -256,12 +264,13 @@ class CompactionEngine:
             # user's requests verbatim lead it), so digests never pile up.
             base = replace(base, covered=0, summary="", masked_until=0)
         work = self._masked_fwd(view, base)
-        plan = self._plan(view, budget, base, work)
+        size = 4 * conv.total()
+        plan = await offload.sized(size, self._plan, view, budget, base, work)
         if plan is None:
             log.warning("request over the window and nothing to compact (%d tokens, window %d): forwarded as it is",
                         conv.total(), budget.window)
             return Outcome("failed-open", wait_ms=wait_ms, reason=why)
-        rec = self._digest_record(view, plan, base, work, budget)
+        rec = await offload.sized(size, self._digest_record, view, plan, base, work, budget)
         out = self._apply(view, rec, ctx)
         if out.tokens_after is not None and out.tokens_after > budget.window:
             log.warning("request still over the window after every tier (%d tokens, window %d): forwarded; %s",
@@ -583,20 +592,26 @@ class CompactionEngine:
         )
         main_span = shown[plan.start:plan.main_end]
         prev_text = previous.summary if previous is not None and previous.covered else None
+        # Serializing and scanning the span grow with it: off the event loop when it is large.
+        size = 4 * sum(conv.tokens[plan.start:plan.cut])  # about its characters
         main_coro = (
-            self.summarizer.summarize(job, serialize_messages(main_span, names), prev_text)
+            self.summarizer.summarize(job, await offload.sized(size, serialize_messages, main_span, names), prev_text)
             if main_span
             else _value(prev_text)
         )
         turn_coro = (
-            self.summarizer.summarize(job, serialize_messages(shown[plan.turn_start:plan.cut], names), None, kind="turn")
+            self.summarizer.summarize(
+                job, await offload.sized(size, serialize_messages, shown[plan.turn_start:plan.cut], names), None, kind="turn"
+            )
             if plan.turn_start is not None
             else _value(None)
         )
         model_text, turn_text = await asyncio.gather(main_coro, turn_coro)
         if model_text is None:
             model_text = ""
-        return self._finish_record(view, plan, previous, model_text, turn_text, budget, prepared=prepared)
+        # Scanning the span for what code writes grows with it too.
+        return await offload.sized(size, self._finish_record, view, plan, previous, model_text, turn_text, budget,
+                                   prepared=prepared)
 
     def _finish_record(
         self, view: _View, plan: Plan, previous: SummaryRecord | None, model_text: str, turn_text: str | None,
@@ -710,7 +725,7 @@ class CompactionEngine:
                 await self._prepare(job)
             except asyncio.CancelledError:
                 raise
-            except SummarizerError as e:
+            except (SummarizerError, Busy) as e:
                 log.info("preparing a summary failed (the request path will try again): %s", e)
             except Exception:
                 log.exception("preparing a summary failed unexpectedly")
@@ -727,7 +742,7 @@ class CompactionEngine:
             log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
             return
         conv, ctx = job.conv, job.ctx
-        view = _View(conv, job.fwd)
+        view = await offload.sized(4 * job.total, _View, conv, job.fwd)
         candidates = self._candidate_keys(view, ctx.scope)
         if any(self.flight.running(k) for k in candidates):
             return  # a summary of this conversation is being made already
@@ -744,7 +759,17 @@ class CompactionEngine:
             target=job.budget.target - growth,
             keep_recent=max(0, job.budget.keep_recent - int(growth / conv.ratio)),
         )
-        plan = self._plan(view, ahead, record)
+        masked = await offload.sized(4 * job.total, self._mask_record, view, ahead, record)
+        if masked is not None:
+            out = self._apply(view, masked, ctx)
+            # Masking will serve the crossing request (grown by at least `growth`, kept verbatim):
+            # no summary to prepare. The estimate is cautious: when it errs, a prepared summary
+            # goes unused rather than a crossing request waiting for one.
+            if out.tokens_after is not None and out.tokens_after <= ahead.target:
+                return
+        base = masked or record
+        work = self._masked_fwd(view, base)
+        plan = await offload.sized(4 * job.total, self._plan, view, ahead, base, work)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
@@ -752,7 +777,7 @@ class CompactionEngine:
         if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.prepared_jobs += 1
-        await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+        await self._summary_for(view, plan, base, ctx, job.budget, prepared=True, work=work)
         self.hooks.prepared("made")
 
     async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:

@@ -41,6 +41,21 @@ MAX_ERROR_LINES = 20
 MAX_ERROR_LINE_CHARS = 300
 
 
+PIECE_CHARS = 1 << 18
+
+
+def _pieces(text: str) -> Iterable[tuple[int, int]]:
+    """(start, end) of consecutive pieces of about PIECE_CHARS, each ending after a newline. No
+    pattern here crosses a line, so matching piece by piece finds what one pass would; and a scan
+    of megabytes without a match is not one long call holding the GIL, which would stall the event
+    loop while this runs in a worker thread."""
+    start, n = 0, len(text)
+    while start < n:
+        end = text.find("\n", start + PIECE_CHARS) + 1 or n
+        yield start, end
+        start = end
+
+
 def find_identifiers(text: str) -> list[str]:
     """Identifiers in order of first appearance, without duplicates.
 
@@ -49,7 +64,7 @@ def find_identifiers(text: str) -> list[str]:
     """
     spans: list[tuple[int, int, str]] = []
     for pat in _IDENT_PATTERNS:
-        for m in pat.finditer(text):
+        for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
             tok = m.group(0).rstrip(".,;:")
             if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
                 spans.append((m.start(), m.start() + len(tok), tok))
@@ -69,7 +84,7 @@ def find_identifiers(text: str) -> list[str]:
 
 def find_error_lines(text: str) -> list[str]:
     out: list[str] = []
-    for m in _ERROR_LINE.finditer(text):
+    for m in (m for a, b in _pieces(text) for m in _ERROR_LINE.finditer(text, a, b)):
         line = m.group(0).strip()
         if line and line not in out:
             out.append(line[:MAX_ERROR_LINE_CHARS])

@@ -53,6 +53,11 @@ class Store(ABC):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         """Delete; with `expected`, only while the stored value equals it. True when deleted."""
 
+    async def scan(self, prefix: str) -> dict[str, bytes]:
+        """Live keys starting with `prefix` and their values, where the backend can list them
+        cheaply (SQLite); {} elsewhere. For start-up housekeeping only, never on a request."""
+        return {}
+
     @abstractmethod
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         """Add an entry to the end of log `name`; keep its newest `max_len` entries."""

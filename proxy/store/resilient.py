@@ -87,6 +87,9 @@ class ResilientStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         return await self._guard(lambda: self.inner.delete(key, expected), False)
 
+    async def scan(self, prefix: str) -> dict[str, bytes]:
+        return await self._guard(lambda: self.inner.scan(prefix), {})
+
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self._guard(lambda: self.inner.append(name, value, max_len), None)
 

@@ -221,6 +221,15 @@ class SqliteStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         return await self._run(self._delete, key, expected, self.clock())
 
+    async def scan(self, prefix: str) -> dict[str, bytes]:
+        def rows(conn: sqlite3.Connection, now: float) -> dict[str, bytes]:
+            # A range on the primary key, not LIKE: keys may hold `%` or `_`.
+            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            cur = conn.execute(f"SELECT key, value FROM kv WHERE key >= ? AND key < ? AND {_LIVE}", (prefix, upper, now))
+            return dict(cur.fetchall())
+
+        return await self._run(rows, self.clock())
+
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self._run(self._append, name, value, max_len, self.clock())
 

@@ -11,17 +11,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import orjson
 
+from proxy import offload
 from proxy.chat_request import Conversation
 from proxy.compaction import extract
 from proxy.config import Config
 from proxy.hashing import content_digest, message_digest
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
-from proxy.singleflight import SingleFlight
+from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
 from proxy.toolresults import note as notes
@@ -31,10 +32,8 @@ from proxy.tokens import TokenCounter
 from proxy.upstream import SummarizerError, UpstreamCaller
 
 log = logging.getLogger("proxy.toolresults")
-T = TypeVar("T")
 
 PAUSED = "the summarizer failed repeatedly and is paused"
-BIG_TEXT = 512 * 1024  # characters; above this, scanning and counting run off the event loop
 
 
 @dataclass
@@ -66,7 +65,9 @@ class ToolResultStage:
         # Wall time, not monotonic: failure records carry an expiry that other replicas read.
         # Replaceable on a running stage (tests move time on): the breakers read it through us.
         self.clock = clock
-        self.flight: SingleFlight[dict[str, Any]] = SingleFlight(store, lock_ttl_s=cfg.store.lock_ttl_s)
+        self.flight: SingleFlight[dict[str, Any]] = SingleFlight(
+            store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
+        )
         self._limit = asyncio.Semaphore(self.tcfg.concurrency)
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self.calls = 0
@@ -107,8 +108,8 @@ class ToolResultStage:
             new = dict(messages[c.index])
             new["content"] = text
             messages[c.index] = new
-            conv.tokens[c.index] = await _off_loop_if(
-                len(text) > BIG_TEXT, self.counter.count_message, new, conv.encoding, message_digest(new)
+            conv.tokens[c.index] = await offload.sized(
+                len(text), self.counter.count_message, new, conv.encoding, message_digest(new)
             )
             summarized += ok
         return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
@@ -155,7 +156,10 @@ class ToolResultStage:
             await self.store.put(key, orjson.dumps(rec))
             return rec
 
-        rec = await self.flight.run(key, make, existing)
+        try:
+            rec = await self.flight.run(key, make, existing)
+        except Busy:  # another request's note for this output is late: the raw output, this once
+            return self._raw_with_notice(c, conv, "its summary is still being made"), False
         if rec.get("ok"):
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
@@ -191,7 +195,7 @@ class ToolResultStage:
         if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
             raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
-        found = await _off_loop_if(len(c.text) > BIG_TEXT, extract.find_identifiers, c.text)
+        found = await offload.sized(len(c.text), extract.find_identifiers, c.text)
         text = notes.with_identifiers(text, extract.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
@@ -206,12 +210,6 @@ class ToolResultStage:
             max_chars = int(len(text) * cap / c.tokens)
             text = clamp_middle(text, max(0, max_chars - len(notice) - 1), what="characters of tool output")
         return notice + "\n" + text
-
-
-async def _off_loop_if(big: bool, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args), in a worker thread when the input is big: a multi-megabyte tool output would
-    otherwise stall every other request on the event loop for seconds."""
-    return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
 def _reason(e: SummarizerError) -> str:

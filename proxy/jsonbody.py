@@ -1,0 +1,99 @@
+"""Request bodies as JSON, exactly: what the proxy acts on is what the upstream would read.
+
+orjson is the fast path, and stays the only one for ordinary bodies. Two things it does not keep,
+handled only when the bytes show they may occur:
+
+- An integer beyond 64 bits (a `seed`, a schema's `maximum`) becomes a float, so a rewritten body
+  would carry `1.2345678901234568e+29` for `123456789012345678901234567890`. A run of 20 digits in
+  the bytes sends the body through Python's parser, which keeps integers exact, and `dumps` writes
+  them back exactly (orjson refuses them).
+- Duplicate keys: orjson keeps the last value, some upstreams read the first, so the proxy could act
+  on a value the upstream never sees. Such a body is refused (`DuplicateKeys`, a 400 naming them).
+  Cheap to rule out: each key in the bytes is `"name":`, which occurs nowhere else in JSON (a quote
+  inside a string is escaped and a value is never followed by a colon); orjson's own writing of the
+  parsed body has exactly one per key it kept. The same count on both sides means no key was
+  dropped; a different one (or spacing before a colon, or a quote written as `\\u0022`) sends the
+  body through the exact check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+# Beyond 64 bits needs at least 20 digits (2**64 has 20): found as 20 zeros once every digit is one.
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+_TWENTY = b"0" * 20
+# whitespace before a key's colon (or a long run after a quote, where a piece could cut it)
+_SPACED_COLON = re.compile(rb'"[ \t\r\n]{1,64}:|"[ \t\r\n]{64}')
+_KEY_END = b'":'
+_QUOTE_ESCAPE = re.compile(rb"\\u0022")
+
+
+class DuplicateKeys(ValueError):
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKeys(sorted({k for k, _ in pairs if k in seen or seen.add(k)}))  # type: ignore[func-returns-value]
+    return out
+
+
+def _exact(raw: bytes) -> Any:
+    """Python's parser: integers exact, duplicate keys found (slow; only when needed)."""
+    return json.loads(raw, object_pairs_hook=_pairs)
+
+
+def loads(raw: bytes) -> Any:
+    """Parse a request body (orjson.JSONDecodeError for what is not JSON; DuplicateKeys)."""
+    value = orjson.loads(raw)
+    if _has_long_digits(raw):
+        return _exact(raw)
+    if _KEY_END in raw:
+        try:
+            kept = _count(orjson.dumps(value), _KEY_END)
+        except orjson.JSONEncodeError:
+            return value  # nested deeper than orjson writes: refused as too deep by the caller
+        if kept != _count(raw, _KEY_END) or _search(_SPACED_COLON, raw, 66) or _search(_QUOTE_ESCAPE, raw, 5):
+            _exact(raw)  # raises DuplicateKeys when there are any; else orjson's value is right
+    return value
+
+
+# Scans of a large body go piece by piece: one call over tens of megabytes would hold the GIL
+# that long and stall the event loop while this runs in a worker thread.
+_PIECE = 1 << 20
+
+
+def _search(pattern: re.Pattern[bytes], raw: bytes, overlap: int) -> bool:
+    """Whether `pattern` occurs in `raw` (its matches are at most overlap + 1 bytes long)."""
+    return any(pattern.search(raw, i, i + _PIECE + overlap) for i in range(0, len(raw), _PIECE))
+
+
+def _has_long_digits(raw: bytes) -> bool:
+    return any(
+        raw[i : i + _PIECE + 19].translate(_DIGITS_AS_ZEROS).find(_TWENTY) >= 0 for i in range(0, len(raw), _PIECE)
+    )
+
+
+def _count(raw: bytes, sub: bytes) -> int:
+    """raw.count(sub), piece by piece (each piece counts the occurrences starting in it)."""
+    return sum(raw.count(sub, i, i + _PIECE + len(sub) - 1) for i in range(0, len(raw), _PIECE))
+
+
+def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
+    """orjson's compact JSON; Python's (equally compact) when a value holds an integer orjson
+    cannot write (beyond 64 bits), so it is written exactly."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS) if sort_keys else orjson.dumps(value)
+    except orjson.JSONEncodeError as e:
+        if "Integer exceeds 64-bit range" not in str(e):
+            raise
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys).encode("utf-8")

@@ -1,0 +1,24 @@
+"""The one rule for work that grows with a request's size: above `OFFLOAD_BYTES` it runs in a
+worker thread, so one very large request (tens of megabytes to parse, hash, count, scan for
+identifiers) never stalls the event loop, and with it every other request. Below it, the work is
+cheaper than the hop to a thread and stays on the loop.
+
+Callers pass the size of what the work reads (a body's bytes, a span's characters); every such
+pass in the request path goes through `sized`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+OFFLOAD_BYTES = 256 * 1024
+
+
+async def sized(size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs): in a worker thread when `size` is over OFFLOAD_BYTES, else here."""
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)

@@ -1,0 +1,68 @@
+"""Work that grows with a request's size runs off the event loop (issue 19 item 4): parsing and
+counting the body, digests of the history, serializing the span for the summarizer, scanning it for
+identifiers and error lines, writing the forwarded body. A 20 MB request used to stall every other
+request for 2.5 s (identifier extraction ran on the loop); the latency figure is a benchmark
+(bench/big_body_stall.py), this test checks where the work runs, by thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy import chat, hashing, offload
+from proxy.compaction import engine, extract
+from support.compaction_helpers import chat_history
+
+MODEL = "gpt-4"
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, where: dict[str, set[int]], module: Any, name: str) -> None:
+    """Call through to the real function, noting the thread it ran on."""
+    real = getattr(module, name)
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        where[name].add(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, noted)
+
+
+@pytest.mark.parametrize("size", ["large", "small"])
+async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstream, make_proxy, monkeypatch, size):
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)  # "large" scaled down, to keep the test fast
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 6000 if size == "small" else 60_000}},
+                                                 "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
+    where: dict[str, set[int]] = defaultdict(set)
+    for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (engine, "serialize_messages"),
+                         (extract, "find_identifiers"), (extract, "find_error_lines"), (chat, "_dump")]:
+        spy(monkeypatch, where, module, name)
+    msgs = chat_history(12, 150) if size == "small" else chat_history(12, 1500)
+    body = orjson.dumps({"model": MODEL, "messages": msgs})
+    assert (len(body) > offload.OFFLOAD_BYTES) is (size == "large")
+    loop_thread = threading.get_ident()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.base_url + "/chat/completions", data=body, headers={"Authorization": "Bearer sk-t"}) as r:
+            assert r.status == 200 and r.headers["x-compaction-status"] == "summarized"
+    assert set(where) == {"parse_chat_body", "digests", "serialize_messages", "find_identifiers",
+                          "find_error_lines", "_dump"}
+    for name, threads in where.items():
+        if size == "large":
+            assert loop_thread not in threads, f"{name} ran on the event loop"
+        else:
+            assert threads == {loop_thread}, f"{name}: a small request's work stays on the loop"
+
+
+def test_extraction_in_pieces_finds_what_one_pass_finds(monkeypatch):
+    text = "\n".join(f"line {i} GET /api/v2/orders/ORD-{i:06d} user_{i}@example.com sha 9f{i:06x}ab "
+                     f"{'Traceback' if i % 7 == 0 else 'ok'}" for i in range(40_000))
+    assert len(text) > 4 * extract.PIECE_CHARS
+    pieces = extract.find_identifiers(text), extract.find_error_lines(text)
+    monkeypatch.setattr(extract, "PIECE_CHARS", 1 << 40)  # one piece: one pass
+    assert pieces == (extract.find_identifiers(text), extract.find_error_lines(text))
+    assert len(pieces[0]) > 100_000
