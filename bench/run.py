@@ -37,7 +37,7 @@ from bench import procs, report  # noqa: E402
 from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
-from bench.stats import BASELINE, DIRECT, NGINX, NO_METRICS, PROXY, Tally, summarize  # noqa: E402
+from bench.stats import BASELINE, DIRECT, NGINX, NO_METRICS, NO_OPS, PROXY, Tally, summarize  # noqa: E402
 from bench.workloads import agent_conversation, small_body  # noqa: E402
 
 RESULTS_DIR = procs.BENCH_DIR / "results"
@@ -336,10 +336,12 @@ def start_servers(
         started.append(proxy)
         targets.append(Target(PROXY, proxy.port, proxy))
         if compare_metrics:
-            env = {**proxy_env, "COMPACTION_PROXY_METRICS__ENABLED": "false"}
-            bare = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=env, name=NO_METRICS)
-            started.append(bare)
-            targets.append(Target(NO_METRICS, bare.port, bare))
+            off = {"COMPACTION_PROXY_METRICS__ENABLED": "false"}
+            for name, env in ((NO_METRICS, off), (NO_OPS, {**off, "COMPACTION_PROXY_SERVER__ACCESS_LOG": "false"})):
+                bare = procs.start_proxy(workdir, upstream.port, models=models, store=store,
+                                         extra_env={**proxy_env, **env}, name=name)
+                started.append(bare)
+                targets.append(Target(name, bare.port, bare))
     except BaseException:
         for s in reversed(started):
             s.stop()
@@ -401,7 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="sample the proxy with py-spy during each workload (perturbs the figures)")
     p.add_argument("--compare-metrics", action="store_true",
-                   help=f"also run the proxy with metrics.enabled false (target {NO_METRICS!r}): the cost of metrics")
+                   help=f"also run the proxy with metrics.enabled false (target {NO_METRICS!r}) and with the access "
+                        f"log off too ({NO_OPS!r}): the cost of metrics and of the access log")
     p.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for the proxy process (repeatable)")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/<time>.json)")

@@ -10,6 +10,7 @@ from bench.loadgen import LoadResult, Result, percentile
 
 DIRECT, BASELINE, NGINX, PROXY = "direct", "baseline", "nginx", "proxy"
 NO_METRICS = "nometrics"  # the proxy with metrics.enabled false (bench/run.py --compare-metrics)
+NO_OPS = "noops"  # ... and server.access_log false too: the whole operator's view off
 
 
 @dataclass

@@ -166,6 +166,12 @@ class Conversation:
         Computed only when needed (compaction), and once per distinct message."""
         return DIGESTS.digests(self.messages, self.keys)
 
+    def first_digest(self) -> bytes:
+        """The stable digest of the first non-system message (or of the last message), computed
+        once per distinct message: it names the conversation."""
+        i = min(self.n_system, len(self.messages) - 1)
+        return DIGESTS.digest(self.messages[i], self.keys[i])
+
     @property
     def model(self) -> str:
         return self.body["model"]

@@ -31,6 +31,8 @@ DEFAULT_TURNS = 16
 SUMMARY_LINES = 14  # of each new summary, printed
 
 _STEP_RE = re.compile(r"\[step (\d+)\]")
+_STEP_LINE_RE = re.compile(r"\[User\]:\s*\[step (\d+)\] ([^\n]*)")
+_DONE_RE = re.compile(r"- \[x\] step (\d+): ([^\n]*)")
 _SUMMARY_RE = re.compile(r"<summary>\n(.*?)\n</summary>", re.DOTALL)
 Print = Callable[[str], None]
 
@@ -102,6 +104,27 @@ class ScriptedModel:
             {"id": f"call_{step:03d}", "function": {"name": "shell", "arguments": {"command": command}}}]}
 
 
+class ScriptedSummarizer:
+    """The fake model's summaries: what a careful model keeps of this session (the request in
+    progress, the steps done, a previous summary's steps carried forward). The proxy adds its own
+    lists (files touched, identifiers) after it, as it does for any model."""
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        text = str(body["messages"][-1].get("content"))
+        convo = text.split("</conversation>", 1)[0]
+        steps = {int(n): task.strip() for n, task in _STEP_LINE_RE.findall(convo)}
+        previous = text.split("<previous-summary>", 1)[1] if "<previous-summary>" in text else ""
+        steps.update({int(n): task.strip() for n, task in _DONE_RE.findall(previous)})
+        if not steps:
+            return "## Active Task\n(nothing yet)\n"
+        last = max(steps)
+        done = "\n".join(f"- [x] step {n}: {steps[n]}" for n in sorted(steps) if n != last)
+        return (f"## Active Task\n[step {last}] {steps[last]}\n\n"
+                "## Goal\nFix the timezone handling of calendar-app's dates and land the change.\n\n"
+                f"## Progress\n### Done\n{done or '- (none yet)'}\n\n### In Progress\n- [ ] step {last}\n\n"
+                f"## Next Steps\n1. Finish step {last}, then go on with the plan.\n")
+
+
 @dataclass
 class Totals:
     requests: int = 0
@@ -121,7 +144,7 @@ async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
     from proxy.state import STATE
 
     totals = Totals()
-    async with FakeUpstream(reply=ScriptedModel(), window=WINDOW) as fake:
+    async with FakeUpstream(reply=ScriptedModel(), summarizer=ScriptedSummarizer(), window=WINDOW) as fake:
         cfg = Config.model_validate({
             "server": {"host": LOOPBACK, "port": 0},
             "upstream": {"base_url": fake.base_url},

@@ -44,6 +44,16 @@ class DigestCache:
         self._d: OrderedDict[int, bytes] = OrderedDict()
         self._size = size
 
+    def digest(self, msg: Any, key: int) -> bytes:
+        """One message's digest (the conversation's first: it names the conversation); a
+        message seen before costs a lookup."""
+        digest = self._d.get(key)
+        if digest is None:
+            digest = self._d[key] = message_digest(msg)
+            if len(self._d) > self._size:
+                self._d.popitem(last=False)
+        return digest
+
     def digests(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
         out = []
         d = self._d
@@ -71,10 +81,10 @@ def hash_chain(digests: Sequence[bytes]) -> list[bytes]:
     return out
 
 
-def conversation_digest(scope: str, first_message: Any) -> str:
-    """Names a conversation in the journal and the bill: its scope and first message (not its
-    content: a digest; the prepare slot tells conversations apart the same way)."""
-    return hashlib.blake2b(scope.encode() + message_digest(first_message), digest_size=8).hexdigest()
+def conversation_digest(scope: str, first_message_digest: bytes) -> str:
+    """Names a conversation in the journal and the bill: its scope and the digest of its first
+    message (the prepare slot tells conversations apart the same way)."""
+    return hashlib.blake2b(scope.encode() + first_message_digest, digest_size=8).hexdigest()
 
 
 def credential_scope(secret: bytes, credential: str, session: str | None) -> str:

@@ -65,7 +65,8 @@ async def replay(proxy, upstream, convs, tools, check=None):
 
 
 def settings(window, **compaction):
-    return {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0, **compaction}}
+    return {"models": {MODEL: {"context_window": window}},
+            "compaction": {"prepare_percent": 0, "learn_token_ratio": True, **compaction}}
 
 
 def recall_listed(proxy) -> set[str]:
@@ -113,6 +114,7 @@ async def test_masking_alone_serves_the_swe_agent_run_with_stable_bytes(upstream
                     changed.append(i)
 
     statuses = await replay(proxy, upstream, convs, None, check)
+    await proxy.state.compaction.idle()
     assert "masked" in statuses and not {"summarized", "reused", "degraded", "failed-open"} & set(statuses)
     assert upstream.history_summarizer_requests == []  # no model call at all
     assert seen and not changed  # every stub identical in every later request

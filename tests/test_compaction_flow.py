@@ -171,6 +171,30 @@ async def test_split_turn_gets_its_own_summary_joined_to_the_main_one(upstream, 
     assert summary.index("## Active Task") < summary.index(marker)  # joined after the main summary
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_max_concurrent_summaries_bounds_calls_not_summaries(upstream, make_proxy, client_for, limit):
+    """A split turn's summary is two calls at once (the main span and the turn's prefix): with one
+    slot they take turns; with two they overlap (so the first case is the bound at work)."""
+    in_flight, peak = 0, 0
+
+    async def answer(body: dict[str, Any]) -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        for _ in range(20):  # yield to the loop: a concurrent call would arrive meanwhile
+            await asyncio.sleep(0)
+        in_flight -= 1
+        return turn_summary() if TURN_PROMPT in body["messages"][1]["content"] else main_summary()
+
+    upstream.summarizer = answer
+    proxy = await make_proxy(upstream.base_url, settings(6000, max_concurrent_summaries=limit))
+    msgs = chat_history(3, 300)[:-1] + long_turn("Fix the failing test in src/part0.py.")
+    status, _, _ = await chat(client_for(proxy), msgs)
+    assert status == "summarized"
+    assert len(history_calls(upstream)) == 2
+    assert peak == limit
+
+
 # -- injection safety ------------------------------------------------------------------------
 
 

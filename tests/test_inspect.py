@@ -46,7 +46,7 @@ def test_a_dry_run_shows_counts_notes_cut_and_diff_and_calls_no_upstream(tmp_pat
     assert "tool results: 1 becomes a note" in text and "message 4 (answers call_log1)" in text
     assert "history: summarized" in text
     assert "cut: messages 2-" in text and "kept verbatim" in text
-    assert "would be made (none was: dry run)" in text
+    assert "asked for in this dry run" in text and "none made" in text
     lines = text.splitlines()
     assert "--- original" in lines and "+++ forwarded" in lines
     assert "-### tool (answers call_log1)" in lines  # the summarized span leaves ...

@@ -93,3 +93,48 @@ def test_events_command_on_an_unreadable_store_fails_cleanly(tmp_path: Path):
     out = subprocess.run([str(SCRIPT), "events", "--store", f"sqlite:///{tmp_path}/a-file/x.db"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cannot be read" in out.stderr and "Traceback" not in out.stderr
+
+
+async def test_masked_and_degraded_compactions_are_events_once_per_record(upstream, make_proxy, fixtures_dir):
+    """The tiers of issue 12: masking (no model call) and the code-written digest when the
+    summarizer is down. Every request reports its status; the request that made the record is the
+    event (in the journal and compactions_total), not each one that applies it again."""
+    from openai import AsyncOpenAI
+
+    from proxy.fake_upstream import count_text_tokens
+    from support.coding_session import coding_session
+    from support.transcripts import enlarge_tool_outputs, swe_agent_messages
+    from test_metrics import scrape, value
+
+    swe = enlarge_tool_outputs(swe_agent_messages(fixtures_dir / "swe-agent/marshmallow-1867.function_calling.traj"),
+                               lambda k: 1500, count_text_tokens).messages
+    coding = coding_session(24)
+    upstream.window = 12000
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 12000}},
+                                                 "compaction": {"prepare_percent": 0}, "journal": {"max_events": 1000}})
+    statuses: list[str] = []
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-tiers", max_retries=0) as client:
+        for messages, tools, down in ((swe, None, False), (coding.messages, coding.tools, True)):
+            upstream.fault_target, upstream.fail_status = ("summarizer", 500) if down else ("all", None)
+            for i in range(1, len(messages) + 1):
+                if i < len(messages) and messages[i]["role"] != "assistant":
+                    continue
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=messages[:i], **({"tools": tools} if tools else {}))
+                raw.parse()
+                statuses.append(raw.headers["x-compaction-status"])
+    assert statuses.count("masked") > 1 and statuses.count("degraded") >= 1
+    events = await api_events(proxy, limit=1000)
+    m = await scrape(proxy)
+    for tier in ("masked", "degraded"):
+        made = [e for e in events if e["tier"] == tier]
+        assert 1 <= len(made) < statuses.count(tier) or statuses.count(tier) == 1
+        assert value(m, "compaction_proxy_compactions_total", tier=tier) == len(made)
+        assert value(m, "compaction_proxy_requests_total", route="/v1/chat/completions", protocol="chat_completions",
+                     code="200", compaction=tier) == statuses.count(tier)
+    stubbed = next(e for e in events if e["tier"] == "masked")
+    assert "old tool outputs replaced by stubs" in " ".join(stubbed["cut"])
+    assert any(c.startswith("stub: [tool output elided: ") for c in stubbed["cut"])
+    digest = next(e for e in events if e["tier"] == "degraded")
+    assert digest["summary"].startswith("## Digest of earlier messages")
+    assert value(m, "compaction_proxy_summarizer_failures_total", kind="history", reason="http") >= 1

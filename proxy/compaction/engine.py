@@ -759,7 +759,17 @@ class CompactionEngine:
             target=job.budget.target - growth,
             keep_recent=max(0, job.budget.keep_recent - int(growth / conv.ratio)),
         )
-        plan = await offload.sized(4 * job.total, self._plan, view, ahead, record)
+        masked = await offload.sized(4 * job.total, self._mask_record, view, ahead, record)
+        if masked is not None:
+            out = self._apply(view, masked, ctx)
+            # Masking will serve the crossing request (grown by at least `growth`, kept verbatim):
+            # no summary to prepare. The estimate is cautious: when it errs, a prepared summary
+            # goes unused rather than a crossing request waiting for one.
+            if out.tokens_after is not None and out.tokens_after <= ahead.target:
+                return
+        base = masked or record
+        work = self._masked_fwd(view, base)
+        plan = await offload.sized(4 * job.total, self._plan, view, ahead, base, work)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
@@ -767,7 +777,7 @@ class CompactionEngine:
         if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.prepared_jobs += 1
-        await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+        await self._summary_for(view, plan, base, ctx, job.budget, prepared=True, work=work)
         self.hooks.prepared("made")
 
     async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:

@@ -28,6 +28,11 @@
     return dn.map((v, i) => (dd[i] > 0 ? (scale * v) / dd[i] : null));
   }
 
+  // Points mark the samples while there are few of them (a single sample is a point, not a line).
+  function fewPoints(u, seriesIdx, idx0, idx1) {
+    return idx1 - idx0 < 12;
+  }
+
   function plot(id, series, data) {
     const el = $(id);
     const width = Math.max(300, el.clientWidth || 400);
@@ -36,8 +41,8 @@
         width, height: 180,
         legend: { show: true, live: false },
         scales: { x: { time: true } },
-        series: [{}].concat(series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true, points: { show: true, size: 7, fill: s.color } }))),
-        axes: [{}, { size: 60 }],
+        series: [{}].concat(series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true, points: { show: fewPoints, size: 7, fill: s.color } }))),
+        axes: [{ space: 70, values: (u, ticks) => ticks.map((v) => new Date(v * 1000).toLocaleTimeString("en-GB")) }, { size: 60 }],
       }, data, el);
     } else {
       plots[id].setData(data);

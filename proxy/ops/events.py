@@ -15,6 +15,16 @@ from proxy.ops.hooks import CompactionEvent
 QUIET_STATUSES = frozenset({"none", "reused", "bypassed"})
 
 
+def is_event(ex: Exchange, outcome: Any) -> bool:
+    """A new compaction (or a failure to compact): not a stored record applied again. Masked and
+    degraded requests report their status every time their record is applied; only the request
+    that made the record is an event."""
+    if outcome.status in QUIET_STATUSES:
+        return False
+    record = outcome.record
+    return record is None or outcome.status == "summarized" or record.created >= ex.wall
+
+
 def compaction_event(ex: Exchange, scope: str, conv: Any, outcome: Any, before: int, after: int) -> CompactionEvent:
     """`conv` has .messages and .n_system; `outcome` has .status, .record, .wait_ms, .reason."""
     record = outcome.record

@@ -61,6 +61,7 @@ class Exchange:
     route: str
     protocol: str
     started: float = field(default_factory=time.perf_counter)
+    wall: float = field(default_factory=time.time)  # when it started, wall clock (records' `created`)
     code: int = 0
     # Filled by a protocol adapter; the x-compaction-* figures are read from the response headers.
     model: str = ""

@@ -178,7 +178,7 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
         # first request of this conversation would get.
         scope=creds.scope or "inspect-without-credential",
         focus=headers.get("x-compaction-focus"),
-        conversation=conversation_digest(creds.scope or "", original[min(conv.n_system, len(original) - 1)]),
+        conversation=conversation_digest(creds.scope or "", conv.first_digest()),
     )
     stage, outcome, messages = await shrink(state, conv, ctx)
     after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
@@ -261,8 +261,9 @@ def format_report(r: Report) -> str:
         else:
             out.append("  a new summary" + (" (dry run: placeholder text)" if not r.summarize else ""))
     calls = r.calls["history"] + r.calls["tool_result"]
-    verb = "made" if r.summarize else "would be made (none was: dry run)"
-    out.append(f"summarizer calls: {calls} {verb} ({r.calls['history']} history, {r.calls['tool_result']} tool result)")
+    split = f"{r.calls['history']} history, {r.calls['tool_result']} tool result"
+    out.append(f"summarizer calls: {calls} made ({split})" if r.summarize
+               else f"summarizer calls: {calls} asked for in this dry run ({split}), none made")
     out.append("")
     out.append("diff of the messages (original -> forwarded):" if r.diff else "forwarded unchanged")
     out += r.diff

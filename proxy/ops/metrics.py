@@ -53,8 +53,9 @@ class Metrics(Hooks):
                                 "and reason", ["kind", "reason"], registry=r)
         self.summarizer_seconds = Histogram(P + "summarizer_duration_seconds", "Summarizer call latency, by kind",
                                             ["kind"], buckets=SUMMARIZER_BUCKETS, registry=r)
-        self.compactions = Counter(P + "compactions_total", "Requests whose history was compacted or failed to be, by "
-                                   "tier (x-compaction-status)", ["tier"], registry=r)
+        self.compactions = Counter(P + "compactions_total", "Compaction events by tier (x-compaction-status): a new "
+                                   "summary, mask or digest made, or a compaction that failed open; a stored record "
+                                   "applied again is not one", ["tier"], registry=r)
         self.prepared_summaries = Counter(P + "prepared_summaries_total", "Summaries prepared ahead: made, used by "
                                           "the crossing request, wasted (it called the summarizer anyway)",
                                           ["outcome"], registry=r)

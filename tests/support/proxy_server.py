@@ -43,7 +43,10 @@ class ProxyHandle:
 
 
 async def start_proxy(upstream_url: str, settings: dict[str, Any] | None = None) -> ProxyHandle:
-    data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"}}, settings or {})
+    # Ratio learning off unless a test turns it on: most tests assert the proxy's own counts
+    # (tests/test_ratio.py and the careless replays turn it on).
+    data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"},
+                  "compaction": {"learn_token_ratio": False}}, settings or {})
     cfg = Config.model_validate(data)
     app = create_app(cfg)
     server = TestServer(app, host="127.0.0.1", port=0)
