@@ -211,6 +211,10 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, state.cfg)
         tokens, streaming = conv.total(), bool(body.get("stream"))
         ex.model, ex.stream = body["model"], streaming
+        api_key = state.cfg.upstream.api_key.get_secret_value() if state.cfg.upstream.api_key else None
+        scope = credentials.resolve(request.headers, state.scope_secret, api_key).scope
+        ex.conversation = conversation_digest(scope or "", conv.first_digest())
+        ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # billed: direct and proxied alike
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", tokens, tokens, 0, 0))
