@@ -171,6 +171,10 @@ def start_proxy(
         "upstream": {"base_url": f"http://{LOOPBACK}:{upstream_port}/v1", "max_connections": 2000},
         "models": {name: {"context_window": window} for name, window in models.items()},
         "store": {"url": "memory://" if store == "memory" else f"sqlite:///{workdir / (name + '.db')}"},
+        # The fast fake answers a fixed `usage` (it counts nothing): no ratio to learn from it. The
+        # crossing workload measures summaries prepared ahead, which masking old tool outputs would
+        # make unnecessary in its tool-heavy conversations (bench/careless_replay.py measures tiers).
+        "compaction": {"learn_token_ratio": False, "mask_tool_outputs": False},
     }
     cfg = workdir / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(config))

@@ -30,7 +30,9 @@ def update_ratio(old: float | None, counted: int, reported: int, *, alpha: float
     """The smoothed, bounded ratio after one answer; `old` unchanged when the answer says nothing."""
     if counted < MIN_TOKENS or reported <= 0:
         return old
-    observed = min(HIGH, max(LOW, reported / counted))
+    observed = reported / counted
+    if not LOW <= observed <= HIGH:
+        return old  # no tokenizer is that far off: a `usage` that says so is not a count of this request
     new = observed if old is None else (1 - alpha) * old + alpha * observed
     return min(HIGH, max(LOW, new))
 

@@ -14,7 +14,9 @@ MODEL = "gpt-4"
 def test_update_is_smoothed_and_bounded():
     assert update_ratio(None, 1000, 1300) == pytest.approx(1.3)
     assert 1.0 < update_ratio(1.0, 1000, 1300) < 1.3  # one answer moves it part of the way
-    assert update_ratio(None, 1000, 10**6) == HIGH and update_ratio(None, 1000, 1) == LOW
+    assert update_ratio(2.5 - 0.5, 1000, 2000) == HIGH and update_ratio(None, 1000, 500) == LOW
+    # a usage no tokenizer explains (a fixed figure, another request's) is ignored, not clamped
+    assert update_ratio(1.1, 1000, 10**6) == 1.1 and update_ratio(None, 50_000, 100) is None
     assert update_ratio(1.2, MIN_TOKENS - 1, 5000) == 1.2  # too small to say anything
     assert update_ratio(None, 1000, 0) is None
     r = None
