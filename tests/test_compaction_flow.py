@@ -464,6 +464,22 @@ async def test_an_upstream_length_rejection_compacts_at_half_the_threshold_and_r
     check_forwarded(msgs, chats[1].json["messages"], compacted=True)
 
 
+async def test_an_overflow_with_the_summarizer_down_still_fits_by_a_digest(upstream, make_proxy, client_for):
+    # The upstream proved the original does not fit, whatever window the proxy believed: the
+    # failed summary must not mean "forward the original" (failed-open) but the code-written floor.
+    upstream.window = 4000  # the real window; the proxy believes 8000 (threshold 6800)
+    upstream.summarizer = FakeError.openai(500, "The server had an error while processing your request.")
+    proxy = await make_proxy(upstream.base_url, settings(8000, failure_cooldown_s=0))
+    msgs = longer_than(4500)
+    raw = await client_for(proxy).chat.completions.with_raw_response.create(model=MODEL, messages=msgs)
+    assert raw.parse().choices[0].message.content.startswith("ok: ")
+    assert raw.headers["x-compaction-status"] == "degraded"
+    chats = upstream.records("chat")
+    assert [r.status for r in chats] == [400, 200]
+    assert int(raw.headers["x-compaction-tokens-after"]) <= 6800 // 2
+    check_forwarded(msgs, chats[1].json["messages"], compacted=True)
+
+
 async def test_the_overflow_retry_happens_only_once(upstream, make_proxy, client_for):
     upstream.reply = FakeError.openai(400, "This model's maximum context length is 10 tokens.",
                                       code="context_length_exceeded", param="messages")
