@@ -147,7 +147,9 @@ async def run_session(name: str, window: int, convs: list[list[dict[str, Any]]],
     kept: Counter[str] = Counter()
     kept_or_recall: Counter[str] = Counter()
     seen: Counter[str] = Counter()
-    settings = {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0}}
+    # the product's defaults (the test harness turns ratio learning and the cache-riding call off)
+    settings = {"models": {MODEL: {"context_window": window}},
+                "compaction": {"prepare_percent": 0, "learn_token_ratio": True, "cached_summary_call": True}}
     careless = CarelessSummarizer()
     extra = {"tools": tools} if tools else {}
     started = time.perf_counter()

@@ -78,6 +78,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         return await _bypass(request, state, raw, up_headers)
     # Parsing, keying and counting grow with the body: off the event loop when it is large.
     body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, cfg)
+    if cfg.compaction.learn_token_ratio and state.ratios is not None:
+        conv.ratio = await state.ratios.ratio(conv.model, conv.ratio)  # learned from the upstream's usage
     streaming = bool(body.get("stream"))
     ex.model, ex.stream = body["model"], streaming
     before = conv.total()
@@ -124,7 +126,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
               stage.summarized)
     window = state.compaction.budget_for(conv.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    return await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    resp = await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    _learn_ratio(state, conv, after, resp, ex.usage)
+    return resp
+
+
+def _learn_ratio(state: ProxyState, conv: Conversation, after: int, resp: web.StreamResponse, usage: Any) -> None:
+    """The upstream's prompt count of what we forwarded, against ours (spec 9.5). Only for the
+    request as planned: an overflow retry forwarded something else."""
+    if (not state.cfg.compaction.learn_token_ratio or state.ratios is None or usage is None
+            or resp.status != 200 or resp.headers.get("x-compaction-tokens-after") != str(after)):
+        return
+    state.ratios.observe(conv.model, round(after / conv.ratio), usage.prompt)
 
 
 _anonymous_warned = False
@@ -198,6 +211,10 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         body, conv = await offload.sized(len(raw), read_chat_request, raw, state.counter, state.cfg)
         tokens, streaming = conv.total(), bool(body.get("stream"))
         ex.model, ex.stream = body["model"], streaming
+        api_key = state.cfg.upstream.api_key.get_secret_value() if state.cfg.upstream.api_key else None
+        scope = credentials.resolve(request.headers, state.scope_secret, api_key).scope
+        ex.conversation = conversation_digest(scope or "", conv.first_digest())
+        ex.prefix = Prefix(conv.keys, list(conv.tokens), conv.tools_tokens)  # billed: direct and proxied alike
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     return await _forward(request, state, raw, up_headers, streaming, _headers("bypassed", tokens, tokens, 0, 0))

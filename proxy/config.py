@@ -99,6 +99,13 @@ class CompactionConfig(_Section):
     # accepted and the headings it lacks are added by code ("none recorded").
     required_headings: list[str] = Field(default_factory=list)
     focus: str | None = None
+    # When the conversation's own model and upstream write the summary, ask for it in the
+    # conversation's own request (its cached prefix + one message): the upstream bills that
+    # history at its cached rate. Else, or when that call fails, the history goes as a transcript.
+    cached_summary_call: bool = True
+    # Learn each model's ratio between the upstream's usage.prompt_tokens and tiktoken's count
+    # (smoothed, bounded to [0.5, 2], kept in the store) and count requests with it.
+    learn_token_ratio: bool = True
     # Tier 1: over the threshold, first replace old tool outputs by stubs written by code; a
     # summary is made only when that is not enough.
     mask_tool_outputs: bool = True

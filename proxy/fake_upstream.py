@@ -66,6 +66,7 @@ from proxy.fakes.summarizer_match import (  # noqa: F401 (the prompt file names 
     TOOL_OUTPUT_BEGIN,
     TOOL_OUTPUT_END,
     TOOL_PROMPT_FILE,
+    is_cached_history_request,
     summarizer_kind as _summarizer_kind,
 )
 from proxy.prompts import SUMMARY_HEADINGS, default_dir
@@ -396,6 +397,10 @@ class FakeUpstream(FakeServer, FaultInjection):
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not isinstance(msgs[0], dict):
             return None
+        last = msgs[-1]
+        if isinstance(last, dict) and last.get("role") == "user" and \
+                is_cached_history_request(self.prompts_dir, content_text(last.get("content"))):
+            return "history"
         if msgs[0].get("role") not in ("system", "developer"):
             return None
         system = content_text(msgs[0].get("content"))

@@ -23,6 +23,7 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
     "compaction-summary": frozenset(),
     "compaction-update-summary": frozenset(),
     "compaction-turn-prefix": frozenset(),
+    "compaction-cached-summary": frozenset({"point"}),
     "compaction-summary-context": frozenset({"summary"}),
     "system-annotation": frozenset({"message_count"}),
     "tool-result-summarizer": frozenset({"tool_name"}),

@@ -17,6 +17,7 @@ from proxy.config import Config
 from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
+from proxy.ratio import RatioLearner
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
@@ -53,6 +54,7 @@ class ProxyState:
     metrics: Metrics | None = None
     bill: Bill | None = None
     journal: Journal | None = None
+    ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     max_body: int = field(init=False)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
@@ -136,6 +138,7 @@ class ProxyState:
             metrics=metrics,
             bill=bill,
             journal=journal,
+            ratios=RatioLearner(store),
             series=series,
         )
 
@@ -143,6 +146,8 @@ class ProxyState:
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()
+        if self.ratios is not None:
+            await self.ratios.idle()
         if self.series is not None:
             await self.series.stop()
         if self.journal is not None:

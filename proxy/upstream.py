@@ -77,12 +77,14 @@ class UpstreamCaller:
         max_output_tokens: int,
         timeout_s: float,
         usage: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         """One non-streaming completion; returns the assistant's text or raises SummarizerError.
-        `usage`, when given, receives the answer's `usage` object (for the bill)."""
+        `usage`, when given, receives the answer's `usage` object (for the bill); `extra` adds
+        fields to the body (the conversation's own tools, for a call that rides its cache)."""
         param = self._cap_param.get(model, self._default_param)
         for attempt in range(2):
-            body = {"model": model, "messages": messages, "stream": False, param: max_output_tokens}
+            body = {"model": model, "messages": messages, **(extra or {}), "stream": False, param: max_output_tokens}
             status, raw = await self._post(headers, body, timeout_s)
             if status == 200:
                 self._cap_param[model] = param

@@ -10,7 +10,7 @@ import pytest
 from proxy.ops.admin import denial, is_loopback
 
 TOKEN = "adm-0123456789abcdef"
-ADMIN_PATHS = ("/metrics",)
+ADMIN_PATHS = ("/metrics", "/dashboard", "/admin/api/events", "/admin/api/bill", "/admin/api/dashboard")
 
 
 @pytest.mark.parametrize("remote, expected", [
@@ -59,6 +59,9 @@ async def test_loopback_clients_need_no_token_when_none_is_set(proxy):
         async with s.get(proxy.root + "/metrics") as r:
             assert r.status == 200
             assert "compaction_proxy_requests_total" in await r.text()
+        for path in ADMIN_PATHS:
+            async with s.get(proxy.root + path) as r:
+                assert r.status == 200, path
 
 
 async def test_v1_metrics_is_the_upstreams(upstream, make_proxy):

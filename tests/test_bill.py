@@ -112,3 +112,19 @@ def test_prices_are_found_by_the_longest_matching_name():
     assert table.find("gpt-4") is None and table.find("unknown") is None
     assert Price(2.0, 0.5, 8.0).cost(prompt=1_000_000, cached=400_000, completion=10_000) == pytest.approx(
         0.6 * 2.0 + 0.4 * 0.5 + 0.01 * 8.0)
+
+
+async def test_bypassed_requests_are_billed_as_sent(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url, billed(SETTINGS))
+    from openai import AsyncOpenAI
+
+    points = request_points(conversation("bypass"))[:6]
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-b", max_retries=0) as c:
+        for messages in points:
+            raw = await c.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, extra_headers={"x-compaction-bypass": "1"})
+            assert raw.headers["x-compaction-status"] == "bypassed"
+    total = (await bill_of(proxy))["total"]
+    assert total["requests"] == len(points) and total["summarizer_calls"] == 0
+    assert total["direct_prompt"] == total["proxy_prompt"]
+    assert total["direct"] == pytest.approx(total["proxy"], rel=0.005)

@@ -65,7 +65,8 @@ async def replay(proxy, upstream, convs, tools, check=None):
 
 
 def settings(window, **compaction):
-    return {"models": {MODEL: {"context_window": window}}, "compaction": {"prepare_percent": 0, **compaction}}
+    return {"models": {MODEL: {"context_window": window}},
+            "compaction": {"prepare_percent": 0, "learn_token_ratio": True, "cached_summary_call": True, **compaction}}
 
 
 def recall_listed(proxy) -> set[str]:
@@ -113,6 +114,7 @@ async def test_masking_alone_serves_the_swe_agent_run_with_stable_bytes(upstream
                     changed.append(i)
 
     statuses = await replay(proxy, upstream, convs, None, check)
+    await proxy.state.compaction.idle()
     assert "masked" in statuses and not {"summarized", "reused", "degraded", "failed-open"} & set(statuses)
     assert upstream.history_summarizer_requests == []  # no model call at all
     assert seen and not changed  # every stub identical in every later request
@@ -208,3 +210,31 @@ async def test_a_request_that_cannot_be_made_to_fit_is_forwarded_and_the_upstrea
         with pytest.raises(openai.BadRequestError) as ei:
             await client.chat.completions.create(model=MODEL, messages=huge)
     assert ei.value.code == "context_length_exceeded"
+
+
+async def _summarizer_uncached(make_proxy, cached: bool) -> tuple[int, int, list]:
+    from proxy.fake_upstream import FakeUpstream
+
+    s = coding_session(30)
+    async with FakeUpstream(window=12000, summarizer=CarelessSummarizer(reply_every=0)) as up:
+        proxy = await make_proxy(up.base_url, settings(12000, cached_summary_call=cached, mask_tool_outputs=False))
+        await replay(proxy, up, [s.messages], s.tools)
+        calls = up.records("summarizer")
+        return sum(r.prompt_tokens - r.cached_tokens for r in calls), len(calls), [r.json for r in calls]
+
+
+async def test_the_summary_call_rides_the_prompt_cache(make_proxy):
+    transcript, n_transcript, _ = await _summarizer_uncached(make_proxy, cached=False)
+    riding, n_riding, bodies = await _summarizer_uncached(make_proxy, cached=True)
+    assert n_riding >= 3 and n_transcript >= 3
+    print(f"summarizer uncached input tokens: transcript {transcript} in {n_transcript} calls, "
+          f"cached prefix {riding} in {n_riding} calls")
+    assert riding <= 0.2 * transcript  # at least 80% fewer uncached input tokens
+    body = bodies[-1]  # the conversation's own request: its tools, no tool call allowed, our ask last
+    assert body["tools"] == s_tools() and body["tool_choice"] == "none"
+    assert body["messages"][0]["content"].startswith("You are a careful coding agent")
+    assert body["messages"][-1]["content"].startswith("Pause the conversation here")
+
+
+def s_tools():
+    return coding_session(1).tools

@@ -263,8 +263,10 @@ def build_conversation(spec: tuple[Any, list[Any]]) -> list[dict[str, Any]]:
 
 
 def make_engine(window: int, caller: ScriptedCaller) -> CompactionEngine:
+    # The scripted caller reads the transcript form (the cache-riding call is tested end to end).
     cfg = Config.model_validate({"models": {MODEL: {"context_window": window}},
-                                 "compaction": {"prepare_percent": 0}, "store": {"url": "memory://"}})
+                                 "compaction": {"prepare_percent": 0, "cached_summary_call": False},
+                                 "store": {"url": "memory://"}})
     store = MemoryStore(ttl_s=3600, max_records=1000)
     return CompactionEngine(cfg, store, HistorySummarizer(caller, PROMPTS, count), counter(), PROMPTS)
 

@@ -30,7 +30,7 @@ with open(sys.argv[1], "w") as f:
 sys.exit(code)
 """
 
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(none|summarized|reused|failed-open)\s+(\d+) -> (\d+)\s+(\d+)")
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(none|masked|summarized|reused|degraded|failed-open)\s+(\d+) -> (\d+)\s+(\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_exits_0_and_shows_summaries_made_and_reused(demo) -> None:
     assert "summarized" in statuses and "reused" in statuses, proc.stdout
     assert "failed-open" not in statuses
     for m in rows:  # a compacted request is smaller than what the agent sent
-        if m.group(3) in ("summarized", "reused"):
+        if m.group(3) in ("masked", "summarized", "reused"):
             assert int(m.group(5)) < int(m.group(4))
     assert "new summary" in proc.stdout and "| ## Active Task" in proc.stdout
     totals = proc.stdout[proc.stdout.index("totals:"):]

@@ -464,3 +464,25 @@ async def test_websocket_faults(fake):
             while (msg := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
                 assert json.loads(msg.data)["type"] != "response.completed"
             assert msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE)
+
+
+async def test_built_in_tool_items(fake):
+    search = {"type": "web_search_call", "id": "ws_1", "status": "completed",
+              "action": {"type": "search", "query": "aiohttp websockets"}}
+    shell = {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_l", "status": "completed",
+             "action": {"type": "exec", "command": ["ls"], "env": {}}}
+    shell_out = {"type": "local_shell_call_output", "id": "call_l", "output": "a.py"}
+    status, _ = await post(fake, {"model": MODEL, "input": [user("x"), search, shell, shell_out]})
+    assert status == 200
+    err = await rejected(fake, {"model": MODEL, "input": [user("x"), {k: v for k, v in search.items() if k != "id"}]})
+    assert err["param"] == "input[1].id"
+    err = await rejected(fake, {"model": MODEL, "input": [user("x"), shell]})
+    assert err["message"] == "No tool output found for local shell call call_l."
+    err = await rejected(fake, {"model": MODEL, "input": [
+        user("x"), {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}]})
+    assert "No approval request found" in err["message"]
+
+
+async def test_instructions_must_be_a_string(fake):
+    err = await rejected(fake, {"model": MODEL, "input": "x", "instructions": ["be brief"]})
+    assert err["param"] == "instructions" and err["code"] == "invalid_type"

@@ -15,6 +15,7 @@ PLACEHOLDERS: dict[str, tuple[set[str], set[str]]] = {
     "compaction-summary.md": (set(), set()),
     "compaction-update-summary.md": (set(), set()),
     "compaction-turn-prefix.md": (set(), set()),
+    "compaction-cached-summary.md": ({"point"}, {"point"}),
     "compaction-summary-context.md": ({"summary"}, {"summary"}),
     "system-annotation.md": ({"message_count"}, {"message_count"}),
     "tool-result-summarizer.md": ({"tool_name"}, {"tool_name"}),

@@ -225,7 +225,7 @@ class CompactionEngine:
             plan = await offload.sized(4 * total, self._plan, view, budget, base, work)
             if plan is None:
                 return await self._floor(view, base, ctx, budget, forced, "no valid cut point", 0.0)
-            new_record = await self._summary_for(view, plan, base, ctx, budget, work=work)
+            new_record = await self._summary_for(view, plan, base, ctx, budget, work=work, carried=record)
         except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
             return await self._floor(view, base, ctx, budget, forced, str(e), (time.perf_counter() - started) * 1000)
         except SummarizerError as e:
@@ -550,7 +550,7 @@ class CompactionEngine:
 
     async def _summary_for(
         self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *,
-        prepared: bool = False, work: _Work | None = None,
+        prepared: bool = False, work: _Work | None = None, carried: SummaryRecord | None = None,
     ) -> SummaryRecord:
         covered = plan.cut - view.conv.n_system
         key = self._key(ctx.scope, view.chain_hex(covered))
@@ -565,7 +565,7 @@ class CompactionEngine:
 
         async def make() -> SummaryRecord:
             # The summarizer bounds its calls in flight (compaction.max_concurrent_summaries).
-            rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared, work=work)
+            rec = await self._make_record(view, plan, previous, ctx, budget, prepared=prepared, work=work, carried=carried)
             stored = self._records.get(key)
             if stored is not None and stored.tier != "summary":
                 await self._save(ctx.scope, rec)  # supersedes the masking (or digest) at this point
@@ -574,9 +574,40 @@ class CompactionEngine:
 
         return await self.flight.run(key, make, existing)
 
+    def _cache_riding(
+        self, view: _View, plan: Plan, carried: SummaryRecord | None, ctx: RequestContext, job: SummaryJob, model: str
+    ) -> tuple[list[dict[str, Any]], list[Any] | None, str] | None:
+        """(messages, tools, point) of a summary call that rides the upstream's prompt cache (spec
+        9.4): the request as the conversation forwarded it last, so its prefix is the one the
+        upstream has cached. None when the transcript form is the one to use: another model or
+        upstream writes summaries, the conversation's request would not fit the window with the
+        summary's room, or what was forwarded last is not known here."""
+        c = self.cfg.compaction
+        conv = view.conv
+        if not c.cached_summary_call or model != conv.model or c.summarizer.base_url:
+            return None
+        if carried is not None and carried.prepared:
+            return None  # made ahead and never forwarded: the upstream has not seen those bytes
+        if carried is None:
+            messages, tokens = view.fwd, conv.total()
+        else:
+            out = self._apply(view, carried, ctx)
+            if out.messages is None or out.tokens_after is None:
+                return None
+            messages, tokens = out.messages, out.tokens_after
+        # Only the part to summarize: a prefix of what the upstream saw last is still cached, and
+        # the kept messages stay out of the call (a valid cut keeps tool calls with their results).
+        first_kept = len(messages) - (len(view.fwd) - plan.cut)
+        tokens -= conv.scaled(sum(conv.tokens[plan.cut:]))
+        instruction = self.counter.count_text(
+            self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), conv.encoding) + 64
+        if first_kept <= conv.n_system or tokens + instruction + job.output_cap > job.window:
+            return None
+        return messages[:first_kept], conv.body.get("tools"), _point_text(first_kept - conv.n_system)
+
     async def _make_record(
         self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *,
-        prepared: bool, work: _Work | None = None,
+        prepared: bool, work: _Work | None = None, carried: SummaryRecord | None = None,
     ) -> SummaryRecord:
         conv = view.conv
         fwd = view.fwd
@@ -598,6 +629,17 @@ class CompactionEngine:
         prev_text = previous.summary if previous is not None and previous.covered else None
         # Serializing and scanning the span grow with it: off the event loop when it is large.
         size = 4 * sum(conv.tokens[plan.start:plan.cut])  # about its characters
+        riding = self._cache_riding(view, plan, carried, ctx, job, model)
+        if riding is not None:
+            try:
+                model_text = await self.summarizer.summarize_cached(job, *riding)
+                return await offload.sized(size, self._finish_record, view, plan, previous, model_text, None, budget,
+                                           prepared=prepared)
+            except SummarizerError as e:
+                if e.kind not in ("invalid", "overflow"):
+                    raise  # the upstream is down or slow: the transcript form would fare no better
+                self.stats["cached_call_fallbacks"] += 1
+                log.info("the summary call on the cached prefix failed (%s); asking in transcript form", e)
         main_coro = (
             self.summarizer.summarize(job, await offload.sized(size, serialize_messages, main_span, names), prev_text)
             if main_span
@@ -763,7 +805,17 @@ class CompactionEngine:
             target=job.budget.target - growth,
             keep_recent=max(0, job.budget.keep_recent - int(growth / conv.ratio)),
         )
-        plan = await offload.sized(4 * job.total, self._plan, view, ahead, record)
+        masked = await offload.sized(4 * job.total, self._mask_record, view, ahead, record)
+        if masked is not None:
+            out = self._apply(view, masked, ctx)
+            # Masking will serve the crossing request (grown by at least `growth`, kept verbatim):
+            # no summary to prepare. The estimate is cautious: when it errs, a prepared summary
+            # goes unused rather than a crossing request waiting for one.
+            if out.tokens_after is not None and out.tokens_after <= ahead.target:
+                return
+        base = masked or record
+        work = self._masked_fwd(view, base)
+        plan = await offload.sized(4 * job.total, self._plan, view, ahead, base, work)
         if plan is None or (record is not None and plan.cut - conv.n_system <= record.covered):
             return
         if self._key(ctx.scope, view.chain_hex(plan.cut - conv.n_system)) in self._records:
@@ -771,7 +823,7 @@ class CompactionEngine:
         if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.prepared_jobs += 1
-        await self._summary_for(view, plan, record, ctx, job.budget, prepared=True)
+        await self._summary_for(view, plan, base, ctx, job.budget, prepared=True, work=work, carried=record)
         self.hooks.prepared("made")
 
     async def _carried(self, view: _View, prepared: SummaryRecord, ctx: RequestContext, budget: Budget) -> Outcome | None:
@@ -829,6 +881,11 @@ class CompactionEngine:
 
 
 _STATUS_OF_TIER = {"summary": "reused", "mask": "masked", "digest": "degraded"}
+
+
+def _point_text(n: int) -> str:
+    """The part to summarize, named for the model."""
+    return f"the conversation above (the {n} messages after the system prompt)"
 
 
 def _union(old: list[str], new: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
@@ -157,6 +157,38 @@ class HistorySummarizer:
                     self.reject(e.reason, str(e))
                 raise
             return self.accept(clean_output(text), job.output_cap, kind)
+
+    async def summarize_cached(
+        self, job: SummaryJob, messages: list[dict[str, Any]], tools: list[Any] | None, point: str
+    ) -> str:
+        """The summary asked inside the conversation itself (spec 9.4): `messages` are exactly the
+        prefix the upstream saw last (system, tools, messages, same bytes), so it bills them at its
+        cached rate; one user message is appended asking for the summary of everything before
+        `point`. Tools are declared as they were, with tool_choice "none": the model must answer
+        in text."""
+        parts = [self.prompts["compaction-cached-summary"].render(point=point)]
+        if job.focus:
+            parts.append("Keep everything about this topic in full detail and compress the rest harder: "
+                         + escape_untrusted(job.focus))
+        parts.append(self.prompts.text("compaction-summary"))
+        extra: dict[str, Any] = {"tools": tools, "tool_choice": "none"} if tools else {}
+        self.calls += 1
+        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
+            try:
+                text = await self.caller.complete(
+                    headers=job.headers,
+                    model=job.model,
+                    messages=[*messages, {"role": "user", "content": "\n\n".join(parts)}],
+                    max_output_tokens=job.output_cap,
+                    timeout_s=job.timeout_s,
+                    usage=call.usage,
+                    extra=extra,
+                )
+            except SummarizerError as e:
+                if e.reason:
+                    self.reject(e.reason, str(e))
+                raise
+            return self.accept(clean_output(text), job.output_cap, "main")
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and

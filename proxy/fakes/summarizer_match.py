@@ -14,6 +14,8 @@ from proxy.fakes.common import collapse_ws
 TOOL_OUTPUT_BEGIN = "--- BEGIN TOOL OUTPUT ---"
 TOOL_OUTPUT_END = "--- END TOOL OUTPUT ---"
 HISTORY_PROMPT_FILE = "summarization-system.md"
+# The summary call that rides the prompt cache: the conversation itself, then this as its last message.
+CACHED_HISTORY_PROMPT_FILE = "compaction-cached-summary.md"
 TOOL_PROMPT_FILE = "tool-result-summarizer.md"
 PROMPT_MATCH_CHARS = 60  # a summarizer request's system prompt starts with this much of the file
 
@@ -51,3 +53,10 @@ def summarizer_kind(prompts_dir: Any, system: str, everything: str, marker: str 
     if kinds or (marker and marker in system):
         return "tool" if TOOL_OUTPUT_BEGIN in everything else "history"
     return None
+
+
+def is_cached_history_request(prompts_dir: Any, last_user: str) -> bool:
+    """A history summary asked in the conversation's own request: its last message (a user one)
+    starts with the beginning of the cache-riding prompt."""
+    norm = collapse_ws(last_user)
+    return any(norm.startswith(p) for p in prompt_prefixes(prompts_dir, CACHED_HISTORY_PROMPT_FILE))

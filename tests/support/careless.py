@@ -49,7 +49,7 @@ class CarelessSummarizer:
 
     def _reply(self, body: dict[str, Any]) -> Any:
         tools = body.get("tools") or []
-        if tools:
+        if tools and body.get("tool_choice") != "none":  # a real model honours "none"
             name = (tools[0].get("function") or {}).get("name", "tool")
             return {"content": None, "tool_calls": [{"name": name, "arguments": {}}]}
         return "Sure! I'll keep going with that. Let me open the file and run the tests again - anything else you need?"

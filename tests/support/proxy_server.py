@@ -43,7 +43,11 @@ class ProxyHandle:
 
 
 async def start_proxy(upstream_url: str, settings: dict[str, Any] | None = None) -> ProxyHandle:
-    data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"}}, settings or {})
+    # Ratio learning and the cache-riding summary call off unless a test turns them on: most tests
+    # assert the proxy's own counts and read the summarizer's transcript form (tests/test_ratio.py
+    # and tests/test_careless_tiers.py turn them on).
+    data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"},
+                  "compaction": {"learn_token_ratio": False, "cached_summary_call": False}}, settings or {})
     cfg = Config.model_validate(data)
     app = create_app(cfg)
     server = TestServer(app, host="127.0.0.1", port=0)

@@ -40,14 +40,12 @@ messages_requests, summarizer_requests, count_requests (parsed bodies).
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.fake_upstream import default_history_summary, default_reply, default_tool_summary
-from proxy.fakes.common import FakeError, Invalid, RecordedRequest, count_text_tokens, rand, resolve
+from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.messages import events as ev
 from proxy.fakes.messages.blocks import (
     MESSAGE_OVERHEAD,
@@ -61,13 +59,9 @@ from proxy.fakes.messages.blocks import (
 )
 from proxy.fakes.messages.cache import BreakpointCache
 from proxy.fakes.messages.validate import Context, check_request, thinking_enabled, thinking_signature
-from proxy.fakes.faults import FaultInjection
-from proxy.fakes.server import FakeServer
-from proxy.fakes.signing import Signer
+from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.summarizer_match import summarizer_kind
-from proxy.prompts import default_dir
 
-log = logging.getLogger(__name__)
 
 _MESSAGES = {401: "invalid x-api-key", 403: "Your API key does not have permission to use the specified resource.",
              404: "Not found", 429: "Number of request tokens has exceeded your per-minute rate limit",
@@ -77,55 +71,27 @@ _MESSAGES = {401: "invalid x-api-key", 403: "Your API key does not have permissi
 _BROKEN_SSE = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":\n\n'
 
 
-class _Failure(Exception):
-    def __init__(self, err: FakeError) -> None:
-        super().__init__(str(err.body))
-        self.err = err
-
-
-class FakeMessages(FakeServer, FaultInjection):
+class FakeMessages(ModelFake):
     model_kinds = ("messages", "summarizer")
     agent_kind = "messages"
+    default_window = 200000
     base_path = ""  # the anthropic client's base_url has no /v1
     thread_name = "fake-messages"
 
     def __init__(self, **settings: Any) -> None:
-        self.prompts_dir: Any = default_dir()
-        self.require_api_key: str | None = None
-        self.window: int = 200000
-        self.model_windows: dict[str, int] = {}
-        self.encoding: str = "cl100k_base"
-        self.token_scale: float = 1.0
-        self.reply: Any = None
-        self.summarizer: Any = None
-        self.summarizer_marker: str | None = None
-        self.summarizer_delay_s: float = 0.0
+        self._init_model_settings()
         self.merge_consecutive_roles: bool = False
         self.extra_block_types: set[str] = set()
         self.cache_min_tokens: int | None = None
-        self._init_faults()
         self.error_mid_stream: str | None = None
-        self.signing_key: bytes | None = None
         super().__init__(**settings)
-        self._signer: Signer | None = None
         self._cache = BreakpointCache()
-
-    @property
-    def signer(self) -> Signer:
-        """Signs what only this fake may read; a fixed `signing_key` makes recorded sessions replayable."""
-        if self._signer is None or (self.signing_key is not None and self._signer.key != self.signing_key):
-            self._signer = Signer(self.signing_key)
-        return self._signer
 
     # ---- recordings --------------------------------------------------------------------------
 
     @property
     def messages_requests(self) -> list[Any]:
         return [r.json for r in self.requests if r.kind == "messages"]
-
-    @property
-    def summarizer_requests(self) -> list[Any]:
-        return [r.json for r in self.requests if r.kind == "summarizer"]
 
     @property
     def count_requests(self) -> list[Any]:
@@ -145,12 +111,6 @@ class FakeMessages(FakeServer, FaultInjection):
         return self.signer.sign("redacted_thinking", {"n": rand(8)})
 
     # ---- counting ----------------------------------------------------------------------------
-
-    def window_for(self, model: str) -> int:
-        return self.model_windows.get(model, self.window)
-
-    def _count(self, text: str) -> int:
-        return count_text_tokens(text, self.encoding)
 
     def _segment_tokens(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
         segs = cache_segments(body)
@@ -251,18 +211,18 @@ class FakeMessages(FakeServer, FaultInjection):
     def _validate(self, rec: RecordedRequest, count_tokens: bool = False) -> dict[str, Any]:
         body = rec.json
         if body is None:
-            raise _Failure(FakeError.anthropic(400, "There was an error parsing the body of your request. Please "
+            raise Failure(FakeError.anthropic(400, "There was an error parsing the body of your request. Please "
                                                     "check the JSON format and try again."))
         try:
             check_request(body, self._context(), count_tokens=count_tokens)
         except Invalid as e:
-            raise _Failure(FakeError.anthropic(400, e.message)) from None
+            raise Failure(FakeError.anthropic(400, e.message)) from None
         return body
 
     def _count_tokens(self, rec: RecordedRequest) -> web.Response:
         try:
             body = self._validate(rec, count_tokens=True)
-        except _Failure as f:
+        except Failure as f:
             return self._error_response(rec, f.err)
         rec.prompt_tokens = n = self.count_input_tokens(body)
         rec.status = 200
@@ -276,9 +236,9 @@ class FakeMessages(FakeServer, FaultInjection):
             rec.prompt_tokens = total
             window = self.window_for(body["model"])
             if total > window:
-                raise _Failure(FakeError.anthropic(400, f"prompt is too long: {total} tokens > {window} maximum"))
+                raise Failure(FakeError.anthropic(400, f"prompt is too long: {total} tokens > {window} maximum"))
             reply = await self._reply(body, rec)
-        except _Failure as f:
+        except Failure as f:
             return self._error_response(rec, f.err)
         usage = self._usage(body, total)
         rec.cached_tokens = usage["cache_read_input_tokens"]
@@ -303,24 +263,4 @@ class FakeMessages(FakeServer, FaultInjection):
         return await self._send_stream(request, rec, chunks, headers=headers, fault=fault, broken=_BROKEN_SSE)
 
     async def _reply(self, body: dict[str, Any], rec: RecordedRequest) -> ev.Reply:
-        v = view(body)
-        try:
-            if rec.summarizer_kind:
-                if self.summarizer_delay_s:
-                    await asyncio.sleep(self.summarizer_delay_s)
-                result = await resolve(self.summarizer, v)
-                if result is None:
-                    result = (default_tool_summary if rec.summarizer_kind == "tool" else default_history_summary)(v)
-            else:
-                result = await resolve(self.reply, v)
-                if result is None:
-                    result = default_reply(v)
-            if isinstance(result, FakeError):
-                raise _Failure(result)
-            return ev.normalize_reply(result)
-        except (_Failure, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            self.errors.append(exc)
-            log.exception("fake messages: scripted answer failed")
-            raise _Failure(FakeError.anthropic(500, f"fake upstream: scripted answer failed: {exc!r}")) from None
+        return await self._scripted(view(body), rec, ev.normalize_reply, lambda m: FakeError.anthropic(500, m))

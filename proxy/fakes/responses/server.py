@@ -47,81 +47,47 @@ summarizer_requests, compact_requests (parsed bodies).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
 
-from proxy.fake_upstream import _parse_error, default_history_summary, default_reply, default_tool_summary, status_error
-from proxy.fakes.common import FakeError, Invalid, RecordedRequest, count_text_tokens, rand, resolve
+from proxy.fake_upstream import _parse_error, status_error
+from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, view
 from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
-from proxy.fakes.faults import FaultInjection
-from proxy.fakes.server import ABORTED_KEY, RESP_KEY, FakeServer
-from proxy.fakes.signing import Signer
+from proxy.fakes.model_server import Failure, ModelFake
+from proxy.fakes.server import ABORTED_KEY, RESP_KEY
 from proxy.fakes.summarizer_match import summarizer_kind
-from proxy.prompts import default_dir
-
-log = logging.getLogger(__name__)
 
 
-class _Failure(Exception):
-    """An error answer: HTTP status + OpenAI error body (a WebSocket error event carries both)."""
 
-    def __init__(self, err: FakeError) -> None:
-        super().__init__(str(err.body))
-        self.err = err
-
-
-class FakeResponses(FakeServer, FaultInjection):
+class FakeResponses(ModelFake):
     thread_name = "fake-responses"
     model_kinds = ("responses", "summarizer", "compact")
     agent_kind = "responses"
+    default_encoding = "o200k_base"
 
     def __init__(self, **settings: Any) -> None:
-        self.prompts_dir: Any = default_dir()
-        self.require_api_key: str | None = None
-        self.window: int = 128000
-        self.model_windows: dict[str, int] = {}
-        self.encoding: str = "o200k_base"
-        self.token_scale: float = 1.0
+        self._init_model_settings()
         self.overflow_as_failed_event: bool = False
-        self.reply: Any = None
-        self.summarizer: Any = None
-        self.summarizer_marker: str | None = None
-        self.summarizer_delay_s: float = 0.0
         self.serve_compact: bool = True
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
-        self._init_faults()
-        self.signing_key: bytes | None = None
         super().__init__(**settings)
-        self._signer: Signer | None = None
         self._prefix_cache = PrefixCache()
         self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
         self._items: dict[str, dict[str, Any]] = {}
         self._next: dict[str, list[Any]] = {}
-
-    @property
-    def signer(self) -> Signer:
-        """Signs what only this fake may read; a fixed `signing_key` makes recorded sessions replayable."""
-        if self._signer is None or (self.signing_key is not None and self._signer.key != self.signing_key):
-            self._signer = Signer(self.signing_key)
-        return self._signer
 
     # ---- recordings --------------------------------------------------------------------------
 
     @property
     def responses_requests(self) -> list[Any]:
         return [r.json for r in self.requests if r.kind == "responses"]
-
-    @property
-    def summarizer_requests(self) -> list[Any]:
-        return [r.json for r in self.requests if r.kind == "summarizer"]
 
     @property
     def compact_requests(self) -> list[Any]:
@@ -136,12 +102,6 @@ class FakeResponses(FakeServer, FaultInjection):
         return self.signer.sign("reasoning", {"id": rs_id, "next": follow_descriptor(following)})
 
     # ---- counting ----------------------------------------------------------------------------
-
-    def window_for(self, model: str) -> int:
-        return self.model_windows.get(model, self.window)
-
-    def _count(self, text: str) -> int:
-        return count_text_tokens(text, self.encoding)
 
     def _compaction_tokens(self, item: Any) -> int:
         payload = self.signer.verify("compaction", item.get("encrypted_content")) or {}
@@ -229,13 +189,13 @@ class FakeResponses(FakeServer, FaultInjection):
 
     async def _answer(self, body: Any, rec: RecordedRequest, ctx: Context, stream: bool,
                       local: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
-        """The response's events (the last one carries the final response). Raises _Failure."""
+        """The response's events (the last one carries the final response). Raises Failure."""
         if body is None:
-            raise _Failure(_parse_error())
+            raise Failure(_parse_error())
         try:
             items = check_request(body, ctx)
         except Invalid as e:
-            raise _Failure(FakeError.openai(400, e.message, "invalid_request_error", e.code, e.param)) from None
+            raise Failure(FakeError.openai(400, e.message, "invalid_request_error", e.code, e.param)) from None
         rid = "resp_" + rand(40)
         model = body["model"]
         window = self.window_for(model)
@@ -247,7 +207,7 @@ class FakeResponses(FakeServer, FaultInjection):
                 final = ev.response_object(rid, body, "failed", [], None,
                                            error={"code": "context_length_exceeded", "message": message})
                 return ev.failed_events(final)
-            raise _Failure(FakeError.openai(400, message, "invalid_request_error", "context_length_exceeded",
+            raise Failure(FakeError.openai(400, message, "invalid_request_error", "context_length_exceeded",
                                             "input"))
         rec.cached_tokens = cached = self._cached_tokens(body, items)
         if body.get("generate") is False:  # a WebSocket warm-up: state prepared, no output
@@ -288,27 +248,7 @@ class FakeResponses(FakeServer, FaultInjection):
             self._items[it["id"]] = it
 
     async def _reply(self, body: dict[str, Any], items: list[Any], rec: RecordedRequest) -> ev.Reply:
-        v = view(body, items)
-        try:
-            if rec.summarizer_kind:
-                if self.summarizer_delay_s:
-                    await asyncio.sleep(self.summarizer_delay_s)
-                result = await resolve(self.summarizer, v)
-                if result is None:
-                    result = (default_tool_summary if rec.summarizer_kind == "tool" else default_history_summary)(v)
-            else:
-                result = await resolve(self.reply, v)
-                if result is None:
-                    result = default_reply(v)
-            if isinstance(result, FakeError):
-                raise _Failure(result)
-            return ev.normalize_reply(result)
-        except (_Failure, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # a broken scripted callable: make it visible, not a hang
-            self.errors.append(exc)
-            log.exception("fake responses: scripted answer failed")
-            raise _Failure(FakeError.openai(500, f"fake upstream: scripted answer failed: {exc!r}")) from None
+        return await self._scripted(view(body, items), rec, ev.normalize_reply, lambda m: FakeError.openai(500, m))
 
     # ---- HTTP --------------------------------------------------------------------------------
 
@@ -317,7 +257,7 @@ class FakeResponses(FakeServer, FaultInjection):
         stream = isinstance(body, dict) and body.get("stream") is True
         try:
             events = await self._answer(body, rec, self._context(False), stream)
-        except _Failure as f:
+        except Failure as f:
             return self._error_response(rec, f.err)
         if not stream:
             return await self._json(request, rec, events[-1]["response"], fault)
@@ -403,7 +343,7 @@ class FakeResponses(FakeServer, FaultInjection):
                 continue
             try:
                 events = await self._answer(body, rec, self._context(True, local), True, local)
-            except _Failure as f:
+            except Failure as f:
                 rec.status = f.err.status
                 await ws.send_str(_ws_error(f.err.status, f.err))
                 continue
