@@ -30,6 +30,9 @@ SOME_HEADINGS = "## Goal\nShip the importer.\n\n## Next Steps\n1. Run the tests\
     main_summary("full"),
     "## Notes\nsomething the model called its own heading",
     "- fixed the parser in src/parse.py\n- tests pass\n- next: release 2.1",  # summary-shaped, no heading
+    # What SmolLM2-135M wrote in the e2e suite: prose, but about the conversation, not to its reader.
+    'The user asked the following question: "Can you help me find all files that contain a specific command?"',
+    "The assistant read src/parse.py and fixed the date parser; the tests pass now.",
 ])
 def test_any_non_empty_summary_is_accepted(text):
     assert verdict(text).accepted

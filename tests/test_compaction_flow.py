@@ -342,13 +342,13 @@ async def test_latest_request_in_the_summarized_span_is_kept_verbatim_with_the_o
 # -- failures --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("failure", ["empty", "no-headings", "http-500", "timeout"])
+@pytest.mark.parametrize("failure", ["empty", "reply", "http-500", "timeout"])
 async def test_a_failed_summary_forwards_the_original_bytes(upstream, make_proxy, client_for, failure):
     cfg = settings(6000, summarizer_timeout_s=0.5)
     if failure == "empty":
         upstream.summarizer = ""
-    elif failure == "no-headings":
-        upstream.summarizer = "The user talked about many things. " + filler(50)
+    elif failure == "reply":  # an answer to the conversation, not a summary of it
+        upstream.summarizer = "Sure, I can help with that. " + filler(50)
     elif failure == "http-500":
         upstream.summarizer = FakeError.openai(500, "The server had an error while processing your request.")
     else:
@@ -461,6 +461,22 @@ async def test_an_upstream_length_rejection_compacts_at_half_the_threshold_and_r
     assert [r.status for r in chats] == [400, 200]
     assert chats[0].json["messages"] == msgs  # the first try was the original
     assert int(raw.headers["x-compaction-tokens-after"]) <= 0.8 * (6800 // 2)
+    check_forwarded(msgs, chats[1].json["messages"], compacted=True)
+
+
+async def test_an_overflow_with_the_summarizer_down_still_fits_by_a_digest(upstream, make_proxy, client_for):
+    # The upstream proved the original does not fit, whatever window the proxy believed: the
+    # failed summary must not mean "forward the original" (failed-open) but the code-written floor.
+    upstream.window = 4000  # the real window; the proxy believes 8000 (threshold 6800)
+    upstream.summarizer = FakeError.openai(500, "The server had an error while processing your request.")
+    proxy = await make_proxy(upstream.base_url, settings(8000, failure_cooldown_s=0))
+    msgs = longer_than(4500)
+    raw = await client_for(proxy).chat.completions.with_raw_response.create(model=MODEL, messages=msgs)
+    assert raw.parse().choices[0].message.content.startswith("ok: ")
+    assert raw.headers["x-compaction-status"] == "degraded"
+    chats = upstream.records("chat")
+    assert [r.status for r in chats] == [400, 200]
+    assert int(raw.headers["x-compaction-tokens-after"]) <= 6800 // 2
     check_forwarded(msgs, chats[1].json["messages"], compacted=True)
 
 

@@ -27,9 +27,11 @@ _TEXT_TOOL_CALL = re.compile(
 _REPLY_OPENER = re.compile(
     r"^\s*(?:sure|ok(?:ay)?|certainly|of course|absolutely|great|thanks|thank you|hello|hi|hey|yes|no problem|"
     r"i(?:'ll| will| can| am|'m| have|'ve)|let me|let's|here(?:'s| is| are)|you(?:'re| are| can| should)|"
-    r"sorry|alright|好的|当然|我来|让我)\b",
+    r"sorry|alright|we|好的|当然|我来|让我)\b",
     re.IGNORECASE,
 )
+# A summary speaks of the conversation in the third person; a reply speaks to its reader.
+_ABOUT_THE_CONVERSATION = re.compile(r"\b(?:the|a) (?:user|assistant|agent|conversation)\b|用户|助手", re.IGNORECASE)
 _ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+\S")
 
 
@@ -60,10 +62,13 @@ def judge(text: str, *, output_cap: int, count: Callable[[str], int], required: 
 
 def reads_as_reply(text: str) -> bool:
     """A heading-less answer that is not summary-shaped: it opens the way a reply does, ends with
-    a question, or is prose rather than a list of items."""
+    a question, or is prose that does not speak of the conversation in the third person (weak
+    models do summarize in prose: "The user asked ...")."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     if _REPLY_OPENER.match(lines[0]) or lines[-1].rstrip().endswith(("?", "？")):
         return True
+    if _ABOUT_THE_CONVERSATION.search(text):
+        return False
     items = sum(1 for ln in lines if _ITEM.match(ln))
     return items * 2 < len(lines)  # mostly prose
 

@@ -200,7 +200,7 @@ class CompactionEngine:
         try:
             joined = None if forced else await self._join_summary_in_progress(view, ctx, record)
         except Busy as e:  # someone else's summary is late: go on without it
-            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, ctx, budget, forced, str(e), (time.perf_counter() - started) * 1000)
         if joined is not None:
             out = self._apply(view, joined, ctx)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -217,21 +217,21 @@ class CompactionEngine:
         failure_key = f"{ctx.scope}:{view.chain_hex(record.covered if record else 1)}"
         if (until := self._failures.get(failure_key)) is not None:
             if self.clock() < until:
-                return await self._floor(view, base, ctx, budget, "a summary failed recently; retrying after the cool-down", 0.0)
+                return await self._floor(view, base, ctx, budget, forced, "a summary failed recently; retrying after the cool-down", 0.0)
             del self._failures[failure_key]
         # Tier 2: summarize the older part of the (masked) history.
         work = self._masked_fwd(view, base)
         try:
             plan = await offload.sized(4 * total, self._plan, view, budget, base, work)
             if plan is None:
-                return await self._floor(view, base, ctx, budget, "no valid cut point", 0.0)
+                return await self._floor(view, base, ctx, budget, forced, "no valid cut point", 0.0)
             new_record = await self._summary_for(view, plan, base, ctx, budget, work=work, carried=record)
         except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
-            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, ctx, budget, forced, str(e), (time.perf_counter() - started) * 1000)
         except SummarizerError as e:
             log.warning("summary failed: %s", e)
             self._remember_failure(failure_key)
-            return await self._floor(view, base, ctx, budget, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, ctx, budget, forced, str(e), (time.perf_counter() - started) * 1000)
         out = self._apply(view, new_record, ctx)
         out.wait_ms = (time.perf_counter() - started) * 1000
         if out.tokens_after is not None and out.tokens_after > budget.target:
@@ -245,17 +245,21 @@ class CompactionEngine:
         return out
 
     async def _floor(
-        self, view: _View, base: SummaryRecord | None, ctx: RequestContext, budget: Budget, why: str, wait_ms: float
+        self, view: _View, base: SummaryRecord | None, ctx: RequestContext, budget: Budget, forced: bool, why: str,
+        wait_ms: float,
     ) -> Outcome:
         """The summary failed. The original goes forward when it fits the window (`failed-open`);
         else the masked history when that fits; else a digest written by code replaces the oldest
-        part (tier 3, `degraded`). Over the window only when even that cannot fit (logged)."""
+        part (tier 3, `degraded`). Over the window only when even that cannot fit (logged).
+        After the upstream's own overflow (`forced`) the original is known not to fit, whatever
+        window we believed: what fits is then the halved budget's threshold."""
         conv = view.conv
-        if view.conv.total() <= budget.window:
+        window = budget.threshold if forced else budget.window
+        if not forced and view.conv.total() <= window:
             return Outcome("failed-open", wait_ms=wait_ms, reason=why)
         if base is not None:
             out = self._apply(view, base, ctx)
-            if out.tokens_after is not None and out.tokens_after <= budget.window:
+            if out.tokens_after is not None and out.tokens_after <= window:
                 out.status = "masked" if base.tier == "mask" else out.status
                 out.wait_ms, out.reason = wait_ms, why
                 return out
@@ -268,13 +272,13 @@ class CompactionEngine:
         plan = await offload.sized(size, self._plan, view, budget, base, work)
         if plan is None:
             log.warning("request over the window and nothing to compact (%d tokens, window %d): forwarded as it is",
-                        conv.total(), budget.window)
+                        conv.total(), window)
             return Outcome("failed-open", wait_ms=wait_ms, reason=why)
         rec = await offload.sized(size, self._digest_record, view, plan, base, work, budget)
         out = self._apply(view, rec, ctx)
-        if out.tokens_after is not None and out.tokens_after > budget.window:
+        if out.tokens_after is not None and out.tokens_after > window:
             log.warning("request still over the window after every tier (%d tokens, window %d): forwarded; %s",
-                        out.tokens_after, budget.window, why)
+                        out.tokens_after, window, why)
         else:
             ttl = self.cfg.compaction.digest_ttl_s
             await self.store.put(self._key(ctx.scope, rec.chain), rec.to_bytes(), ttl)

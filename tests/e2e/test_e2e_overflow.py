@@ -4,8 +4,9 @@ The proxy believes the model has a 4096-token window while the server runs with 
 proxy does not compact on its own and forwards a ~2,300-token request, which the real server
 rejects. Nothing has reached the client yet, so the proxy compacts with half the threshold and
 retries once (spec 4.10). The summarizer's own first call overflows the small server too and is
-halved (spec 4.6). The proxy accepts the real model's summary (`required_headings: []`, as for any
-weak model) and the retry succeeds (`summarized`).
+halved (spec 4.6). The proxy accepts the real model's summary (`summarized`) or, when the model
+replied instead of summarizing, refuses it and falls back to a digest written by code
+(`degraded`); either way the retry succeeds.
 """
 
 from __future__ import annotations
@@ -67,9 +68,15 @@ def test_upstream_overflow_is_compacted_and_retried(start_proxy, llama_server_sm
 
     assert raw is not None, f"the retry did not succeed: {error}"
     completion = raw.parse()
-    assert raw.headers["x-compaction-status"] == "summarized"
+    status = raw.headers["x-compaction-status"]
+    # SmolLM2 sometimes answers the transcript instead of summarizing it ("I'm so glad to hear
+    # ..."): the proxy refuses that answer and the code-written digest makes the retry fit.
+    if status == "degraded":
+        assert "summary rejected (" in proxy.log_text() or "summary failed" in proxy.log_text()
+    else:
+        assert status == "summarized"
     assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert [c.status for c in chats] == [400, 200]
     check_forwarded(messages, chats[1].body["messages"], compacted=True)
-    print(f"\noverflow: summarizer calls {[c.status for c in summarizer_calls]}; client got 200 summarized")
+    print(f"\noverflow: summarizer calls {[c.status for c in summarizer_calls]}; client got 200 {status}")

@@ -50,6 +50,9 @@ def test_replay_compacts_with_the_real_models_summary(start_proxy, llama_server,
             "prepare_percent": 0,  # summaries on the request path only: one request at a time
             "summarizer_timeout_s": 600,
             "required_headings": [],  # a 135M model cannot follow the full format
+            # This test is about the real model's summary: no tier-1 masking of the airline
+            # tool outputs, which would bring the crossing requests under target with no summary.
+            "mask_tool_outputs": False,
         },
     )
     client = proxy.client(timeout=900)
@@ -83,7 +86,10 @@ def test_replay_compacts_with_the_real_models_summary(start_proxy, llama_server,
             assert int(raw.headers["x-compaction-tokens-after"]) < size
             summary = forwarded_summary(forwarded)
             main = [e for e in summarizer_calls if is_main(e)]
-            assert answer(main[-1]) in summary  # the real model wrote it
+            # The real model wrote it: every line of its answer is in the summary, which code
+            # completed with the headings the model left out.
+            written = [ln.strip() for ln in answer(main[-1]).splitlines() if ln.strip()]
+            assert written and all(ln in summary for ln in written)
         else:
             assert status == "reused" and summary is not None and not summarizer_calls
             assert forwarded_summary(forwarded) == summary  # the stored bytes, not a new summary
