@@ -421,7 +421,7 @@ class CompactionEngine:
         previous record have fewer identifiers (2 characters a token, to be safe)."""
         conv = view.conv
         room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share,
-                                 conv.scaled(sum(conv.tokens[plan.start:plan.cut])))
+                                 conv.scaled(sum(conv.tokens[conv.n_system:plan.cut])))
         span = view.fwd[plan.start:plan.cut]
         found = extract.find_identifiers(extract.span_text(span)) + extract.find_error_lines(extract.tool_text(span))
         known = (record.identifiers + record.errors) if record else []
@@ -675,8 +675,11 @@ class CompactionEngine:
         errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized)))
         constraints = _union(previous.constraints if previous else [], extract.find_constraints(summarized))
         kept = self._masked_fwd(view, previous).fwd[plan.cut:]
-        present = "\n".join([model_text, turn_text or "", extract.span_text(kept), *constraints])
-        span_tokens = conv.scaled(sum(conv.tokens[plan.start:plan.cut]))
+        # what the summary or the kept messages carry verbatim need not be in the identifier block
+        present = "\n".join([model_text, turn_text or "", extract.span_text(kept), *constraints,
+                             extract.render_files(files, files_chars(budget))])
+        # the block re-renders the carried-over identifiers too: its room grows with all it covers
+        span_tokens = conv.scaled(sum(conv.tokens[n_sys:plan.cut]))
         room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens)
         users = extract.user_text(fwd[n_sys:])
         lines, rest = self._fit_identifiers(candidates, errors, present, room, users, text, conv.encoding)
@@ -716,9 +719,11 @@ class CompactionEngine:
         chars = room_tokens * CHARS_PER_IDENTIFIER_TOKEN
         while True:
             lines, rest = identifier_lines(candidates, errors, present=present, budget_chars=chars, user_text=users, text=text)
-            if chars <= 64 or self.counter.count_text("\n".join(lines), encoding) <= room_tokens:
+            n = self.counter.count_text("\n".join(lines), encoding)
+            if chars <= 64 or n <= room_tokens:
                 return lines, rest
-            chars = chars * 3 // 4
+            # hashes and URLs take more tokens a character than prose: shrink by what overshot
+            chars = min(chars - 16, chars * room_tokens // n)
 
     # -- summaries made ahead of time -----------------------------------------------------------
     # A request past `prepare_percent` of the threshold queues a job; a worker makes, off the

@@ -7,11 +7,14 @@ the forwarded bytes never change while the record is in use.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import orjson
 
 from proxy.compaction.extract import rank_identifiers, render_files
+
+_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
 
 
 @dataclass
@@ -95,28 +98,43 @@ def identifier_lines(
     candidates: list[str], errors: list[str], *, present: str, budget_chars: int, user_text: str, text: str
 ) -> tuple[list[str], list[str]]:
     """(lines for the identifier block, identifiers left for recall): what is not already verbatim
-    in `present` (the model's summary, the kept messages), most salient first, within the budget."""
+    in `present` (the model's summary, the kept messages, the files block), most salient first,
+    within the budget. Error lines one a line; the other identifiers on one comma-separated line,
+    the densest form a model still reads (no identifier holds a space)."""
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
+    # Exception lines (type plus message) are the most needed and the least recoverable; other
+    # lines that say "failed" (a test run's tally) come after the identifiers, if room is left.
+    exceptions = [e for e in errors if _EXCEPTION.search(e)]
+    others = [e for e in errors if not _EXCEPTION.search(e)]
     lines: list[str] = []
     used = 0
-    for e in errors:  # error lines are the most needed and the least recoverable
+    for e in exceptions:
         line = f"- error: {e}"
         if used + len(line) + 1 > budget_chars:
             break
         lines.append(line)
         used += len(line) + 1
+    in_errors = "\n".join(lines)
+    used += 2  # the "- " of the identifier line
     shown = set()
+    fitted: list[str] = []
     for ident in ranked:
-        if any(ident in e for e in errors[: len(lines)]):
+        if ident in in_errors:
             shown.add(ident)
             continue
-        line = f"- {ident}"
-        if used + len(line) + 1 > budget_chars:
+        if used + len(ident) + 2 > budget_chars:
             continue  # a shorter one may still fit
-        lines.append(line)
-        used += len(line) + 1
+        fitted.append(ident)
+        used += len(ident) + 2
         shown.add(ident)
+    if fitted:
+        lines.append("- " + ", ".join(fitted))
+    for e in others:
+        line = f"- error: {e}"
+        if used + len(line) + 1 <= budget_chars:
+            lines.append(line)
+            used += len(line) + 1
     rest = [i for i in ranked if i not in shown] + [e for e in errors if f"- error: {e}" not in lines]
     return lines, rest
