@@ -7,12 +7,12 @@ equals the proxy's and which rejects anything larger (as OpenAI does).
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.compaction.extract import is_continuation
 from proxy.fake_upstream import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer
@@ -155,27 +155,64 @@ async def test_planted_identifiers_are_verbatim_or_listed_for_recall(upstream, m
     assert missing == []
 
 
+def _outside_summary(text: str) -> str:
+    """The forwarded text without the summary wrapper's content: what was kept, not summarized."""
+    return re.sub(r"<summary>.*?</summary>", "", text, flags=re.DOTALL)
+
+
+def _request_then_continue(turns: int = 8):
+    """A coding session that ends with a long substantive request, long tool work, a question from
+    the agent, "OK, continue.", and more tool work after it: with a small kept part, the request
+    falls in the summarized span while the continuation is kept."""
+    s = coding_session(turns)
+    msgs = s.messages[:-1]  # without the closing "Thanks. Summarize ..."
+    request = ("Now migrate every ledger module to the new posting API (LED-9001): replace post(entries) with "
+               "post(entries, quantize=True) everywhere under ledger/, keep the public signatures, run the full "
+               "test suite after each module, and commit once per module with the ticket in the message.")
+    msgs.append({"role": "user", "content": request})
+    passed = "\n".join(f"tests/test_mod_{j}.py::test_posting_{j} PASSED" for j in range(120))
+    for k in range(3):
+        cid = f"call_tail_{k}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed})
+    # a long plan: the request that ends with "OK, continue." is the one that crosses the threshold
+    plan = "\n".join(f"{j}. ledger/mod_{j}/posting.py: replace post(entries), then run tests/test_mod_{j}.py" for j in range(500))
+    msgs.append({"role": "assistant", "content": f"The plan, module by module:\n{plan}\nShall I start with the first one?"})
+    msgs.append({"role": "user", "content": CONTINUE})
+    for k in range(3, 5):
+        cid = f"call_tail_{k}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed[:600]})
+    msgs.append({"role": "assistant", "content": "Migrated the first module."})
+    return msgs, s.tools, request
+
+
 async def test_latest_substantive_request_is_verbatim_in_every_forwarded_request(upstream, make_proxy):
-    s = coding_session(30)
+    msgs, tools, request = _request_then_continue()
     upstream.window = 12000
-    upstream.summarizer = CarelessSummarizer()
-    # a short kept part, so that a kept "OK, continue." often follows a summarized request
-    proxy = await make_proxy(upstream.base_url, settings(12000, keep_recent_tokens=1500))
+    upstream.summarizer = CarelessSummarizer(reply_every=0)  # it paraphrases, and always answers a summary
+    # a kept part so short that the request before "OK, continue." is summarized; no masking, so
+    # that the tool work after the continuation makes a new summary rather than stubs
+    proxy = await make_proxy(upstream.base_url, settings(12000, keep_recent_tokens=300, mask_tool_outputs=False))
     kept_continuation = []
 
     def check(history, fwd, status):
         users = [text_of(m["content"]) for m in history if m["role"] == "user"]
-        substantive = next(u for u in reversed(users) if not is_continuation(u))
-        assert substantive in all_text(fwd), status
+        # known from the session, not from the proxy's own idea of a continuation
+        substantive = next(u for u in reversed(users) if u != CONTINUE)
+        text = all_text(fwd)
+        assert substantive in text, status
+        kept = _outside_summary(text)
         fwd_users = [text_of(m.get("content")) for m in fwd if m["role"] == "user"]
-        # kept (a kept message may carry the summary merged in front of it): ends the user message
-        if users[-1] == CONTINUE and any(u.endswith(CONTINUE) for u in fwd_users) \
-                and not any(u.endswith(substantive) for u in fwd_users):
+        # the case that matters: "OK, continue." kept, the request it continues only in the summary
+        if users[-1] == CONTINUE and fwd_users and fwd_users[-1].endswith(CONTINUE) and substantive not in kept:
             kept_continuation.append(status)
 
-    statuses = await replay(proxy, upstream, [s.messages], s.tools, check)
+    statuses = await replay(proxy, upstream, [msgs], tools, check)
     assert "summarized" in statuses or "degraded" in statuses
-    # (extract.latest_requests' unit test covers a kept "OK, continue." whose request was summarized)
+    assert kept_continuation, "no forwarded request kept 'OK, continue.' with its request summarized"
 
 
 async def test_constraints_from_summarized_messages_are_carried_verbatim(upstream, make_proxy):

@@ -155,6 +155,16 @@ def test_latest_request_and_the_substantive_one_before_a_continuation():
     assert extract.latest_requests(msgs[:2], 0, 1) == ["Book flight HAT001 for me"]
 
 
+@pytest.mark.parametrize("text", ["OK, continue.", "yes, go ahead", "好的，继续", "continue", "Ok."])
+def test_a_continuation_may_chain_words(text):
+    assert extract.is_continuation(text)
+
+
+@pytest.mark.parametrize("text", ["OK, continue with the migration", "Book it", "Use ruff, not black."])
+def test_a_request_is_not_a_continuation(text):
+    assert not extract.is_continuation(text)
+
+
 # -- summarizer calls: folding, halving, validation ------------------------------------------
 
 

@@ -232,11 +232,10 @@ def render_files(files: dict[str, str], max_chars: int = 1 << 30) -> str:
 
 
 # -- the user's request ----------------------------------------------------------------------
-_CONTINUATION = re.compile(
-    r"^\s*(?:ok(?:ay)?|k|yes|yep|sure|go(?: on| ahead)?|continue|proceed|next|do it|please do|"
-    r"sounds good|thanks?|thank you|继续|好的?|可以|是的?|行|嗯)[\s.!。！]*$",
-    re.IGNORECASE,
-)
+_GO_ON = (r"(?:ok(?:ay)?|k|yes|yep|sure|go(?: on| ahead)?|continue|proceed|next|do it|please do|"
+          r"sounds good|thanks?|thank you|继续|好的?|可以|是的?|行|嗯)")
+# one or more of them: "OK, continue.", "yes, go ahead", "好的，继续"
+_CONTINUATION = re.compile(rf"^\s*{_GO_ON}(?:[\s,，.!。！]+{_GO_ON})*[\s.!。！]*$", re.IGNORECASE)
 
 
 def is_continuation(text: str) -> bool:
