@@ -99,8 +99,7 @@ def identifier_lines(
 ) -> tuple[list[str], list[str]]:
     """(lines for the identifier block, identifiers left for recall): what is not already verbatim
     in `present` (the model's summary, the kept messages, the files block), most salient first,
-    within the budget. Error lines one a line; the other identifiers on one comma-separated line,
-    the densest form a model still reads (no identifier holds a space)."""
+    within the budget."""
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
@@ -117,20 +116,17 @@ def identifier_lines(
         lines.append(line)
         used += len(line) + 1
     in_errors = "\n".join(lines)
-    used += 2  # the "- " of the identifier line
     shown = set()
-    fitted: list[str] = []
     for ident in ranked:
         if ident in in_errors:
             shown.add(ident)
             continue
-        if used + len(ident) + 2 > budget_chars:
+        line = f"- {ident}"
+        if used + len(line) + 1 > budget_chars:
             continue  # a shorter one may still fit
-        fitted.append(ident)
-        used += len(ident) + 2
+        lines.append(line)
+        used += len(line) + 1
         shown.add(ident)
-    if fitted:
-        lines.append("- " + ", ".join(fitted))
     for e in others:
         line = f"- error: {e}"
         if used + len(line) + 1 <= budget_chars:
