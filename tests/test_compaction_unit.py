@@ -47,7 +47,8 @@ class ScriptedCaller:
         self.fill = fill  # share of the output cap the default answers use (a model that writes a lot)
 
     async def complete(self, *, headers: dict[str, str], model: str, messages: list[dict[str, Any]],
-                       max_output_tokens: int, timeout_s: float, usage: dict[str, Any] | None = None) -> str:
+                       max_output_tokens: int, timeout_s: float, usage: dict[str, Any] | None = None,
+                       extra: dict[str, Any] | None = None) -> str:
         user = messages[1]["content"]
         tokens = count(messages[0]["content"]) + count(user)
         self.calls.append({"user": user, "tokens": tokens, "model": model, "cap": max_output_tokens, "headers": headers})

@@ -138,19 +138,26 @@ class HistorySummarizer:
         return summary
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
+        ]
+        return await self._complete(job, messages, kind)
+
+    async def _complete(self, job: SummaryJob, messages: list[dict[str, Any]], kind: str,
+                        extra: dict[str, Any] | None = None) -> str:
+        """One summarizer call, bounded and reported, its answer judged (`accept`)."""
         self.calls += 1
         async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
             try:
                 text = await self.caller.complete(
                     headers=job.headers,
                     model=job.model,
-                    messages=[
-                        {"role": "system", "content": system},
-                        {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-                    ],
+                    messages=messages,
                     max_output_tokens=job.output_cap,
                     timeout_s=job.timeout_s,
                     usage=call.usage,
+                    extra=extra,
                 )
             except SummarizerError as e:
                 if e.reason:  # an answer, but not a summary (a tool call)
@@ -172,23 +179,7 @@ class HistorySummarizer:
                          + escape_untrusted(job.focus))
         parts.append(self.prompts.text("compaction-summary"))
         extra: dict[str, Any] = {"tools": tools, "tool_choice": "none"} if tools else {}
-        self.calls += 1
-        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
-            try:
-                text = await self.caller.complete(
-                    headers=job.headers,
-                    model=job.model,
-                    messages=[*messages, {"role": "user", "content": "\n\n".join(parts)}],
-                    max_output_tokens=job.output_cap,
-                    timeout_s=job.timeout_s,
-                    usage=call.usage,
-                    extra=extra,
-                )
-            except SummarizerError as e:
-                if e.reason:
-                    self.reject(e.reason, str(e))
-                raise
-            return self.accept(clean_output(text), job.output_cap, "main")
+        return await self._complete(job, [*messages, {"role": "user", "content": "\n\n".join(parts)}], "main", extra)
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and
