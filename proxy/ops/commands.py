@@ -18,13 +18,18 @@ from proxy.store import open_store
 SUMMARY_LINES = 12
 
 
-def _config(args: argparse.Namespace) -> Config:
+def _config(args: argparse.Namespace) -> Config | None:
+    """The config with the command's --store / --upstream; None (the error printed) when bad."""
     overrides: dict[str, Any] = {}
     if getattr(args, "store", None):
         overrides["store"] = {"url": args.store}
     if getattr(args, "upstream", None):
         overrides["upstream"] = {"base_url": args.upstream}
-    return load_config(args.config, overrides=overrides)
+    try:
+        return load_config(args.config, overrides=overrides)
+    except ConfigError as e:
+        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+        return None
 
 
 def events_main(argv: list[str]) -> int:
@@ -36,10 +41,8 @@ def events_main(argv: list[str]) -> int:
     p.add_argument("--full", action="store_true", help="whole summaries (default: their first lines)")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     args = p.parse_args(argv)
-    try:
-        cfg = _config(args)
-    except ConfigError as e:
-        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+    cfg = _config(args)
+    if cfg is None:
         return 2
     found = asyncio.run(_read(cfg, args.limit))
     if found is None:
@@ -107,10 +110,8 @@ def inspect_main(argv: list[str]) -> int:
                    help="make the summaries for real: calls the configured upstream (the store is still not written)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object (the forwarded body included)")
     args = p.parse_args(argv)
-    try:
-        cfg = _config(args)
-    except ConfigError as e:
-        print(f"compaction-proxy: config error: {e}", file=sys.stderr)
+    cfg = _config(args)
+    if cfg is None:
         return 2
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
