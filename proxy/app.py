@@ -73,6 +73,11 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
             # A client that goes away must cancel its handler, whatever runner serves the app: that
             # is what closes the upstream request of a stream waiting on a silent upstream.
             "handler_cancellation": True,
+            # Bodies stay as the client encoded them: pass-through routes forward them with their
+            # Content-Encoding, routes that read them decode them with a bound (proxy/bodycoding.py).
+            # aiohttp's own decoding forwarded a decoded body under its gzip header, knew no zstd,
+            # and held a whole decoded chunk before any limit applied.
+            "auto_decompress": False,
         },
     )
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
