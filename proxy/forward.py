@@ -176,11 +176,12 @@ async def relay(
     return resp
 
 
-async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError) -> bool:
+async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError, checker: "EventChecker | None" = None) -> bool:
     """End a stream with an `error` event (the openai SDKs raise an APIError on it, so the client
-    learns why). False when the client is gone already."""
+    learns why), in the stream's own format when its checker is known. False when the client is
+    gone already."""
     try:
-        await resp.write(b"data: " + err.body() + b"\n\n")
+        await resp.write(checker.error_event(err) if checker is not None else b"data: " + err.body() + b"\n\n")
     except CLIENT_GONE:
         return False
     return True
@@ -249,10 +250,7 @@ class EventChecker:
         pos = 0
         while (m := _EVENT_END.search(buf, at)) is not None:
             event = bytes(buf[pos : m.start()])
-            why = _check_event(event)
-            self.done = self.done or event.strip() == b"data: [DONE]"
-            if why is None and (b'"usage":{' in event or b'"usage": {' in event):
-                self.usage = _event_usage(event)
+            why = self.check(event)
             if why is not None:
                 good = bytes(buf[:pos])
                 self._pending = bytearray()
@@ -265,14 +263,28 @@ class EventChecker:
             return good, f"an event is larger than {self._max} bytes, far more than any chat completion chunk"
         return good, None
 
+    def check(self, event: bytes) -> str | None:
+        """One whole event: why it is broken, or None (and what it tells: the end, the usage).
+        A protocol's own stream format overrides this (proxy/responses/stream.py)."""
+        why = _check_event(event)
+        self.done = self.done or event.strip() == b"data: [DONE]"
+        if why is None and (b'"usage":{' in event or b'"usage": {' in event):
+            self.usage = _event_usage(event)
+        return why
+
     def finish(self) -> tuple[bytes, str | None]:
         """At the end of the stream: an unterminated last event goes on as it came when it is whole."""
         rest, self._pending = bytes(self._pending), bytearray()
         if not rest.strip():
             return rest, None
-        if _check_event(rest) is not None:
+        if self.check(rest) is not None:
             return b"", "the stream ended in the middle of an event"
         return rest, None
+
+    def error_event(self, err: errors.ProxyError) -> bytes:
+        """How this stream format ends a stream with an error (chat: a `data:` error object; the
+        openai SDKs raise an APIError on it)."""
+        return b"data: " + err.body() + b"\n\n"
 
 
 def _event_usage(event: bytes) -> Any:
@@ -336,7 +348,7 @@ async def relay_events(
         upstream.close()
         err = errors.upstream_bad_response(str(e)) if isinstance(e, _BrokenStream) else map_client_error(e)
         log.warning("upstream stream ended abnormally: %s", err.message)
-        if await _write_error_event(resp, err):
+        if await _write_error_event(resp, err, checker):
             try:
                 await resp.write_eof()
             except CLIENT_GONE:
