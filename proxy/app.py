@@ -15,6 +15,7 @@ from proxy.forward import BodyPace, passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
+from proxy.responses.handlers import handle_responses_get
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
@@ -90,6 +91,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
+    app.router.add_get("/v1/responses", handle_responses_get)  # WebSocket mode (spec 11.3)
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
     return app
