@@ -15,7 +15,8 @@ from proxy.forward import BodyPace, passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
-from proxy.responses.handlers import handle_responses_get
+from proxy.responses.handlers import handle_compact, handle_responses_get
+from proxy.responses.runtime import responses_runtime
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
@@ -88,10 +89,12 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
 
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(responses_runtime)
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
     app.router.add_get("/v1/responses", handle_responses_get)  # WebSocket mode (spec 11.3)
+    app.router.add_post("/v1/responses/compact", handle_compact)
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
     return app

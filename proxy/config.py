@@ -203,6 +203,18 @@ class BillingConfig(_Section):
     max_conversations: int = Field(1000, ge=1)  # per-conversation figures kept in memory
 
 
+class ResponsesConfig(_Section):
+    """The Responses API (spec 11)."""
+
+    # Serve /v1/responses/compact here (the proxy's own compaction items) even when the upstream
+    # serves it; otherwise it is passed through, and served here only when the upstream answers
+    # 404/405 (a local server, vLLM, llama.cpp).
+    serve_compact: bool = False
+    # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
+    # chat completion for an upstream that serves both and is better at chat.
+    summarizer_api: Literal["responses", "chat"] = "responses"
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
@@ -214,6 +226,7 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     journal: JournalConfig = Field(default_factory=JournalConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""
