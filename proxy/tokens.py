@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 from proxy import jsonbody
 
@@ -107,6 +107,18 @@ class TokenCounter:
             return cached
         n = self._count_message_uncached(msg, encoding)
         self._cache[key] = n
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return n
+
+    def count_keyed(self, encoding: str, digest: Hashable, count: Callable[[], int]) -> int:
+        """`count()`, cached by (encoding, digest) like a message: for a protocol whose items are
+        not chat messages (their adapter knows how to count them)."""
+        key = (encoding, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        n = self._cache[key] = count()
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return n

@@ -18,6 +18,7 @@ import orjson
 
 from proxy import errors
 from proxy.forward import EventChecker
+from proxy.ops.exchange import Usage
 from proxy.upstream import is_context_overflow
 
 END_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})
@@ -130,3 +131,24 @@ async def read_preamble(upstream: aiohttp.ClientResponse) -> tuple[bytes, Respon
         _, why = checker.feed(chunk)
         if why is not None or checker.output_started or checker.done:
             return bytes(held), checker
+
+
+def responses_usage(usage: Any) -> Usage | None:
+    """A Responses `usage` object as the bill's Usage (input, cached input, output tokens)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(prompt, cached if isinstance(cached, int) and 0 <= cached <= prompt else 0, completion)
+
+
+def answer_usage(body: bytes) -> Usage | None:
+    """The usage of a non-streaming Responses answer."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return responses_usage(data.get("usage")) if isinstance(data, dict) else None
