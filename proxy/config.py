@@ -153,6 +153,16 @@ class ToolResultsConfig(_Section):
     max_output_tokens: int = Field(2000, ge=64)
 
 
+class RecallConfig(_Section):
+    """The recall tool (design 13): the model looks up what compaction replaced."""
+
+    enabled: bool = True
+    # The function's name; when a client declares a tool of that name, a suffixed one is used.
+    tool_name: str = Field("context_recall", pattern=r"^[A-Za-z0-9_-]{1,48}$")
+    max_tokens: int = Field(4000, ge=200)  # one answer of the tool, at most (more: by page)
+    max_rounds: int = Field(3, ge=1)  # lookups answered inside one client request; then the model is told no more
+
+
 class StoreConfig(_Section):
     url: str = "sqlite:///compaction-proxy.db"
     scope_secret: SecretStr | None = None
@@ -209,6 +219,7 @@ class Config(_Section):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
+    recall: RecallConfig = Field(default_factory=RecallConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
