@@ -35,11 +35,29 @@ class ServerConfig(_Section):
     header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
     keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
     max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
+    # Processes serving the port (SO_REUSEPORT), each a full proxy sharing the store; "auto": one per core.
+    workers: int | Literal["auto"] = 1
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one JSON object a line
     access_log: bool = True  # one line per request at INFO (never content or credentials)
     # Message content is never logged unless an operator turns this on.
     log_content: bool = False
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if v == "auto":
+            return v
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            n = 0
+        if isinstance(v, bool) or n < 1 or str(n) != str(v).strip():
+            raise ValueError("must be a number of processes (1 or more) or 'auto'")
+        return n
+
+    def worker_count(self) -> int:
+        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
 
 
 class UpstreamConfig(_Section):
