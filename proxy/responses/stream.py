@@ -65,7 +65,7 @@ class ResponsesEventChecker(EventChecker):
         self.end: str | None = None  # the end event's type
         self.response: Any = None  # the end event's response object
 
-    def check(self, event: bytes) -> str | None:
+    def event(self, event: bytes) -> str | None:
         name, data = _fields(event)
         if data is None:
             return None  # a comment (keep-alive) or a lone field
@@ -98,11 +98,8 @@ class ResponsesEventChecker(EventChecker):
             self.output_started = True
         return None
 
-    def finish(self) -> tuple[bytes, str | None]:
-        rest, why = super().finish()
-        if why is None and not self.done:
-            return rest, "the stream ended before the response did (no response.completed)"
-        return rest, why
+    def ended(self) -> str | None:
+        return None if self.done else "the stream ended before the response did (no response.completed)"
 
     def error_event(self, err: errors.ProxyError) -> bytes:
         """OpenAI's `error` event (ResponseErrorEvent), numbered after the last event relayed."""
