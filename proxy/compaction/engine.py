@@ -16,7 +16,7 @@ from typing import Any
 from proxy.chat_request import Conversation
 from proxy import offload
 from proxy.compaction import extract, mask
-from proxy.compaction.budget import Budget
+from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
 from proxy.compaction.inject import annotation_text, inject, summary_message_text
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
@@ -680,7 +680,12 @@ class CompactionEngine:
                              extract.render_files(files, files_chars(budget))])
         # the block re-renders the carried-over identifiers too: its room grows with all it covers
         span_tokens = conv.scaled(sum(conv.tokens[n_sys:plan.cut]))
-        room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens)
+        count = lambda t: self.counter.count_text(t, conv.encoding)  # noqa: E731
+        room = identifier_room(
+            identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens),
+            reserved=budget.output_cap * (2 if plan.turn_start is not None else 1) + files_chars(budget) // 2,
+            used=count(model_text) + count(turn_text or "") + (count(extract.render_files(files, files_chars(budget))) if files else 0),
+        )
         users = extract.user_text(fwd[n_sys:])
         lines, rest = self._fit_identifiers(candidates, errors, present, room, users, text, conv.encoding)
         if rest:

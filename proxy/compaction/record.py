@@ -99,7 +99,8 @@ def identifier_lines(
 ) -> tuple[list[str], list[str]]:
     """(lines for the identifier block, identifiers left for recall): what is not already verbatim
     in `present` (the model's summary, the kept messages, the files block), most salient first,
-    within the budget."""
+    within the budget. Error lines one a line; the other identifiers on one comma-separated line,
+    the densest form a model still reads (no identifier holds a space)."""
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
@@ -116,17 +117,20 @@ def identifier_lines(
         lines.append(line)
         used += len(line) + 1
     in_errors = "\n".join(lines)
+    used += 2  # the "- " of the identifier line
     shown = set()
+    fitted: list[str] = []
     for ident in ranked:
         if ident in in_errors:
             shown.add(ident)
             continue
-        line = f"- {ident}"
-        if used + len(line) + 1 > budget_chars:
+        if used + len(ident) + 2 > budget_chars:
             continue  # a shorter one may still fit
-        lines.append(line)
-        used += len(line) + 1
+        fitted.append(ident)
+        used += len(ident) + 2
         shown.add(ident)
+    if fitted:
+        lines.append("- " + ", ".join(fitted))
     for e in others:
         line = f"- error: {e}"
         if used + len(line) + 1 <= budget_chars:
