@@ -40,11 +40,17 @@ def encoding_name_for(model: str) -> str:
     return "o200k_base" if m.startswith(O200K_PREFIXES) or _O_SERIES.match(m) else "cl100k_base"
 
 
+# Counts cached per process, one per distinct message (or tool list): about 250 bytes an entry, so
+# at most about 16 MiB. Enough for the histories of a few hundred busy conversations; a miss costs
+# one message's tokenization.
+CACHE_SIZE = 65_536
+
+
 class TokenCounter:
-    def __init__(self, cache_size: int = 200_000) -> None:
+    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
         self._encodings: dict[str, Any] = {}
         self._failed: set[str] = set()
-        self._cache: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self._cache_size = cache_size
         self.estimating = False
 
@@ -106,10 +112,16 @@ class TokenCounter:
                 pass
             return cached
         n = self._count_message_uncached(msg, encoding)
+        self._put(key, n)
+        return n
+
+    def _put(self, key: tuple[Any, ...], n: int) -> None:
         self._cache[key] = n
         if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return n
+            try:
+                self._cache.popitem(last=False)
+            except KeyError:  # emptied meanwhile by a count running in a worker thread
+                pass
 
     def _count_message_uncached(self, msg: dict[str, Any], enc: str) -> int:
         n = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role", "")), enc)
@@ -159,5 +171,6 @@ class TokenCounter:
         key = (encoding, "tools", hash(raw))
         n = self._cache.get(key)
         if n is None:
-            n = self._cache[key] = self.count_text(raw.decode(), encoding)
+            n = self.count_text(raw.decode(), encoding)
+            self._put(key, n)
         return n

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
 from proxy.compaction.inject import annotation_text, inject, summary_message_text
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
-from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
+from proxy.compaction.record import RecordCache, SummaryRecord, identifier_lines, render_summary
 from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.config import Config
@@ -130,7 +130,7 @@ class CompactionEngine:
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(
             store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
         )
-        self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
+        self._records = RecordCache()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
         self._pending: dict[str, _PrepareJob] = {}  # conversation slot -> its latest job
@@ -507,7 +507,6 @@ class CompactionEngine:
                 if rec.expired(self.clock()):
                     del self._records[key]
                     continue
-                self._records.move_to_end(key)
                 return rec
         return None
 
@@ -527,10 +526,7 @@ class CompactionEngine:
         return None
 
     def _remember(self, key: str, rec: SummaryRecord) -> None:
-        self._records[key] = rec
-        self._records.move_to_end(key)
-        while len(self._records) > 4096:
-            self._records.popitem(last=False)
+        self._records.put(key, rec)
 
     async def _save(self, scope: str, rec: SummaryRecord) -> None:
         key = self._key(scope, rec.chain)

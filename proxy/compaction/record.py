@@ -8,6 +8,7 @@ the forwarded bytes never change while the record is in use.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -57,6 +58,68 @@ class SummaryRecord:
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires
+
+
+# Per string held (object header, pointer), roughly, for sizing records in memory.
+_STR_OVERHEAD = 56
+_RECORD_OVERHEAD = 1024  # the dataclass, its dicts and lists
+
+
+def record_bytes(rec: SummaryRecord) -> int:
+    """About how much memory a record holds: its texts and lists (a long session's records carry
+    thousands of identifiers and every stub text)."""
+    strings = [rec.summary, rec.chain, *rec.identifiers, *rec.errors, *rec.constraints, *rec.recall_identifiers,
+               *rec.files, *rec.masks, *rec.masks.values(), *rec.clamped]
+    return _RECORD_OVERHEAD + sum(len(x) + _STR_OVERHEAD for x in strings)
+
+
+class RecordCache:
+    """The records this process made or read, by store key, least recently used evicted first;
+    bounded by count and by their size (`record_bytes`), so a busy process's memory levels off
+    however large its conversations' records grow."""
+
+    def __init__(self, max_records: int = 4096, max_bytes: int = 32 << 20) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[str, tuple[SummaryRecord, int]] = OrderedDict()
+
+    def get(self, key: str) -> SummaryRecord | None:
+        """The record (now the most recently used), or None."""
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        self._d.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: str, rec: SummaryRecord) -> None:
+        self.discard(key)
+        size = record_bytes(rec)
+        self._d[key] = (rec, size)
+        self.bytes += size
+        while self._d and (len(self._d) > self.max_records or self.bytes > self.max_bytes):
+            _, (_, old) = self._d.popitem(last=False)
+            self.bytes -= old
+
+    def discard(self, key: str) -> None:
+        hit = self._d.pop(key, None)
+        if hit is not None:
+            self.bytes -= hit[1]
+
+    def __getitem__(self, key: str) -> SummaryRecord:
+        return self._d[key][0]
+
+    def __delitem__(self, key: str) -> None:
+        self.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def values(self) -> list[SummaryRecord]:
+        return [rec for rec, _ in self._d.values()]
 
 
 def render_summary(
