@@ -37,9 +37,9 @@ def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
     return keys, sizes
 
 
-# Digests cached per process, one per distinct message: about 230 bytes an entry, so at most
-# about 15 MiB (like the token counts, tokens.CACHE_SIZE).
-DIGEST_CACHE_SIZE = 65_536
+# Digests cached per process, one per distinct message: 130-230 bytes an entry, so at most
+# about 8 MiB (like the token counts, tokens.CACHE_SIZE).
+DIGEST_CACHE_SIZE = 32_768
 
 
 class DigestCache:

@@ -40,10 +40,10 @@ def encoding_name_for(model: str) -> str:
     return "o200k_base" if m.startswith(O200K_PREFIXES) or _O_SERIES.match(m) else "cl100k_base"
 
 
-# Counts cached per process, one per distinct message (or tool list): about 250 bytes an entry, so
-# at most about 16 MiB. Enough for the histories of a few hundred busy conversations; a miss costs
+# Counts cached per process, one per distinct message (or tool list): 130-250 bytes an entry, so
+# at most about 8 MiB. Enough for the histories of a hundred or more long conversations; a miss costs
 # one message's tokenization.
-CACHE_SIZE = 65_536
+CACHE_SIZE = 32_768
 
 
 class TokenCounter:

@@ -33,7 +33,7 @@ def messages(n: int, tag: str = "m"):
     return [{"role": "user", "content": f"{tag} {i}"} for i in range(n)]
 
 
-def test_a_full_token_count_cache_takes_at_most_20_mib():
+def test_a_full_token_count_cache_takes_at_most_10_mib():
     c = TokenCounter()
     assert c.load(["cl100k_base"])
     msgs = messages(SAMPLE + 2)
@@ -46,7 +46,7 @@ def test_a_full_token_count_cache_takes_at_most_20_mib():
 
     per_entry = retained_bytes_per_entry(fill)
     assert len(c._cache) == SAMPLE
-    assert per_entry * CACHE_SIZE <= 20 * MiB, (per_entry, CACHE_SIZE)
+    assert per_entry * CACHE_SIZE <= 10 * MiB, (per_entry, CACHE_SIZE)
     # past the bound the oldest go, tool lists included
     small = TokenCounter(cache_size=100)
     assert small.load(["cl100k_base"])
@@ -55,13 +55,13 @@ def test_a_full_token_count_cache_takes_at_most_20_mib():
     assert len(small._cache) == 100
 
 
-def test_a_full_digest_cache_takes_at_most_20_mib():
+def test_a_full_digest_cache_takes_at_most_10_mib():
     d = DigestCache()
     msgs = messages(SAMPLE, "d")
     keys, _ = message_keys(msgs)
     per_entry = retained_bytes_per_entry(lambda n: d.digests(msgs[:n], keys[:n]))
     assert len(d._d) == SAMPLE
-    assert per_entry * DIGEST_CACHE_SIZE <= 20 * MiB, (per_entry, DIGEST_CACHE_SIZE)
+    assert per_entry * DIGEST_CACHE_SIZE <= 10 * MiB, (per_entry, DIGEST_CACHE_SIZE)
     small = DigestCache(size=50)
     more = messages(500, "e")
     small.digests(more, message_keys(more)[0])
