@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 from proxy import jsonbody
 
@@ -101,8 +101,10 @@ class TokenCounter:
         """The cached count of a message, without counting (or refreshing its place)."""
         return self._cache.get((encoding, digest))
 
-    def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable) -> int:
-        """Tokens of one message, cached by (encoding, digest): any key that identifies the message."""
+    def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable,
+                      count: Callable[[dict[str, Any], str], int] | None = None) -> int:
+        """Tokens of one message, cached by (encoding, digest): any key that identifies the message.
+        `count` counts a message of another protocol (default: a chat message)."""
         key = (encoding, digest)
         cached = self._cache.get(key)
         if cached is not None:
@@ -111,7 +113,7 @@ class TokenCounter:
             except KeyError:  # evicted meanwhile by a count running in a worker thread
                 pass
             return cached
-        n = self._count_message_uncached(msg, encoding)
+        n = (count or self._count_message_uncached)(msg, encoding)
         self._put(key, n)
         return n
 
@@ -122,6 +124,17 @@ class TokenCounter:
                 self._cache.popitem(last=False)
             except KeyError:  # emptied meanwhile by a count running in a worker thread
                 pass
+
+    def count_keyed(self, encoding: str, digest: Hashable, count: Callable[[], int]) -> int:
+        """`count()`, cached by (encoding, digest) like a message: for a protocol whose items are
+        not chat messages (their adapter knows how to count them)."""
+        key = (encoding, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        n = count()
+        self._put(key, n)
+        return n
 
     def _count_message_uncached(self, msg: dict[str, Any], enc: str) -> int:
         n = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role", "")), enc)

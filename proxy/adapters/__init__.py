@@ -1,0 +1,1 @@
+"""Protocol adapters: what each API's bodies, streams, errors and credentials look like."""
