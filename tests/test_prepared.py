@@ -137,9 +137,9 @@ async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
         await release.wait()
 
     upstream.summarizer = held
-    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_idle_s=120))
+    clock = FakeClock()
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_idle_s=120), clock=clock)
     engine = proxy.state.compaction
-    engine.clock = clock = FakeClock()
     c = client_for(proxy)
     assert (await send(c, synthetic("busy", turns=12))).status == "none"
     await upstream.wait_for_requests(1, "summarizer")
