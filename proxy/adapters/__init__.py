@@ -1,0 +1,1 @@
+"""Wire protocols as adapters onto the neutral model (proxy/model.py); see base.py."""
