@@ -159,6 +159,9 @@ def render(doc: dict[str, Any]) -> str:
         lines += [""] + crossing_lines(wls["crossing"]["description"], cross)
     if "memory" in wls:
         lines += [""] + memory_table(wls["memory"])
+    if (tp := wls.get("throughput")) and tp.get("scaling") is not None:
+        rps = ", ".join(f"{name} {row['throughput_rps']:.0f} req/s" for name, row in tp["targets"].items())
+        lines += ["", f"throughput: {rps}: 2 workers serve {tp['scaling']:.2f}x the requests of 1 ({tp['description']})"]
     if metrics := metrics_cost_lines(wls):
         lines += [""] + metrics
     lines += [""] + targets_lines(doc["targets_check"])

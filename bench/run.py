@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -65,6 +66,7 @@ class Sizes:
     reused_per_round: int
     crossing_convs: int  # conversations grown until they cross the threshold
     stream_8: int
+    throughput: int  # requests per round and worker count
     stream_chunks: int
     stream_delay_ms: float
     idle_streams: int
@@ -72,12 +74,14 @@ class Sizes:
 
 FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, long_steps=100, long_buckets=10,
              large_4=60, reused_turns=1000, reused_window=400_000, reused_per_round=10, crossing_convs=6, stream_8=80,
-             stream_chunks=16, stream_delay_ms=2.0, idle_streams=1000)
+             throughput=3000, stream_chunks=16, stream_delay_ms=2.0, idle_streams=1000)
 QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long_steps=20, long_buckets=2,
               large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, crossing_convs=1, stream_8=24,
-              stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
+              throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
 
-WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory")
+WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory", "throughput")
+THROUGHPUT_CLIENTS = 32
+WORKER_COUNTS = (1, 2)
 
 
 @dataclass
@@ -88,8 +92,12 @@ class Target:
 
 
 class Bench:
-    def __init__(self, targets: list[Target], upstream: procs.Server, sizes: Sizes) -> None:
+    def __init__(self, targets: list[Target], upstream: procs.Server, sizes: Sizes, *, workdir: Path | None = None,
+                 store: str = "sqlite", proxy_env: dict[str, str] | None = None) -> None:
         self.targets = targets
+        self.workdir = workdir
+        self.store = store
+        self.proxy_env = proxy_env or {}
         self.upstream = upstream
         self.sizes = sizes
         self.problems: list[str] = []
@@ -288,6 +296,46 @@ async def memory(bench: Bench) -> dict[str, Any]:
     return {"description": f"{s.idle_streams} concurrent idle streams", "metric": "memory", "targets": rows}
 
 
+async def throughput(bench: Bench) -> dict[str, Any]:
+    """Requests per second of small requests from many clients, the proxy with 1 and with 2 workers
+    (`server.workers`), side by side. The load generator (this process) and the fake upstream are
+    pinned to CPU 0, their share; the proxy's processes may run anywhere."""
+    s = bench.sizes
+    assert bench.workdir is not None
+    req = Request(small_body(SMALL_MODEL))
+    targets: list[Target] = []
+    pinned = {0} if len(os.sched_getaffinity(0)) > 1 else os.sched_getaffinity(0)
+    mine, upstream_cpus = os.sched_getaffinity(0), os.sched_getaffinity(bench.upstream.popen.pid)
+    try:
+        for n in WORKER_COUNTS:
+            server = procs.start_proxy(bench.workdir, bench.upstream.port, models={SMALL_MODEL: 128_000}, store=bench.store,
+                                       extra_env={**bench.proxy_env, "COMPACTION_PROXY_SERVER__WORKERS": str(n)},
+                                       name=f"proxy-{n}w")
+            server.with_children = True  # the workers are the supervisor's children
+            targets.append(Target(f"{n} worker" + "s" * (n > 1), server.port, server))
+        os.sched_setaffinity(0, pinned)
+        os.sched_setaffinity(bench.upstream.popen.pid, pinned)
+        for t in targets:
+            await run_load(t.port, [req], count=s.warmup * 4, clients=THROUGHPUT_CLIENTS)
+        tallies = {t.name: Tally() for t in targets}
+        for r in range(s.rounds):
+            for t in targets[r % 2:] + targets[:r % 2]:
+                await bench.measure(t, lambda t: run_load(t.port, [req], count=s.throughput, clients=THROUGHPUT_CLIENTS),
+                                    tallies[t.name])
+    finally:
+        os.sched_setaffinity(0, mine)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(bench.upstream.popen.pid, upstream_cpus)
+        for t in targets:
+            t.server.stop()
+    rows = summarize(tallies)
+    one, two = (rows.get(t.name, {}).get("throughput_rps") for t in targets[:2]) if len(targets) == 2 else (None, None)
+    return {"description": f"small requests, {THROUGHPUT_CLIENTS} clients, the proxy with 1 and 2 workers (load "
+                           f"generator and fake upstream pinned to CPU {sorted(pinned)[0]}, of {os.cpu_count()})",
+            "metric": "throughput", "targets": rows,
+            "scaling": None if not one or not two else two / one}
+
+
 def upstream_stats(upstream: procs.Server) -> dict[str, int]:
     with urllib.request.urlopen(f"http://{procs.LOOPBACK}:{upstream.port}/bench/stats", timeout=10) as r:
         return json.loads(r.read())
@@ -311,6 +359,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     "crossing": crossing,
     "stream_8": stream_8,
     "memory": memory,
+    "throughput": throughput,
 }
 
 
@@ -434,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         except procs.StartError as e:
             print(f"bench: {e}", file=sys.stderr)
             return 1
-        bench = Bench(targets, upstream, sizes)
+        bench = Bench(targets, upstream, sizes, workdir=workdir, store=args.store, proxy_env=args.proxy_env)
         try:
             results = asyncio.run(run_all(bench, args.names, profile=args.profile))
         finally:

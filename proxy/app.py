@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from proxy import errors, logsafe
+from proxy.adapters.messages import routes as messages
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import BodyPace, passthrough
@@ -25,7 +26,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the proxy makes is OpenAI-shaped; none carries a traceback."""
+    """Every error the proxy makes is in the shape of the protocol served (errors.SHAPE); none carries a traceback."""
     try:
         return await handler(request)
     except errors.ProxyError as e:
@@ -51,6 +52,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
+    if messages.is_anthropic(request):
+        return await messages.handle_anthropic_passthrough(request)
     state = request.app[STATE]
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
@@ -85,6 +88,8 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
+    add_protocol_route(app, "/v1/messages", messages.handle_messages, "messages")
+    add_protocol_route(app, "/v1/messages/count_tokens", messages.handle_count_tokens, "messages")
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
     return app

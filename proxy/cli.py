@@ -84,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     # loop gets the GIL back from them after this long, not the default 5 ms, so that every other
     # request keeps its latency meanwhile.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    workers = cfg.server.worker_count()
     try:
+        if workers > 1:
+            from proxy.workers import run_workers
+
+            return run_workers(cfg, workers)
         # SIGTERM/SIGINT: stop listening at once, give requests in flight shutdown_grace_s to finish
         # (exiting as soon as none is left), cancel what still runs, then close the store.
         asyncio.run(serve(create_app(cfg), cfg))

@@ -35,11 +35,29 @@ class ServerConfig(_Section):
     header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
     keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
     max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
+    # Processes serving the port (SO_REUSEPORT), each a full proxy sharing the store; "auto": one per core.
+    workers: int | Literal["auto"] = 1
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one JSON object a line
     access_log: bool = True  # one line per request at INFO (never content or credentials)
     # Message content is never logged unless an operator turns this on.
     log_content: bool = False
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if v == "auto":
+            return v
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            n = 0
+        if isinstance(v, bool) or n < 1 or str(n) != str(v).strip():
+            raise ValueError("must be a number of processes (1 or more) or 'auto'")
+        return n
+
+    def worker_count(self) -> int:
+        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
 
 
 class UpstreamConfig(_Section):
@@ -57,6 +75,25 @@ class UpstreamConfig(_Section):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
+
+
+class AnthropicConfig(_Section):
+    """Where Anthropic Messages traffic goes: /v1/messages, /v1/messages/count_tokens and every
+    other Anthropic request (one proxy serves OpenAI and Anthropic clients side by side). Any
+    Messages-compatible server works (LiteLLM, vLLM, llama.cpp). The URL has no /v1: the client's
+    path is appended whole, as the anthropic SDK does with its base URL."""
+
+    base_url: str = "https://api.anthropic.com"
+    # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
+    connect_timeout_s: float = Field(10, gt=0)
+    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
 
 
 class ModelConfig(_Section):
@@ -206,6 +243,7 @@ class BillingConfig(_Section):
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    anthropic: AnthropicConfig = Field(default_factory=AnthropicConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
@@ -219,10 +257,11 @@ class Config(_Section):
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""
         return self.models.get(model) or self.models.get("default") or _DEFAULT_MODEL
 
-    def context_window(self, model: str) -> int:
+    def context_window(self, model: str, *, long_context: bool = False) -> int:
         """The model's window: from `models:` (its entry, else `default`), else the built-in table
-        of well-known models (proxy/windows.py), else 128000 with one warning per model."""
-        return window_for(model, self.model_settings(model).context_window)
+        of well-known models (proxy/windows.py; `long_context`: the request opted into the model's
+        longer window), else 128000 with one warning per model."""
+        return window_for(model, self.model_settings(model).context_window, long_context=long_context)
 
 
 _DEFAULT_MODEL = ModelConfig()

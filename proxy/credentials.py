@@ -42,14 +42,21 @@ def sent_credentials(incoming: object, names: tuple[str, ...] = OPENAI_HEADERS) 
     return out
 
 
+def configured_credential(key: str, header: str = "Authorization") -> dict[str, str]:
+    """The configured key as the header that carries it (`Authorization: Bearer` or a raw key header)."""
+    return {header: f"Bearer {key}" if header.lower() == "authorization" else key}
+
+
 def resolve(
-    incoming: object, secret: bytes, configured_key: str | None, names: tuple[str, ...] = OPENAI_HEADERS
+    incoming: object, secret: bytes, configured_key: str | None, names: tuple[str, ...] = OPENAI_HEADERS,
+    *, key_header: str = "Authorization",
 ) -> Credentials:
-    """The request's credentials and scope (see the module docstring)."""
+    """The request's credentials and scope (see the module docstring); `key_header` carries the
+    configured key (Anthropic: x-api-key)."""
     sent = sent_credentials(incoming, names)
     session = incoming.get(SESSION_HEADER) or None  # type: ignore[attr-defined]
     if not sent and configured_key:
-        sent = {"Authorization": f"Bearer {configured_key}"}
+        sent = configured_credential(configured_key, key_header)
     if sent:
         # Every credential header takes part, names lower-cased: the same key sent as `api-key`
         # and as `Authorization: Bearer` are different principals to an upstream.

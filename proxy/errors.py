@@ -1,9 +1,34 @@
-"""Errors the proxy itself makes, in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Errors the proxy itself makes, in the shape of the protocol being served: OpenAI's
+{"error": {message, type, param, code}} unless a protocol route set its own (`SHAPE`)."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+from typing import Protocol
+
 import orjson
 from aiohttp import web
+
+
+class ErrorShape(Protocol):
+    """How a protocol writes an error: as a response body, and as the event that ends a stream."""
+
+    def body(self, err: "ProxyError") -> bytes: ...
+
+    def event(self, err: "ProxyError") -> bytes: ...
+
+
+class OpenAIShape:
+    def body(self, err: "ProxyError") -> bytes:
+        return error_body(err.message, type=err.type, param=err.param, code=err.code)
+
+    def event(self, err: "ProxyError") -> bytes:
+        return b"data: " + self.body(err) + b"\n\n"
+
+
+# The shape of the request being handled: a protocol's route sets it for its own task, so every
+# error made on the way (the middleware's, a relay's, a stream's last event) speaks its protocol.
+SHAPE: ContextVar[ErrorShape] = ContextVar("error_shape", default=OpenAIShape())
 
 
 class ProxyError(Exception):
@@ -26,7 +51,11 @@ class ProxyError(Exception):
         self.code = code
 
     def body(self) -> bytes:
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+        return SHAPE.get().body(self)
+
+    def event(self) -> bytes:
+        """The event that ends a stream with this error."""
+        return SHAPE.get().event(self)
 
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
         return web.Response(

@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import errors
-from proxy.credentials import sent_credentials
+from proxy.credentials import configured_credential, sent_credentials
 
 log = logging.getLogger("proxy.forward")
 
@@ -48,10 +48,11 @@ SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are s
 
 
 def upstream_request_headers(
-    incoming: Any, api_key: str | None, *, identity_encoding: bool = False
+    incoming: Any, api_key: str | None, *, identity_encoding: bool = False, key_header: str = "Authorization"
 ) -> CIMultiDict[str]:
-    """Client headers minus hop-by-hop and our own; Authorization from config when the client
-    sent no credential of any kind (`api-key` and `x-api-key` count)."""
+    """Client headers minus hop-by-hop and our own; the configured key (as `key_header`:
+    Authorization, or Anthropic's x-api-key) when the client sent no credential of any kind
+    (`api-key` and `x-api-key` count)."""
     connection_listed = {
         t.strip().lower() for v in incoming.getall("connection", []) for t in v.split(",") if t.strip()
     }
@@ -64,7 +65,7 @@ def upstream_request_headers(
             continue
         out.add(name, value)
     if api_key and not sent_credentials(out):
-        out["Authorization"] = f"Bearer {api_key}"
+        out.update(configured_credential(api_key, key_header))
     if identity_encoding:
         # We may need to read this response (errors, retries): keep it uncompressed.
         out["Accept-Encoding"] = "identity"
@@ -173,10 +174,10 @@ async def relay(
 
 
 async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError) -> bool:
-    """End a stream with an `error` event (the openai SDKs raise an APIError on it, so the client
-    learns why). False when the client is gone already."""
+    """End a stream with an `error` event in the protocol's shape (the SDKs raise an APIError on
+    it, so the client learns why). False when the client is gone already."""
     try:
-        await resp.write(b"data: " + err.body() + b"\n\n")
+        await resp.write(err.event())
     except CLIENT_GONE:
         return False
     return True
@@ -244,11 +245,7 @@ class EventChecker:
         buf += chunk  # in place: an event arriving in many small chunks is not copied again each time
         pos = 0
         while (m := _EVENT_END.search(buf, at)) is not None:
-            event = bytes(buf[pos : m.start()])
-            why = _check_event(event)
-            self.done = self.done or event.strip() == b"data: [DONE]"
-            if why is None and (b'"usage":{' in event or b'"usage": {' in event):
-                self.usage = _event_usage(event)
+            why = self.event(bytes(buf[pos : m.start()]))
             if why is not None:
                 good = bytes(buf[:pos])
                 self._pending = bytearray()
@@ -261,14 +258,24 @@ class EventChecker:
             return good, f"an event is larger than {self._max} bytes, far more than any chat completion chunk"
         return good, None
 
+    def event(self, event: bytes) -> str | None:
+        """Check one whole event and note what it tells (the end, the usage); why it is broken, or None."""
+        why = _check_event(event)
+        self.done = self.done or event.strip() == b"data: [DONE]"
+        if why is None and (b'"usage":{' in event or b'"usage": {' in event):
+            self.usage = _event_usage(event)
+        return why
+
+    def ended(self) -> str | None:
+        """At the end of the stream: why it is incomplete, or None (a chat stream may end without [DONE])."""
+        return None
+
     def finish(self) -> tuple[bytes, str | None]:
         """At the end of the stream: an unterminated last event goes on as it came when it is whole."""
         rest, self._pending = bytes(self._pending), bytearray()
-        if not rest.strip():
-            return rest, None
-        if _check_event(rest) is not None:
+        if rest.strip() and self.event(rest) is not None:
             return b"", "the stream ended in the middle of an event"
-        return rest, None
+        return rest, self.ended()
 
 
 def _event_usage(event: bytes) -> Any:
@@ -419,9 +426,12 @@ class LimitedBody:
 
 
 async def passthrough(
-    request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int, pace: BodyPace
+    request: web.Request, session: aiohttp.ClientSession, cfg: Any, max_body: int, pace: BodyPace,
+    *, base_path: str = "/v1", key_header: str = "Authorization",
 ) -> web.StreamResponse:
-    """Any other /v1/ route: same method, path, query and body, streamed both ways."""
+    """Any other /v1/ route: same method, path, query and body, streamed both ways. `base_path`:
+    the part of the client's path that `cfg.base_url` already ends with (Anthropic's has none);
+    `key_header` carries `cfg.api_key`."""
     if _has_dot_segment(request.path):
         # Forwarded raw, `/v1/../x` (or `%2e%2e`, `..%2f`) would reach upstream paths outside the
         # configured base URL once the upstream normalizes it; no OpenAI route has such segments.
@@ -438,9 +448,9 @@ async def passthrough(
     else:
         streamed = LimitedBody(request, max_body, pace)
         data = streamed.chunks()
-    url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len("/v1"):])
+    url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len(base_path):])
     headers = upstream_request_headers(
-        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None
+        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None, key_header=key_header
     )
     if streamed is not None and length is not None:
         # A streamed body of known size keeps its Content-Length: some upstreams refuse chunked uploads.

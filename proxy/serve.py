@@ -151,9 +151,10 @@ def raise_fd_limit(cfg: Config) -> None:
             log.warning("open-file limit %d is below what server.max_connections needs (%d)", target, need)
 
 
-async def serve(app: web.Application, cfg: Config) -> None:
+async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) -> None:
     """Serve until SIGTERM/SIGINT; then stop listening, give requests in flight the grace once,
-    cancel the rest and close the app. Raises OSError when the address cannot be bound."""
+    cancel the rest and close the app. Raises OSError when the address cannot be bound.
+    `reuse_port`: one of several worker processes on the same port (SO_REUSEPORT)."""
     s = cfg.server
     runner = ProxyRunner(
         app,
@@ -166,7 +167,7 @@ async def serve(app: web.Application, cfg: Config) -> None:
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, s.host, s.port, backlog=min(s.max_connections, 4096))
+        site = web.TCPSite(runner, s.host, s.port, backlog=min(s.max_connections, 4096), reuse_port=reuse_port or None)
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

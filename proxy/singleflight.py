@@ -43,6 +43,8 @@ LOCK_PREFIX = "lock:"
 MISSED_BEATS = 2.5  # a lock whose last beat is older than this many beats is taken over
 # Who this process is: the pid alone repeats across container restarts (always 1), the life id never.
 OWNER = {"host": socket.gethostname(), "pid": os.getpid(), "life": os.urandom(8).hex()}
+# A forked worker (server.workers) is a life of its own.
+os.register_at_fork(after_in_child=lambda: OWNER.update(pid=os.getpid(), life=os.urandom(8).hex()))
 
 
 class Busy(Exception):

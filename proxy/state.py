@@ -113,7 +113,7 @@ class ProxyState:
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
         journal = Journal(store, cfg.journal.max_events, bill) if cfg.journal.enabled else None
-        access = AccessLog() if cfg.server.access_log else None
+        access = AccessLog(os.getpid() if cfg.server.worker_count() > 1 else None) if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
         summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
@@ -124,6 +124,7 @@ class ProxyState:
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            metrics.start()
             series.start()
         return cls(
             cfg=cfg,
@@ -150,6 +151,8 @@ class ProxyState:
             await self.ratios.idle()
         if self.series is not None:
             await self.series.stop()
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.journal is not None:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()

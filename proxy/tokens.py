@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 from proxy import jsonbody
 
@@ -95,8 +95,10 @@ class TokenCounter:
         """The cached count of a message, without counting (or refreshing its place)."""
         return self._cache.get((encoding, digest))
 
-    def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable) -> int:
-        """Tokens of one message, cached by (encoding, digest): any key that identifies the message."""
+    def count_message(self, msg: dict[str, Any], encoding: str, digest: Hashable,
+                      count: Callable[[dict[str, Any], str], int] | None = None) -> int:
+        """Tokens of one message, cached by (encoding, digest): any key that identifies the message.
+        `count` counts a message of another protocol (default: a chat message)."""
         key = (encoding, digest)
         cached = self._cache.get(key)
         if cached is not None:
@@ -105,7 +107,7 @@ class TokenCounter:
             except KeyError:  # evicted meanwhile by a count running in a worker thread
                 pass
             return cached
-        n = self._count_message_uncached(msg, encoding)
+        n = (count or self._count_message_uncached)(msg, encoding)
         self._cache[key] = n
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

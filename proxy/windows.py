@@ -66,6 +66,9 @@ _TABLE: list[tuple[str, int]] = [
     (r"deepseek-coder", 16_384),
 ]
 _PATTERNS = [(re.compile(p), w) for p, w in _TABLE]
+# Models with a longer window a request opts into (Anthropic: the `context-1m-2025-08-07` beta for
+# Sonnet 4 / 4.5 / 4.6 and Opus 4.6, docs.claude.com "Context windows", 2026-02).
+_LONG_CONTEXT = [(re.compile(r"claude-(sonnet-4|opus-4-6)"), 1_000_000)]
 _MAX_WARNED = 1024  # model names come from clients: the set of warned ones is bounded
 _warned: set[str] = set()
 
@@ -81,11 +84,18 @@ def known_window(model: str) -> int | None:
     return next((w for rx, w in _PATTERNS if rx.match(name)), None)
 
 
-def window_for(model: str, configured: int | None) -> int:
-    """`configured` (from `models:`), else the table, else DEFAULT_WINDOW with one warning."""
+def long_window(model: str) -> int | None:
+    """The window a request can opt into for this model (pure), or None."""
+    name = _normal(model)
+    return next((w for rx, w in _LONG_CONTEXT if rx.match(name)), None)
+
+
+def window_for(model: str, configured: int | None, *, long_context: bool = False) -> int:
+    """`configured` (from `models:`), else the table (the opted-into long window when
+    `long_context` and the model has one), else DEFAULT_WINDOW with one warning."""
     if configured is not None:
         return configured
-    known = known_window(model)
+    known = (long_context and long_window(model)) or known_window(model)
     if known is not None:
         return known
     if model not in _warned and len(_warned) < _MAX_WARNED:

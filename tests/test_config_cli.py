@@ -124,7 +124,15 @@ BAD = [
     ("unreadable", None, {}, "cannot read"),
     ("env-unknown", "", {"COMPACTION_PROXY_SERVER__PROT": "1"}, "server.prot: unknown key"),
     ("env-wrong-type", "", {"COMPACTION_PROXY_SERVER__PORT": "http"}, "server.port:"),
+    ("no-workers", "server: {workers: 0}\n", {}, "server.workers: Value error, must be a number of processes"),
+    ("workers-word", "", {"COMPACTION_PROXY_SERVER__WORKERS": "many"}, "server.workers: Value error"),
 ]
+
+
+def test_workers_auto_is_one_per_core():
+    assert load_config(environ={"COMPACTION_PROXY_SERVER__WORKERS": "auto"}).server.worker_count() == os.cpu_count()
+    assert load_config(environ={"COMPACTION_PROXY_SERVER__WORKERS": "3"}).server.worker_count() == 3
+    assert load_config(environ={}).server.worker_count() == 1
 
 
 @pytest.mark.parametrize("text,env,words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])

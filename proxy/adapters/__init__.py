@@ -1,1 +1,2 @@
-"""Wire protocols as adapters onto the neutral model (proxy/model.py); see base.py."""
+"""Protocol adapters: what each API's bodies, streams, errors and credentials look like, onto the
+neutral model (proxy/model.py); the interface is base.py."""

@@ -37,7 +37,7 @@ def figures(metrics: Any) -> dict[str, Any]:
     }
     if metrics is None:
         return f
-    for family in metrics.registry.collect():
+    for family in metrics.collect():
         for s in family.samples:
             name, labels, v = s.name, s.labels, s.value
             if name == "compaction_proxy_requests_total" and labels.get("protocol") != "none":

@@ -19,6 +19,14 @@ _PREFIX = os.urandom(4).hex()
 _SEQ = itertools.count(1)
 
 
+def _new_process() -> None:
+    global _PREFIX, _SEQ
+    _PREFIX, _SEQ = os.urandom(4).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_process)  # a forked worker (server.workers) gets ids of its own
+
+
 def new_request_id() -> str:
     """Unique per process start and request, cheap (no randomness per request)."""
     return f"{_PREFIX}{next(_SEQ):08x}"

@@ -110,7 +110,11 @@ def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.
 
 
 class AccessLog(Hooks):
-    """One INFO line per request, and one per compaction event, with their numbers."""
+    """One INFO line per request, and one per compaction event, with their numbers. `worker`: the
+    process id, named on each line when several workers share the port."""
+
+    def __init__(self, worker: int | None = None) -> None:
+        self.worker = worker
 
     def request_done(self, ex: Exchange) -> None:
         if not access_log.isEnabledFor(logging.INFO):
@@ -120,6 +124,8 @@ class AccessLog(Hooks):
             "request_id": ex.request_id, "method": ex.method, "path": ex.path, "status": ex.code,
             "duration_ms": round(ms, 1), "protocol": ex.protocol,
         }
+        if self.worker is not None:
+            fields["worker"] = self.worker
         if ex.tokens_before is not None:
             fields.update(
                 model=ex.model, compaction=ex.compaction, tokens_before=ex.tokens_before,

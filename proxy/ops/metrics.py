@@ -3,14 +3,23 @@
 Counters and histograms are fed by the hooks; states that already live somewhere (the store's
 health, the breakers, the bill) are read when /metrics is scraped, so they cost nothing per request.
 Label children are cached by their label values: `.labels()` formats and locks on every call.
+
+With several worker processes (`server.workers`), `share_metrics` puts every value in a per-process
+file of one directory (prometheus-client's multiprocess mode) and /metrics sums the files, so any
+worker answers for all of them; the read-at-scrape states are published into those files by each
+worker every PUBLISH_S (and by the answering one at once).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import time
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -23,11 +32,29 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180)
+PUBLISH_S = 1.0
+_shared_dir: str | None = None  # set in a worker process by share_metrics
+
+
+def share_metrics(directory: str) -> None:
+    """This process is one of several workers: its metrics live in `directory` (before any Metrics)."""
+    global _shared_dir
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # where prometheus-client's values put their files
+    values.ValueClass = values.MultiProcessValue()
+    _shared_dir = directory
 
 
 class Metrics(Hooks):
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.shared = _shared_dir
+        # What /metrics and the dashboard read: this registry, or the sum of every worker's files.
+        self.view = r
+        self._published: list[Published] = []
+        self._task: asyncio.Task[None] | None = None
+        if self.shared is not None:
+            self.view = CollectorRegistry()
+            MultiProcessCollector(self.view, self.shared)
         self.requests = Counter(P + "requests_total", "HTTP requests answered, by route, protocol, status code and "
                                 "x-compaction-status", ["route", "protocol", "code", "compaction"], registry=r)
         self.duration = Histogram(P + "request_duration_seconds", "Time from request to the end of the answer",
@@ -59,17 +86,47 @@ class Metrics(Hooks):
         self.prepared_summaries = Counter(P + "prepared_summaries_total", "Summaries prepared ahead: made, used by "
                                           "the crossing request, wasted (it called the summarizer anyway)",
                                           ["outcome"], registry=r)
-        self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r)
-        self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r)
+        self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
+                               multiprocess_mode="livesum")
+        self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
         self._req: dict[tuple[str, str, int, str], Any] = {}
         self._by_route: dict[tuple[str, str], Any] = {}
         self._by_protocol: dict[str, tuple[Any, ...]] = {}
 
     def add_collector(self, collector: Collector) -> None:
-        self.registry.register(collector)
+        if self.shared is None:
+            self.registry.register(collector)
+        else:
+            self._published.append(Published(collector))
+
+    def collect(self) -> Iterable[Any]:
+        """The metric families, as /metrics shows them."""
+        self.publish()
+        return self.view.collect()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.publish()
+        return generate_latest(self.view)
+
+    def publish(self) -> None:
+        for p in self._published:
+            p.publish()
+
+    def start(self) -> None:
+        if self._published and self._task is None:
+            self._task = asyncio.create_task(self._publish_forever(), name="metrics-publish")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _publish_forever(self) -> None:
+        while True:
+            self.publish()
+            await asyncio.sleep(PUBLISH_S)
 
     # -- hooks --------------------------------------------------------------------------------
     def request_started(self, ex: Exchange) -> None:
@@ -163,3 +220,45 @@ class StateCollector(Collector):
             cost.add_metric(["direct"], totals.direct)
             cost.add_metric(["proxy"], totals.proxy)
             yield cost
+
+
+# How a worker's read-at-scrape gauge combines with the others' (counters are summed).
+GAUGE_MODES = {P + "store_up": "livemin"}  # down when any worker finds the store down
+
+
+class Published:
+    """A read-at-scrape collector's figures, copied into this worker's metric files: counters grow
+    by what they grew since the last copy, gauges are set (combined by GAUGE_MODES, else the live
+    maximum: a breaker open in any worker shows open)."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self._metrics: dict[str, Any] = {}
+        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    def publish(self) -> None:
+        for family in self.collector.collect():
+            if family.type not in ("counter", "gauge") or not family.samples:
+                continue
+            metric = self._metrics.get(family.name)
+            if metric is None:
+                labels = list(family.samples[0].labels)
+                if family.type == "counter":
+                    metric = Counter(family.name, family.documentation, labels, registry=None)
+                else:
+                    metric = Gauge(family.name, family.documentation, labels, registry=None,
+                                   multiprocess_mode=GAUGE_MODES.get(family.name, "livemax"))
+                self._metrics[family.name] = metric
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                values_ = tuple(sample.labels.values())
+                child = metric.labels(*values_) if values_ else metric
+                if family.type == "gauge":
+                    child.set(sample.value)
+                    continue
+                key = (family.name, values_)
+                grew = sample.value - self._last.get(key, 0.0)
+                if grew > 0:
+                    child.inc(grew)
+                    self._last[key] = sample.value

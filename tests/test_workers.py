@@ -1,0 +1,122 @@
+"""`server.workers: 2` on one SQLite file (issue 18): one port, two processes, one summary.
+
+The proxy is the real console script (`python -m proxy`) with two workers; the fake upstream runs
+in a thread. Which worker answers is the kernel's choice (SO_REUSEPORT spreads connections), so
+every request here opens a connection of its own and the access log's `worker` field says who
+answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.fake_upstream import FakeUpstream
+from support.conversations import MODEL, WINDOW, client, send, synthetic
+from support.replicas import Replica
+
+SETTINGS = {
+    "server": {"workers": 2, "log_format": "json", "shutdown_grace_s": 10},
+    "models": {MODEL: {"context_window": WINDOW}},
+    "compaction": {"prepare_percent": 0, "learn_token_ratio": False},
+}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeUpstream]:
+    with FakeUpstream(window=WINDOW) as f:
+        yield f
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[Replica]:
+    p = Replica(tmp_path, "workers", fake.base_url, f"sqlite:///{tmp_path / 'store.db'}", SETTINGS)
+    p.start()
+    try:
+        p.wait_ready()
+        yield p
+    finally:
+        p.stop()
+
+
+def children(pid: int) -> set[int]:
+    """Live processes whose parent is `pid` (from /proc)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def access_lines(p: Replica, path: str) -> list[dict]:
+    lines = [json.loads(line) for line in p.log_text().splitlines() if line.startswith("{")]
+    return [r for r in lines if r["logger"] == "proxy.access" and r["path"] == path]
+
+
+def chat_requests_total(p: Replica) -> float:
+    with urllib.request.urlopen(p.root + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    # the states read at scrape time appear once, combined, not once per worker
+    assert sum(line.startswith("compaction_proxy_store_up ") for line in text.splitlines()) == 1
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("compaction_proxy_requests_total{") and 'route="/v1/chat/completions"' in line)
+
+
+async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Replica, fake: FakeUpstream) -> None:
+    assert proxy.proc is not None
+    workers = children(proxy.proc.pid)
+    assert len(workers) == 2
+
+    fake.summarizer_delay_s = 0.5  # long enough for all ten to arrive meanwhile, on either worker
+    messages = synthetic("two workers")
+    turns = await asyncio.gather(*(send(client(proxy.base_url), messages) for _ in range(10)))
+    assert len(fake.history_summarizer_requests) == 1  # one summary across both processes
+    forwarded = [r.body for r in fake.records("chat")]
+    assert len(forwarded) == 10 and len(set(forwarded)) == 1 and b"<summary>" in forwarded[0]
+    assert {t.status for t in turns} <= {"summarized", "reused"}
+
+    # Both processes answer: a connection each until both showed up (the kernel picks).
+    for _ in range(40):
+        if {r["worker"] for r in access_lines(proxy, "/healthz")} | {r["worker"] for r in access_lines(proxy, "/v1/chat/completions")} == workers:
+            break
+        await asyncio.to_thread(urllib.request.urlopen, proxy.root + "/healthz", timeout=5)
+        await asyncio.sleep(0.05)  # the line reaches the log file
+    assert {r["worker"] for r in access_lines(proxy, "/healthz") + access_lines(proxy, "/v1/chat/completions")} == workers
+    # Whichever worker answers /metrics counts every worker's requests.
+    counts = {await asyncio.to_thread(chat_requests_total, proxy) for _ in range(8)}
+    assert counts == {10.0}
+    metrics_by = {r["worker"] for r in access_lines(proxy, "/metrics")}
+    assert metrics_by, "no /metrics line in the access log"
+
+
+async def test_sigterm_drains_and_ends_both_workers(proxy: Replica, fake: FakeUpstream) -> None:
+    assert proxy.proc is not None
+    workers = children(proxy.proc.pid)
+    assert len(workers) == 2
+    fake.summarizer_delay_s = 1.5
+    in_flight = asyncio.create_task(send(client(proxy.base_url), synthetic("drained")))
+    await fake.wait_for_requests(1, "summarizer", timeout=10)
+    proxy.proc.send_signal(signal.SIGTERM)
+    turn = await asyncio.wait_for(in_flight, 20)  # the request in flight is finished, not cut
+    assert turn.status == "summarized"
+    code = await asyncio.to_thread(proxy.proc.wait, 20)
+    assert code == 0
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert "Traceback" not in proxy.log_text()
