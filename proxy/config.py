@@ -190,6 +190,16 @@ class ToolResultsConfig(_Section):
     max_output_tokens: int = Field(2000, ge=64)
 
 
+class RecallConfig(_Section):
+    """The recall tool (design 13): the model looks up what compaction replaced."""
+
+    enabled: bool = True
+    # The function's name; when a client declares a tool of that name, a suffixed one is used.
+    tool_name: str = Field("context_recall", pattern=r"^[A-Za-z0-9_-]{1,48}$")
+    max_tokens: int = Field(4000, ge=200)  # one answer of the tool, at most (more: by page)
+    max_rounds: int = Field(3, ge=1)  # lookups answered inside one client request; then the model is told no more
+
+
 class StoreConfig(_Section):
     url: str = "sqlite:///compaction-proxy.db"
     scope_secret: SecretStr | None = None
@@ -240,6 +250,18 @@ class BillingConfig(_Section):
     max_conversations: int = Field(1000, ge=1)  # per-conversation figures kept in memory
 
 
+class ResponsesConfig(_Section):
+    """The Responses API (spec 11)."""
+
+    # Serve /v1/responses/compact here (the proxy's own compaction items) even when the upstream
+    # serves it; otherwise it is passed through, and served here only when the upstream answers
+    # 404/405 (a local server, vLLM, llama.cpp).
+    serve_compact: bool = False
+    # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
+    # chat completion for an upstream that serves both and is better at chat.
+    summarizer_api: Literal["responses", "chat"] = "responses"
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
@@ -247,11 +269,13 @@ class Config(_Section):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
+    recall: RecallConfig = Field(default_factory=RecallConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     journal: JournalConfig = Field(default_factory=JournalConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""

@@ -27,6 +27,9 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
     "compaction-summary-context": frozenset({"summary"}),
     "system-annotation": frozenset({"message_count"}),
     "tool-result-summarizer": frozenset({"tool_name"}),
+    "recall-tool": frozenset(),
+    "recall-exhausted": frozenset(),
+    "recall-unavailable": frozenset(),
 }
 
 

@@ -113,6 +113,18 @@ class TokenCounter:
             self._cache.popitem(last=False)
         return n
 
+    def count_keyed(self, encoding: str, digest: Hashable, count: Callable[[], int]) -> int:
+        """`count()`, cached by (encoding, digest) like a message: for a protocol whose items are
+        not chat messages (their adapter knows how to count them)."""
+        key = (encoding, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        n = self._cache[key] = count()
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return n
+
     def _count_message_uncached(self, msg: dict[str, Any], enc: str) -> int:
         n = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role", "")), enc)
         n += self.count_content(msg.get("content"), enc)

@@ -19,6 +19,9 @@ PLACEHOLDERS: dict[str, tuple[set[str], set[str]]] = {
     "compaction-summary-context.md": ({"summary"}, {"summary"}),
     "system-annotation.md": ({"message_count"}, {"message_count"}),
     "tool-result-summarizer.md": ({"tool_name"}, {"tool_name"}),
+    "recall-tool.md": (set(), set()),
+    "recall-exhausted.md": (set(), set()),
+    "recall-unavailable.md": (set(), set()),
 }
 
 # The product's own list: the prompts must ask for exactly what the summarizer checks.

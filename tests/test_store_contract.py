@@ -286,6 +286,86 @@ async def test_replicas_share_records_locks_expiry_and_the_bound(
     assert await b.get_many(["x", "y", "z"]) == {"z": b"3"}
 
 
+# -- originals (recall, design 13.1) -------------------------------------------------------------
+
+ORIG_A = "orig:scopea:"
+ORIG_B = "orig:scopeb:"
+
+
+async def test_originals_are_found_by_identifier_and_by_words(store: Store) -> None:
+    await store.put_original(ORIG_A + "h1", b"Traceback: ValueError: bad checksum in block 3391",
+                             ["3391", "ValueError: bad checksum in block 3391"])
+    await store.put_original(ORIG_A + "h2", "the deploy of commit 3f9a2c1e went to staging; caf\u00e9".encode(),
+                             ["3f9a2c1e"])
+    assert await store.get(ORIG_A + "h1") == b"Traceback: ValueError: bad checksum in block 3391"
+    assert await store.find_originals(ORIG_A, [], ["3f9a2c1e"], 10) == [ORIG_A + "h2"]
+    assert await store.find_originals(ORIG_A, ["checksum"], [], 10) == [ORIG_A + "h1"]
+    assert await store.find_originals(ORIG_A, ["staging", "nothing"], [], 10) == [ORIG_A + "h2"]
+    assert await store.find_originals(ORIG_A, ["absent"], ["3f9a2c"], 10) == []  # identifiers match exactly
+    # an identifier match comes before any number of words
+    assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 10) == [
+        ORIG_A + "h2", ORIG_A + "h1"]
+    assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 1) == [ORIG_A + "h2"]
+
+
+async def test_originals_are_found_only_in_their_own_scope(store: Store) -> None:
+    await store.put_original(ORIG_A + "h1", b"alpha secret 7f3e9a1 of scope a", ["7f3e9a1"])
+    await store.put_original(ORIG_B + "h9", b"beta words of scope b", ["b0b0b0b1"])
+    assert await store.find_originals(ORIG_B, ["alpha", "secret"], ["7f3e9a1"], 10) == []
+    assert await store.find_originals(ORIG_A, ["beta", "words"], ["b0b0b0b1"], 10) == []
+    assert await store.find_originals(ORIG_B, ["beta"], [], 10) == [ORIG_B + "h9"]
+
+
+async def test_an_originals_index_goes_with_it(store: Store, clock: FakeClock) -> None:
+    await store.put_original(ORIG_A + "gone", b"expiring words here", ["id-42x"])
+    await store.put_original(ORIG_A + "kept", b"other words here", [])
+    assert await store.delete(ORIG_A + "gone") is True
+    assert await store.find_originals(ORIG_A, ["expiring"], ["id-42x"], 10) == []
+    # an overwrite re-indexes: the old words and identifiers find nothing
+    await store.put_original(ORIG_A + "kept", b"replacement text", ["new-id-7"])
+    assert await store.find_originals(ORIG_A, ["other"], [], 10) == []
+    assert await store.find_originals(ORIG_A, ["replacement"], ["new-id-7"], 10) == [ORIG_A + "kept"]
+    clock.advance(TTL + 1)  # expiry by the clock
+    assert await store.find_originals(ORIG_A, ["replacement"], ["new-id-7"], 10) == []
+    assert await store.get(ORIG_A + "kept") is None
+
+
+async def test_originals_share_the_ttl_and_a_read_refreshes_them(store: Store, clock: FakeClock) -> None:
+    await store.put_original(ORIG_A + "h", b"some words", [])
+    clock.advance(TTL - 1)
+    assert await store.get(ORIG_A + "h") == b"some words"  # a lookup is a use
+    clock.advance(TTL - 1)
+    assert await store.find_originals(ORIG_A, ["words"], [], 10) == [ORIG_A + "h"]
+    clock.advance(2)
+    assert await store.find_originals(ORIG_A, ["words"], [], 10) == []
+
+
+async def test_store_growth_with_originals_stays_within_max_records(make_store: MakeStore, clock: FakeClock) -> None:
+    """At the edge: originals and records share one bound; evicted originals leave no index."""
+    store = make_store(max_records=5)
+    await store.put("sum:x", b"record")
+    for i in range(12):
+        await store.put_original(f"{ORIG_A}h{i:02d}", f"common word unique{i}".encode(), [f"ident-{i}x"])
+        clock.advance(1)
+    keys = ["sum:x"] + [f"{ORIG_A}h{i:02d}" for i in range(12)]
+    live = await store.get_many(keys)
+    assert sorted(live) == [f"{ORIG_A}h{i:02d}" for i in range(7, 12)]  # the newest five: the bound
+    found = await store.find_originals(ORIG_A, ["common"], [], 100)
+    assert sorted(found) == sorted(live)
+    assert await store.find_originals(ORIG_A, ["unique3"], ["ident-3x"], 10) == []
+    clock.advance(TTL + 1)
+    assert await store.find_originals(ORIG_A, ["common"], [], 100) == []
+
+
+async def test_replicas_find_each_others_originals(backend: str, make_store: MakeStore) -> None:
+    if backend == "memory":
+        pytest.skip("memory:// is private to one process")
+    a, b = make_store(), make_store()
+    await a.put_original(ORIG_A + "h", b"shared across replicas", ["rep-1a"])
+    assert await b.find_originals(ORIG_A, ["replicas"], [], 10) == [ORIG_A + "h"]
+    assert await b.find_originals(ORIG_A, [], ["rep-1a"], 10) == [ORIG_A + "h"]
+
+
 # -- logs (the journal) -------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import aiohttp
 from multidict import CIMultiDict
@@ -64,6 +64,15 @@ class DryRunStore(Store):
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self.overlay.append(name, value, max_len)
+
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        await self.overlay.put_original(key, value, identifiers)
+
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        found = await self.inner.find_originals(prefix, words, identifiers, limit)
+        return found + [k for k in await self.overlay.find_originals(prefix, words, identifiers, limit) if k not in found]
 
     async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
         return await self.inner.tail(name, n)

@@ -11,15 +11,22 @@ guarantees, which tests/test_store_contract.py checks against all three:
 - logs (the journal of compaction events) are a second, separate namespace: `append(name, value,
   max_len)` adds an entry stamped with the clock and keeps the newest `max_len`; an entry expires
   `ttl_s` after it was appended (reads do not refresh it); `tail(name, n)` is the newest n live
-  entries, oldest first. Logs do not count towards `max_records`.
+  entries, oldest first. Logs do not count towards `max_records`;
+- originals (what compaction replaced, kept for recall: design 13.1) are expiring keys like any
+  other (same TTL, refreshed by reads, counted in `max_records`, evicted least recently used),
+  written by `put_original` with an index: their identifiers exactly, the words of their value
+  for search. `find_originals(prefix, ...)` returns live keys under one prefix only (the prefix
+  holds the credential scope), so an index never leads from one scope to another's originals.
+  The index of an original goes with it (eviction, expiry, delete, overwrite).
 Time comes from an injectable `clock` so expiry is testable without sleeping.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Callable, Sequence
 
 Clock = Callable[[], float]
 
@@ -59,6 +66,19 @@ class Store(ABC):
         return {}
 
     @abstractmethod
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        """Store an original (an expiring key with the store's TTL) and index it: `identifiers`
+        exactly, the words of `value` (UTF-8 text) for search."""
+
+    @abstractmethod
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        """Keys of live originals under `prefix` (everything up to the last `:` of their keys) that carry one of `identifiers` exactly or one of
+        `words` (lower case, as `index_words` cuts them), best first: identifier matches, then by
+        how well the words match; at most `limit`. Reads nothing else and refreshes nothing."""
+
+    @abstractmethod
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         """Add an entry to the end of log `name`; keep its newest `max_len` entries."""
 
@@ -74,3 +94,18 @@ class Store(ABC):
 
     def _ttl(self, ttl_s: float | None) -> float | None:
         return self.ttl_s if ttl_s is ... else ttl_s
+
+
+_WORD = re.compile(r"[^\W_]+")
+MAX_WORD_CHARS = 64  # longer runs (base64, minified code) are no words anyone searches for
+
+
+def index_words(text: str) -> list[str]:
+    """The distinct words of a text as every backend indexes them: runs of letters and digits,
+    lower-cased (what SQLite FTS5's default tokenizer keeps, near enough; `max_conn` is two)."""
+    seen: dict[str, None] = {}
+    for m in _WORD.finditer(text):
+        w = m.group(0).lower()
+        if len(w) <= MAX_WORD_CHARS:
+            seen.setdefault(w, None)
+    return list(seen)

@@ -6,10 +6,11 @@ Nothing is shared between processes and nothing survives a restart.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Sequence
 
-from .base import Clock, Store
+from .base import Clock, Store, index_words
 
 
 @dataclass(slots=True)
@@ -17,6 +18,7 @@ class _Entry:
     value: bytes
     ttl_s: float
     last_used: float
+    terms: tuple[str, ...] = field(default=())  # an original's index entries ("i:"/"w:" + term)
 
 
 class MemoryStore(Store):
@@ -26,6 +28,7 @@ class MemoryStore(Store):
         self._lru: OrderedDict[str, _Entry] = OrderedDict()
         self._permanent: dict[str, bytes] = {}
         self._logs: dict[str, deque[tuple[float, bytes]]] = {}
+        self._index: defaultdict[str, set[str]] = defaultdict(set)  # "i:"/"w:" + term -> original keys
 
     def _live(self, key: str, now: float) -> bytes | None:
         """The key's value unless absent or expired (an expired entry is dropped on sight)."""
@@ -35,7 +38,7 @@ class MemoryStore(Store):
         if entry is None:
             return None
         if now - entry.last_used >= entry.ttl_s:
-            del self._lru[key]
+            self._unindex(key, self._lru.pop(key))
             return None
         return entry.value
 
@@ -53,15 +56,51 @@ class MemoryStore(Store):
                 self._lru.move_to_end(key)
         return found
 
-    def _set(self, key: str, value: bytes, ttl_s: float | None, now: float) -> None:
-        self._lru.pop(key, None)
-        self._permanent.pop(key, None)
+    def _set(self, key: str, value: bytes, ttl_s: float | None, now: float, terms: tuple[str, ...] = ()) -> None:
+        self._drop(key)
         if ttl_s is None:
             self._permanent[key] = value
             return
-        self._lru[key] = _Entry(value, ttl_s, now)
+        self._lru[key] = _Entry(value, ttl_s, now, terms)
+        for t in terms:
+            self._index[t].add(key)
         while len(self._lru) > self.max_records:
-            self._lru.popitem(last=False)
+            self._unindex(*self._lru.popitem(last=False))
+
+    def _drop(self, key: str) -> None:
+        entry = self._lru.pop(key, None)
+        if entry is not None:
+            self._unindex(key, entry)
+        self._permanent.pop(key, None)
+
+    def _unindex(self, key: str, entry: _Entry) -> None:
+        for t in entry.terms:
+            keys = self._index.get(t)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._index[t]
+
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        terms = (*(f"i:{i}" for i in dict.fromkeys(identifiers)),
+                 *(f"w:{w}" for w in index_words(value.decode("utf-8", "replace"))))
+        self._set(key, value, self.ttl_s, self.clock(), terms)
+
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        now = self.clock()
+        score: dict[str, float] = {}
+        for terms, weight in ((identifiers, 1000.0), (words, 1.0)):
+            for t in dict.fromkeys(terms):
+                for key in self._index.get(("i:" if weight > 1 else "w:") + t, ()):
+                    if key.startswith(prefix):
+                        score[key] = score.get(key, 0.0) + weight
+        live = [k for k in score if (e := self._lru.get(k)) is not None and now - e.last_used < e.ttl_s]
+        # best first; among equals the most recently used
+        order = {k: i for i, k in enumerate(self._lru)}
+        live.sort(key=lambda k: (-score[k], -order[k]))
+        return live[:limit]
 
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         self._set(key, value, self._ttl(ttl_s), self.clock())
@@ -88,6 +127,5 @@ class MemoryStore(Store):
         value = self._live(key, self.clock())
         if value is None or (expected is not None and value != expected):
             return False
-        self._lru.pop(key, None)
-        self._permanent.pop(key, None)
+        self._drop(key)
         return True

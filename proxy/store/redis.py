@@ -6,7 +6,13 @@ Layout under the namespace `<ns>` (default "cp:"):
 - `<ns>ttl`     HASH of each expiring key's own TTL in milliseconds.
 Expiry and LRU eviction are decided from the ZSET, so they follow the same clock as the other
 backends (and tests need no sleeping); PEXPIRE only reclaims memory when nobody reads a key.
-Permanent keys appear in neither ZSET nor HASH. Every operation is one Lua script, so each is
+Permanent keys appear in neither ZSET nor HASH.
+Originals (design 13.1) have a plain inverted index, no module needed: `<ns>ix:<prefix>i:<ident>`
+and `<ns>ix:<prefix>w:<word>` are SETs of value keys (the prefix holds the scope, so a search
+never sees another scope's sets), and `<ns>ixk:<key>` lists the SETs one original is in, so that
+whatever drops the value (eviction, expiry by the clock, delete) drops its index entries in the
+same script. A value Redis expired by itself leaves entries behind until a search meets them (it
+prunes them) or its ZSET entry is evicted: bounded like the ZSET. Every operation is one Lua script, so each is
 atomic across replicas. Bookkeeping left behind by a key that PEXPIRE removed is harmless: it is
 the oldest entry in the ZSET, so the next eviction pops it first, and the ZSET stays bounded.
 """
@@ -14,7 +20,7 @@ the oldest entry in the ZSET, so the next eviction pops it first, and the ZSET s
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -22,15 +28,23 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from .base import Clock, Store, StoreUnavailable
+from .base import Clock, Store, StoreUnavailable, index_words
 
 _CHUNK = 500  # keys per script call, so that one read never blocks Redis for long
 
 # Lua helpers shared by the scripts. KEYS[1] is the ZSET, KEYS[2] the HASH, then value keys.
 _LIB = """
 local lru, ttls = KEYS[1], KEYS[2]
+local ns = string.sub(lru, 1, #lru - 3)
+-- An original's index entries go with it (no-op for other keys: their list does not exist).
+local function unindex(k)
+  local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)
+  local sets = redis.call('SMEMBERS', ik)
+  for i = 1, #sets do redis.call('SREM', sets[i], k) end
+  if #sets > 0 then redis.call('DEL', ik) end
+end
 local function drop(k)
-  redis.call('DEL', k); redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k)
+  redis.call('DEL', k); redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k); unindex(k)
 end
 -- The value, or false when absent or unused for longer than its TTL (then it is dropped).
 local function live(k, now)
@@ -61,7 +75,7 @@ local function store(k, now, nx)
   if over > 0 then
     local popped = redis.call('ZPOPMIN', lru, over)
     for i = 1, #popped, 2 do
-      redis.call('DEL', popped[i]); redis.call('HDEL', ttls, popped[i])
+      redis.call('DEL', popped[i]); redis.call('HDEL', ttls, popped[i]); unindex(popped[i])
     end
   end
   return 1
@@ -102,6 +116,49 @@ drop(KEYS[3])
 return 1
 """
 
+# ARGV: value, now, ttl ms, max_records, then the index SETs the original goes in.
+_PUT_ORIGINAL = _LIB + """
+local k = KEYS[3]
+unindex(k)
+local stored = store(k, tonumber(ARGV[2]), false)
+local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)
+for i = 5, #ARGV do
+  redis.call('SADD', ARGV[i], k); redis.call('SADD', ik, ARGV[i])
+end
+return stored
+"""
+
+# ARGV: now, limit, n, then n identifier SETs, then word SETs. Live value keys, best first:
+# identifier matches weigh more than any number of words; ties go to the most recently used.
+_FIND_ORIGINALS = _LIB + """
+local now, limit, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local score, seen = {}, {}
+for i = 4, #ARGV do
+  local weight = (i < 4 + n) and 1000 or 1
+  local members = redis.call('SMEMBERS', ARGV[i])
+  for j = 1, #members do
+    local m = members[j]
+    if not score[m] then score[m] = 0; seen[#seen + 1] = m end
+    score[m] = score[m] + weight
+  end
+end
+local out, used = {}, {}
+for i = 1, #seen do
+  local k = seen[i]
+  if live(k, now) then
+    out[#out + 1] = k; used[k] = tonumber(redis.call('ZSCORE', lru, k) or 0)
+  else
+    drop(k)  -- expired by Redis itself, or by the clock: prune what led here
+  end
+end
+table.sort(out, function(a, b)
+  if score[a] ~= score[b] then return score[a] > score[b] end
+  return used[a] > used[b]
+end)
+local top = {}
+for i = 1, math.min(limit, #out) do top[i] = out[i] end
+return top
+"""
 
 # Logs: `<ns>log:<name>` is a LIST of "<time> <value>" entries, newest last. ARGV: entry, max_len,
 # ttl ms (the list's own PEXPIRE: a log nobody appends to for a TTL is gone whole).
@@ -141,6 +198,8 @@ class RedisStore(Store):
         self._add = self._redis.register_script(_ADD)
         self._delete = self._redis.register_script(_DELETE)
         self._append = self._redis.register_script(_APPEND)
+        self._put_original = self._redis.register_script(_PUT_ORIGINAL)
+        self._find_originals = self._redis.register_script(_FIND_ORIGINALS)
 
     def _key(self, key: str) -> str:
         return f"{self._ns}k:{key}"
@@ -175,6 +234,29 @@ class RedisStore(Store):
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         args = [repr(self.clock()), "0" if expected is None else "1", expected or b""]
         return bool(await self._call(self._delete, [self._key(key)], args))
+
+    def _index_key(self, prefix: str, kind: str, term: str) -> str:
+        return f"{self._ns}ix:{prefix}{kind}:{term}"
+
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        if not key.startswith("orig:"):
+            raise ValueError("an original's key starts with 'orig:'")
+        prefix = key[: key.rfind(":") + 1]  # orig:<scope>: the index is per scope
+        sets = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
+        sets += [self._index_key(prefix, "w", w) for w in index_words(value.decode("utf-8", "replace"))]
+        args = [value, repr(self.clock()), self._ttl_ms(...), self.max_records, *sets]
+        await self._call(self._put_original, [self._key(key)], args)
+
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        if not prefix or limit <= 0 or not (words or identifiers):
+            return []
+        idents = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
+        sets = idents + [self._index_key(prefix, "w", w) for w in dict.fromkeys(words)]
+        found = await self._call(self._find_originals, [], [repr(self.clock()), limit, len(idents), *sets])
+        strip = len(self._key(""))
+        return [k.decode()[strip:] for k in found]
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         entry = repr(self.clock()).encode() + b" " + value

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Sequence, TypeVar
 
 from .base import Clock, Store, StoreUnavailable
 
@@ -89,6 +89,14 @@ class ResilientStore(Store):
 
     async def scan(self, prefix: str) -> dict[str, bytes]:
         return await self._guard(lambda: self.inner.scan(prefix), {})
+
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        await self._guard(lambda: self.inner.put_original(key, value, identifiers), None)
+
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        return await self._guard(lambda: self.inner.find_originals(prefix, words, identifiers, limit), [])
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self._guard(lambda: self.inner.append(name, value, max_len), None)

@@ -7,6 +7,11 @@ unreachable recovers by itself once it is reachable again.
 
 A key's own TTL is `expires_at - last_used` (both are set together), which lets a read extend
 each key by its own TTL (locks use a shorter one than records) without storing it separately.
+
+Originals (keys `orig:...`) are kv rows like any other; their index lives beside them: an FTS5
+table without content of its own (the text is the kv value, indexed once) and a table of exact
+identifiers, both tied to the row through `orig_doc`. Triggers on kv keep the index in step with
+every way a row goes (delete, eviction, expiry sweep, overwrite), so it never outlives its row.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from .base import Clock, Store, StoreUnavailable
 
@@ -54,6 +59,26 @@ CREATE INDEX IF NOT EXISTS log_name_seq ON log (name, seq);
 CREATE TRIGGER IF NOT EXISTS kv_count_update AFTER UPDATE OF expires_at ON kv
 WHEN (OLD.expires_at IS NULL) != (NEW.expires_at IS NULL)
 BEGIN UPDATE kv_count SET expiring = expiring + (NEW.expires_at IS NOT NULL) - (OLD.expires_at IS NOT NULL); END;
+""" + """
+CREATE TABLE IF NOT EXISTS orig_doc (id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL);
+CREATE TABLE IF NOT EXISTS orig_ident (ident TEXT NOT NULL, doc INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS orig_ident_ident ON orig_ident (ident);
+CREATE INDEX IF NOT EXISTS orig_ident_doc ON orig_ident (doc);
+CREATE VIRTUAL TABLE IF NOT EXISTS orig_fts USING fts5(body, content='');
+CREATE TRIGGER IF NOT EXISTS orig_delete AFTER DELETE ON kv WHEN OLD.key GLOB 'orig:*'
+BEGIN
+  INSERT INTO orig_fts (orig_fts, rowid, body)
+    SELECT 'delete', id, CAST(OLD.value AS TEXT) FROM orig_doc WHERE key = OLD.key;
+  DELETE FROM orig_ident WHERE doc = (SELECT id FROM orig_doc WHERE key = OLD.key);
+  DELETE FROM orig_doc WHERE key = OLD.key;
+END;
+CREATE TRIGGER IF NOT EXISTS orig_update AFTER UPDATE OF value ON kv
+WHEN OLD.key GLOB 'orig:*' AND OLD.value IS NOT NEW.value
+BEGIN
+  INSERT INTO orig_fts (orig_fts, rowid, body)
+    SELECT 'delete', id, CAST(OLD.value AS TEXT) FROM orig_doc WHERE key = OLD.key;
+  INSERT INTO orig_fts (rowid, body) SELECT id, CAST(NEW.value AS TEXT) FROM orig_doc WHERE key = OLD.key;
+END;
 """
 
 _UPSERT = """
@@ -181,6 +206,43 @@ class SqliteStore(Store):
         ).fetchall()
         return [(at, bytes(v)) for at, v in reversed(rows)]
 
+    def _put_original(
+        self, conn: sqlite3.Connection, key: str, value: bytes, identifiers: list[str], now: float
+    ) -> None:
+        with _transaction(conn):
+            conn.execute("DELETE FROM kv WHERE key = ?", (key,))  # the trigger drops its old index
+            conn.execute(_UPSERT, (key, value, now + self.ttl_s, now))
+            doc = conn.execute("INSERT INTO orig_doc (key) VALUES (?)", (key,)).lastrowid
+            # the same expression as the triggers' 'delete': FTS5 must be told the very text it indexed
+            conn.execute("INSERT INTO orig_fts (rowid, body) VALUES (?, CAST(? AS TEXT))", (doc, value))
+            conn.executemany("INSERT INTO orig_ident (ident, doc) VALUES (?, ?)", [(i, doc) for i in identifiers])
+            self._after_write(conn, now)
+
+    def _find_originals(
+        self, conn: sqlite3.Connection, prefix: str, words: list[str], identifiers: list[str], limit: int, now: float
+    ) -> list[str]:
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        live = "d.key >= ? AND d.key < ? AND (kv.expires_at IS NULL OR kv.expires_at > ?)"
+        found: list[str] = []
+        for i in range(0, len(identifiers), _CHUNK):
+            chunk = identifiers[i : i + _CHUNK]
+            rows = conn.execute(
+                "SELECT d.key FROM orig_ident x JOIN orig_doc d ON d.id = x.doc JOIN kv ON kv.key = d.key"
+                f" WHERE x.ident IN ({','.join('?' * len(chunk))}) AND {live}"
+                " GROUP BY d.key ORDER BY count(*) DESC, max(kv.last_used) DESC LIMIT ?",
+                (*chunk, prefix, upper, now, limit),
+            )
+            found += [k for (k,) in rows if k not in found]
+        if words and len(found) < limit:
+            query = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+            rows = conn.execute(
+                "SELECT d.key FROM orig_fts JOIN orig_doc d ON d.id = orig_fts.rowid JOIN kv ON kv.key = d.key"
+                f" WHERE orig_fts MATCH ? AND {live} ORDER BY bm25(orig_fts) LIMIT ?",
+                (query, prefix, upper, now, limit),
+            )
+            found += [k for (k,) in rows if k not in found]
+        return found[:limit]
+
     def _delete(
         self, conn: sqlite3.Connection, key: str, expected: bytes | None, now: float
     ) -> bool:
@@ -229,6 +291,19 @@ class SqliteStore(Store):
             return dict(cur.fetchall())
 
         return await self._run(rows, self.clock())
+
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+        if not key.startswith("orig:"):
+            raise ValueError("an original's key starts with 'orig:'")
+        await self._run(self._put_original, key, value, list(dict.fromkeys(identifiers)), self.clock())
+
+    async def find_originals(
+        self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
+    ) -> list[str]:
+        if not prefix or limit <= 0 or not (words or identifiers):
+            return []
+        return await self._run(self._find_originals, prefix, list(dict.fromkeys(words)),
+                               list(dict.fromkeys(identifiers)), limit, self.clock())
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self._run(self._append, name, value, max_len, self.clock())

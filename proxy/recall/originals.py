@@ -1,0 +1,114 @@
+"""What compaction replaced, kept for recall (design 13.1): saving, looking up and searching originals.
+
+An original is one replaced text (a masked tool output, a tool output made into a note, a span of
+summarized messages) under the handle its stub, note or summary names (`recall id ...`). It is
+stored under `orig:<scope>:<handle>`: the credential scope is part of the key, so a handle guessed
+or copied from another client finds nothing, and a search only reads its own scope's index.
+The stored value is one JSON line (kind, label) and the text, verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.compaction import extract
+from proxy.store.base import Store, index_words
+
+MAX_IDENTIFIERS = 2000  # indexed exactly per original, at most (first seen first)
+_HANDLE = re.compile(r"^[0-9a-f]{6,64}$")
+# Words that match nearly every text: a search on them finds noise, not the original asked for.
+_STOPWORDS = frozenset(
+    "a an and are as at be been but by can could did do does for from had has have how i in is it its of on or "
+    "our so that the their then there these this those to was we were what when where which who why will with "
+    "you your me my about exact exactly original text said say value line please tell".split()
+)
+
+
+class RecallUnavailable(Exception):
+    """The store cannot be read now: the tool says so, the request goes on."""
+
+
+@dataclass(frozen=True)
+class Original:
+    handle: str
+    kind: str  # "tool output" | "messages"
+    label: str  # what it was, for the model: the call that produced it, or which messages
+    text: str
+
+
+def encode(o: Original) -> bytes:
+    return orjson.dumps({"kind": o.kind, "label": o.label}) + b"\n" + o.text.encode("utf-8", "surrogatepass")
+
+
+def decode(handle: str, raw: bytes) -> Original | None:
+    head, sep, body = raw.partition(b"\n")
+    try:
+        meta = orjson.loads(head)
+        return Original(handle, str(meta["kind"]), str(meta["label"]), body.decode("utf-8", "surrogatepass"))
+    except (orjson.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def valid_handle(handle: str) -> bool:
+    return bool(_HANDLE.match(handle))
+
+
+def query_terms(query: str) -> tuple[list[str], list[str]]:
+    """(words, identifiers) of a search: the query itself and the identifiers in it are looked up
+    exactly; its words, less the ones that match everything, for full-text search."""
+    q = query.strip()
+    idents = list(dict.fromkeys([q, *extract.find_identifiers(q)])) if q else []
+    words = [w for w in index_words(q) if w not in _STOPWORDS and len(w) > 1]
+    return words, idents
+
+
+class Originals:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def prefix(scope: str) -> str:
+        return f"orig:{scope}:"
+
+    def _check(self) -> None:
+        # ResilientStore answers a miss while the backend is down; a lookup must tell the two apart.
+        if getattr(self.store, "healthy", True) is False:
+            raise RecallUnavailable("the store is unavailable")
+
+    async def save(self, scope: str, original: Original) -> None:
+        """Store (or refresh) an original with its index. Never raises on a store outage."""
+        text = original.text
+        idents = (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+        await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
+
+    async def saved(self, scope: str, handles: list[str]) -> set[str]:
+        """Which of these handles are stored already (their originals need no second write)."""
+        keys = [self.prefix(scope) + h for h in handles]
+        found = await self.store.get_many(keys)
+        return {h for h, k in zip(handles, keys) if k in found}
+
+    async def get(self, scope: str, handle: str) -> Original | None:
+        if not valid_handle(handle):
+            return None
+        raw = await self.store.get(self.prefix(scope) + handle)
+        self._check()
+        return decode(handle, raw) if raw is not None else None
+
+    async def search(self, scope: str, query: str, limit: int = 8) -> list[Original]:
+        words, idents = query_terms(query)
+        if not words and not idents:
+            return []
+        prefix = self.prefix(scope)
+        keys = await self.store.find_originals(prefix, words, idents, limit)
+        self._check()
+        found = await self.store.get_many(keys) if keys else {}
+        self._check()
+        out = []
+        for k in keys:
+            o = decode(k[len(prefix):], found[k]) if k in found else None
+            if o is not None:
+                out.append(o)
+        return out
