@@ -82,7 +82,10 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
     before = conv.total()
     ex.conversation = conversation_digest(creds.scope or "", conv.first_digest())
     if creds.scope is None:
-        return Prepared(raw, body, _headers("none", before, before, 0, 0), streaming)
+        # No credential, no configured key, no session id: any other such client could be served
+        # this one's records, so none are kept or read for it (as on the chat path).
+        over = cfg.compaction.enabled and before > rt.compaction.budget_for(conv.model).threshold
+        return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
     ctx = RequestContext(upstream_headers=creds.headers, scope=creds.scope,
                          focus=incoming.get("x-compaction-focus") or None, conversation=ex.conversation)
     try:
