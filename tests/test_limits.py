@@ -159,8 +159,8 @@ async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_prox
     await upstream.wait_for_requests(1, "summarizer")  # the worker took job 0
     for i in range(1, n + 1):
         await past_80_percent(i)
-    assert engine._queue is not None and engine._queue.qsize() == n  # exactly at the limit: all queued
+    assert engine.preparer.running and engine.preparer.queued == n  # exactly at the limit: all queued
     assert not [r for r in caplog.records if "prepare queue full" in r.getMessage()]
     await past_80_percent(n + 1)
-    assert engine._queue.qsize() == n
+    assert engine.preparer.queued == n
     assert len([r for r in caplog.records if "prepare queue full" in r.getMessage()]) == 1
