@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.fake_upstream import FakeUpstream
+from support.client import KEY, openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import redis_server  # noqa: F401
 
@@ -48,7 +49,20 @@ async def proxy(upstream, make_proxy):
 
 
 @pytest.fixture
-def client(proxy):
-    from openai import AsyncOpenAI
+async def client_for():
+    """`client_for(proxy_or_fake, key)`: a real AsyncOpenAI client (support.client.openai_client),
+    closed after the test inside its loop."""
+    made = []
 
-    return AsyncOpenAI(base_url=proxy.base_url, api_key="sk-test-key", max_retries=0)
+    def make(to, key: str = KEY, **kw):
+        made.append(openai_client(to, key, **kw))
+        return made[-1]
+
+    yield make
+    for c in made:
+        await c.close()
+
+
+@pytest.fixture
+def client(proxy, client_for):
+    return client_for(proxy)

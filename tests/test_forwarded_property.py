@@ -6,14 +6,13 @@ fake upstream receives (the overflow retry's included) goes through `check_forwa
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import aiohttp
 import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from support.client import post
 from support.compaction_helpers import filler, text_of
 from support.invariants import check_forwarded
 from support.proxy_server import start_proxy
@@ -87,10 +86,7 @@ async def test_every_forwarded_request_keeps_the_invariant(upstream, messages, s
     })
     try:
         body = {"model": MODEL, "messages": messages, "stream": setup["stream"]}
-        async with aiohttp.ClientSession() as s:
-            async with s.post(proxy.base_url + "/chat/completions", data=orjson.dumps(body)) as r:
-                status, headers = r.status, r.headers
-                await asyncio.wait_for(r.read(), BOUND_S)
+        status, headers, _ = await post(proxy, orjson.dumps(body), timeout=BOUND_S)
     finally:
         await proxy.close()
     event(f"status {headers['x-compaction-status']}, HTTP {status}")  # --hypothesis-show-statistics

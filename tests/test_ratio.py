@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from openai import AsyncOpenAI
 
 from proxy.ratio import HIGH, LOW, MIN_TOKENS, update_ratio
+from support.client import chat, openai_client
 from support.compaction_helpers import chat_history
 
 MODEL = "gpt-4"
@@ -33,11 +33,9 @@ def growing(turns: int):
 
 async def replay(proxy, points):
     statuses = []
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-ratio", max_retries=0) as client:
+    async with openai_client(proxy, "sk-ratio") as client:
         for history in points:
-            raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
-            raw.parse()
-            statuses.append(raw.headers["x-compaction-status"])
+            statuses.append((await chat(client, history, model=MODEL)).status)
     return statuses
 
 
