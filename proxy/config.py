@@ -147,7 +147,8 @@ class CompactionConfig(_Section):
     # summary is made only when that is not enough.
     mask_tool_outputs: bool = True
     # The identifier block of a summary grows with the summarized span up to this share of the
-    # target; identifiers that do not fit are listed in the record for recall.
+    # target, plus the room the model's text and the files block left unused; identifiers that do
+    # not fit are listed in the record for recall.
     identifiers_share: float = Field(0.15, ge=0, le=0.5)
     # A digest written by code (the summarizer failed and the request did not fit the window)
     # lives this long: then the summarizer is asked again.

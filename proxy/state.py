@@ -123,7 +123,7 @@ class ProxyState:
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
-            metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill, compaction.stats))
             metrics.start()
             series.start()
         return cls(

@@ -153,3 +153,34 @@ async def test_metrics_can_be_turned_off(upstream, make_proxy):
     assert answers[0].headers["x-compaction-status"] == "none"
     assert proxy.state.metrics is None
     assert (await get(proxy.root, "/metrics")).status == 404
+
+
+async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy):
+    """Masks, summaries and digests the engine made, identifiers left for recall and cached-call
+    fallbacks: each series equals the engine's own tally, and each moved in this replay."""
+    from openai import AsyncOpenAI
+
+    from proxy.ops.metrics import ENGINE_TIERS
+    from support.careless import CarelessSummarizer
+    from support.coding_session import coding_session
+
+    s = coding_session(24)
+    upstream.window = 12000
+    upstream.summarizer = CarelessSummarizer()  # replies now and then: the cached call falls back
+    proxy = await make_proxy(upstream.base_url, {
+        "models": {"gpt-4": {"context_window": 12000}},
+        "compaction": {"prepare_percent": 0, "cached_summary_call": True, "identifiers_share": 0.02}})
+    points = s.request_points()
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0) as client:
+        for k, history in enumerate(points):
+            if k == 2 * len(points) // 3:  # the summarizer goes down: the floor (digests) from here
+                upstream.fault_target, upstream.fail_status = "summarizer", 500
+            await client.chat.completions.create(model="gpt-4", messages=history, tools=s.tools)
+    stats = proxy.state.compaction.stats
+    m = await scrape(proxy)
+    for tier, key in ENGINE_TIERS:
+        assert stats[key] >= 1, key
+        assert value(m, "compaction_proxy_engine_compactions_total", tier=tier) == stats[key], tier
+    assert stats["identifiers_to_recall"] >= 1 and stats["cached_call_fallbacks"] >= 1
+    assert value(m, "compaction_proxy_identifiers_to_recall_total") == stats["identifiers_to_recall"]
+    assert value(m, "compaction_proxy_cached_summary_call_fallbacks_total") == stats["cached_call_fallbacks"]
