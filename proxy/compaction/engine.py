@@ -494,6 +494,13 @@ class CompactionEngine:
             if fwd[n_sys + k].get("role") in CUT_ROLES
         ]
 
+    async def stored(self, conv: Conversation, fwd: list[dict[str, Any]], ctx: RequestContext) -> Outcome:
+        """The longest stored (or prepared) record applied, when there is one; no summary is made
+        and nothing is marked (Messages count_tokens: the count of what would be forwarded now)."""
+        view = await offload.sized(4 * conv.total(), _View, conv, fwd)
+        record = self._local_record(view, ctx.scope) or await self._stored_record(view, ctx.scope, longer_than=None)
+        return self._apply(view, record, ctx) if record is not None else Outcome("none")
+
     def _local_record(self, view: _View, scope: str) -> SummaryRecord | None:
         """The longest record this process knows, keys made lazily (a long history has thousands)."""
         n_sys = view.conv.n_system

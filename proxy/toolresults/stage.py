@@ -85,8 +85,10 @@ class ToolResultStage:
         """(model, state) of every breaker, for the metrics."""
         return [(model, b.state) for (_, model), b in self._breakers.items()]
 
-    async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
-        """Returns the messages to forward; updates conv.tokens for the ones it replaced."""
+    async def process(self, conv: Conversation, headers: dict[str, str], scope: str, *,
+                      stored_only: bool = False) -> StageResult:
+        """Returns the messages to forward; updates conv.tokens for the ones it replaced.
+        `stored_only`: only notes made already apply, none is made (a token count)."""
         if not self.tcfg.enabled:
             return StageResult(conv.messages, 0, 0.0)
         cands = sel.select(
@@ -101,10 +103,15 @@ class ToolResultStage:
         started = time.perf_counter()
         hint = sel.parent_hint(conv.messages)
         model = self.tcfg.summarizer_model or conv.model
-        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv) for c in cands))
+        if stored_only:
+            notes = [await self._stored_note(c, scope) for c in cands]
+        else:
+            notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv) for c in cands))
         messages = list(conv.messages)
         summarized = 0
         for c, (text, ok) in zip(cands, notes):
+            if text is None:
+                continue
             new = dict(messages[c.index])
             new["content"] = text
             messages[c.index] = new
@@ -114,13 +121,25 @@ class ToolResultStage:
             summarized += ok
         return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
 
+    @staticmethod
+    def _key(c: sel.Candidate, scope: str) -> str:
+        return f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
+
+    async def _stored_note(self, c: sel.Candidate, scope: str) -> tuple[str | None, bool]:
+        raw = None if c.over_cap else await self.store.get(self._key(c, scope))
+        try:
+            rec = orjson.loads(raw) if raw is not None else {}
+        except orjson.JSONDecodeError:
+            rec = {}
+        return (rec["text"], True) if rec.get("ok") else (None, False)
+
     async def _note(
         self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str, conv: Conversation
-    ) -> tuple[str, bool]:
+    ) -> tuple[str | None, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
             return self._raw_with_notice(c, conv, "the output is larger than the proxy's size cap"), False
-        key = f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
+        key = self._key(c, scope)
 
         async def existing() -> dict[str, Any] | None:
             raw = await self.store.get(key)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -19,8 +20,16 @@ from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
-from proxy.adapters.messages.windows import request_window
-from proxy.flow import Flow, Identity, Report, Stage, run_overflow, run_request
+from proxy.adapters.messages import chatview
+from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
+from proxy.adapters.messages.windows import long_context
+from proxy.chat import not_larger
+from proxy.chat_request import Conversation as ChatConversation
+from proxy.chat_request import analyze
+from proxy.compaction.engine import Outcome, RequestContext
+from proxy.flow import Identity, Report
+from proxy.model import Conversation
+from proxy.ops.events import compaction_event, is_event
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
@@ -73,10 +82,6 @@ def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
     return req.total(), req.stream
 
 
-def stages_of(state: Any) -> Sequence[Stage]:
-    return getattr(state, "stages", ())
-
-
 def _identity(request: web.Request, state: Any, req: Request) -> Identity | None:
     """Who the request is for: its credential's scope (None: no credential, no session id, so no
     records kept or read), the credentials and anthropic-version / -beta for the proxy's own calls."""
@@ -92,24 +97,80 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
                     request[EXCHANGE].conversation)
 
 
-async def _flow(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Flow:
-    """Parse, build the flow, run the stages (a bug in them forwards the client's request as sent)."""
-    req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, state.cfg)
-    req.extra["window"] = request_window(state.cfg, req.model, request.headers)
-    req.extra["count_only"] = count_only  # count_tokens: records and notes already made apply, none is made
+@dataclass
+class Prepared:
+    """One request after the stages: what to forward, its x-compaction-* report, how to retry it."""
+
+    request: Request
+    forwarded: Conversation
+    report: Report
+    retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+
+    def body(self) -> bytes:
+        return MESSAGES.render(self.request, self.forwarded)
+
+
+def _chat_conversation(req: Request, counter: Any) -> tuple[chatview.ChatView, ChatConversation]:
+    view = chatview.to_chat(req, counter)
+    conv = analyze({"model": req.model, "messages": view.messages, "tools": req.tools}, counter,
+                   encoding=req.encoding, ratio=req.ratio)
+    conv.tokens = list(view.tokens)  # the Messages counts of the blocks each part stands for
+    return view, conv
+
+
+async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
+    """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
+    compaction covers it), on the chat view of the request; a bug in them forwards the request as
+    sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
+    cfg = state.cfg
+    rt = request.app[MESSAGES_RUNTIME]
+    req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
+    before = req.total()
     identity = _identity(request, state, req)
-    flow = Flow.of(MESSAGES, req, identity or Identity("", {}))
-    if identity is None or not state.cfg.compaction.enabled and not state.cfg.tool_results.enabled:
-        return flow
+    if identity is None:
+        return Prepared(req, req.conversation, Report(before))
+    LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
+    ctx = RequestContext(upstream_headers=identity.upstream_headers, scope=identity.scope, focus=identity.focus,
+                         conversation=identity.conversation)
+    history = cfg.compaction.enabled and not req.native_compaction
     try:
-        await run_request(stages_of(state), flow)
+        view, conv = await offload.sized(len(raw), _chat_conversation, req, state.counter)
+        stage = await rt.tool_results.process(conv, ctx.upstream_headers, ctx.scope, stored_only=count_only)
+        outcome = Outcome("none")
+        if history and count_only:
+            outcome = await rt.compaction.stored(conv, stage.messages, ctx)
+        elif history:
+            outcome = not_larger(await rt.compaction.process(conv, stage.messages, ctx), conv.total())
+        messages = outcome.messages or stage.messages
+        forwarded = req.conversation if messages is conv.messages else await offload.sized(
+            len(raw), chatview.from_chat, view, messages, req, MESSAGES, state.counter)
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        flow.forwarded = flow.original
-        flow.report = Report(flow.report.tokens_before)
-    return flow
+        return Prepared(req, req.conversation, Report(before))
+    after = req.total(forwarded)
+    report = Report(before, outcome.status, after, stage.summarized, stage.wait_ms + outcome.wait_ms, outcome.reason,
+                    outcome.record)
+    if not count_only and is_event(ex, outcome):
+        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
+
+    async def retry() -> tuple[bytes, dict[str, str]] | None:
+        """The upstream said the prompt is too long: once, compacted at half the threshold."""
+        if not history:
+            return None
+        budget = rt.compaction.budget_for(req.model).halved()
+        again = not_larger(await rt.compaction.process(conv, stage.messages, ctx, budget=budget), conv.total())
+        if again.messages is None:
+            return None
+        fwd = await offload.sized(len(raw), chatview.from_chat, view, again.messages, req, MESSAGES, state.counter)
+        n = req.total(fwd)
+        if is_event(ex, again):
+            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, again, before, n))
+        headers = Report(before, again.status, n, stage.summarized, report.wait_ms + again.wait_ms).headers()
+        return await offload.sized(len(raw), MESSAGES.render, req, fwd), headers
+
+    return Prepared(req, forwarded, report, retry if not count_only else None)
 
 
 @anthropic_route
@@ -122,17 +183,10 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
         return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, raw, headers, stream,
                                       _headers("bypassed", tokens, tokens))
-    flow = await _flow(request, state, raw, count_only=False)
-
-    async def retry() -> tuple[bytes, dict[str, str]] | None:
-        """The upstream said "prompt is too long": once, what the stages can make smaller."""
-        if not await run_overflow(stages_of(state), flow):
-            return None
-        return await offload.sized(len(raw), flow.body), flow.report.headers()
-
-    body = await offload.sized(len(raw), flow.body) if flow.changed else raw
+    p = await prepare(request, state, raw, count_only=False)
+    body = await offload.sized(len(raw), p.body)
     return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
-                                  flow.request.stream, flow.report.headers(), retry if flow.identity.scope else None)
+                                  p.request.stream, p.report.headers(), p.retry)
 
 
 @anthropic_route
@@ -141,7 +195,7 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     would forward now (spec 12.4), asked of the upstream."""
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
-    flow = await _flow(request, state, raw, count_only=True)
-    body = await offload.sized(len(raw), flow.body) if flow.changed else raw
+    p = await prepare(request, state, raw, count_only=True)
+    body = await offload.sized(len(raw), p.body)
     return await forward_messages(request, state.session, state.cfg, "/v1/messages/count_tokens", body,
-                                  upstream_headers(request, state.cfg), False, flow.report.headers())
+                                  upstream_headers(request, state.cfg), False, p.report.headers())
