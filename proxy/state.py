@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -12,8 +13,10 @@ import aiohttp
 from aiohttp import web
 
 from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
+from proxy.flow import Stage
 from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
@@ -57,10 +60,13 @@ class ProxyState:
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     max_body: int = field(init=False)
+    stages: list[Stage] = field(init=False)  # every chat request's, in order (spec 10.1)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.max_body = int(self.cfg.server.max_body_mb * 1024 * 1024)
+        # Tool results to notes, then the history.
+        self.stages = [self.tool_results, CompactionStage(self.compaction, self.hooks)]
         if self.cfg.store.scope_secret is None:
             self._secret_task = asyncio.create_task(self._keep_secret_shared(), name="scope-secret")
 
@@ -80,9 +86,11 @@ class ProxyState:
     async def create(
         cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
         make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> "ProxyState":
         """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
-        run passes one that answers placeholders); by default the real ones."""
+        run passes one that answers placeholders); by default the real ones. `clock` is the stages'
+        wall clock (cool-downs, idle conversations): tests pass one that moves only when told."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -118,9 +126,9 @@ class ProxyState:
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
         summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
                                        hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
-        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
+        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
         compaction.start()
-        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill, compaction.stats))

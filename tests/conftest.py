@@ -30,11 +30,11 @@ async def upstream():
 
 @pytest.fixture
 async def make_proxy():
-    """`await make_proxy(upstream_url, {"compaction": {...}})` -> a running proxy handle."""
+    """`await make_proxy(upstream_url, {"compaction": {...}}, clock=FakeClock())` -> a running proxy handle."""
     handles = []
 
-    async def factory(upstream_url: str, settings: dict | None = None):
-        h = await start_proxy(upstream_url, settings)
+    async def factory(upstream_url: str, settings: dict | None = None, **kw):
+        h = await start_proxy(upstream_url, settings, **kw)
         handles.append(h)
         return h
 

@@ -9,15 +9,16 @@ import gzip
 import tracemalloc
 import zlib
 
-import aiohttp
 import brotli
 import orjson
 import pytest
 import zstandard
 
 from proxy import bodycoding, errors
+from support.client import auth, post
 
 BODY = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hello " * 300}]})
+JSON = {"Content-Type": "application/json"}
 
 
 def _raw_deflate(data: bytes) -> bytes:
@@ -97,12 +98,9 @@ def test_an_unknown_coding_is_a_415() -> None:
 
 @pytest.mark.parametrize("coding", sorted(ENCODERS))
 async def test_chat_body_is_forwarded_decoded(upstream, proxy, coding: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=ENCODERS[coding](BODY),
-                          headers={"Content-Encoding": coding, "Content-Type": "application/json",
-                                   "Authorization": "Bearer sk-test"}) as resp:
-            assert resp.status == 200, await resp.text()
-            assert resp.headers["x-compaction-status"] == "none"
+    answer = await post(proxy, ENCODERS[coding](BODY), {"Content-Encoding": coding, **JSON, **auth("sk-test")},
+                        expect=200)
+    assert answer.compaction == "none"
     rec = upstream.requests[-1]
     assert rec.body == BODY  # nothing to change: the decoded bytes, exactly
     assert "content-encoding" not in rec.headers
@@ -111,25 +109,16 @@ async def test_chat_body_is_forwarded_decoded(upstream, proxy, coding: str) -> N
 
 async def test_a_bomb_on_the_chat_route_is_a_413_and_never_forwarded(upstream, make_proxy) -> None:
     proxy = await make_proxy(upstream.base_url, {"server": {"max_body_mb": 1}})
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=ENCODERS["zstd"](bytes(64 << 20)),
-                          headers={"Content-Encoding": "zstd", "Content-Type": "application/json"}) as resp:
-            assert resp.status == 413
-            assert (await resp.json())["error"]["code"] == "request_too_large"
-        async with s.post(proxy.base_url + "/chat/completions", data=BODY,
-                          headers={"Content-Encoding": "compress", "Content-Type": "application/json"}) as resp:
-            assert resp.status == 415
-            assert (await resp.json())["error"]["code"] == "unsupported_content_encoding"
+    bomb = await post(proxy, ENCODERS["zstd"](bytes(64 << 20)), {"Content-Encoding": "zstd", **JSON}, expect=413)
+    assert bomb.json()["error"]["code"] == "request_too_large"
+    unknown = await post(proxy, BODY, {"Content-Encoding": "compress", **JSON}, expect=415)
+    assert unknown.json()["error"]["code"] == "unsupported_content_encoding"
     assert not [r for r in upstream.requests if r.path.endswith("/chat/completions")]
 
 
 async def test_pass_through_routes_forward_the_clients_bytes_and_encoding(upstream, proxy) -> None:
     data = gzip.compress(b'{"model": "text-embedding-3-small", "input": "hello"}')
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/embeddings", data=data,
-                          headers={"Content-Encoding": "gzip", "Content-Type": "application/json",
-                                   "Authorization": "Bearer sk-test"}) as resp:
-            await resp.read()
+    await post(proxy, data, {"Content-Encoding": "gzip", **JSON, **auth("sk-test")}, path="/embeddings")
     rec = upstream.requests[-1]
     assert rec.path == "/v1/embeddings"
     assert rec.headers.get("content-encoding") == "gzip"

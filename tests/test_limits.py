@@ -142,13 +142,17 @@ async def test_tool_results_concurrency_runs_exactly_n_notes_at_once(upstream, m
 async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_proxy, caplog, client_for):
     n = 2
     upstream.window = WINDOW
-    upstream.summarizer_delay_s = 60  # the one worker stays busy with the first job
+    release = asyncio.Event()
+
+    async def held(body: dict[str, Any]) -> None:  # the one worker stays busy with the first job
+        await release.wait()
+
+    upstream.summarizer = held
     proxy = await make_proxy(upstream.base_url, {
         "models": {MODEL: {"context_window": WINDOW}},
         "compaction": {"prepare_percent": 80, "prepare_workers": 1, "prepare_queue": n},
     })
     caplog.set_level(logging.DEBUG, logger="proxy.compaction")
-    engine = proxy.state.compaction
     c = client_for(proxy)
 
     async def past_80_percent(i: int) -> None:
@@ -159,8 +163,12 @@ async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_prox
     await upstream.wait_for_requests(1, "summarizer")  # the worker took job 0
     for i in range(1, n + 1):
         await past_80_percent(i)
-    assert engine._queue is not None and engine._queue.qsize() == n  # exactly at the limit: all queued
-    assert not [r for r in caplog.records if "prepare queue full" in r.getMessage()]
+    assert not [r for r in caplog.records if "prepare queue full" in r.getMessage()]  # exactly at the limit
     await past_80_percent(n + 1)
-    assert engine._queue.qsize() == n
     assert len([r for r in caplog.records if "prepare queue full" in r.getMessage()]) == 1
+    # Once the worker is free it prepares what waited: the n queued jobs, not the dropped one.
+    release.set()
+    await asyncio.wait_for(proxy.state.compaction.idle(), BOUND_S)
+    prepared = {i for i in range(n + 2)
+                if any(f"trip queue {i}?" in r.body.decode() for r in upstream.records("summarizer"))}
+    assert prepared == set(range(n + 1))

@@ -50,7 +50,7 @@ async def test_an_upstream_counting_more_is_compacted_before_its_window(upstream
     if learn:
         assert rejected == []  # compacted before the upstream's window, never an overflow
         assert "summarized" in statuses
-        assert proxy.state.ratios._ratios[MODEL] == pytest.approx(1.3, abs=0.02)
+        assert await proxy.state.ratios.ratio(MODEL, default=1.0) == pytest.approx(1.3, abs=0.02)
     else:  # what the learning prevents: requests over the real window (then the overflow retry)
         assert rejected and all(n > 6000 for n in rejected)
 

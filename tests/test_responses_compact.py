@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from openai import AsyncOpenAI, BadRequestError
+from openai import BadRequestError
 
 from proxy.fakes.responses import FakeResponses
 from proxy.responses import compact
@@ -33,10 +33,6 @@ HISTORY = [
 ]
 
 
-def client(proxy, key: str = "sk-test") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
-
-
 def test_tokens_are_bound_to_their_scope_and_unforgeable() -> None:
     secret, rid = b"s" * 32, bytes(range(16))
     token = compact.sign(secret, "scope-a", rid)
@@ -51,10 +47,10 @@ def test_tokens_are_bound_to_their_scope_and_unforgeable() -> None:
     assert compact.verify(secret, "scope-a", "gAAAAABo-openai-token") is None
 
 
-async def test_served_here_when_the_upstream_has_no_compact(make_proxy):
+async def test_served_here_when_the_upstream_has_no_compact(make_proxy, client_for):
     async with FakeResponses(serve_compact=False) as fake:
         proxy = await make_proxy(fake.base_url)
-        c = client(proxy)
+        c = client_for(proxy, "sk-test")
         out = await c.responses.compact(model=MODEL, input=HISTORY)
         types = [o.type for o in out.output]
         assert types == ["message", "message", "compaction"]  # the user messages, then our item
@@ -78,35 +74,35 @@ async def test_served_here_when_the_upstream_has_no_compact(make_proxy):
         assert [o.type for o in again.output] == ["message", "message", "message", "compaction"]
 
 
-async def test_another_credentials_or_an_altered_token_is_a_400(make_proxy):
+async def test_another_credentials_or_an_altered_token_is_a_400(make_proxy, client_for):
     async with FakeResponses(serve_compact=False) as fake:
         proxy = await make_proxy(fake.base_url)
-        out = await client(proxy, "sk-alice").responses.compact(model=MODEL, input=HISTORY)
+        out = await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=HISTORY)
         carried = [o.model_dump(exclude_none=True) for o in out.output]
         before = len(fake.requests)
         with pytest.raises(BadRequestError) as e:
-            await client(proxy, "sk-bob").responses.compact(model=MODEL, input=[*carried, user("more")])
+            await client_for(proxy, "sk-bob").responses.compact(model=MODEL, input=[*carried, user("more")])
         assert e.value.code == "invalid_encrypted_content" and e.value.param == "input[2].encrypted_content"
         tampered = [*carried[:-1], {**carried[-1], "encrypted_content": carried[-1]["encrypted_content"][:-2] + "AA"}]
         with pytest.raises(BadRequestError) as e:
-            await client(proxy, "sk-alice").responses.compact(model=MODEL, input=[*tampered, user("more")])
+            await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=[*tampered, user("more")])
         assert e.value.code == "invalid_encrypted_content"
         assert len(fake.requests) == before  # nothing of either went upstream
 
 
-async def test_passed_through_when_the_upstream_serves_it(make_proxy):
+async def test_passed_through_when_the_upstream_serves_it(make_proxy, client_for):
     async with FakeResponses() as fake:
         proxy = await make_proxy(fake.base_url)
-        out = await client(proxy).responses.compact(model=MODEL, input=HISTORY)
+        out = await client_for(proxy, "sk-test").responses.compact(model=MODEL, input=HISTORY)
         assert out.output[-1].type == "compaction" and out.output[-1].created_by == "fake-responses"
         assert not out.output[-1].encrypted_content.startswith("cpx1.")
         assert [r.kind for r in fake.requests] == ["compact"] and fake.summarizer_requests == []
         assert fake.compact_requests[0]["input"] == HISTORY  # untouched
 
 
-async def test_serve_compact_setting_serves_it_here_regardless(make_proxy):
+async def test_serve_compact_setting_serves_it_here_regardless(make_proxy, client_for):
     async with FakeResponses() as fake:
         proxy = await make_proxy(fake.base_url, {"responses": {"serve_compact": True}})
-        out = await client(proxy).responses.compact(model=MODEL, input=HISTORY)
+        out = await client_for(proxy, "sk-test").responses.compact(model=MODEL, input=HISTORY)
         assert out.output[-1].encrypted_content.startswith("cpx1.")
         assert fake.compact_requests == [] and len(fake.summarizer_requests) == 1

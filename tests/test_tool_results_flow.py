@@ -73,10 +73,10 @@ def Clock() -> FakeClock:  # noqa: N802 (reads like the class it builds)
 
 @pytest.fixture
 async def run(upstream, make_proxy, client_for):
-    """`proxy, client = await run(**tool_results_settings)`."""
+    """`proxy, client = await run(clock=FakeClock(), **tool_results_settings)`."""
 
-    async def factory(**tool_results):
-        proxy = await make_proxy(upstream.base_url, settings(**tool_results))
+    async def factory(clock: FakeClock | None = None, **tool_results):
+        proxy = await make_proxy(upstream.base_url, settings(**tool_results), clock=clock)
         return proxy, client_for(proxy, KEY)
 
     return factory
@@ -238,9 +238,8 @@ async def test_a_tiny_cap_still_leaves_the_whole_notice(upstream, run):
 
 
 async def test_breaker_opens_after_three_failures_then_one_trial_closes_it(upstream, run):
-    proxy, client = await run()
     clock = Clock()
-    proxy.state.tool_results.clock = clock
+    proxy, client = await run(clock=clock)
     _error(upstream)
 
     def conv(tag: str, ids: list[str]) -> list[dict]:
@@ -299,9 +298,8 @@ async def test_replayed_conversation_one_call_and_identical_bytes(upstream, run)
 
 
 async def test_a_failure_is_remembered_for_the_cooldown(upstream, run):
-    proxy, client = await run()
     clock = Clock()
-    proxy.state.tool_results.clock = clock
+    proxy, client = await run(clock=clock)
     upstream.fault_target, upstream.fail_status, upstream.fault_times = "summarizer", 500, 1
     msgs = conversation(log_payload())
     await chat(client, msgs)

@@ -1,5 +1,5 @@
-"""How a test talks to the proxy or a fake: the real `openai` client, one raw HTTP call, or bytes
-straight onto a socket. Every test sends its requests through here.
+"""How a test talks to the proxy or a fake: the real `openai` / `anthropic` clients, one raw HTTP
+call, or bytes straight onto a socket. Every test sends its requests through here.
 
     c = client_for(proxy)                                 # conftest fixture: closed after the test
     status, headers, completion = await chat(c, messages)  # x-compaction-status, headers, the answer
@@ -21,11 +21,13 @@ from typing import Any, NamedTuple
 
 import aiohttp
 from multidict import CIMultiDict
+from anthropic import Anthropic, AsyncAnthropic
 from openai import AsyncOpenAI, OpenAI
 from yarl import URL
 
 BOUND_S = 30.0
 KEY = "sk-test-key"  # an anonymous request is not compacted: tests that want compaction send a key
+ANTHROPIC_KEY = "sk-ant-test"
 MODEL = "gpt-4"  # cl100k_base on both sides: the proxy and the fake upstream count alike
 
 
@@ -56,6 +58,19 @@ def openai_client(to: Any, key: str = KEY, *, timeout: float = 60, **kw: Any) ->
 
 def sync_openai_client(to: Any, key: str = KEY, *, timeout: float = 60, **kw: Any) -> OpenAI:
     return OpenAI(base_url=base_url(to), api_key=key, max_retries=0, timeout=timeout, **kw)
+
+
+def _anthropic_base(to: Any) -> str:
+    """The Anthropic SDK adds /v1 itself: a proxy's root, a fake's base URL, or a URL string."""
+    return to if isinstance(to, str) else getattr(to, "root", None) or to.base_url
+
+
+def anthropic_client(to: Any, key: str = ANTHROPIC_KEY, **kw: Any) -> AsyncAnthropic:
+    return AsyncAnthropic(base_url=_anthropic_base(to), api_key=key, max_retries=0, **kw)
+
+
+def sync_anthropic_client(to: Any, key: str = ANTHROPIC_KEY, **kw: Any) -> Anthropic:
+    return Anthropic(base_url=_anthropic_base(to), api_key=key, max_retries=0, **kw)
 
 
 class Reply(NamedTuple):

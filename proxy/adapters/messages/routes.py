@@ -23,13 +23,9 @@ from proxy.adapters.messages.forward import forward_messages, upstream_headers
 from proxy.adapters.messages import chatview
 from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
 from proxy.adapters.messages.windows import long_context
-from proxy.chat import not_larger
-from proxy.chat_request import Conversation as ChatConversation
-from proxy.chat_request import analyze
-from proxy.compaction.engine import Outcome, RequestContext
-from proxy.flow import Identity, Report
+from proxy.adapters.chat import ChatAdapter
+from proxy.flow import Flow, Identity, Report, run_overflow, run_request
 from proxy.model import Conversation
-from proxy.ops.events import compaction_event, is_event
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
@@ -37,6 +33,7 @@ from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
+CHAT = ChatAdapter()  # the stages see the blocks through a chat view (chatview.py)
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
@@ -110,17 +107,20 @@ class Prepared:
         return MESSAGES.render(self.request, self.forwarded)
 
 
-def _chat_conversation(req: Request, counter: Any) -> tuple[chatview.ChatView, ChatConversation]:
+def _chat_request(req: Request, counter: Any, cfg: Any, count_only: bool) -> tuple[chatview.ChatView, Request]:
+    """The request as the stages see it: its chat view, counted as Messages blocks count."""
     view = chatview.to_chat(req, counter)
-    conv = analyze({"model": req.model, "messages": view.messages, "tools": req.tools}, counter,
-                   encoding=req.encoding, ratio=req.ratio)
-    conv.tokens = list(view.tokens)  # the Messages counts of the blocks each part stands for
-    return view, conv
+    chat = CHAT.request_of({"model": req.model, "messages": view.messages, "tools": req.tools}, b"", counter, cfg,
+                           ratio=req.ratio)
+    chat.conversation = Conversation(chat.conversation.envelopes, list(view.tokens))
+    chat.native_compaction = req.native_compaction
+    chat.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
+    return view, chat
 
 
 async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
     """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
-    compaction covers it), on the chat view of the request; a bug in them forwards the request as
+    compaction covers it) on the chat view of the request; a bug in them forwards the request as
     sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
     rt = request.app[MESSAGES_RUNTIME]
@@ -132,45 +132,31 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     if identity is None:
         return Prepared(req, req.conversation, Report(before))
     LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
-    ctx = RequestContext(upstream_headers=identity.upstream_headers, scope=identity.scope, focus=identity.focus,
-                         conversation=identity.conversation)
-    history = cfg.compaction.enabled and not req.native_compaction
+
+    def back(flow: Flow) -> Conversation:
+        return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
+            else req.conversation
+
     try:
-        view, conv = await offload.sized(len(raw), _chat_conversation, req, state.counter)
-        stage = await rt.tool_results.process(conv, ctx.upstream_headers, ctx.scope, stored_only=count_only)
-        outcome = Outcome("none")
-        if history and count_only:
-            outcome = await rt.compaction.stored(conv, stage.messages, ctx)
-        elif history:
-            outcome = not_larger(await rt.compaction.process(conv, stage.messages, ctx), conv.total())
-        messages = outcome.messages or stage.messages
-        forwarded = req.conversation if messages is conv.messages else await offload.sized(
-            len(raw), chatview.from_chat, view, messages, req, MESSAGES, state.counter)
+        view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
+        flow = Flow.of(CHAT, chat, identity)
+        await run_request(rt.stages, flow)
+        forwarded = await offload.sized(len(raw), back, flow)
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
         return Prepared(req, req.conversation, Report(before))
-    after = req.total(forwarded)
-    report = Report(before, outcome.status, after, stage.summarized, stage.wait_ms + outcome.wait_ms, outcome.reason,
-                    outcome.record)
-    if not count_only and is_event(ex, outcome):
-        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
+    report = flow.report
+    report.tokens_before, report.tokens_after = before, req.total(forwarded)
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
-        """The upstream said the prompt is too long: once, compacted at half the threshold."""
-        if not history:
+        """The upstream said the prompt is too long: once, what the stages can make smaller."""
+        if not await run_overflow(rt.stages, flow):
             return None
-        budget = rt.compaction.budget_for(req.model).halved()
-        again = not_larger(await rt.compaction.process(conv, stage.messages, ctx, budget=budget), conv.total())
-        if again.messages is None:
-            return None
-        fwd = await offload.sized(len(raw), chatview.from_chat, view, again.messages, req, MESSAGES, state.counter)
-        n = req.total(fwd)
-        if is_event(ex, again):
-            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, again, before, n))
-        headers = Report(before, again.status, n, stage.summarized, report.wait_ms + again.wait_ms).headers()
-        return await offload.sized(len(raw), MESSAGES.render, req, fwd), headers
+        fwd = await offload.sized(len(raw), back, flow)
+        flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
+        return await offload.sized(len(raw), MESSAGES.render, req, fwd), flow.report.headers()
 
-    return Prepared(req, forwarded, report, retry if not count_only else None)
+    return Prepared(req, forwarded, report, None if count_only else retry)
 
 
 @anthropic_route

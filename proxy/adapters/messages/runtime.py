@@ -15,7 +15,9 @@ from aiohttp import web
 from proxy.adapters.messages.caller import MessagesCaller
 from proxy.compaction.budget import Budget
 from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
+from proxy.flow import Stage
 from proxy.state import STATE
 from proxy.toolresults.stage import ToolResultStage
 
@@ -36,6 +38,11 @@ class MessagesEngine(CompactionEngine):
 class MessagesRuntime:
     compaction: CompactionEngine
     tool_results: ToolResultStage
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The stages of a Messages request, in order: tool results to notes, then the history."""
+        return [self.tool_results, CompactionStage(self.compaction, self.compaction.hooks)]
 
 
 MESSAGES_RUNTIME = web.AppKey("messages_runtime", MessagesRuntime)
