@@ -84,10 +84,11 @@ class Reply:
 
 
 async def complete(body: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[Reply]],
-                   session: RecallSession) -> Reply:
+                   session: RecallSession, first: Reply | None = None) -> Reply:
     """The answering loop for a non-streaming request: `send` forwards one body and returns the
-    answer read whole. Returns the answer the client gets."""
-    reply = await send(body)
+    answer read whole (`first`: the answer to `body` itself, when it came already). Returns the
+    answer the client gets."""
+    reply = first if first is not None else await send(body)
     texts: list[str] = []  # what earlier rounds said beside their recall calls
     usage: Any = None
     while True:
