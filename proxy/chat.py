@@ -40,6 +40,11 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
+from proxy.recall import chat as recall_chat
+from proxy.recall import chat_stream as recall_stream
+from proxy.recall.chat import Reply, chat_parts, declare
+from proxy.recall.session import RecallSession
+from proxy.recall.tool import chat_declaration, client_tool_names
 from proxy.ops.events import compaction_event, completion_usage, is_event
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
@@ -119,6 +124,17 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     if is_event(ex, outcome):
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
+    recall = None
+    if state.recall is not None and messages is not conv.messages and (body.get("n") or 1) == 1:
+        recall = await _declare_recall(state, conv, messages, body, ctx)
+        if recall is not None:
+            body = recall[1]
+            out_raw = await offload.sized(len(raw), _dump, body, messages)
+            # the declaration is part of what goes upstream: counted like the client's tools
+            if outcome.tokens_after is None:  # a compacted request's count has the declaration already
+                after += conv.scaled(state.counter.count_tools(body["tools"], conv.encoding) - conv.tools_tokens)
+                headers["x-compaction-tokens-after"] = str(after)
+            headers["x-compaction-recalls"] = "0"
     retry = None
     if cfg.compaction.enabled:
         retry = _overflow_retry(state, conv, stage.messages, ctx, body, before, stage.summarized, wait, ex)
@@ -126,9 +142,25 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
               stage.summarized)
     window = state.compaction.budget_for(conv.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    resp = await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small)
+    resp = await _forward(request, state, out_raw, up_headers, streaming, headers, retry, not_an_overflow=small,
+                          recall=recall)
+    if recall is not None and recall[0].rounds:
+        state.hooks.recall_rounds(recall[0].rounds)
+        log.info("chat %s: %s", conv.model, recall[0].summary())
     _learn_ratio(state, conv, after, resp, ex.usage)
     return resp
+
+
+async def _declare_recall(state: ProxyState, conv: Conversation, messages: list[Any], body: dict[str, Any],
+                          ctx: RequestContext) -> tuple[RecallSession, dict[str, Any]] | None:
+    """Keep the originals of what this request replaced; when it replaced anything, the request's
+    recall session and the body with the recall tool declared."""
+    assert state.recall is not None
+    if not await state.recall.keep(ctx.scope, chat_parts(conv.messages), chat_parts(messages), conv.n_system):
+        return None
+    name = state.recall.name_for(client_tool_names(body.get("tools")))
+    declared = declare({**body, "messages": messages}, chat_declaration(name, state.prompts))
+    return state.recall.session(ctx.scope, name, conv.encoding), declared
 
 
 def _learn_ratio(state: ProxyState, conv: Conversation, after: int, resp: web.StreamResponse, usage: Any) -> None:
@@ -248,6 +280,7 @@ async def _forward(
     extra: dict[str, str],
     retry: Any = None,
     not_an_overflow: str | None = None,
+    recall: tuple[RecallSession, dict[str, Any]] | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the answer. `retry` compacts it once more after an
     overflow; `not_an_overflow`, when set, is why an empty stream cannot be one (the 502's text)."""
@@ -279,6 +312,8 @@ async def _forward(
                     )
                 if not _checkable_stream(upstream):
                     resp = await relay_completion(request, upstream, extra)
+                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        resp = await _recall_whole(state, url, headers, timeout, resp, recall)
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response):
                         ex.usage = completion_usage(resp.body)
@@ -286,6 +321,13 @@ async def _forward(
                 # Headers wait for the first bytes: until then an empty stream can still be retried.
                 first = await upstream.content.readany()
                 ex.upstream_ttfb_s = time.perf_counter() - t0
+                if first and recall is not None:
+                    post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
+                                                        timeout=timeout, allow_redirects=False)
+                    result = await recall_stream.relay(request, upstream, first, extra, recall[1], post, recall[0])
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = Usage.from_openai(result.usage)
+                    return result.response
                 if first:
                     checker = EventChecker()
                     resp = await relay_events(request, upstream, extra, first, checker)
@@ -307,6 +349,27 @@ async def _forward(
             log.warning("upstream request failed after %.0f ms: %s", (time.perf_counter() - t0) * 1000, err.message)
             return err.response(extra)
     raise AssertionError("unreachable")
+
+
+async def _recall_whole(state: ProxyState, url: Any, headers: Any, timeout: Any, resp: web.Response,
+                        recall: tuple[RecallSession, dict[str, Any]]) -> web.Response:
+    """The non-streaming answer once the recall calls in it are answered (design 13.3)."""
+    session, body = recall
+
+    async def send(b: dict[str, Any]) -> Reply:
+        try:
+            async with state.session.post(url, data=jsonbody.dumps(b), headers=headers, timeout=timeout,
+                                          allow_redirects=False) as up:
+                return Reply(up.status, await up.read())
+        except UPSTREAM_ERRORS as e:
+            err = map_client_error(e)
+            return Reply(err.status, err.body())
+
+    final = await recall_chat.complete(body, send, session, first=Reply(200, bytes(resp.body)))
+    out_headers = dict(resp.headers)
+    out_headers.pop("Content-Length", None)
+    out_headers["x-compaction-recalls"] = str(session.calls)
+    return web.Response(status=final.status, body=final.body, headers=out_headers)
 
 
 async def _compacted(retry: Any) -> tuple[bytes, dict[str, str]] | None:

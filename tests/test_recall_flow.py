@@ -13,8 +13,10 @@ import orjson
 import pytest
 
 from proxy.fake_upstream import FakeUpstream, content_text
+from proxy.prompts import Prompts
 from proxy.recall.handles import in_text
 from support.proxy_server import start_proxy
+from support.redis_server import RedisServer, redis_server_fixture
 from support.recall_facts import NOT_FOUND, TOOLS, build_session, model_reply, shape
 
 WINDOW = 24000
@@ -86,7 +88,7 @@ async def test_the_tool_is_declared_with_the_same_bytes_once_compacted_and_never
     proxy = await start_proxy(fake.base_url, SETTINGS)
     client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-decl")
     try:
-        history, _ = build_session(turns=40)
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history[:13])  # a few turns: nothing compacted yet
         assert fake.chat_requests and not any(recall_tools(b) for b in fake.chat_requests)
         await play(client, history)
@@ -108,7 +110,7 @@ async def test_recall_disabled_declares_nothing(fake: FakeUpstream) -> None:
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "recall": {"enabled": False}})
     client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-off")
     try:
-        history, _ = build_session(turns=40)
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history)
         assert proxy.state.compaction.stats["events_summarized"] + proxy.state.compaction.stats["events_masked"] >= 1
         assert not any(recall_tools(b) for b in fake.chat_requests)
@@ -122,7 +124,7 @@ async def test_one_credential_never_recalls_anothers_originals(fake: FakeUpstrea
     alice = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-alice")
     bob = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-bob")
     try:
-        history, facts = build_session(turns=40)
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(alice, history)
         handles = sorted({h for b in fake.chat_requests for m in b["messages"] for h in in_text(content_text(m.get("content")))})
         assert handles
@@ -139,14 +141,16 @@ async def test_one_credential_never_recalls_anothers_originals(fake: FakeUpstrea
                     + [{"name": name, "arguments": {"query": fact.key}}]}
 
         fake.reply = bob_reply
-        bob_history, _ = build_session(turns=40, seed=99)  # bob's own compacted conversation
+        bob_history, _ = build_session(turns=40, seed=99, facts_per_kind=(3, 3, 3, 3))  # bob's own compacted conversation
         fake.reply = model_reply
         await play(bob, bob_history)
         fake.reply = bob_reply
         r = await bob.chat.completions.create(model="m", messages=[*bob_history, {"role": "user", "content": "go"}])
         out = r.choices[0].message.content or ""
-        assert out.startswith("done:") and fact.text not in out and fact.key not in out.split("matches", 1)[-1]
+        assert out.startswith("done:") and fact.text not in out
+        # every one of alice's handles, guessed right, finds nothing for bob
         assert out.count("No original has the recall id") == len(handles)
+        assert not any(f"recall id {h} ·" in out for h in handles)
     finally:
         await alice.close()
         await bob.close()
@@ -166,7 +170,7 @@ async def test_max_rounds_holds_against_a_model_that_calls_forever(fake: FakeUps
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "recall": {"max_rounds": 2}})
     client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-forever")
     try:
-        history, _ = build_session(turns=40)
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history)
         fake.reply = forever
         fake.clear_requests()
@@ -187,6 +191,89 @@ async def test_max_rounds_holds_against_a_model_that_calls_forever(fake: FakeUps
         assert fake.chat_requests[-1]["tool_choice"] == "none"
         assert "No more lookups" in content_text(fake.chat_requests[-1]["messages"][-1]["content"])
         assert headers["x-compaction-recalls"] == "3"
+    finally:
+        await client.close()
+        await proxy.close()
+
+
+outage_redis = redis_server_fixture("outage_redis")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_store_outage_makes_the_tool_answer_unavailable(fake: FakeUpstream, outage_redis: RedisServer,
+                                                               stream: bool) -> None:
+    proxy = await start_proxy(fake.base_url, {**SETTINGS, "store": {"url": outage_redis.url}})
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-outage", max_retries=0)
+    try:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await play(client, history)
+        outage_redis.stop()
+        fake.clear_requests()
+        fact = facts[0]
+        answer = await ask(client, history, fact.question(), stream=stream)
+        assert answer == NOT_FOUND  # an ordinary answer: the request did not fail
+        tool_results = [m for m in fake.chat_requests[-1]["messages"] if m["role"] == "tool"]
+        assert tool_results[-1]["content"] == Prompts().text("recall-unavailable")
+    finally:
+        await client.close()
+        await proxy.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_with_recall_and_a_client_call_gives_the_client_its_calls_only(fake: FakeUpstream,
+                                                                                     stream: bool) -> None:
+    proxy = await start_proxy(fake.base_url, SETTINGS)
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-mixed", max_retries=0)
+
+    def mixed(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return f"read it: {content_text(last['content'])}"
+        name = recall_tools(body)[0]["function"]["name"]
+        return {"content": "Looking.", "tool_calls": [{"name": name, "arguments": {"query": "segment"}},
+                                                       {"name": "read_file", "arguments": {"path": "a.py"}}]}
+
+    try:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await play(client, history)
+        fake.reply = mixed
+        fake.clear_requests()
+        messages = [*history, {"role": "user", "content": "read a.py"}]
+        if stream:
+            s = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)
+            text, calls, finish = "", {}, None
+            async for chunk in s:
+                d = chunk.choices[0].delta if chunk.choices else None
+                if d is None:
+                    continue
+                text += d.content or ""
+                for tc in d.tool_calls or ():
+                    c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                    c["id"] = tc.id or c["id"]
+                    c["name"] += (tc.function.name or "") if tc.function else ""
+                    c["arguments"] += (tc.function.arguments or "") if tc.function else ""
+                finish = chunk.choices[0].finish_reason or finish
+            assert list(calls) == [0] and finish == "tool_calls"
+            call = calls[0]
+            assistant = {"role": "assistant", "content": text, "tool_calls": [
+                {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+        else:
+            r = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            msg = r.choices[0].message
+            assert r.choices[0].finish_reason == "tool_calls" and len(msg.tool_calls) == 1
+            call = {"id": msg.tool_calls[0].id, "name": msg.tool_calls[0].function.name,
+                    "arguments": msg.tool_calls[0].function.arguments}
+            assistant = msg.model_dump(exclude_none=True)
+            text = msg.content or ""
+        assert call["name"] == "read_file" and orjson.loads(call["arguments"]) == {"path": "a.py"}
+        assert text == "Looking." and len(fake.chat_requests) == 1  # the recall call was not answered
+        # the client answers its own call and goes on: a valid conversation for the strict upstream
+        follow = [*messages, assistant, {"role": "tool", "tool_call_id": call["id"], "content": "print('a')"}]
+        r2 = await client.chat.completions.create(model="m", messages=follow, tools=TOOLS)
+        assert r2.choices[0].message.content == "read it: print('a')"
+        assert not any(tc["function"]["name"].startswith("context_recall")
+                       for m in fake.chat_requests[-1]["messages"] for tc in m.get("tool_calls") or ())
     finally:
         await client.close()
         await proxy.close()

@@ -28,6 +28,9 @@ from proxy.hashing import hash_chain, message_digest
 from proxy.ops.exchange import CONVERSATION
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
+from proxy.recall import handles
+from proxy.recall.chat import forwarded_tools
+from proxy.recall.tool import chat_declaration, client_tool_names, tool_name
 from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
@@ -349,9 +352,10 @@ class CompactionEngine:
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, count)
         if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
             digest = previous.summary + "\n\n" + digest  # what the previous compaction kept stays
-        summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
-                                 constraints=constraints, latest_requests=latest)
         covered = plan.cut - n_sys
+        spans = self._recall_spans(view, previous if previous is not None and previous.tier != "digest" else None, covered)
+        summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
+                                 constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
         identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
         errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
@@ -363,7 +367,7 @@ class CompactionEngine:
             files=extract.merge_files(previous.files if previous else {}, extract.files_touched(span)),
             identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:],
             recall_identifiers=recall, constraints=constraints, masks=masks, created=self.clock(),
-            expires=self.clock() + self.cfg.compaction.digest_ttl_s,
+            expires=self.clock() + self.cfg.compaction.digest_ttl_s, recall_spans=spans,
         )
 
     def _remember_failure(self, key: str) -> None:
@@ -387,7 +391,8 @@ class CompactionEngine:
         constraints = _union(record.constraints if record else [], extract.find_constraints(view.fwd[start:]))
         fixed = (
             sum(conv.tokens[:n_sys]) + self._wrapper_tokens(conv.encoding) + budget.output_cap
-            + files_chars(budget) // 2 + conv.tools_tokens + REPLY_OVERHEAD
+            + files_chars(budget) // 2 + self._tools_tokens(conv) + REPLY_OVERHEAD
+            + self._recall_block_tokens(conv, record)
             + sum(self.counter.count_text(c, conv.encoding) + 2 for c in constraints)
         )
 
@@ -458,7 +463,7 @@ class CompactionEngine:
         if record.covered == 0:  # masking only: nothing summarized, nothing injected
             n = sum(conv.tokens[i] if i not in changed else self.counter.count_message(fwd[i], conv.encoding, message_digest(fwd[i]))
                     for i in range(len(fwd)))
-            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + conv.tools_tokens + REPLY_OVERHEAD),
+            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + self._tools_tokens(conv) + REPLY_OVERHEAD),
                            record=record)
         messages = inject(
             fwd,
@@ -477,8 +482,24 @@ class CompactionEngine:
             for k, i in enumerate(range(tail_start, len(fwd))):
                 m = messages[head_len + k]
                 n += self.counter.count_message(m, conv.encoding, message_digest(m)) if i in changed else conv.tokens[i]
-        n += conv.tools_tokens + REPLY_OVERHEAD
+        n += self._tools_tokens(conv) + REPLY_OVERHEAD
         return Outcome(status, messages=messages, tokens_after=conv.scaled(n), record=record)
+
+    def _recall_block_tokens(self, conv: Conversation, record: SummaryRecord | None) -> int:
+        """The summary's recall block: one line per span, the new one included."""
+        if not self.cfg.recall.enabled:
+            return 0
+        spans = [[("0" * handles.HANDLE_CHARS), 1000, 1000]] * (1 + len(record.recall_spans if record else []))
+        return self.counter.count_text(handles.recall_block(spans), conv.encoding) + 2
+
+    def _tools_tokens(self, conv: Conversation) -> int:
+        """The tool schemas of a compacted request: the client's, and the recall tool, which every
+        request carrying a replacement declares (design 13.2)."""
+        if not self.cfg.recall.enabled:
+            return conv.tools_tokens
+        tools = conv.body.get("tools")
+        declared = [*(tools or []), chat_declaration(tool_name(self.cfg.recall.tool_name, client_tool_names(tools)), self.prompts)]
+        return self.counter.count_tools(declared, conv.encoding)
 
     # -- records -------------------------------------------------------------------------------
     def _key(self, scope: str, chain_hex: str) -> str:
@@ -603,7 +624,9 @@ class CompactionEngine:
             self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), conv.encoding) + 64
         if first_kept <= conv.n_system or tokens + instruction + job.output_cap > job.window:
             return None
-        return messages[:first_kept], conv.body.get("tools"), _point_text(first_kept - conv.n_system)
+        # the tools as last forwarded: the recall tool too when that request declared it
+        tools = forwarded_tools(conv.body, conv.messages, messages, conv.n_system, self.cfg.recall, self.prompts)
+        return messages[:first_kept], tools, _point_text(first_kept - conv.n_system)
 
     async def _make_record(
         self, view: _View, plan: Plan, previous: SummaryRecord | None, ctx: RequestContext, budget: Budget, *,
@@ -686,6 +709,7 @@ class CompactionEngine:
         if rest:
             self.stats["identifiers_to_recall"] += len(rest)
         covered = plan.cut - n_sys
+        spans = self._recall_spans(view, previous, covered)
         summary = render_summary(
             model_text,
             turn_prefix=turn_text,
@@ -694,6 +718,7 @@ class CompactionEngine:
             identifier_lines=lines,
             constraints=constraints,
             latest_requests=extract.latest_requests(fwd, n_sys, plan.cut),
+            recall=handles.recall_block(spans),
         )
         prev_masks = previous.masks if previous else {}
         return SummaryRecord(
@@ -710,7 +735,19 @@ class CompactionEngine:
             errors=errors[-MAX_KNOWN_IDENTIFIERS:],
             constraints=constraints,
             recall_identifiers=_union(previous.recall_identifiers if previous else [], rest),
+            recall_spans=spans,
         )
+
+    def _recall_spans(self, view: _View, previous: SummaryRecord | None, covered: int) -> list[list]:
+        """The spans a summary covering `covered` messages stands for: the previous summary's, and
+        the new one from its end (none when recall is off)."""
+        if not self.cfg.recall.enabled:
+            return []
+        spans = [list(x) for x in previous.recall_spans] if previous is not None and previous.covered else []
+        start = spans[-1][2] + 1 if spans else 1
+        if covered >= start:
+            spans.append([handles.of_span(view.chain_hex(covered)), start, covered])
+        return spans
 
     def _fit_identifiers(
         self, candidates: list[str], errors: list[str], present: str, room_tokens: int, users: str, text: str, encoding: str

@@ -18,7 +18,10 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from proxy import jsonbody
+from proxy.compaction.serialize import content_text
+from proxy.recall.keep import Part, replacements
 from proxy.recall.session import RecallSession
+from proxy.recall.tool import chat_declaration, client_tool_names, tool_name
 
 log = logging.getLogger("proxy.recall")
 
@@ -150,3 +153,40 @@ def _merged(reply: Reply, data: dict[str, Any], texts: list[str], usage: Any, *,
     if usage is not None:
         data["usage"] = usage
     return Reply(reply.status, jsonbody.dumps(data), reply.extra)
+
+
+# -- the neutral view of chat messages -------------------------------------------------------------
+def chat_parts(messages: list[dict[str, Any]]) -> list[list[Part]]:
+    """Each chat message as recall's parts (proxy/recall/keep.py)."""
+    names: dict[str, str] = {}
+    out: list[list[Part]] = []
+    for m in messages:
+        role = m.get("role")
+        text = content_text(m.get("content"))
+        if role == "assistant":
+            parts = [Part("assistant", text)]
+            for c in m.get("tool_calls") or ():
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(c.get("id"), str):
+                    names[c["id"]] = str(fn.get("name", "tool"))
+                    parts.append(Part("tool_call", "", c["id"], names[c["id"]], str(fn.get("arguments", ""))))
+            out.append(parts)
+        elif role in ("tool", "function"):
+            cid = m.get("tool_call_id")
+            cid = cid if isinstance(cid, str) else None
+            out.append([Part("tool_result", text, cid, names.get(cid or "", m.get("name") or "tool"))])
+        else:
+            out.append([Part(role if role in ("system", "developer", "user") else "other", text)])
+    return out
+
+
+def forwarded_tools(body: dict[str, Any], original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
+                    n_system: int, recall: Any, prompts: Any) -> Any:
+    """The `tools` a request forwarding `forwarded` carries: the client's, plus the recall tool
+    when recall is on and the request carries a replacement (a summary call that rides the
+    upstream's cache must resend exactly these)."""
+    tools = body.get("tools")
+    if not recall.enabled or forwarded is original or not replacements(chat_parts(original), chat_parts(forwarded), n_system):
+        return tools
+    name = tool_name(recall.tool_name, client_tool_names(tools))
+    return [*(tools or []), chat_declaration(name, prompts)]

@@ -274,6 +274,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: b
             if current.status != 200 or not is_event_stream(current):
                 why = await _error_text(current)
                 return await fail(errors.upstream_bad_response(f"the upstream refused the request after a recall ({why})"))
+            chunk = None
         await write(rounds.close() or [b""])
         assert resp is not None
         await resp.write_eof()

@@ -16,6 +16,8 @@ from proxy.recall import handles
 from proxy.recall.originals import Original
 
 ARGS_LABEL_CHARS = 120
+SPAN_OUTPUT_CHARS = 8000  # a tool output larger than this is kept apart from the spans covering it
+SPAN_HEAD_CHARS, SPAN_TAIL_CHARS = 1200, 400
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,21 @@ def _label(name: str | None, args: str) -> str:
     return f"{name or 'tool'}({args})"
 
 
-def span_text(messages: Sequence[Message], first: int) -> str:
-    """Messages written out verbatim, each under a line naming its number and role."""
+def span_text(messages: Sequence[Message], first: int, apart: dict[str, Original] | None = None) -> str:
+    """Messages written out verbatim, each under a line naming its number and role. A tool output
+    over SPAN_OUTPUT_CHARS is kept as an original of its own (added to `apart`, under the handle a
+    note of it names) and the span carries its head and tail with that handle: a large output is
+    stored once, not again in every span that covers it."""
     out: list[str] = []
     for n, msg in enumerate(messages, start=first):
         for p in msg:
             if p.role == "tool_call":
                 out.append(f"--- message {n}, tool call {p.name or 'tool'}:\n{p.args}")
+            elif p.role == "tool_result" and apart is not None and len(p.text) > SPAN_OUTPUT_CHARS:
+                h = handles.of_text(p.text)
+                apart.setdefault(h, Original(h, "tool output", f"{p.name or 'tool'} (message {n})", p.text))
+                out.append(f"--- message {n}, tool result of {p.name or 'tool'} ({len(p.text)} characters; the whole "
+                           f"output: recall id {h}):\n{p.text[:SPAN_HEAD_CHARS]}\n[...]\n{p.text[-SPAN_TAIL_CHARS:]}")
             elif p.role == "tool_result":
                 out.append(f"--- message {n}, tool result of {p.name or 'tool'}:\n{p.text}")
             elif p.text:
@@ -67,6 +77,7 @@ def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_sy
             elif p.role == "user":
                 client_texts.add(p.text)
     found: dict[str, Original] = {}
+    apart: dict[str, Original] = {}  # large outputs inside spans, kept on their own
     for msg in forwarded:
         for p in msg:
             if p.role == "tool_result" and p.call_id in results:
@@ -82,5 +93,5 @@ def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_sy
                     if h in found or a < 1 or b < a or n_system + b > len(original):
                         continue
                     found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation",
-                                        span_text(original[n_system + a - 1:n_system + b], a))
-    return list(found.values())
+                                        span_text(original[n_system + a - 1:n_system + b], a, apart))
+    return [*found.values(), *(o for h, o in apart.items() if h not in found)]

@@ -20,9 +20,9 @@ HEADER_TOKENS = 48  # room kept for the lines around the excerpts
 _PARAMETERS = {
     "type": "object",
     "properties": {
-        "handle": {"type": "string", "description": "a recall id, to read that original"},
-        "query": {"type": "string", "description": "an exact identifier or a few words, to search the originals"},
-        "page": {"type": "integer", "minimum": 1, "description": "the page of a long answer (1 first)"},
+        "handle": {"type": "string"},
+        "query": {"type": "string"},
+        "page": {"type": "integer", "minimum": 1},
     },
     "additionalProperties": False,
 }

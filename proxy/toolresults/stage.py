@@ -22,6 +22,7 @@ from proxy.config import Config
 from proxy.hashing import content_digest, message_digest
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
+from proxy.recall import handles
 from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
@@ -161,6 +162,8 @@ class ToolResultStage:
         except Busy:  # another request's note for this output is late: the raw output, this once
             return self._raw_with_notice(c, conv, "its summary is still being made"), False
         if rec.get("ok"):
+            if self.cfg.recall.enabled:  # the note names its original (design 13.1)
+                return rec["text"] + "\n" + handles.note_line(handles.of_text(c.text)), True
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
 
