@@ -46,9 +46,9 @@ sys.path.insert(0, str(REPO / "tests"))  # the careless summarizer and the sessi
 
 import openai  # noqa: E402
 import orjson  # noqa: E402
-from openai import AsyncOpenAI  # noqa: E402
 
 from support.careless import CarelessSummarizer  # noqa: E402
+from support.client import openai_client  # noqa: E402
 from support.coding_session import coding_session  # noqa: E402
 from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
 from support.proxy_server import merge, start_proxy  # noqa: E402
@@ -158,8 +158,8 @@ async def run_session(name: str, window: int, convs: list[list[dict[str, Any]]],
     async with FakeUpstream(window=window, summarizer=careless) as upstream, FakeUpstream(window=10**9) as direct:
         proxy = await start_proxy(upstream.base_url, merge(settings, overrides))
         try:
-            async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-bench", max_retries=0) as client, \
-                    AsyncOpenAI(base_url=direct.base_url, api_key="sk-bench", max_retries=0) as plain:
+            async with openai_client(proxy, "sk-bench") as client, \
+                    openai_client(direct, "sk-bench") as plain:
                 direct_failed = 0
                 for conv in convs:
                     kinds = find_kinds(conv)

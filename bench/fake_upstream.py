@@ -12,6 +12,7 @@ head and answers from precomputed bytes:
 - summarizer requests (the first system message starts with the first 40 characters of
   prompts/summarization-system.md or prompts/tool-result-summarizer.md): a valid summary with every
   heading the proxy requires. Only bodies that contain that text are parsed as JSON.
+- `POST /v1/messages` (Anthropic Messages), non-streaming: one precomputed Messages answer.
 - `GET /bench/stats`: counters as JSON (requests, summarizer requests, streams open).
 - anything else: 404.
 
@@ -88,6 +89,13 @@ def completion_json(content: str, model: str = "bench-model") -> bytes:
             "usage": {"prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112},
         }
     )
+
+
+def message_json(text: str, model: str = "bench-model") -> bytes:
+    """A Messages answer (anthropic/types/message.py) with a fixed usage."""
+    return orjson.dumps({"id": "msg_bench", "type": "message", "role": "assistant", "model": model,
+                         "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                         "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}})
 
 
 def _chunk_event(delta: dict[str, Any], finish: str | None) -> bytes:
@@ -200,6 +208,7 @@ class Server:
     def __post_init__(self) -> None:
         self.reply = fixed_response(completion_json("Hello from the bench upstream."))
         self.summary = fixed_response(completion_json(SUMMARY_TEXT))
+        self.message = fixed_response(message_json("Hello from the bench upstream."))
         self.not_found = fixed_response(b'{"error":{"message":"not found","type":"invalid_request_error"}}', status="404 Not Found")
         self._events: dict[int, list[bytes]] = {}
 
@@ -352,6 +361,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._send(fixed_response(s.stats.to_json()), req)
         elif req.method == "POST" and req.path.endswith("/chat/completions"):
             self._chat(req)
+        elif req.method == "POST" and req.path == "/v1/messages":
+            s.stats.chat += 1
+            self._send(s.message, req)
         else:
             self._send(s.not_found, req)
 

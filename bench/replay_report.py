@@ -24,10 +24,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the fake upstream lives there
 
-from openai import AsyncOpenAI  # noqa: E402
 
 from proxy.compaction.budget import Budget  # noqa: E402
 from proxy.fake_upstream import FakeUpstream  # noqa: E402
+from openai import AsyncOpenAI  # noqa: E402
+from support.client import openai_client  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "tau-bench" / "gpt-4o-airline.json"
@@ -61,7 +62,7 @@ async def main(window: int, limit: int) -> int:
         proxy = await start_proxy(upstream.base_url, {"models": {MODEL: {"context_window": window}},
                                                       "compaction": {"prepare_percent": 0}})
         try:
-            async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-replay", max_retries=0) as client:
+            async with openai_client(proxy, "sk-replay") as client:
                 for conv in conversations:
                     results = await replay_one(client, upstream, conv["traj"])
                     statuses.update(s for s, _ in results)

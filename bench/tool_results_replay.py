@@ -21,10 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the fake upstream and transcript helpers live there
 
-from openai import AsyncOpenAI  # noqa: E402
-
 from proxy.compaction.extract import find_identifiers  # noqa: E402
 from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from support.client import openai_client  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages  # noqa: E402
 
@@ -39,7 +38,7 @@ async def main(base_tokens: int, step_tokens: int) -> int:
         proxy = await start_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 128_000}},
                                                       "compaction": {"prepare_percent": 0}})
         try:
-            async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-bench", max_retries=0) as client:
+            async with openai_client(proxy, "sk-bench") as client:
                 started = time.perf_counter()
                 rep = await replay(client, upstream, enlarged, MODEL, find_identifiers)
                 elapsed = time.perf_counter() - started

@@ -16,6 +16,8 @@ from proxy.forward import BodyPace, passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
+from proxy.responses.handlers import handle_compact, handle_responses_get
+from proxy.responses.runtime import responses_runtime
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
@@ -76,6 +78,11 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
             # A client that goes away must cancel its handler, whatever runner serves the app: that
             # is what closes the upstream request of a stream waiting on a silent upstream.
             "handler_cancellation": True,
+            # Bodies stay as the client encoded them: pass-through routes forward them with their
+            # Content-Encoding, routes that read them decode them with a bound (proxy/bodycoding.py).
+            # aiohttp's own decoding forwarded a decoded body under its gzip header, knew no zstd,
+            # and held a whole decoded chunk before any limit applied.
+            "auto_decompress": False,
         },
     )
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
@@ -85,11 +92,14 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
 
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(responses_runtime)
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
     add_protocol_route(app, "/v1/messages", messages.handle_messages, "messages")
     add_protocol_route(app, "/v1/messages/count_tokens", messages.handle_count_tokens, "messages")
+    app.router.add_get("/v1/responses", handle_responses_get)  # WebSocket mode (spec 11.3)
+    app.router.add_post("/v1/responses/compact", handle_compact)
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
     return app

@@ -147,7 +147,8 @@ class CompactionConfig(_Section):
     # summary is made only when that is not enough.
     mask_tool_outputs: bool = True
     # The identifier block of a summary grows with the summarized span up to this share of the
-    # target; identifiers that do not fit are listed in the record for recall.
+    # target, plus the room the model's text and the files block left unused; identifiers that do
+    # not fit are listed in the record for recall.
     identifiers_share: float = Field(0.15, ge=0, le=0.5)
     # A digest written by code (the summarizer failed and the request did not fit the window)
     # lives this long: then the summarizer is asked again.
@@ -250,6 +251,18 @@ class BillingConfig(_Section):
     max_conversations: int = Field(1000, ge=1)  # per-conversation figures kept in memory
 
 
+class ResponsesConfig(_Section):
+    """The Responses API (spec 11)."""
+
+    # Serve /v1/responses/compact here (the proxy's own compaction items) even when the upstream
+    # serves it; otherwise it is passed through, and served here only when the upstream answers
+    # 404/405 (a local server, vLLM, llama.cpp).
+    serve_compact: bool = False
+    # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
+    # chat completion for an upstream that serves both and is better at chat.
+    summarizer_api: Literal["responses", "chat"] = "responses"
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
@@ -263,6 +276,7 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     journal: JournalConfig = Field(default_factory=JournalConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""

@@ -21,7 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy import errors
+from proxy import bodycoding, errors, offload
 from proxy.credentials import configured_credential, sent_credentials
 
 log = logging.getLogger("proxy.forward")
@@ -48,11 +48,13 @@ SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are s
 
 
 def upstream_request_headers(
-    incoming: Any, api_key: str | None, *, identity_encoding: bool = False, key_header: str = "Authorization"
+    incoming: Any, api_key: str | None, *, identity_encoding: bool = False, key_header: str = "Authorization",
+    raw_body: bool = False,
 ) -> CIMultiDict[str]:
     """Client headers minus hop-by-hop and our own; the configured key (as `key_header`:
     Authorization, or Anthropic's x-api-key) when the client sent no credential of any kind
-    (`api-key` and `x-api-key` count)."""
+    (`api-key` and `x-api-key` count). Content-Encoding stays only with `raw_body` (the client's
+    bytes forwarded as they came): a route that reads the body forwards it decoded (`read_body`)."""
     connection_listed = {
         t.strip().lower() for v in incoming.getall("connection", []) for t in v.split(",") if t.strip()
     }
@@ -62,6 +64,8 @@ def upstream_request_headers(
         if low in HOP_BY_HOP or low in connection_listed or low.startswith(PROXY_HEADER_PREFIX):
             continue
         if identity_encoding and low == "accept-encoding":
+            continue
+        if not raw_body and low == "content-encoding":
             continue
         out.add(name, value)
     if api_key and not sent_credentials(out):
@@ -173,11 +177,12 @@ async def relay(
     return resp
 
 
-async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError) -> bool:
+async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError, checker: "EventChecker | None" = None) -> bool:
     """End a stream with an `error` event in the protocol's shape (the SDKs raise an APIError on
-    it, so the client learns why). False when the client is gone already."""
+    it, so the client learns why), as the stream's checker writes it when known. False when the
+    client is gone already."""
     try:
-        await resp.write(err.event())
+        await resp.write(checker.error_event(err) if checker is not None else err.event())
     except CLIENT_GONE:
         return False
     return True
@@ -277,6 +282,11 @@ class EventChecker:
             return b"", "the stream ended in the middle of an event"
         return rest, self.ended()
 
+    def error_event(self, err: errors.ProxyError) -> bytes:
+        """The event that ends this stream with an error: the protocol's shape by default; a
+        stream that numbers its events overrides it (proxy/responses/stream.py)."""
+        return err.event()
+
 
 def _event_usage(event: bytes) -> Any:
     data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
@@ -339,7 +349,7 @@ async def relay_events(
         upstream.close()
         err = errors.upstream_bad_response(str(e)) if isinstance(e, _BrokenStream) else map_client_error(e)
         log.warning("upstream stream ended abnormally: %s", err.message)
-        if await _write_error_event(resp, err):
+        if await _write_error_event(resp, err, checker):
             try:
                 await resp.write_eof()
             except CLIENT_GONE:
@@ -393,13 +403,28 @@ async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> Async
         yield chunk
 
 
-async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
-    """The whole body, within its pace: a client dripping a body byte by byte must not hold a
-    connection (and its memory) open for ever."""
+async def read_raw_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
+    """The whole body as it came, within its pace: a client dripping a body byte by byte must not
+    hold a connection (and its memory) open for ever."""
     if request.content_length is not None and request.content_length > limit:
         raise errors.body_too_large(limit)
     parts = [chunk async for chunk in body_chunks(request, limit, pace)]
     return b"".join(parts)
+
+
+# What a compressed body is guessed to inflate to, to decide whether decoding leaves the loop.
+_INFLATION_GUESS = 8
+
+
+async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
+    """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
+    decoded size too; an unknown coding is refused before a byte is read)."""
+    header = request.headers.get("Content-Encoding")
+    bodycoding.check_codings(header)
+    raw = await read_raw_body(request, limit, pace)
+    if not bodycoding.codings(header):
+        return raw
+    return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
 
 
 class LimitedBody:
@@ -444,13 +469,14 @@ async def passthrough(
     if not request.body_exists:
         data = None
     elif length is not None and length <= SMALL_BODY:
-        data = await read_body(request, max_body, pace)
+        data = await read_raw_body(request, max_body, pace)
     else:
         streamed = LimitedBody(request, max_body, pace)
         data = streamed.chunks()
     url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len(base_path):])
     headers = upstream_request_headers(
-        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None, key_header=key_header
+        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None, key_header=key_header,
+        raw_body=True,
     )
     if streamed is not None and length is not None:
         # A streamed body of known size keeps its Content-Length: some upstreams refuse chunked uploads.

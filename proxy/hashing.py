@@ -37,10 +37,16 @@ def message_keys(messages: Sequence[Any]) -> tuple[list[int], list[int]]:
     return keys, sizes
 
 
-class DigestCache:
-    """Stable digests by in-process key, bounded (least recently used evicted)."""
+# Digests cached per process, one per distinct message: 130-230 bytes an entry, so at most
+# about 8 MiB (like the token counts, tokens.CACHE_SIZE).
+DIGEST_CACHE_SIZE = 32_768
 
-    def __init__(self, size: int = 200_000) -> None:
+
+class DigestCache:
+    """Stable digests by in-process key, bounded (the oldest entry evicted first: a hit does not
+    refresh it, which would cost the hot path a reordering per message)."""
+
+    def __init__(self, size: int = DIGEST_CACHE_SIZE) -> None:
         self._d: OrderedDict[int, bytes] = OrderedDict()
         self._size = size
 

@@ -24,6 +24,9 @@ LOW, HIGH = 0.5, 2.0
 ALPHA = 0.3  # weight of one new observation
 MIN_TOKENS = 200  # smaller requests say more about the chat framing than about the tokenizer
 SAVE_CHANGE = 0.01  # persist when the ratio moved this much since the last save
+# Model names come from clients: past this many, a new name is neither looked up nor learned (it
+# counts with its configured ratio), so names that never repeat cannot grow the process.
+MAX_MODELS = 1024
 
 
 def update_ratio(old: float | None, counted: int, reported: int, *, alpha: float = ALPHA) -> float | None:
@@ -51,7 +54,7 @@ class RatioLearner:
 
     async def ratio(self, model: str, default: float) -> float:
         """The learned ratio of `model` (read from the store once per process), else `default`."""
-        if model not in self._loaded:
+        if model not in self._loaded and len(self._loaded) < MAX_MODELS:
             self._loaded.add(model)
             raw = await self.store.get(self._key(model))
             try:
@@ -65,7 +68,7 @@ class RatioLearner:
     def observe(self, model: str, counted: int, reported: int) -> None:
         """One answer's `usage.prompt_tokens` against the proxy's unscaled count of what it sent."""
         new = update_ratio(self._ratios.get(model), counted, reported)
-        if new is None:
+        if new is None or (model not in self._ratios and len(self._ratios) >= MAX_MODELS):
             return
         self._ratios[model] = new
         if abs(new - self._saved.get(model, 0.0)) >= SAVE_CHANGE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -82,9 +83,11 @@ class ProxyState:
     async def create(
         cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
         make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> "ProxyState":
         """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
-        run passes one that answers placeholders); by default the real ones."""
+        run passes one that answers placeholders); by default the real ones. `clock` is the stages'
+        wall clock (cool-downs, idle conversations): tests pass one that moves only when told."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -120,12 +123,12 @@ class ProxyState:
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
         summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
                                        hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
-        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, hooks=hooks)
+        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
         compaction.start()
-        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, hooks=hooks)
+        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
-            metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill))
+            metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill, compaction.stats))
             metrics.start()
             series.start()
         return cls(

@@ -40,11 +40,17 @@ def encoding_name_for(model: str) -> str:
     return "o200k_base" if m.startswith(O200K_PREFIXES) or _O_SERIES.match(m) else "cl100k_base"
 
 
+# Counts cached per process, one per distinct message (or tool list): 130-250 bytes an entry, so
+# at most about 8 MiB. Enough for the histories of a hundred or more long conversations; a miss costs
+# one message's tokenization.
+CACHE_SIZE = 32_768
+
+
 class TokenCounter:
-    def __init__(self, cache_size: int = 200_000) -> None:
+    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
         self._encodings: dict[str, Any] = {}
         self._failed: set[str] = set()
-        self._cache: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self._cache_size = cache_size
         self.estimating = False
 
@@ -108,9 +114,26 @@ class TokenCounter:
                 pass
             return cached
         n = (count or self._count_message_uncached)(msg, encoding)
+        self._put(key, n)
+        return n
+
+    def _put(self, key: tuple[Any, ...], n: int) -> None:
         self._cache[key] = n
         if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            try:
+                self._cache.popitem(last=False)
+            except KeyError:  # emptied meanwhile by a count running in a worker thread
+                pass
+
+    def count_keyed(self, encoding: str, digest: Hashable, count: Callable[[], int]) -> int:
+        """`count()`, cached by (encoding, digest) like a message: for a protocol whose items are
+        not chat messages (their adapter knows how to count them)."""
+        key = (encoding, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        n = count()
+        self._put(key, n)
         return n
 
     def _count_message_uncached(self, msg: dict[str, Any], enc: str) -> int:
@@ -161,5 +184,6 @@ class TokenCounter:
         key = (encoding, "tools", hash(raw))
         n = self._cache.get(key)
         if n is None:
-            n = self._cache[key] = self.count_text(raw.decode(), encoding)
+            n = self.count_text(raw.decode(), encoding)
+            self._put(key, n)
         return n

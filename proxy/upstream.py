@@ -98,28 +98,35 @@ class UpstreamCaller:
         raise SummarizerError("http", "upstream rejected both max_completion_tokens and max_tokens")
 
     async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=self.connect_timeout_s)
-        data = orjson.dumps(body)
-        for attempt in range(2):
-            try:
-                async with self.session.post(
-                    self.base_url + "/chat/completions",
-                    data=data,
-                    headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
-                    timeout=timeout,
-                ) as resp:
-                    return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                # Closed or reset before any answer: most likely a pooled connection the upstream had
-                # closed (servers drop idle ones; llama.cpp's drops one right after an empty stream).
-                # A summary is safe to ask for again, and the retry gets a new connection.
-                if attempt == 1 or isinstance(e, aiohttp.ClientConnectorError):
-                    raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
-            except asyncio.TimeoutError:
-                raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
-            except (aiohttp.ClientError, OSError) as e:
+        return await post_json(self.session, self.base_url + "/chat/completions", headers, body, timeout_s,
+                               self.connect_timeout_s)
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any],
+                    timeout_s: float, connect_timeout_s: float) -> tuple[int, bytes]:
+    """One of the proxy's own calls: (status, bounded body), or SummarizerError."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+    data = orjson.dumps(body)
+    for attempt in range(2):
+        try:
+            async with session.post(
+                url,
+                data=data,
+                headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
+                timeout=timeout,
+            ) as resp:
+                return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # Closed or reset before any answer: most likely a pooled connection the upstream had
+            # closed (servers drop idle ones; llama.cpp's drops one right after an empty stream).
+            # A summary is safe to ask for again, and the retry gets a new connection.
+            if attempt == 1 or isinstance(e, aiohttp.ClientConnectorError):
                 raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
-        raise AssertionError("unreachable")
+        except asyncio.TimeoutError:
+            raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+    raise AssertionError("unreachable")
 
 
 async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.fake_upstream import FakeUpstream
+from support.client import KEY, openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import redis_server  # noqa: F401
 
@@ -29,11 +30,11 @@ async def upstream():
 
 @pytest.fixture
 async def make_proxy():
-    """`await make_proxy(upstream_url, {"compaction": {...}})` -> a running proxy handle."""
+    """`await make_proxy(upstream_url, {"compaction": {...}}, clock=FakeClock())` -> a running proxy handle."""
     handles = []
 
-    async def factory(upstream_url: str, settings: dict | None = None):
-        h = await start_proxy(upstream_url, settings)
+    async def factory(upstream_url: str, settings: dict | None = None, **kw):
+        h = await start_proxy(upstream_url, settings, **kw)
         handles.append(h)
         return h
 
@@ -48,7 +49,20 @@ async def proxy(upstream, make_proxy):
 
 
 @pytest.fixture
-def client(proxy):
-    from openai import AsyncOpenAI
+async def client_for():
+    """`client_for(proxy_or_fake, key)`: a real AsyncOpenAI client (support.client.openai_client),
+    closed after the test inside its loop."""
+    made = []
 
-    return AsyncOpenAI(base_url=proxy.base_url, api_key="sk-test-key", max_retries=0)
+    def make(to, key: str = KEY, **kw):
+        made.append(openai_client(to, key, **kw))
+        return made[-1]
+
+    yield make
+    for c in made:
+        await c.close()
+
+
+@pytest.fixture
+def client(proxy, client_for):
+    return client_for(proxy)

@@ -9,6 +9,7 @@ import pytest
 from proxy.compaction.acceptance import NONE_RECORDED, complete_headings, judge, reads_as_reply
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer
+from support.client import chat, openai_client
 from support.compaction_helpers import chat_history, forwarded_summary, main_summary
 
 MODEL = "gpt-4"
@@ -90,13 +91,11 @@ def settings(window: int) -> dict:
 
 
 async def test_a_careless_summary_is_accepted_and_forwarded_with_every_heading(upstream, make_proxy, caplog):
-    from openai import AsyncOpenAI
 
     upstream.summarizer = CarelessSummarizer(reply_every=0)
     proxy = await make_proxy(upstream.base_url, settings(6000))
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-accept", max_retries=0)
-    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=chat_history(14, 200))
-    assert raw.headers["x-compaction-status"] == "summarized"
+    client = openai_client(proxy, "sk-accept")
+    assert (await chat(client, chat_history(14, 200), model=MODEL)).status == "summarized"
     summary = forwarded_summary(upstream.chat_requests[-1]["messages"])
     for h in SUMMARY_HEADINGS:
         assert f"\n{h}\n" in f"\n{summary}\n", h
@@ -104,24 +103,21 @@ async def test_a_careless_summary_is_accepted_and_forwarded_with_every_heading(u
 
 
 async def test_a_reply_instead_of_a_summary_is_counted_and_logged(upstream, make_proxy, caplog):
-    from openai import AsyncOpenAI
 
     upstream.summarizer = "Sure! I'll keep going. What should I do next?"
     proxy = await make_proxy(upstream.base_url, settings(6000))
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-accept", max_retries=0)
+    client = openai_client(proxy, "sk-accept")
     with caplog.at_level(logging.WARNING, logger="proxy.compaction"):
-        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=FITS)
-    assert raw.headers["x-compaction-status"] == "failed-open"  # the original fits the window
+        status, _, _ = await chat(client, FITS, model=MODEL)
+    assert status == "failed-open"  # the original fits the window
     assert proxy.state.compaction.summarizer.rejected["reply"] >= 1
     assert any("summary rejected (reply)" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_tool_call_answer_is_refused(upstream, make_proxy):
-    from openai import AsyncOpenAI
 
     upstream.summarizer = lambda body: {"content": None, "tool_calls": [{"name": "run_tests", "arguments": {}}]}
     proxy = await make_proxy(upstream.base_url, settings(6000))
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-accept", max_retries=0)
-    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=FITS)
-    assert raw.headers["x-compaction-status"] == "failed-open"
+    client = openai_client(proxy, "sk-accept")
+    assert (await chat(client, FITS, model=MODEL)).status == "failed-open"
     assert proxy.state.compaction.summarizer.rejected["tool_call"] >= 1

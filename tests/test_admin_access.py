@@ -3,11 +3,11 @@ a bearer token; /v1/metrics belongs to the upstream and is proxied."""
 
 from __future__ import annotations
 
-import aiohttp
 import orjson
 import pytest
 
 from proxy.ops.admin import denial, is_loopback
+from support.client import get
 
 TOKEN = "adm-0123456789abcdef"
 ADMIN_PATHS = ("/metrics", "/dashboard", "/admin/api/events", "/admin/api/bill", "/admin/api/dashboard")
@@ -40,37 +40,29 @@ def test_with_a_token_only_the_token_passes_from_anywhere():
 
 async def test_the_token_guards_every_admin_route(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, {"admin": {"token": TOKEN}})
-    async with aiohttp.ClientSession() as s:
-        for path in ADMIN_PATHS:
-            async with s.get(proxy.root + path) as r:
-                assert r.status == 401
-                assert orjson.loads(await r.read())["error"]["code"] == "admin_token_required"
-            async with s.get(proxy.root + path, headers={"Authorization": "Bearer not-it"}) as r:
-                assert r.status == 403
-                body = await r.read()
-                assert TOKEN.encode() not in body
-            async with s.get(proxy.root + path, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
-                assert r.status == 200, path
+    for path in ADMIN_PATHS:
+        anonymous = await get(proxy.root, path)
+        assert anonymous.status == 401
+        assert orjson.loads(anonymous.body)["error"]["code"] == "admin_token_required"
+        wrong = await get(proxy.root, path, {"Authorization": "Bearer not-it"})
+        assert wrong.status == 403
+        assert TOKEN.encode() not in wrong.body
+        assert (await get(proxy.root, path, {"Authorization": f"Bearer {TOKEN}"})).status == 200, path
     assert upstream.requests == []  # admin routes never reach the upstream
 
 
 async def test_loopback_clients_need_no_token_when_none_is_set(proxy):
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/metrics") as r:
-            assert r.status == 200
-            assert "compaction_proxy_requests_total" in await r.text()
-        for path in ADMIN_PATHS:
-            async with s.get(proxy.root + path) as r:
-                assert r.status == 200, path
+    metrics = await get(proxy.root, "/metrics")
+    assert metrics.status == 200
+    assert b"compaction_proxy_requests_total" in metrics.body
+    for path in ADMIN_PATHS:
+        assert (await get(proxy.root, path)).status == 200, path
 
 
 async def test_v1_metrics_is_the_upstreams(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, {"admin": {"token": TOKEN}})
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.base_url + "/metrics", headers={"Authorization": "Bearer sk-client"}) as r:
-            status, body = r.status, await r.read()
-        async with s.get(upstream.base_url + "/metrics") as r:
-            direct = r.status
+    status, _, body = await get(proxy, "/metrics", {"Authorization": "Bearer sk-client"})
+    direct = (await get(upstream, "/metrics")).status
     assert [rec.path for rec in upstream.requests] == ["/v1/metrics"] * 2
     assert upstream.requests[0].headers["authorization"] == "Bearer sk-client"
     assert status == direct and b"compaction_proxy_" not in body  # the fake's own answer, passed through

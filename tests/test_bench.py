@@ -17,7 +17,6 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
-from openai import AsyncOpenAI
 
 from bench import bare_forwarder, plot, report
 from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
@@ -27,6 +26,7 @@ from bench.stats import Tally, summarize
 from bench.workloads import agent_conversation, agent_tools, small_body
 from proxy.compaction.acceptance import missing_headings
 from proxy.compaction.summarizer import MAIN_HEADINGS
+from support.client import openai_client
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARIZER_SYSTEM = (REPO / "prompts" / "summarization-system.md").read_text(encoding="utf-8")
@@ -50,7 +50,7 @@ async def fake():
 
 @pytest.fixture
 async def oai(fake):
-    async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
+    async with openai_client(fake, "sk-test") as c:
         yield c
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import pytest
 
 from proxy.chat_request import analyze
 from proxy.ops.prices import Price, PriceTable
+from support.client import chat, get, openai_client
 from support.compaction_helpers import counter
 from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
@@ -23,10 +23,9 @@ def billed(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 async def bill_of(proxy: Any) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/admin/api/bill") as r:
-            assert r.status == 200
-            return await r.json()
+    answer = await get(proxy.root, "/admin/api/bill")
+    assert answer.status == 200
+    return answer.json()
 
 
 def original_tokens(messages: list[dict[str, Any]]) -> list[int]:
@@ -93,9 +92,8 @@ async def test_without_compaction_direct_and_proxied_are_the_same(upstream, make
 
 async def test_streams_without_usage_are_counted_not_billed(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, billed(SETTINGS))
-    from openai import AsyncOpenAI
 
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-x", max_retries=0) as c:
+    async with openai_client(proxy, "sk-x") as c:
         async for _ in await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                        stream=True):
             pass
@@ -116,14 +114,11 @@ def test_prices_are_found_by_the_longest_matching_name():
 
 async def test_bypassed_requests_are_billed_as_sent(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, billed(SETTINGS))
-    from openai import AsyncOpenAI
 
     points = request_points(conversation("bypass"))[:6]
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-b", max_retries=0) as c:
+    async with openai_client(proxy, "sk-b") as c:
         for messages in points:
-            raw = await c.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, extra_headers={"x-compaction-bypass": "1"})
-            assert raw.headers["x-compaction-status"] == "bypassed"
+            assert (await chat(c, messages, {"x-compaction-bypass": "1"}, model=MODEL)).status == "bypassed"
     total = (await bill_of(proxy))["total"]
     assert total["requests"] == len(points) and total["summarizer_calls"] == 0
     assert total["direct_prompt"] == total["proxy_prompt"]

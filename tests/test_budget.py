@@ -47,3 +47,13 @@ def test_budget_hysteresis_and_keep_recent():
     small = Budget.for_model(8_192, threshold_tokens=None, threshold_percent=None, reserve_tokens=None, keep_recent_tokens=20_000)
     assert small.keep_recent == small.threshold // 2  # never more than half the threshold
     assert small.halved().threshold == small.threshold // 2
+
+
+def test_the_identifier_block_takes_the_room_the_model_left_unused():
+    from proxy.compaction.budget import identifier_room
+
+    # its own budget, plus what the model's text and the files block left of their reserved room
+    assert identifier_room(1224, reserved=2160, used=400) == 1224 + 1760
+    assert identifier_room(1224, reserved=2160, used=2160) == 1224
+    # a model over its cap does not shrink the identifiers' own budget
+    assert identifier_room(1224, reserved=2160, used=3000) == 1224

@@ -11,9 +11,9 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from openai import OpenAI
 
 from proxy.chat_request import analyze
+from support.client import auth, post, sync_openai_client
 
 TOOLS = [
     {
@@ -97,7 +97,7 @@ async def test_async_client_streaming_tool_calls(upstream, proxy, client):
 
 
 def _sync_conversation(base_url: str) -> tuple[str, str, dict]:
-    client = OpenAI(base_url=base_url, api_key="sk-sync", max_retries=0, timeout=20)
+    client = sync_openai_client(base_url, "sk-sync", timeout=20)
     try:
         plain = client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "Say hi"}])
         streamed = "".join(
@@ -118,7 +118,8 @@ async def test_sync_client_in_thread(upstream, proxy):
     plain, streamed, headers = await asyncio.to_thread(_sync_conversation, proxy.base_url)
     assert plain == streamed == "Hello there, friend."
     assert headers["x-compaction-status"] == "none"
-    assert all(r.headers["authorization"] == "Bearer sk-sync" for r in upstream.records("chat"))
+    # three requests (plain, streamed, raw), each with the client's key
+    assert [r.headers["authorization"] for r in upstream.records("chat")] == ["Bearer sk-sync"] * 3
 
 
 # Unusual but valid JSON: whitespace, key order, escapes, numbers in exponent form. Any
@@ -136,11 +137,7 @@ async def test_unchanged_request_goes_upstream_byte_identical(upstream, proxy, s
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-raw"}
     if bypass:
         headers["x-compaction-bypass"] = "1"
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=raw, headers=headers) as r:
-            assert r.status == 200
-            body = await r.read()
-            got = r.headers
+    _, got, body = await post(proxy, raw, headers, expect=200)
     assert upstream.records("chat")[-1].body == raw
     assert got["x-compaction-status"] == ("bypassed" if bypass else "none")
     n = _counted(proxy, orjson.loads(raw))
@@ -164,11 +161,7 @@ async def test_bypass_forwards_original_even_when_compaction_would_run(upstream,
         {"role": "user", "content": "summarize them"},
     ]
     raw = orjson.dumps({"model": "gpt-4", "messages": msgs})
-    async with aiohttp.ClientSession() as s:
-        async with s.post(p.base_url + "/chat/completions", data=raw,
-                          headers={"x-compaction-bypass": "1", "Authorization": "Bearer k"}) as r:
-            status, got = r.status, r.headers
-            await r.read()
+    status, got, _ = await post(p, raw, {"x-compaction-bypass": "1", **auth("k")})
     # The fake's window (128000) takes it; the point is what the proxy did, not the answer.
     assert status == 200
     assert got["x-compaction-status"] == "bypassed"
@@ -176,10 +169,7 @@ async def test_bypass_forwards_original_even_when_compaction_would_run(upstream,
     assert upstream.records("chat")[-1].body == raw
     assert upstream.summarizer_requests == []
     # The same request without the header is rewritten: the bypass is what kept it intact.
-    async with aiohttp.ClientSession() as s:
-        async with s.post(p.base_url + "/chat/completions", data=raw, headers={"Authorization": "Bearer k"}) as r:
-            assert r.status == 200
-            assert r.headers["x-compaction-status"] != "bypassed"
+    assert (await post(p, raw, auth("k"), expect=200)).compaction != "bypassed"
     assert upstream.summarizer_requests
     assert upstream.records("chat")[-1].body != raw
 
@@ -190,14 +180,11 @@ async def test_upstream_errors_pass_through_with_headers(upstream, proxy, status
     upstream.fail_status = status
     upstream.retry_after = 3
     raw = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
-    async with aiohttp.ClientSession() as s:
-        async with s.post(upstream.base_url + "/chat/completions", data=raw) as r:
-            direct = r.status, await r.read()
-        async with s.post(proxy.base_url + "/chat/completions", data=raw) as r:
-            via = r.status, await r.read()
-            got = r.headers
-    assert via == direct
-    assert via[0] == status
+    direct = await post(upstream, raw)
+    via = await post(proxy, raw)
+    got = via.headers
+    assert (via.status, via.body) == (direct.status, direct.body)
+    assert via.status == status
     assert got["Retry-After"] == "3"
     assert got["x-compaction-status"] == "none"
     assert int(got["x-compaction-tokens-before"]) > 0
@@ -223,9 +210,7 @@ async def test_upstream_validation_error_passes_through(upstream, proxy, client)
 async def test_chat_query_string_is_forwarded(upstream, proxy):
     """Azure-style deployments put `api-version` in the query string; it must reach the upstream."""
     raw = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions?api-version=2024-10-21&x=a%2Bb", data=raw) as r:
-            assert r.status == 200
+    await post(proxy, raw, path="/chat/completions?api-version=2024-10-21&x=a%2Bb", expect=200)
     assert upstream.records("chat")[-1].raw_path == "/v1/chat/completions?api-version=2024-10-21&x=a%2Bb"
 
 

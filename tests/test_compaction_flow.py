@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from openai import AsyncOpenAI, BadRequestError
@@ -26,6 +25,7 @@ from support.compaction_helpers import (
     turn_summary,
 )
 from proxy.fake_upstream import FakeError
+from support.client import chat, post
 from support.invariants import check_forwarded
 
 MODEL = "gpt-4"  # cl100k_base on both sides: the proxy and the fake count alike
@@ -41,35 +41,6 @@ def settings(window: int, **compaction: Any) -> dict[str, Any]:
         "compaction": {"prepare_percent": 0, **compaction},
         "tool_results": {"enabled": False},
     }
-
-
-@pytest.fixture
-async def client_for():
-    """`client_for(proxy, key)`: an AsyncOpenAI client for the proxy, closed after the test."""
-    made: list[AsyncOpenAI] = []
-
-    def make(proxy: Any, key: str = "sk-test-key") -> AsyncOpenAI:
-        made.append(AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0))
-        return made[-1]
-
-    yield make
-    for c in made:
-        await c.close()
-
-
-async def chat(client: AsyncOpenAI, messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
-               **kw: Any) -> tuple[str, dict[str, str], Any]:
-    """(x-compaction-status, response headers, parsed completion) for one request."""
-    raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, extra_headers=headers or {}, **kw)
-    return raw.headers["x-compaction-status"], dict(raw.headers), raw.parse()
-
-
-async def post_raw(proxy: Any, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=body,
-                          headers={"Content-Type": "application/json", "Authorization": "Bearer sk-raw", **(headers or {})}) as r:
-            return r.status, dict(r.headers), await r.read()
 
 
 def longer_than(tokens: int, words: int = 150, **kw: Any) -> list[dict[str, Any]]:
@@ -355,7 +326,7 @@ async def test_a_failed_summary_forwards_the_original_bytes(upstream, make_proxy
         upstream.summarizer_delay_s = 10
     proxy = await make_proxy(upstream.base_url, cfg)
     raw = orjson.dumps({"model": MODEL, "messages": longer_than(5100), "temperature": 0.5})
-    status, headers, body = await post_raw(proxy, raw)
+    status, headers, body = await post(proxy, raw, {"Content-Type": "application/json", "Authorization": "Bearer sk-raw"})
     assert status == 200 and orjson.loads(body)["object"] == "chat.completion"
     assert headers["x-compaction-status"] == "failed-open"
     assert headers["x-compaction-tokens-before"] == headers["x-compaction-tokens-after"]
@@ -450,17 +421,17 @@ async def test_an_upstream_length_rejection_compacts_at_half_the_threshold_and_r
     upstream.window = 4000  # the real window; the proxy believes 8000 (threshold 6800)
     proxy = await make_proxy(upstream.base_url, settings(8000))
     msgs = longer_than(4500)
-    raw = await client_for(proxy).chat.completions.with_raw_response.create(model=MODEL, messages=msgs, stream=stream)
+    status, headers, reply = await chat(client_for(proxy), msgs, stream=stream)
     if stream:
-        text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+        text = "".join([c.choices[0].delta.content or "" async for c in reply if c.choices])
     else:
-        text = raw.parse().choices[0].message.content
+        text = reply.choices[0].message.content
     assert text.startswith("ok: ")
-    assert raw.headers["x-compaction-status"] == "summarized"
+    assert status == "summarized"
     chats = upstream.records("chat")
     assert [r.status for r in chats] == [400, 200]
     assert chats[0].json["messages"] == msgs  # the first try was the original
-    assert int(raw.headers["x-compaction-tokens-after"]) <= 0.8 * (6800 // 2)
+    assert int(headers["x-compaction-tokens-after"]) <= 0.8 * (6800 // 2)
     check_forwarded(msgs, chats[1].json["messages"], compacted=True)
 
 
@@ -471,12 +442,12 @@ async def test_an_overflow_with_the_summarizer_down_still_fits_by_a_digest(upstr
     upstream.summarizer = FakeError.openai(500, "The server had an error while processing your request.")
     proxy = await make_proxy(upstream.base_url, settings(8000, failure_cooldown_s=0))
     msgs = longer_than(4500)
-    raw = await client_for(proxy).chat.completions.with_raw_response.create(model=MODEL, messages=msgs)
-    assert raw.parse().choices[0].message.content.startswith("ok: ")
-    assert raw.headers["x-compaction-status"] == "degraded"
+    status, headers, reply = await chat(client_for(proxy), msgs)
+    assert reply.choices[0].message.content.startswith("ok: ")
+    assert status == "degraded"
     chats = upstream.records("chat")
     assert [r.status for r in chats] == [400, 200]
-    assert int(raw.headers["x-compaction-tokens-after"]) <= 6800 // 2
+    assert int(headers["x-compaction-tokens-after"]) <= 6800 // 2
     check_forwarded(msgs, chats[1].json["messages"], compacted=True)
 
 

@@ -9,7 +9,7 @@ from openai import AsyncOpenAI
 
 from support.invariants import check_forwarded
 
-WINDOW = 6000
+WINDOW = 5000
 MODEL = "gpt-4"  # cl100k_base on both sides, so proxy and fake count alike
 
 

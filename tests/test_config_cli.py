@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
 from pydantic import BaseModel
 
 from proxy.cli import flag_overrides, parse_args
 from proxy.config import Config, ConfigError, load_config
 from proxy.fake_upstream import FakeUpstream
+from support.client import sync_openai_client
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "proxy.example.yaml"
@@ -230,7 +230,7 @@ def test_console_script_serves_and_stops_on_sigterm(tmp_path):
     with FakeUpstream(reply="pong") as fake:
         proc, port = _start(tmp_path, fake)
         try:
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-sub", max_retries=0, timeout=20)
+            client = sync_openai_client(f"http://127.0.0.1:{port}/v1", "sk-sub", timeout=20)
             raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=[{"role": "user", "content": "ping"}])
             assert raw.parse().choices[0].message.content == "pong"
             assert raw.headers["x-compaction-status"] == "none"
@@ -271,7 +271,7 @@ def test_counts_exactly_offline_with_an_empty_tiktoken_cache(tmp_path):
     with FakeUpstream() as fake:
         proc, port = _start(tmp_path, fake, **offline)
         try:
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=20)
+            client = sync_openai_client(f"http://127.0.0.1:{port}/v1", "k", timeout=20)
             text = "compaction-proxy counts tokens exactly"  # o200k_base: 7 tokens; bytes/4 would be 10
             raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=[{"role": "user", "content": text}])
             assert raw.parse().choices[0].message.content

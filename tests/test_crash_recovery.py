@@ -11,21 +11,15 @@ import time
 
 import orjson
 import pytest
-import urllib.request
 
 from proxy.fake_upstream import FakeUpstream
+from support.client import auth, post_sync
 from support.compaction_helpers import chat_history
 from support.replicas import Replica
 
 MODEL = "gpt-4"
 MAX_WAIT_S = 10
-
-
-def post(replica: Replica, body: bytes, timeout: float) -> tuple[str, int]:
-    req = urllib.request.Request(replica.base_url + "/chat/completions", data=body, method="POST", headers={
-        "Content-Type": "application/json", "Authorization": "Bearer sk-test-key"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.headers["x-compaction-status"], int(r.headers["x-compaction-wait-ms"])
+HEADERS = {"Content-Type": "application/json", **auth()}
 
 
 @pytest.mark.parametrize("restart", ["restarted", "frozen-holder"])
@@ -38,7 +32,7 @@ def test_after_sigkill_mid_summary_the_next_request_waits_less_than_the_bound(tm
         first = Replica(tmp_path, "first", fake.base_url, store, settings)
         first.start()
         first.wait_ready()
-        threading.Thread(target=lambda: _ignore(post, first, body, 60), daemon=True).start()
+        threading.Thread(target=lambda: _ignore(post_sync, first, body, HEADERS), daemon=True).start()
         deadline = time.monotonic() + 20
         while not fake.summarizer_requests:
             assert time.monotonic() < deadline, "the summary never started"
@@ -55,7 +49,8 @@ def test_after_sigkill_mid_summary_the_next_request_waits_less_than_the_bound(tm
         again.start()
         try:
             again.wait_ready()
-            status, wait_ms = post(again, body, 60)
+            headers = post_sync(again, body, HEADERS, timeout=60).headers
+            status, wait_ms = headers["x-compaction-status"], int(headers["x-compaction-wait-ms"])
         finally:
             again.stop()
             first.kill()

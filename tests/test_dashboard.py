@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
+from support.client import get
 from support.compaction_helpers import forwarded_summary
 from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
@@ -46,9 +46,7 @@ async def browser():
 async def metrics_figures(proxy: Any) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/metrics") as r:
-            text = await r.text()
+    text = (await get(proxy.root, "/metrics")).body.decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -155,6 +153,5 @@ async def test_the_page_and_its_feed_need_the_token_when_one_is_set(upstream, ma
     assert allowed is not None and allowed.status == 200
     assert await until(page, "() => window.dashboard && window.dashboard.state.updates >= 1")
     assert await page.evaluate("() => window.dashboard.state.error") is None  # the feed got the header
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + f"/admin/api/dashboard?token={token}") as r:
-            assert r.status == 401  # only the page takes the token from its URL
+    # only the page takes the token from its URL
+    assert (await get(proxy.root, f"/admin/api/dashboard?token={token}")).status == 401

@@ -7,7 +7,6 @@ import asyncio
 import socket
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +14,8 @@ from hypothesis import strategies as st
 
 from proxy.chat_request import analyze, parse_chat_body
 from proxy.errors import ProxyError
-from proxy.tokens import TokenCounter
+from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
+from support.client import get, http, post, raw_http
 
 
 def _assert_openai_error(body: bytes) -> dict[str, Any]:
@@ -27,12 +27,6 @@ def _assert_openai_error(body: bytes) -> dict[str, Any]:
     assert isinstance(err["type"], str)
     assert "Traceback" not in err["message"]
     return err
-
-
-async def _post(url: str, data: Any, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url, data=data, headers=headers) as r:
-            return r.status, await r.read(), r.headers
 
 
 def _user(content: Any = "hi") -> dict[str, Any]:
@@ -85,7 +79,7 @@ BAD_BODIES = [
 @pytest.mark.parametrize("raw,param,words", [b[1:] for b in BAD_BODIES], ids=[b[0] for b in BAD_BODIES])
 async def test_bad_chat_body_is_400_naming_the_field(upstream, proxy, raw, param, words):
     data = raw if isinstance(raw, bytes) else orjson.dumps(raw)
-    status, body, headers = await _post(proxy.base_url + "/chat/completions", data, {"Content-Type": "application/json"})
+    status, headers, body = await post(proxy, data, {"Content-Type": "application/json"})
     assert status == 400
     assert headers["Content-Type"].startswith("application/json")
     err = _assert_openai_error(body)
@@ -106,14 +100,14 @@ async def test_body_over_limit_is_413(upstream, make_proxy, path, chunked):
             yield raw[i : i + 4096]
             await asyncio.sleep(0)
 
-    status, body, _ = await _post(p.base_url + path, gen() if chunked else raw)
+    status, _, body = await post(p, gen() if chunked else raw, path=path)
     assert status == 413
     err = _assert_openai_error(body)
     assert err["code"] == "request_too_large"
     assert all(r.path != "/v1" + path or r.body != raw for r in upstream.requests)
     # Just under the limit is fine.
     small = orjson.dumps({"model": "gpt-4o", "messages": [_user("x" * 9_000)]})
-    ok, _, _ = await _post(p.base_url + path, gen_of(small) if chunked else small)
+    ok, _, _ = await post(p, gen_of(small) if chunked else small, path=path)
     assert ok == 200 or path == "/embeddings" and ok == 400  # the fake judges the embeddings body
 
 
@@ -135,10 +129,7 @@ def _closed_port() -> int:
 async def test_unreachable_upstream_is_502(make_proxy, path, stream):
     p = await make_proxy(f"http://127.0.0.1:{_closed_port()}/v1")
     data = orjson.dumps({"model": "gpt-4o", "messages": [_user()], "stream": stream})
-    async with aiohttp.ClientSession() as s:
-        async with s.request("POST" if "chat" in path else "GET", p.base_url + path,
-                             data=data if "chat" in path else None) as r:
-            status, body, headers = r.status, await r.read(), r.headers
+    status, headers, body = await (post(p, data, path=path) if "chat" in path else get(p, path))
     assert status == 502
     err = _assert_openai_error(body)
     assert (err["type"], err["code"]) == ("upstream_error", "upstream_unreachable")
@@ -151,9 +142,7 @@ async def test_unreachable_upstream_is_502(make_proxy, path, stream):
 async def test_upstream_timeout_is_504(upstream, make_proxy, stream):
     p = await make_proxy(upstream.base_url, {"upstream": {"timeout_s": 0.3, "stream_idle_timeout_s": 0.3}})
     upstream.stall_before_headers_s = 30
-    status, body, headers = await _post(
-        p.base_url + "/chat/completions", orjson.dumps({"model": "gpt-4o", "messages": [_user()], "stream": stream})
-    )
+    status, headers, body = await post(p, orjson.dumps({"model": "gpt-4o", "messages": [_user()], "stream": stream}))
     assert status == 504
     err = _assert_openai_error(body)
     assert (err["type"], err["code"]) == ("upstream_error", "upstream_timeout")
@@ -163,9 +152,7 @@ async def test_upstream_timeout_is_504(upstream, make_proxy, stream):
 async def test_passthrough_upstream_timeout_is_504(upstream, make_proxy):
     p = await make_proxy(upstream.base_url, {"upstream": {"stream_idle_timeout_s": 0.3}})
     upstream.stall_before_headers_s = 30
-    async with aiohttp.ClientSession() as s:
-        async with s.get(p.base_url + "/models") as r:
-            status, body = r.status, await r.read()
+    status, _, body = await get(p, "/models")
     assert status == 504
     assert _assert_openai_error(body)["code"] == "upstream_timeout"
 
@@ -175,27 +162,23 @@ async def test_passthrough_upstream_timeout_is_504(upstream, make_proxy):
     ("GET", "/healthz/x", 404), ("POST", "/healthz", 405),
 ])
 async def test_routes_outside_v1_are_openai_shaped(upstream, proxy, method, path, status):
-    async with aiohttp.ClientSession() as s:
-        async with s.request(method, proxy.root + path) as r:
-            got, body = r.status, await r.read()
+    got, _, body = await http(method, proxy.root + path)
     assert got == status
     _assert_openai_error(body)
     assert upstream.requests == []
 
 
 async def test_healthz(proxy):
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/healthz") as r:
-            assert r.status == 200
-            assert (await r.json())["status"] == "ok"
+    answer = await get(proxy.root, "/healthz")
+    assert answer.status == 200
+    assert answer.json()["status"] == "ok"
 
 
 async def test_malformed_upstream_json_is_a_502_not_500(upstream, proxy):
     """A 200 whose JSON does not parse is a broken answer, not the upstream's error: the client gets
     an OpenAI-shaped 502 (which its SDK retries), never a body it fails to decode, never a 500."""
     upstream.malformed_json = True
-    status, body, headers = await _post(proxy.base_url + "/chat/completions",
-                                        orjson.dumps({"model": "gpt-4o", "messages": [_user()]}))
+    status, headers, body = await post(proxy, orjson.dumps({"model": "gpt-4o", "messages": [_user()]}))
     assert status == 502
     assert headers["x-compaction-status"] == "none"
     err = _assert_openai_error(body)
@@ -223,32 +206,68 @@ _body = st.fixed_dictionaries(
     optional={"messages": st.lists(_message, max_size=4) | _json, "tools": _json, "stream": _json},
 )
 _COUNTER = TokenCounter()
+# Bodies a client may send: without them the random ones above are (nearly) never accepted, and
+# the accepting branch below would go untested.
+_words = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
+_valid_message = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+    "content": _words | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _words}), min_size=1, max_size=3),
+})
+_valid_body = st.fixed_dictionaries({"model": st.sampled_from(["gpt-4o", "gpt-4", "o3-mini", "llama/x"]),
+                                     "messages": st.lists(_valid_message, min_size=1, max_size=4)})
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(body=_body | _json)
-def test_fuzz_chat_body_is_accepted_or_400(body):
-    try:
-        raw = orjson.dumps(body)
-    except orjson.JSONEncodeError:  # integers beyond 64 bits: not a body a client can send as JSON here
-        return
+def _text_tokens(msg: dict[str, Any], encoding: str) -> int:
+    """The tokens of a message's text content, part by part."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        parts = [content]
+    elif isinstance(content, list):
+        parts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)]
+    else:
+        parts = []
+    return sum(_COUNTER.count_text(t, encoding) for t in parts)
+
+
+def _check_body(raw: bytes) -> bool:
+    """Accepted and countable (True), or refused with a 400 (False); anything else fails."""
     try:
         parsed = parse_chat_body(raw)
         # each message is checked when first seen, by analyze: parse + analyze is the whole check
         conv = analyze(parsed, _COUNTER, encoding=None, ratio=1.0)
     except ProxyError as e:
         assert e.status == 400 and e.message
+        return False
+    # Countable: every message counted, each at least its framing and its text (a total above 0 is
+    # no check: the reply's priming alone makes it 3).
+    messages = parsed["messages"]
+    assert len(conv.tokens) == len(messages) >= 1
+    for m, n in zip(messages, conv.tokens):
+        assert n >= MESSAGE_OVERHEAD + _text_tokens(m, conv.encoding), m
+    assert conv.total() >= REPLY_OVERHEAD + sum(conv.tokens)
+    return True
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=_valid_body | _body | _json)
+def test_fuzz_chat_body_is_accepted_or_400(body):
+    try:
+        raw = orjson.dumps(body)
+    except orjson.JSONEncodeError:  # integers beyond 64 bits: not a body a client can send as JSON here
         return
-    assert conv.total() > 0
+    _check_body(raw)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=_valid_body)
+def test_fuzz_valid_chat_body_is_accepted_and_counted(body):
+    assert _check_body(orjson.dumps(body)), body
 
 
 async def test_oversized_header_is_refused_without_500(upstream, make_proxy):
     p = await make_proxy(upstream.base_url, {"server": {"max_header_kb": 8}})
-    async with aiohttp.ClientSession() as s:
-        async with s.get(p.base_url + "/models", headers={"X-Big": "a" * 16_000}) as r:
-            status, body = r.status, await r.read()
-        async with s.get(p.base_url + "/models", headers={"X-Big": "a" * 4_000}) as r:
-            assert r.status == 200
+    status, _, body = await get(p, "/models", {"X-Big": "a" * 16_000})
+    assert (await get(p, "/models", {"X-Big": "a" * 4_000})).status == 200
     assert 400 <= status < 500
     assert b"Traceback" not in body
     assert upstream.requests[0].headers["x-big"] == "a" * 4_000 and len(upstream.requests) == 1
@@ -258,10 +277,8 @@ async def test_oversized_header_is_refused_without_500(upstream, make_proxy):
 async def test_dot_segments_never_reach_the_upstream(upstream, proxy, target):
     """A raw request line (HTTP clients normalize such URLs away): a path that would leave the
     configured base URL once normalized upstream is refused, not forwarded."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
-    writer.write(f"GET {target} HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n".encode())
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
+    raw = await raw_http(proxy.server.port, f"GET {target} HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n".encode(),
+                         timeout=10)
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ")
     assert _assert_openai_error(body)["code"] == "invalid_path"

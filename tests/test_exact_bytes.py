@@ -5,23 +5,15 @@ however odd, and a request whose compacted form is not smaller is never `summari
 
 from __future__ import annotations
 
-from typing import Any
-
-import aiohttp
 import orjson
 import pytest
 
+from support.client import auth, post
 from support.compaction_helpers import chat_history
 
 MODEL = "gpt-4"
-AUTH = {"Authorization": "Bearer sk-test-key", "Content-Type": "application/json"}
+AUTH = {**auth(), "Content-Type": "application/json"}
 SMALL = {"models": {MODEL: {"context_window": 6000}}, "compaction": {"prepare_percent": 0}}
-
-
-async def post(proxy: Any, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=data, headers={**AUTH, **(headers or {})}) as r:
-            return r.status, r.headers, await r.read()
 
 
 async def test_integers_beyond_64_bits_survive_a_rewrite_exactly(upstream, make_proxy):
@@ -32,7 +24,7 @@ async def test_integers_beyond_64_bits_survive_a_rewrite_exactly(upstream, make_
     raw = orjson.dumps({"model": MODEL, "messages": msgs, "tools": [tool]}).replace(
         b'"model"', b'"seed":123456789012345678901234567890,"model"', 1).replace(
         b'"maximum":100', b'"maximum":100000000000000000000')
-    status, headers, _ = await post(proxy, raw)
+    status, headers, _ = await post(proxy, raw, AUTH)
     assert status == 200 and headers["x-compaction-status"] == "summarized"
     sent = upstream.records("chat")[-1].body
     assert b'"seed":123456789012345678901234567890' in sent
@@ -50,7 +42,7 @@ async def test_integers_beyond_64_bits_survive_a_rewrite_exactly(upstream, make_
 ])
 async def test_duplicate_keys_are_refused_naming_them(upstream, make_proxy, body, names):
     proxy = await make_proxy(upstream.base_url, SMALL)
-    status, _, answer = await post(proxy, body)
+    status, _, answer = await post(proxy, body, AUTH)
     err = orjson.loads(answer)["error"]
     assert status == 400 and err["code"] == "duplicate_keys" and names in err["message"], err
     assert upstream.records("chat") == []
@@ -59,7 +51,7 @@ async def test_duplicate_keys_are_refused_naming_them(upstream, make_proxy, body
 async def test_spacing_and_escaped_quotes_without_duplicates_are_served(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, SMALL)
     body = b'{"model" : "gpt-4", "messages" : [{"role": "user", "content": "say \\"hi\\": now \\u0022x\\u0022"}]}'
-    status, headers, _ = await post(proxy, body)
+    status, headers, _ = await post(proxy, body, AUTH)
     assert status == 200 and headers["x-compaction-status"] == "none"
     assert upstream.records("chat")[-1].body == body  # unchanged: the client's own bytes
 
@@ -72,7 +64,7 @@ async def test_spacing_and_escaped_quotes_without_duplicates_are_served(upstream
 ])
 async def test_a_bypassed_body_is_forwarded_byte_for_byte_without_validation(upstream, make_proxy, body):
     proxy = await make_proxy(upstream.base_url, SMALL)
-    status, headers, _ = await post(proxy, body, {"x-compaction-bypass": "1"})
+    status, headers, _ = await post(proxy, body, {**AUTH, "x-compaction-bypass": "1"})
     assert headers["x-compaction-status"] == "bypassed"
     assert upstream.records()[-1].body == body  # whatever the upstream makes of it
     assert status == upstream.records()[-1].status
@@ -85,7 +77,7 @@ async def test_a_newest_turn_over_the_window_is_never_summarized(upstream, make_
     msgs = chat_history(2, 10)
     msgs[-1]["content"] = "Read this: " + " ".join(f"word{i}" for i in range(7000))
     raw = orjson.dumps({"model": MODEL, "messages": msgs})
-    status, headers, _ = await post(proxy, raw)
+    status, headers, _ = await post(proxy, raw, AUTH)
     assert headers["x-compaction-status"] != "summarized", dict(headers)
     assert int(headers["x-compaction-tokens-after"]) <= int(headers["x-compaction-tokens-before"])
     assert upstream.records("chat")[0].body == raw

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import pytest
 from anthropic import Anthropic, APIStatusError, AsyncAnthropic, AuthenticationError, BadRequestError
 
 from proxy.fakes.messages import FakeMessages
 from proxy.prompts import Prompts
+from support.client import post
 
 MODEL = "claude-sonnet-4-6"
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}
@@ -33,14 +33,9 @@ async def client(fake):
         yield c  # closed inside the loop
 
 
-async def post(fake, body, path="/v1/messages", headers=HEADERS):
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + path, json=body, headers=headers) as r:
-            return r.status, await r.json(content_type=None)
-
-
 async def rejected(fake, body, path="/v1/messages", status=400, headers=HEADERS) -> str:
-    got, payload = await post(fake, body, path, headers)
+    got, _, raw = await post(fake, body, headers, path=path)
+    payload = json.loads(raw)
     assert got == status, payload
     assert payload["type"] == "error" and set(payload["error"]) == {"type", "message"}
     return payload["error"]["message"]
@@ -116,11 +111,9 @@ async def test_streaming_through_the_client(fake, client):
 
 async def test_sse_is_anthropics_wire_format(fake):
     fake.reply = "one two three"
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + "/v1/messages", headers=HEADERS,
-                          json=body([{"role": "user", "content": "x"}], stream=True)) as r:
-            assert r.headers["Content-Type"].startswith("text/event-stream")
-            raw = (await r.read()).decode()
+    answer = await post(fake, body([{"role": "user", "content": "x"}], stream=True), HEADERS, path="/v1/messages")
+    assert answer.headers["Content-Type"].startswith("text/event-stream")
+    raw = answer.body.decode()
     events = []
     for block in filter(None, raw.split("\n\n")):
         name, data = block.split("\n")
@@ -134,10 +127,7 @@ async def test_sse_is_anthropics_wire_format(fake):
 
 async def test_error_event_mid_stream(fake):
     fake.reply, fake.error_mid_stream = "a b c d e f", "overloaded_error"
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + "/v1/messages", headers=HEADERS,
-                          json=body([{"role": "user", "content": "x"}], stream=True)) as r:
-            raw = (await r.read()).decode()
+    raw = (await post(fake, body([{"role": "user", "content": "x"}], stream=True), HEADERS, path="/v1/messages")).body.decode()
     last = raw.strip().split("\n\n")[-1]
     assert last.startswith("event: error\n")
     assert json.loads(last.split("\n")[1][6:]) == {"type": "error", "error": {"type": "overloaded_error",
@@ -146,7 +136,7 @@ async def test_error_event_mid_stream(fake):
 
 async def test_every_request_is_recorded(fake, client):
     await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "a"}])
-    await post(fake, body([{"role": "assistant", "content": "b"}]))
+    await post(fake, body([{"role": "assistant", "content": "b"}]), HEADERS, path="/v1/messages")
     assert [r.status for r in fake.records("messages")] == [200, 400]
     assert fake.records("messages")[1].json["messages"] == [{"role": "assistant", "content": "b"}]
 
@@ -217,8 +207,8 @@ async def test_api_key_required(fake):
     msg = await rejected(fake, body([{"role": "user", "content": "x"}]), status=401,
                          headers={"anthropic-version": "2023-06-01"})
     assert msg == "x-api-key header is required"
-    status, _ = await post(fake, body([{"role": "user", "content": "x"}]),
-                           headers={"authorization": "Bearer oauth-token", "anthropic-version": "2023-06-01"})
+    status, _, _ = await post(fake, body([{"role": "user", "content": "x"}]),
+                              {"authorization": "Bearer oauth-token", "anthropic-version": "2023-06-01"}, path="/v1/messages")
     assert status == 200
 
 
@@ -252,7 +242,7 @@ async def test_roles_alternate(fake):
     msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     assert "roles must alternate" in await rejected(fake, body(msgs))
     fake.merge_consecutive_roles = True  # what the API documents instead
-    status, _ = await post(fake, body(msgs))
+    status, _, _ = await post(fake, body(msgs), HEADERS, path="/v1/messages")
     assert status == 200
 
 
@@ -301,7 +291,7 @@ async def test_redacted_thinking_must_be_unchanged(fake, client):
             {"role": "user", "content": [result(tu["id"])]}]
     assert "Invalid `data` in `redacted_thinking` block" in await rejected(fake, body(msgs, tools=[READ], thinking=THINK))
     msgs[1] = {"role": "assistant", "content": [red, tu]}
-    status, _ = await post(fake, body(msgs, tools=[READ], thinking=THINK))
+    status, _, _ = await post(fake, body(msgs, tools=[READ], thinking=THINK), HEADERS, path="/v1/messages")
     assert status == 200
 
 
@@ -312,7 +302,7 @@ async def test_thinking_kept_on_the_turn_a_tool_result_answers(fake, client):
             {"role": "user", "content": [result(turn["content"][1]["id"])]}]
     msg = await rejected(fake, body(msgs, tools=[READ], thinking=THINK))
     assert msg.startswith("messages.1.content.0.type: Expected `thinking` or `redacted_thinking`, but found `tool_use`.")
-    status, _ = await post(fake, body(msgs, tools=[READ]))  # without thinking the same history is fine
+    status, _, _ = await post(fake, body(msgs, tools=[READ]), HEADERS, path="/v1/messages")  # without thinking the same history is fine
     assert status == 200
 
 
@@ -320,7 +310,7 @@ async def test_at_most_four_breakpoints(fake):
     cc = {"type": "ephemeral"}
     system = [{"type": "text", "text": f"part {i}", "cache_control": cc} for i in range(3)]
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": cc}]}]
-    status, _ = await post(fake, body(msgs, system=system))
+    status, _, _ = await post(fake, body(msgs, system=system), HEADERS, path="/v1/messages")
     assert status == 200
     msgs[0]["content"].append({"type": "text", "text": "b", "cache_control": cc})
     assert await rejected(fake, body(msgs, system=system)) == \
@@ -365,7 +355,7 @@ async def test_unknown_block_rejected_unless_allowed_and_then_kept(fake):
     msgs = [{"role": "user", "content": [{"type": "text", "text": "x"}, odd]}]
     assert "Input tag 'future_block'" in await rejected(fake, body(msgs))
     fake.extra_block_types = {"future_block"}
-    status, _ = await post(fake, body(msgs))
+    status, _, _ = await post(fake, body(msgs), HEADERS, path="/v1/messages")
     assert status == 200 and fake.messages_requests[-1]["messages"][0]["content"][1] == odd
 
 

@@ -8,13 +8,15 @@ import json
 
 import aiohttp
 import pytest
-from openai import APIStatusError, AsyncOpenAI, BadRequestError, OpenAI
+from openai import APIStatusError, BadRequestError
 
 from proxy.fakes.responses import FakeResponses
 from proxy.prompts import Prompts
 from support.careless import CarelessSummarizer
+from support.client import auth, openai_client, post, sync_openai_client
 
 MODEL = "gpt-5"
+AUTH = auth("sk-test")
 SHELL = {"type": "function", "name": "shell", "description": "Run a command.",
          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 
@@ -27,18 +29,13 @@ async def fake():
 
 @pytest.fixture
 async def client(fake):
-    async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
+    async with openai_client(fake, "sk-test") as c:
         yield c  # closed inside the loop
 
 
-async def post(fake: FakeResponses, body: dict, path: str = "/responses") -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + path, json=body, headers={"Authorization": "Bearer sk-test"}) as r:
-            return r.status, await r.json(content_type=None)
-
-
 async def rejected(fake: FakeResponses, body: dict, path: str = "/responses") -> dict:
-    status, payload = await post(fake, body, path)
+    status, _, raw = await post(fake, body, AUTH, path=path)
+    payload = json.loads(raw)
     assert status == 400, payload
     assert set(payload) == {"error"} and payload["error"]["type"] == "invalid_request_error"
     return payload["error"]
@@ -67,7 +64,7 @@ async def test_async_client_string_input_and_usage(fake, client):
 
 
 def test_sync_client_with_item_input_and_streaming():
-    with FakeResponses(reply="fine") as fake, OpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as c:
+    with FakeResponses(reply="fine") as fake, sync_openai_client(fake, "sk-test") as c:
         r = c.responses.create(model=MODEL, input=[user("hi"), {"role": "assistant", "content": "hello"},
                                                    {"role": "user", "content": "how are you?"}])
         assert r.output_text == "fine"
@@ -102,10 +99,9 @@ async def test_streaming_events_through_the_client(fake, client):
 
 async def test_sse_is_openais_wire_format(fake):
     fake.reply = "one two three"
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + "/responses", json={"model": MODEL, "input": "x", "stream": True}) as r:
-            assert r.headers["Content-Type"].startswith("text/event-stream")
-            raw = (await r.read()).decode()
+    answer = await post(fake, {"model": MODEL, "input": "x", "stream": True}, path="/responses")
+    assert answer.headers["Content-Type"].startswith("text/event-stream")
+    raw = answer.body.decode()
     blocks = [b for b in raw.split("\n\n") if b]
     events = []
     for b in blocks:
@@ -144,7 +140,7 @@ async def test_previous_response_id_chains_stored_responses(fake, client):
 
 async def test_every_request_is_recorded(fake, client):
     await client.responses.create(model=MODEL, input="a")
-    await post(fake, {"model": MODEL, "input": 5})
+    await post(fake, {"model": MODEL, "input": 5}, AUTH, path="/responses")
     assert [r.status for r in fake.records("responses")] == [200, 400]
     assert fake.records("responses")[1].json == {"model": MODEL, "input": 5}
 
@@ -215,8 +211,8 @@ async def test_custom_tool_call_pairing(fake):
     patch = {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": "*** Begin Patch"}
     err = await rejected(fake, {"model": MODEL, "input": [user("x"), patch]})
     assert err["message"] == "No tool output found for custom tool call call_p."
-    status, _ = await post(fake, {"model": MODEL, "input": [
-        user("x"), patch, {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}]})
+    status, _, _ = await post(fake, {"model": MODEL, "input": [
+        user("x"), patch, {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}]}, AUTH, path="/responses")
     assert status == 200
 
 
@@ -251,7 +247,7 @@ async def test_reasoning_must_stay_before_its_item(fake, client):
     err = await rejected(fake, {"model": MODEL, "input": [user("go"), rs, other, output("call_other"), fc,
                                                           output(fc["call_id"])]})
     assert "required following item" in err["message"]
-    status, _ = await post(fake, {"model": MODEL, "input": [user("go"), rs, fc, output(fc["call_id"])]})
+    status, _, _ = await post(fake, {"model": MODEL, "input": [user("go"), rs, fc, output(fc["call_id"])]}, AUTH, path="/responses")
     assert status == 200
 
 
@@ -266,8 +262,8 @@ async def test_item_reference_resolves_only_stored_items(fake, client):
     err = await rejected(fake, {"model": MODEL, "input": [user("x"), {"type": "item_reference", "id": "msg_nope"}]})
     assert "Item with id 'msg_nope' not found" in err["message"]
     r = await client.responses.create(model=MODEL, input="x")
-    status, _ = await post(fake, {"model": MODEL, "input": [user("x"), {"type": "item_reference", "id": r.output[0].id},
-                                                            user("y")]})
+    status, _, _ = await post(fake, {"model": MODEL, "input": [user("x"), {"type": "item_reference", "id": r.output[0].id},
+                                                               user("y")]}, AUTH, path="/responses")
     assert status == 200
 
 
@@ -307,9 +303,9 @@ async def test_api_key_checked_when_required(fake, client):
 
 
 async def test_compact_returns_user_messages_and_a_signed_item(fake, client):
-    status, payload = await post(fake, {"model": MODEL, "input": [user("fix the bug"), {"role": "assistant",
-                                                                                         "content": "done"}]},
-                                 "/responses/compact")
+    status, _, raw = await post(fake, {"model": MODEL, "input": [user("fix the bug"), {"role": "assistant", "content": "done"}]},
+                                AUTH, path="/responses/compact")
+    payload = json.loads(raw)
     assert status == 200 and payload["object"] == "response.compaction"
     kinds = [o["type"] for o in payload["output"]]
     assert kinds == ["message", "compaction"] and payload["output"][0]["role"] == "user"
@@ -323,7 +319,8 @@ async def test_compact_returns_user_messages_and_a_signed_item(fake, client):
 
 async def test_compact_404_when_not_served(fake):
     fake.serve_compact = False
-    status, payload = await post(fake, {"model": MODEL, "input": "x"}, "/responses/compact")
+    status, _, raw = await post(fake, {"model": MODEL, "input": "x"}, AUTH, path="/responses/compact")
+    payload = json.loads(raw)
     assert status == 404 and "Invalid URL" in payload["error"]["message"]
 
 
@@ -472,7 +469,7 @@ async def test_built_in_tool_items(fake):
     shell = {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_l", "status": "completed",
              "action": {"type": "exec", "command": ["ls"], "env": {}}}
     shell_out = {"type": "local_shell_call_output", "id": "call_l", "output": "a.py"}
-    status, _ = await post(fake, {"model": MODEL, "input": [user("x"), search, shell, shell_out]})
+    status, _, _ = await post(fake, {"model": MODEL, "input": [user("x"), search, shell, shell_out]}, AUTH, path="/responses")
     assert status == 200
     err = await rejected(fake, {"model": MODEL, "input": [user("x"), {k: v for k, v in search.items() if k != "id"}]})
     assert err["param"] == "input[1].id"

@@ -10,7 +10,6 @@ import re
 import aiohttp
 import openai
 import pytest
-from openai import AsyncOpenAI, OpenAI
 
 from proxy.fake_upstream import (
     HISTORY_SUMMARY_HEADINGS,
@@ -18,21 +17,19 @@ from proxy.fake_upstream import (
     FakeUpstream,
     fake_upstream,  # noqa: F401  (fixture)
 )
+from support.client import http, openai_client, post, sync_openai_client
 
 MODEL = "gpt-4o-mini"
+JSON = {"Content-Type": "application/json"}
 CALL = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
 CALL_B = {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
 
 
-def aclient(fake: FakeUpstream, **kw) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=fake.base_url, api_key=kw.pop("api_key", "sk-test"), max_retries=0, **kw)
-
-
 @pytest.fixture
 async def fake_client(fake_upstream):
     """An AsyncOpenAI client of the fake itself (conftest's `client` talks to the proxy)."""
-    async with aclient(fake_upstream) as c:  # closed inside the loop: no "Event loop is closed" noise
+    async with openai_client(fake_upstream, "sk-test") as c:  # closed inside the loop: no "Event loop is closed" noise
         yield c
 
 
@@ -46,13 +43,6 @@ def tool(call_id: str, text: str = "sunny") -> dict:
 
 def assistant_calls(*calls: dict) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": list(calls)}
-
-
-async def post(fake: FakeUpstream, body, path: str = "/chat/completions") -> tuple[int, dict, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + path, data=data, headers={"Content-Type": "application/json"}) as r:
-            return r.status, dict(r.headers), await r.json(content_type=None)
 
 
 # ---- validation ----------------------------------------------------------------------------
@@ -119,23 +109,26 @@ async def test_broken_tool_pairing_is_rejected_like_openai(fake_upstream, fake_c
     ],
 )
 async def test_schema_errors(fake_upstream, body, code):
-    status, _, data = await post(fake_upstream, body)
+    status, _, raw = await post(fake_upstream, body, JSON)
+    data = json.loads(raw)
     assert status == 400
     assert data["error"]["type"] == "invalid_request_error"
     assert data["error"]["code"] == code
 
 
 async def test_invalid_json_body(fake_upstream):
-    status, _, data = await post(fake_upstream, b"{not json")
+    status, _, raw = await post(fake_upstream, b"{not json", JSON)
+    data = json.loads(raw)
     assert status == 400 and "could not parse the JSON body" in data["error"]["message"]
     assert fake_upstream.requests[-1].json is None and fake_upstream.chat_requests == []
 
 
 async def test_reject_consecutive_user_is_opt_in(fake_upstream):
     body = {"model": MODEL, "messages": [user("summary"), user("question")]}
-    assert (await post(fake_upstream, body))[0] == 200
+    assert (await post(fake_upstream, body, JSON)).status == 200
     fake_upstream.reject_consecutive_user = True
-    status, _, data = await post(fake_upstream, body)
+    status, _, raw = await post(fake_upstream, body, JSON)
+    data = json.loads(raw)
     assert status == 400 and "must alternate" in data["error"]["message"]
 
 
@@ -143,7 +136,7 @@ async def test_reject_consecutive_user_is_opt_in(fake_upstream):
 
 
 async def test_context_length_exceeded_above_the_window():
-    async with FakeUpstream(window=200) as fake, aclient(fake) as client:
+    async with FakeUpstream(window=200) as fake, openai_client(fake, "sk-test") as client:
         small = await client.chat.completions.create(model=MODEL, messages=[user("hi")])
         assert small.usage.prompt_tokens == fake.count_prompt_tokens(fake.chat_requests[-1]) < 200
 
@@ -177,7 +170,8 @@ async def test_tools_and_tool_calls_count(fake_upstream):
 
 
 async def test_non_streaming_shape(fake_upstream):
-    status, headers, data = await post(fake_upstream, {"model": MODEL, "messages": [user("x" * 80)]})
+    status, headers, raw = await post(fake_upstream, {"model": MODEL, "messages": [user("x" * 80)]}, JSON)
+    data = json.loads(raw)
     assert status == 200 and headers["Content-Type"].startswith("application/json")
     assert re.fullmatch(r"chatcmpl-[A-Za-z0-9]+", data["id"])
     assert data["object"] == "chat.completion" and isinstance(data["created"], int) and data["model"] == MODEL
@@ -191,10 +185,9 @@ async def test_non_streaming_shape(fake_upstream):
 async def test_raw_sse_format(fake_upstream):
     body = {"model": MODEL, "messages": [user("one two three four five")], "stream": True,
             "stream_options": {"include_usage": True}}
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake_upstream.base_url + "/chat/completions", json=body) as r:
-            assert r.headers["Content-Type"] == "text/event-stream; charset=utf-8"
-            raw = (await r.read()).decode()
+    answer = await post(fake_upstream, body)
+    assert answer.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+    raw = answer.body.decode()
     events = raw.split("\n\n")
     assert events[-1] == "" and events[-2] == "data: [DONE]"
     chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
@@ -254,7 +247,7 @@ async def test_sync_client_in_a_thread(fake_upstream):
     fake_upstream.reply = {"tool_calls": [CALL]}
 
     def run():
-        with OpenAI(base_url=fake_upstream.base_url, api_key="sk-test", max_retries=0) as client:
+        with sync_openai_client(fake_upstream, "sk-test") as client:
             r = client.chat.completions.create(model=MODEL, messages=[user("x")], tools=TOOLS)
             with client.chat.completions.stream(model=MODEL, messages=[user("x")], tools=TOOLS) as s:
                 final = s.get_final_completion()
@@ -266,7 +259,7 @@ async def test_sync_client_in_a_thread(fake_upstream):
 
 
 def test_thread_mode_for_sync_tests():
-    with FakeUpstream(reply="hello") as fake, OpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+    with FakeUpstream(reply="hello") as fake, sync_openai_client(fake, "sk-test") as client:
         chunks = client.chat.completions.create(model=MODEL, messages=[user("x")], stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"
 
@@ -359,9 +352,11 @@ async def test_summarizer_recognized_by_prompt_files(tmp_path):
                                           "Rules: ..."}, user("x")]}
         assert fake.summarizer_kind(hist) == "history" and fake.summarizer_kind(toolreq) == "tool"
         assert not fake.is_summarizer_request({"model": MODEL, "messages": [user("hi")]})
-        status, _, data = await post(fake, hist)
+        status, _, raw = await post(fake, hist, JSON)
+        data = json.loads(raw)
         assert status == 200 and "## Critical Context" in data["choices"][0]["message"]["content"]
-        status, _, data = await post(fake, toolreq)
+        status, _, raw = await post(fake, toolreq, JSON)
+        data = json.loads(raw)
         assert status == 500 and data["error"]["message"] == "summarizer down"
         assert fake.chat_requests == [] and len(fake.summarizer_requests) == 2
 
@@ -409,19 +404,17 @@ async def test_fault_target_summarizer_spares_chat(fake_upstream):
     fake_upstream.summarizer_marker = "SUMMARIZE"
     fake_upstream.fail_status = 500
     fake_upstream.fault_target = "summarizer"
-    assert (await post(fake_upstream, {"model": MODEL, "messages": [user("x")]}))[0] == 200
+    assert (await post(fake_upstream, {"model": MODEL, "messages": [user("x")]}, JSON)).status == 200
     body = {"model": MODEL, "messages": [{"role": "system", "content": "SUMMARIZE"}, user("x")]}
-    assert (await post(fake_upstream, body))[0] == 500
+    assert (await post(fake_upstream, body, JSON)).status == 500
 
 
 async def test_malformed_json(fake_upstream):
     fake_upstream.malformed_json = True
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake_upstream.base_url + "/chat/completions",
-                          json={"model": MODEL, "messages": [user("x")]}) as r:
-            assert r.status == 200
-            with pytest.raises(json.JSONDecodeError):
-                json.loads(await r.read())
+    answer = await post(fake_upstream, {"model": MODEL, "messages": [user("x")]})
+    assert answer.status == 200
+    with pytest.raises(json.JSONDecodeError):
+        answer.json()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -479,7 +472,7 @@ async def test_require_api_key(fake_upstream, fake_client):
     with pytest.raises(openai.AuthenticationError) as ei:
         await fake_client.chat.completions.create(model=MODEL, messages=[user("x")])
     assert ei.value.code == "invalid_api_key"
-    async with aclient(fake_upstream, api_key="sk-right") as ok:
+    async with openai_client(fake_upstream, "sk-right") as ok:
         await ok.chat.completions.create(model=MODEL, messages=[user("x")])
 
 
@@ -523,11 +516,10 @@ async def test_models_and_embeddings_with_the_sdk(fake_upstream, fake_client):
 
 async def test_catch_all_echo(fake_upstream):
     raw = b"\x00\xffbinary"
-    async with aiohttp.ClientSession() as s:
-        async with s.put(fake_upstream.base_url + "/files/abc?purpose=x&a=1", data=raw,
-                         headers={"X-Custom": "Yes", "Content-Type": "application/octet-stream"}) as r:
-            assert r.status == 200 and r.headers["x-upstream-echo"] == "1"
-            echo = await r.json()
+    answer = await http("PUT", fake_upstream.base_url + "/files/abc?purpose=x&a=1", raw,
+                        {"X-Custom": "Yes", "Content-Type": "application/octet-stream"})
+    assert answer.status == 200 and answer.headers["x-upstream-echo"] == "1"
+    echo = answer.json()
     assert echo["method"] == "PUT" and echo["path"] == "/v1/files/abc" and echo["query"] == "purpose=x&a=1"
     assert echo["raw_path"] == "/v1/files/abc?purpose=x&a=1"
     assert echo["headers"]["x-custom"] == "Yes"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import openai
 import pytest
-from openai import AsyncOpenAI
 
 from proxy.fake_upstream import FakeUpstream
+from support.client import openai_client, post
 
 MODEL = "gpt-4o-mini"
 CALL = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
@@ -24,36 +23,29 @@ def _with_call(content: str | None) -> list[dict]:
     ]
 
 
-async def _post(fake: FakeUpstream, body: dict) -> tuple[int, str, bytes]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fake.base_url + "/chat/completions", data=json.dumps(body).encode(),
-                          headers={"Content-Type": "application/json"}) as r:
-            return r.status, r.headers["Content-Type"], await r.read()
-
-
 async def test_null_content_with_tool_calls_is_a_500_only_when_asked():
     async with FakeUpstream() as fake:
         body = {"model": MODEL, "messages": _with_call(None)}
-        assert (await _post(fake, body))[0] == 200  # OpenAI accepts it
+        assert (await post(fake, body)).status == 200  # OpenAI accepts it
         fake.reject_null_content_with_tool_calls = True
-        status, _, data = await _post(fake, body)
+        status, _, data = await post(fake, body)
         error = json.loads(data)["error"]
         assert status == 500 and error["type"] == "internal_server_error"
         assert "('body', 'messages', 1, 'content')" in error["message"]
-        assert (await _post(fake, {"model": MODEL, "messages": _with_call("")}))[0] == 200
+        assert (await post(fake, {"model": MODEL, "messages": _with_call("")})).status == 200
 
 
 async def test_streaming_overflow_is_an_empty_200_stream_only_when_asked():
     long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 300}], "stream": True}
     async with FakeUpstream(window=100) as fake:
-        status, _, data = await _post(fake, long)
+        status, _, data = await post(fake, long)
         assert status == 400 and json.loads(data)["error"]["code"] == "context_length_exceeded"
 
         fake.empty_stream_on_overflow = True
-        status, ctype, data = await _post(fake, long)
-        assert (status, data) == (200, b"") and ctype.startswith("text/event-stream")
+        status, headers, data = await post(fake, long)
+        assert (status, data) == (200, b"") and headers["Content-Type"].startswith("text/event-stream")
         # The SDK yields no chunk and raises nothing, as with the real server.
-        async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+        async with openai_client(fake, "sk-test") as client:
             stream = await client.chat.completions.create(model=MODEL, messages=long["messages"], stream=True)
             assert [chunk async for chunk in stream] == []
             # Non-streaming requests still get the 400.

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-import aiohttp
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from support.client import auth, post, raw_http, split_response
 
 BOUND_S = 30
 MAX_BODY = 2 * 1024 * 1024
@@ -53,34 +54,11 @@ async def target(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, SETTINGS)
     yield proxy
     # The server keeps serving after whatever the test sent it.
-    status, _, body = await post(proxy, orjson.dumps({"model": M, "messages": [user("still there?")]}))
+    status, _, body = await post(proxy, orjson.dumps({"model": M, "messages": [user("still there?")]}), AUTH)
     assert status == 200 and orjson.loads(body)["choices"][0]["message"]["content"] == "fine"
 
 
-AUTH = {"Authorization": "Bearer sk-test-key"}  # an anonymous request is not compacted
-
-
-async def post(proxy: Any, data: Any, headers: dict[str, str] | None = None, path: str = "/chat/completions"
-               ) -> tuple[int, Any, bytes]:
-    async def go() -> tuple[int, Any, bytes]:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(proxy.base_url + path, data=data, headers={**AUTH, **(headers or {})}) as r:
-                return r.status, r.headers, await r.read()
-
-    return await asyncio.wait_for(go(), BOUND_S)
-
-
-async def raw_http(proxy: Any, request: bytes) -> tuple[int, bytes]:
-    """Bytes straight onto the socket (clients normalize or refuse what we want to send)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), BOUND_S)
-    finally:
-        writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+AUTH = auth()  # an anonymous request is not compacted
 
 
 def assert_fine(status: int, body: bytes, *, http_level: bool = False) -> None:
@@ -156,7 +134,7 @@ CORPUS: dict[str, tuple[bytes, int | None]] = {
 @pytest.mark.parametrize("case", list(CORPUS))
 async def test_corpus(target, upstream, case):
     body, expected = CORPUS[case]
-    status, headers, answer = await post(target, body, {"Content-Type": "application/json"})
+    status, headers, answer = await post(target, body, {**AUTH, "Content-Type": "application/json"})
     assert_fine(status, answer)
     if expected is not None:
         assert status == expected, answer[:300]
@@ -167,10 +145,10 @@ async def test_corpus(target, upstream, case):
 async def test_exactly_one_level_under_the_nesting_limit_is_accepted(target, upstream):
     """254 levels is what orjson writes: the deepest body the proxy can re-send, and it does."""
     status, _, _ = await post(target, b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "x": '
-                              + nested(253) + b"}")
+                              + nested(253) + b"}", AUTH)
     assert status == 200
     status, _, _ = await post(target, b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "x": '
-                              + nested(254) + b"}")
+                              + nested(254) + b"}", AUTH)
     assert status == 400
 
 
@@ -188,10 +166,10 @@ async def test_a_slow_drip_body_is_served_and_blocks_no_one(target, chunked):
             await asyncio.sleep(0.02)
 
     headers = {} if chunked else {"Content-Length": str(len(body))}
-    slow = asyncio.create_task(post(target, drip(), headers))
+    slow = asyncio.create_task(post(target, drip(), {**AUTH, **headers}))
     await asyncio.wait_for(halfway.wait(), BOUND_S)
     # meanwhile another client is served at once
-    status, _, _ = await post(target, orjson.dumps({"model": M, "messages": [user("quick")]}))
+    status, _, _ = await post(target, orjson.dumps({"model": M, "messages": [user("quick")]}), AUTH)
     assert status == 200 and not slow.done()
     status, _, answer = await slow
     assert status == 200 and orjson.loads(answer)["choices"][0]["message"]["content"] == "fine"
@@ -238,7 +216,7 @@ async def test_a_body_shorter_than_its_content_length_then_a_hang_up(target, ups
 ], ids=["header-value-20k", "200-headers", "request-line-20k", "header-name-20k", "bad-chunk-size",
         "conflicting-lengths", "nul-in-header", "tls-hello"])
 async def test_http_level_garbage_is_a_4xx_and_reaches_no_one(target, upstream, request_bytes):
-    status, body = await raw_http(target, request_bytes)
+    status, body = split_response(await raw_http(target.server.port, request_bytes, timeout=BOUND_S))
     assert 400 <= status < 500
     assert_fine(status, body, http_level=True)
     assert upstream.requests == []
@@ -286,14 +264,14 @@ def mutated(draw: Any) -> Any:
                                                                   HealthCheck.too_slow])
 @given(body=mutated())
 async def test_fuzz_wrong_types_at_every_level(target, body):
-    status, _, answer = await post(target, orjson.dumps(body))
+    status, _, answer = await post(target, orjson.dumps(body), AUTH)
     assert_fine(status, answer)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 async def test_fuzz_raw_bytes(target, data):
-    status, _, answer = await post(target, data)
+    status, _, answer = await post(target, data, AUTH)
     assert_fine(status, answer)
 
 
@@ -307,6 +285,6 @@ async def test_a_message_too_deep_to_rewrite_fails_open(upstream, make_proxy):
     messages = chat_history(12, 150)
     deep = b'{"role": "user", "content": [{"type": "text", "text": "and this", "x": ' + nested(251) + b"}]}"
     raw = orjson.dumps({"model": "gpt-4", "messages": messages})[:-2] + b", " + deep + b"]}"
-    status, headers, _ = await post(proxy, raw)
+    status, headers, _ = await post(proxy, raw, AUTH)
     assert status == 200 and headers["x-compaction-status"] == "failed-open"
     assert upstream.records("chat")[-1].body == raw

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import aiohttp
 import pytest
 import orjson
 
+from support.client import auth, raw_chat
 from support.compaction_helpers import chat_history, main_summary
 from proxy.fake_upstream import FakeUpstream
 
@@ -30,17 +30,6 @@ def numbered(upstream: FakeUpstream) -> None:
         return main_summary(f"number-{calls[0]}")
 
     upstream.summarizer = answer
-
-
-async def send(proxy: Any, key: str, messages: list[dict[str, Any]], session: str | None = None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {key}"}
-    if session is not None:
-        headers["x-compaction-session"] = session
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", headers=headers,
-                          data=orjson.dumps({"model": MODEL, "messages": messages})) as r:
-            assert r.status == 200
-            return dict(r.headers)
 
 
 def made_by(upstream: FakeUpstream) -> set[str]:
@@ -74,9 +63,9 @@ async def test_identical_conversations_under_two_keys_share_nothing(upstream, ma
     })
     msgs = conversation()
 
-    a = await send(proxy, "sk-key-A", msgs)
+    a = (await raw_chat(proxy, msgs, auth("sk-key-A"))).headers
     carried_a = made_by(upstream)
-    b = await send(proxy, "sk-key-B", msgs)
+    b = (await raw_chat(proxy, msgs, auth("sk-key-B"))).headers
     carried_b = made_by(upstream)
     assert (a["x-compaction-status"], b["x-compaction-status"]) == ("summarized", "summarized")
     assert a["x-compaction-tool-results"] == b["x-compaction-tool-results"] == "1"
@@ -86,8 +75,8 @@ async def test_identical_conversations_under_two_keys_share_nothing(upstream, ma
 
     # Each key gets its own back on the next request, without a summarizer call.
     calls = len(upstream.summarizer_requests)
-    assert (await send(proxy, "sk-key-A", msgs))["x-compaction-status"] == "reused" and made_by(upstream) == carried_a
-    assert (await send(proxy, "sk-key-B", msgs))["x-compaction-status"] == "reused" and made_by(upstream) == carried_b
+    assert (await raw_chat(proxy, msgs, auth("sk-key-A"))).headers["x-compaction-status"] == "reused" and made_by(upstream) == carried_a
+    assert (await raw_chat(proxy, msgs, auth("sk-key-B"))).headers["x-compaction-status"] == "reused" and made_by(upstream) == carried_b
     assert len(upstream.summarizer_requests) == calls
 
 
@@ -101,23 +90,15 @@ async def test_a_session_narrows_a_keys_scope_and_never_widens_it(upstream, make
     msgs = conversation()
     made: dict[tuple[str, str | None], set[str]] = {}
     for key, session in [("sk-key-A", "shared-id"), ("sk-key-B", "shared-id"), ("sk-key-A", None), ("sk-key-B", None)]:
-        headers = await send(proxy, key, msgs, session)
+        headers = (await raw_chat(proxy, msgs, auth(key, session))).headers
         assert headers["x-compaction-status"] == "summarized", (key, session)  # nobody else's summary fits
         made[(key, session)] = made_by(upstream)
     every = [n for carried in made.values() for n in carried]
     assert len(every) == len(set(every))  # four scopes, each with its own summary and note
     # and each scope still finds its own
     for (key, session), carried in made.items():
-        headers = await send(proxy, key, msgs, session)
+        headers = (await raw_chat(proxy, msgs, auth(key, session))).headers
         assert headers["x-compaction-status"] == "reused" and made_by(upstream) == carried
-
-
-async def send_with(proxy: Any, headers: dict[str, str], messages: list[dict[str, Any]]) -> dict[str, str]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", headers=headers,
-                          data=orjson.dumps({"model": MODEL, "messages": messages})) as r:
-            assert r.status == 200
-            return dict(r.headers)
 
 
 SMALL = {
@@ -134,10 +115,10 @@ async def test_two_keys_in_the_same_non_authorization_header_share_nothing(upstr
     numbered(upstream)
     proxy = await make_proxy(upstream.base_url, {**SMALL, "upstream": {"api_key": "sk-configured"}})
     msgs = conversation()
-    a = await send_with(proxy, {header: "sk-key-A"}, msgs)
+    a = (await raw_chat(proxy, msgs, {header: "sk-key-A"})).headers
     carried_a = made_by(upstream)
     calls_a = len(upstream.summarizer_requests)
-    b = await send_with(proxy, {header: "sk-key-B"}, msgs)
+    b = (await raw_chat(proxy, msgs, {header: "sk-key-B"})).headers
     carried_b = made_by(upstream)
     assert (a["x-compaction-status"], b["x-compaction-status"]) == ("summarized", "summarized")
     assert carried_a.isdisjoint(carried_b) and len(upstream.summarizer_requests) > calls_a
@@ -146,9 +127,9 @@ async def test_two_keys_in_the_same_non_authorization_header_share_nothing(upstr
     for rec in upstream.records():  # the configured key never joins a client's own credential
         assert "authorization" not in rec.headers, rec.headers
     calls = len(upstream.summarizer_requests)
-    assert (await send_with(proxy, {header: "sk-key-A"}, msgs))["x-compaction-status"] == "reused"
+    assert (await raw_chat(proxy, msgs, {header: "sk-key-A"})).headers["x-compaction-status"] == "reused"
     assert made_by(upstream) == carried_a
-    assert (await send_with(proxy, {header: "sk-key-B"}, msgs))["x-compaction-status"] == "reused"
+    assert (await raw_chat(proxy, msgs, {header: "sk-key-B"})).headers["x-compaction-status"] == "reused"
     assert made_by(upstream) == carried_b
     assert len(upstream.summarizer_requests) == calls
 
@@ -160,18 +141,18 @@ async def test_a_request_with_no_credential_is_never_served_another_requests_rec
     proxy = await make_proxy(upstream.base_url, SMALL)
     msgs = conversation()
     for _ in range(2):
-        h = await send_with(proxy, {}, msgs)
+        h = (await raw_chat(proxy, msgs, {})).headers
         assert h["x-compaction-status"] == "failed-open" and h["x-compaction-tool-results"] == "0"
         assert upstream.chat_requests[-1]["messages"] == msgs
     assert upstream.summarizer_requests == []
-    s1 = await send_with(proxy, {"x-compaction-session": "session-one"}, msgs)
+    s1 = (await raw_chat(proxy, msgs, {"x-compaction-session": "session-one"})).headers
     carried_1 = made_by(upstream)
-    s2 = await send_with(proxy, {"x-compaction-session": "session-two"}, msgs)
+    s2 = (await raw_chat(proxy, msgs, {"x-compaction-session": "session-two"})).headers
     carried_2 = made_by(upstream)
     assert (s1["x-compaction-status"], s2["x-compaction-status"]) == ("summarized", "summarized")
     assert carried_1.isdisjoint(carried_2)
-    again = await send_with(proxy, {"x-compaction-session": "session-one"}, msgs)
+    again = (await raw_chat(proxy, msgs, {"x-compaction-session": "session-one"})).headers
     assert again["x-compaction-status"] == "reused" and made_by(upstream) == carried_1
     # a key-holder naming the same session reaches nothing of the anonymous one's
-    keyed = await send_with(proxy, {"Authorization": "Bearer sk-key-A", "x-compaction-session": "session-one"}, msgs)
+    keyed = (await raw_chat(proxy, msgs, {"Authorization": "Bearer sk-key-A", "x-compaction-session": "session-one"})).headers
     assert keyed["x-compaction-status"] == "summarized" and made_by(upstream).isdisjoint(carried_1)

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
+from support.client import chat, get, openai_client
 from support.compaction_helpers import forwarded_summary
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
@@ -20,10 +20,9 @@ SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 
 async def api_events(proxy: Any, limit: int = 50) -> list[dict[str, Any]]:
     await proxy.state.journal.flush()
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + f"/admin/api/events?limit={limit}") as r:
-            assert r.status == 200
-            return (await r.json())["events"]
+    answer = await get(proxy.root, f"/admin/api/events?limit={limit}")
+    assert answer.status == 200
+    return answer.json()["events"]
 
 
 async def test_a_compaction_is_journaled_with_its_numbers_and_summary(upstream, make_proxy, tmp_path: Path):
@@ -99,7 +98,6 @@ async def test_masked_and_degraded_compactions_are_events_once_per_record(upstre
     """The tiers of issue 12: masking (no model call) and the code-written digest when the
     summarizer is down. Every request reports its status; the request that made the record is the
     event (in the journal and compactions_total), not each one that applies it again."""
-    from openai import AsyncOpenAI
 
     from proxy.fake_upstream import count_text_tokens
     from support.coding_session import coding_session
@@ -113,16 +111,14 @@ async def test_masked_and_degraded_compactions_are_events_once_per_record(upstre
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 12000}},
                                                  "compaction": {"prepare_percent": 0}, "journal": {"max_events": 1000}})
     statuses: list[str] = []
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-tiers", max_retries=0) as client:
+    async with openai_client(proxy, "sk-tiers") as client:
         for messages, tools, down in ((swe, None, False), (coding.messages, coding.tools, True)):
             upstream.fault_target, upstream.fail_status = ("summarizer", 500) if down else ("all", None)
             for i in range(1, len(messages) + 1):
                 if i < len(messages) and messages[i]["role"] != "assistant":
                     continue
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=messages[:i], **({"tools": tools} if tools else {}))
-                raw.parse()
-                statuses.append(raw.headers["x-compaction-status"])
+                reply = await chat(client, messages[:i], model=MODEL, **({"tools": tools} if tools else {}))
+                statuses.append(reply.status)
     assert statuses.count("masked") > 1 and statuses.count("degraded") >= 1
     events = await api_events(proxy, limit=1000)
     m = await scrape(proxy)

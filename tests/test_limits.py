@@ -17,13 +17,14 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator
 
-import aiohttp
 import orjson
 import pytest
 
-from support.conversations import MODEL, WINDOW, client, send, synthetic
+from support.client import auth, post, raw_http, status_of
+from support.conversations import MODEL, WINDOW, send, synthetic
 
 BOUND_S = 30
+AUTH = {"Content-Type": "application/json", **auth("sk-test")}
 LIMIT_MB = 0.05
 LIMIT = int(LIMIT_MB * 1024 * 1024)  # 52428 bytes
 
@@ -40,15 +41,6 @@ async def chunks(raw: bytes) -> AsyncIterator[bytes]:
         yield raw[i : i + 8192]
 
 
-async def post(url: str, data: Any) -> tuple[int, bytes]:
-    async def go() -> tuple[int, bytes]:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(url, data=data, headers={"Content-Type": "application/json", "Authorization": "Bearer sk-test"}) as r:
-                return r.status, await r.read()
-
-    return await asyncio.wait_for(go(), BOUND_S)
-
-
 @pytest.mark.parametrize("path,body", [
     ("/chat/completions", {"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 40_000}]}),
     ("/embeddings", {"model": "text-embedding-3-small", "input": "x" * 40_000}),
@@ -57,24 +49,13 @@ async def post(url: str, data: Any) -> tuple[int, bytes]:
 async def test_body_size_at_and_one_over_the_limit(upstream, make_proxy, path, body, chunked):
     proxy = await make_proxy(upstream.base_url, {"server": {"max_body_mb": LIMIT_MB}})
     exact, over = padded(body, LIMIT), padded(body, LIMIT + 1)
-    status, _ = await post(proxy.base_url + path, chunks(exact) if chunked else exact)
+    status, _, _ = await post(proxy, chunks(exact) if chunked else exact, AUTH, path=path)
     assert status == 200
     assert upstream.requests[-1].body == exact  # forwarded whole
     forwarded = len(upstream.requests)
-    status, answer = await post(proxy.base_url + path, chunks(over) if chunked else over)
+    status, _, answer = await post(proxy, chunks(over) if chunked else over, AUTH, path=path)
     assert status == 413 and orjson.loads(answer)["error"]["code"] == "request_too_large"
     assert len(upstream.requests) == forwarded
-
-
-async def raw_status(port: int, request: bytes) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n"), BOUND_S)
-    finally:
-        writer.close()
-    return int(head.split(b" ", 2)[1])
 
 
 async def test_header_and_url_at_and_one_over_the_limit(upstream, make_proxy):
@@ -89,14 +70,14 @@ async def test_header_and_url_at_and_one_over_the_limit(upstream, make_proxy):
         return (b"GET " + url + b" HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"v" * value_bytes
                 + b"\r\nConnection: close\r\n\r\n")
 
-    assert await raw_status(proxy.server.port, request(value_bytes=limit)) == 200
-    assert 400 <= await raw_status(proxy.server.port, request(value_bytes=limit + 1)) < 500
-    assert await raw_status(proxy.server.port, request(url_bytes=limit)) == 200
-    assert 400 <= await raw_status(proxy.server.port, request(url_bytes=limit + 1)) < 500
+    assert status_of(await raw_http(proxy.server.port, request(value_bytes=limit), until=b"\r\n")) == 200
+    assert 400 <= status_of(await raw_http(proxy.server.port, request(value_bytes=limit + 1), until=b"\r\n")) < 500
+    assert status_of(await raw_http(proxy.server.port, request(url_bytes=limit), until=b"\r\n")) == 200
+    assert 400 <= status_of(await raw_http(proxy.server.port, request(url_bytes=limit + 1), until=b"\r\n")) < 500
     assert upstream.requests == []
 
 
-async def test_max_concurrent_summaries_runs_n_at_once_and_queues_the_next(upstream, make_proxy):
+async def test_max_concurrent_summaries_runs_n_at_once_and_queues_the_next(upstream, make_proxy, client_for):
     n = 2
     upstream.window = WINDOW
     proxy = await make_proxy(upstream.base_url, {
@@ -119,7 +100,7 @@ async def test_max_concurrent_summaries_runs_n_at_once_and_queues_the_next(upstr
         return None  # the fake's default summary
 
     upstream.summarizer = gated
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     # three conversations, each compacted with exactly one summarizer call
     turns = [asyncio.create_task(send(c, synthetic(f"limit {i}"))) for i in range(n + 1)]
     await asyncio.wait_for(n_running.wait(), BOUND_S)
@@ -129,7 +110,6 @@ async def test_max_concurrent_summaries_runs_n_at_once_and_queues_the_next(upstr
     done = await asyncio.wait_for(asyncio.gather(*turns), BOUND_S)
     assert [t.status for t in done] == ["summarized"] * (n + 1)
     assert peak == n and len(upstream.summarizer_requests) == n + 1
-    await c.close()
 
 
 async def test_tool_results_concurrency_runs_exactly_n_notes_at_once(upstream, make_proxy):
@@ -154,24 +134,28 @@ async def test_tool_results_concurrency_runs_exactly_n_notes_at_once(upstream, m
                 {"id": i, "type": "function", "function": {"name": "lookup", "arguments": "{}"}} for i in ids]}]
     msgs += [{"role": "tool", "tool_call_id": i, "content": "\n".join(f"{i} row {k}: fine" for k in range(150))}
              for i in ids]
-    task = asyncio.create_task(post(proxy.base_url + "/chat/completions", orjson.dumps({"model": "gpt-4", "messages": msgs})))
+    task = asyncio.create_task(post(proxy, orjson.dumps({"model": "gpt-4", "messages": msgs}), AUTH))
     await asyncio.wait_for(all_in.wait(), BOUND_S)  # all n at once: none waits for another
     release.set()
-    status, _ = await task
+    status, _, _ = await task
     assert status == 200 and running == n
 
 
-async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_proxy, caplog):
+async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_proxy, caplog, client_for):
     n = 2
     upstream.window = WINDOW
-    upstream.summarizer_delay_s = 60  # the one worker stays busy with the first job
+    release = asyncio.Event()
+
+    async def held(body: dict[str, Any]) -> None:  # the one worker stays busy with the first job
+        await release.wait()
+
+    upstream.summarizer = held
     proxy = await make_proxy(upstream.base_url, {
         "models": {MODEL: {"context_window": WINDOW}},
         "compaction": {"prepare_percent": 80, "prepare_workers": 1, "prepare_queue": n},
     })
     caplog.set_level(logging.DEBUG, logger="proxy.compaction")
-    engine = proxy.state.compaction
-    c = client(proxy.base_url)
+    c = client_for(proxy)
 
     async def past_80_percent(i: int) -> None:
         turn = await asyncio.wait_for(send(c, synthetic(f"queue {i}", turns=12)), BOUND_S)
@@ -181,9 +165,12 @@ async def test_prepare_queue_holds_n_jobs_and_drops_the_next(upstream, make_prox
     await upstream.wait_for_requests(1, "summarizer")  # the worker took job 0
     for i in range(1, n + 1):
         await past_80_percent(i)
-    assert engine._queue is not None and engine._queue.qsize() == n  # exactly at the limit: all queued
-    assert not [r for r in caplog.records if "prepare queue full" in r.getMessage()]
+    assert not [r for r in caplog.records if "prepare queue full" in r.getMessage()]  # exactly at the limit
     await past_80_percent(n + 1)
-    assert engine._queue.qsize() == n
     assert len([r for r in caplog.records if "prepare queue full" in r.getMessage()]) == 1
-    await c.close()
+    # Once the worker is free it prepares what waited: the n queued jobs, not the dropped one.
+    release.set()
+    await asyncio.wait_for(proxy.state.compaction.idle(), BOUND_S)
+    prepared = {i for i in range(n + 2)
+                if any(f"trip queue {i}?" in r.body.decode() for r in upstream.records("summarizer"))}
+    assert prepared == set(range(n + 1))

@@ -14,12 +14,12 @@ import logging
 import secrets
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from proxy.logsafe import clean_record, log_text
 from proxy.fake_upstream import FakeUpstream, status_error
+from support.client import auth, post, raw_http, status_of
 from support.replicas import Replica
 
 TAG = secrets.token_hex(6)
@@ -48,16 +48,6 @@ def malformed_requests() -> dict[str, bytes]:
     }
 
 
-async def send_raw(port: int, data: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        await writer.drain()
-        return await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-
-
 def leaked(text: str) -> list[str]:
     return [n for n in NEEDLES if n in text]
 
@@ -72,8 +62,8 @@ def captured(caplog: pytest.LogCaptureFixture) -> str:
 async def test_a_malformed_header_never_puts_the_key_in_a_log(upstream, make_proxy, caplog, case):
     caplog.set_level(logging.DEBUG)
     proxy = await make_proxy(upstream.base_url, {"server": {"max_header_kb": HEADER_KB, "log_level": "debug"}})
-    answer = await send_raw(proxy.server.port, malformed_requests()[case])
-    assert answer.split(b" ", 2)[1].startswith(b"4"), answer[:200]
+    answer = await raw_http(proxy.server.port, malformed_requests()[case], timeout=10)
+    assert 400 <= status_of(answer) < 500, answer[:200]
     await asyncio.sleep(0.05)  # the server logs as it closes the connection
     text = captured(caplog)
     assert "malformed HTTP request" in text  # the rejection was logged, so its cleanliness means something
@@ -89,7 +79,7 @@ def test_a_malformed_header_never_puts_the_key_in_a_real_process_log(tmp_path):
         try:
             replica.wait_ready()
             for data in malformed_requests().values():
-                assert asyncio.run(send_raw(replica.port, data)).split(b" ", 2)[1].startswith(b"4")
+                assert 400 <= status_of(asyncio.run(raw_http(replica.port, data, timeout=10))) < 500
         finally:
             replica.stop()
     log = replica.log_text()
@@ -120,10 +110,8 @@ async def test_a_model_or_tool_name_cannot_forge_a_log_line(upstream, make_proxy
             {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "row of output\n" * 400},
     ]
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", headers={"Authorization": "Bearer sk-test"},
-                          data=orjson.dumps({"model": name, "messages": messages})) as r:
-            assert r.status in (200, 400)
+    answer = await post(proxy, orjson.dumps({"model": name, "messages": messages}), auth("sk-test"))
+    assert answer.status in (200, 400)
     text = captured(caplog)
     assert "FORGED-LOG-LINE" in text  # the name was logged
     assert not [line for line in text.splitlines() if line.startswith(FORGED)], text

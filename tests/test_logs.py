@@ -9,11 +9,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from proxy.ops.logs import JsonFormatter, TextFormatter
+from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
 from proxy.fake_upstream import FakeUpstream
 from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
@@ -60,14 +60,9 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
     answers = await replay(proxy.base_url, points, key=PLANTED_KEY)
     # An upstream that breaks mid-answer, and a bug in a stage (logged with its traceback).
     upstream.reset_mid_response, upstream.fault_times = True, 1
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": points[0]},
-                          headers={"Authorization": f"Bearer {PLANTED_KEY}"}) as r:
-            assert r.status == 502
-        monkeypatch.setattr(proxy.state.tool_results, "process", _raises)
-        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": points[0]},
-                          headers={"Authorization": f"Bearer {PLANTED_KEY}"}) as r:
-            assert r.status == 200 and r.headers["x-compaction-status"] == "none"
+    await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL, expect=502)
+    monkeypatch.setattr(proxy.state.tool_results, "process", _raises)
+    assert (await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL)).compaction == "none"
 
     text = stream.getvalue()
     lines = [orjson.loads(line) for line in text.splitlines()]  # every line is one JSON object
@@ -87,7 +82,9 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
         assert line["tokens_after"] == int(h["x-compaction-tokens-after"])
         assert line["tool_notes"] == int(h["x-compaction-tool-results"])
         assert line["wait_ms"] == pytest.approx(int(h["x-compaction-wait-ms"]))
-        assert line["duration_ms"] >= 0 and line["upstream_ttfb_ms"] >= 0
+        # the request outlasts its wait and the upstream's first byte (">= 0" held for any duration)
+        assert line["duration_ms"] >= line["upstream_ttfb_ms"] > 0
+        assert line["duration_ms"] + 0.2 >= line["wait_ms"] + line["upstream_ttfb_ms"]  # each rounded to 0.1
         assert line["upstream_prompt"] == answer.usage["prompt_tokens"]
     assert access[-2]["status"] == 502
 
@@ -106,9 +103,7 @@ async def _raises(*args: Any, **kwargs: Any) -> Any:
 
 async def test_text_lines_stay_one_line_whatever_the_path(proxy, captured):
     stream = captured(TextFormatter())
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.base_url + "/models%0Aforged%20INFO%20line") as r:
-            request_id = r.headers["x-request-id"]
+    request_id = (await get(proxy, "/models%0Aforged%20INFO%20line")).headers["x-request-id"]
     (line,) = [line for line in stream.getvalue().splitlines() if "proxy.access" in line]
     assert f"request_id={request_id}" in line and "status=" in line and "duration_ms=" in line
     assert "\\n" in line  # the newline the client sent, escaped

@@ -8,16 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import pytest
 from aiohttp import web
-from anthropic import Anthropic, APIStatusError, AsyncAnthropic, BadRequestError
-from openai import AsyncOpenAI
+from anthropic import APIStatusError, BadRequestError
 
 from proxy.fakes.messages import FakeMessages
+from support.client import anthropic_client, get, http, openai_client, post, sync_anthropic_client
 
 MODEL = "claude-sonnet-4-6"
 HEADERS = {"x-api-key": "sk-ant-route", "anthropic-version": "2023-06-01"}
+JSON = {"Content-Type": "application/json"}
 READ = {"name": "Read", "description": "Read a file.",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 THINK = {"type": "enabled", "budget_tokens": 1024}
@@ -35,17 +35,6 @@ async def both(upstream, fake, make_proxy):
     return await make_proxy(upstream.base_url, {"anthropic": {"base_url": fake.base_url}})
 
 
-def anthropic_client(proxy, **kw) -> AsyncAnthropic:
-    return AsyncAnthropic(base_url=proxy.root, api_key="sk-ant-route", max_retries=0, **kw)
-
-
-async def post(url: str, body, headers=HEADERS) -> tuple[int, dict, dict]:
-    async with aiohttp.ClientSession() as s:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with s.post(url, data=data, headers={**headers, "Content-Type": "application/json"}) as r:
-            return r.status, dict(r.headers), await r.json(content_type=None)
-
-
 def anthropic_error(payload: dict, type_: str) -> str:
     assert payload["type"] == "error" and set(payload["error"]) == {"type", "message"}, payload
     assert payload["error"]["type"] == type_, payload
@@ -53,7 +42,7 @@ def anthropic_error(payload: dict, type_: str) -> str:
 
 
 async def test_async_client_reaches_the_messages_upstream_with_its_headers(both, upstream, fake):
-    async with anthropic_client(both, default_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"}) as c:
+    async with anthropic_client(both, "sk-ant-route", default_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"}) as c:
         raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=100, system="Be brief.",
                                                         messages=[{"role": "user", "content": "Hello there"}])
     msg = await raw.parse()
@@ -70,7 +59,7 @@ async def test_async_client_reaches_the_messages_upstream_with_its_headers(both,
 
 async def test_sync_client(both, fake):
     def call() -> str:
-        with Anthropic(base_url=both.root, api_key="sk-ant-route", max_retries=0) as c:
+        with sync_anthropic_client(both, "sk-ant-route") as c:
             return c.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "sync"}]
                                      ).content[0].text
     assert await asyncio.to_thread(call) == "ok: sync"
@@ -102,7 +91,7 @@ async def test_count_tokens_goes_to_the_messages_upstream(both, fake):
 
 
 async def test_openai_and_anthropic_clients_side_by_side(both, upstream, fake):
-    async with anthropic_client(both) as a, AsyncOpenAI(base_url=both.base_url, api_key="sk-oa", max_retries=0) as o:
+    async with anthropic_client(both, "sk-ant-route") as a, openai_client(both, "sk-oa") as o:
         answers = await asyncio.gather(
             a.messages.create(model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "from claude"}]),
             o.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "from openai"}]))
@@ -115,14 +104,11 @@ async def test_openai_and_anthropic_clients_side_by_side(both, upstream, fake):
 
 
 async def test_other_anthropic_paths_are_passed_to_anthropic(both, upstream, fake):
-    async with aiohttp.ClientSession() as s:
-        async with s.get(both.root + "/v1/models?limit=5", headers=HEADERS) as r:
-            assert r.status == 404  # the fake serves no /v1/models: its own Anthropic-shaped 404
-            anthropic_error(await r.json(), "not_found_error")
-        async with s.post(both.root + "/v1/messages/batches", headers=HEADERS, json={"requests": []}) as r:
-            assert r.status == 404
-        async with s.get(both.root + "/v1/models", headers={"Authorization": "Bearer sk-oa"}) as r:
-            pass  # no anthropic-version: an OpenAI client's request
+    models = await get(both.root, "/v1/models?limit=5", HEADERS)
+    assert models.status == 404  # the fake serves no /v1/models: its own Anthropic-shaped 404
+    anthropic_error(models.json(), "not_found_error")
+    assert (await post(both.root, {"requests": []}, HEADERS, path="/v1/messages/batches")).status == 404
+    await get(both.root, "/v1/models", {"Authorization": "Bearer sk-oa"})  # no anthropic-version: an OpenAI client's request
     assert [(r.method, r.path, r.query_string) for r in fake.requests] == [("GET", "/v1/models", "limit=5"),
                                                                       ("POST", "/v1/messages/batches", "")]
     assert [r.path for r in upstream.requests] == ["/v1/models"]
@@ -132,18 +118,19 @@ async def test_bearer_credential_and_configured_key(upstream, fake, make_proxy):
     proxy = await make_proxy(upstream.base_url, {"anthropic": {"base_url": fake.base_url, "api_key": "sk-ant-conf"},
                                                  "upstream": {"api_key": "sk-openai-conf"}})
     beta = {**HEADERS, "anthropic-beta": "context-1m-2025-08-07,fine-grained-tool-streaming-2025-05-14"}
-    status, _, _ = await post(proxy.root + "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "user", "content": "key"}]}, beta)
+    status, _, _ = await post(proxy.root, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "key"}]}, {**beta, **JSON}, path="/v1/messages")
     assert status == 200
     sent = fake.requests[-1].headers
     assert sent["x-api-key"] == "sk-ant-route" and "authorization" not in sent
     assert (sent["anthropic-version"], sent["anthropic-beta"]) == ("2023-06-01", beta["anthropic-beta"])
-    status, _, _ = await post(proxy.root + "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "user", "content": "bearer"}]}, {"Authorization": "Bearer sk-ant-b", "anthropic-version": "2023-06-01"})
+    status, _, _ = await post(proxy.root, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "bearer"}]}, {"Authorization": "Bearer sk-ant-b", "anthropic-version": "2023-06-01", **JSON},
+        path="/v1/messages")
     assert status == 200
     assert fake.requests[-1].headers["authorization"] == "Bearer sk-ant-b" and "x-api-key" not in fake.requests[-1].headers
-    status, _, _ = await post(proxy.root + "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "user", "content": "nokey"}]}, {"anthropic-version": "2023-06-01"})
+    status, _, _ = await post(proxy.root, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "nokey"}]}, {"anthropic-version": "2023-06-01", **JSON}, path="/v1/messages")
     assert status == 200
     sent = fake.requests[-1].headers
     # The configured Anthropic key, as Anthropic takes it; the OpenAI key never goes to Anthropic.
@@ -161,7 +148,8 @@ async def test_bearer_credential_and_configured_key(upstream, fake, make_proxy):
     ({"model": MODEL, "max_tokens": 5, "system": 3, "messages": [{"role": "user", "content": "x"}]}, "system:"),
 ])
 async def test_bad_requests_get_anthropic_shaped_400s(both, fake, body, says):
-    status, _, payload = await post(both.root + "/v1/messages", body)
+    status, _, raw = await post(both.root, body, {**HEADERS, **JSON}, path="/v1/messages")
+    payload = json.loads(raw)
     assert status == 400
     assert says in anthropic_error(payload, "invalid_request_error")
     assert fake.requests == []  # the proxy answered it
@@ -175,25 +163,26 @@ async def test_the_client_raises_the_matching_error_class(both):
 
 
 async def test_upstream_errors_pass_through_as_they_came(both, fake):
-    status, headers, payload = await post(both.root + "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "assistant", "content": "x"}]})
+    status, headers, raw = await post(both.root, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "assistant", "content": "x"}]}, {**HEADERS, **JSON}, path="/v1/messages")
+    payload = json.loads(raw)
     assert status == 400 and 'first message must use the "user" role' in anthropic_error(payload, "invalid_request_error")
     assert headers["x-compaction-status"] == "none"
 
 
 async def test_unreachable_upstream_is_an_anthropic_502(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, {"anthropic": {"base_url": "http://127.0.0.1:9"}})
-    status, _, payload = await post(proxy.root + "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x"}]})
+    status, _, raw = await post(proxy.root, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}]}, {**HEADERS, **JSON}, path="/v1/messages")
+    payload = json.loads(raw)
     assert status == 502 and "Upstream unreachable" in anthropic_error(payload, "api_error")
-    status, _, payload = await post(proxy.root + "/v1/models", b"", HEADERS)
+    status, _, raw = await post(proxy.root, b"", {**HEADERS, **JSON}, path="/v1/models")
+    payload = json.loads(raw)
     assert status == 502 and anthropic_error(payload, "api_error")
 
 
 async def stream_events(url: str, body: dict) -> list[tuple[str, dict]]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url, json=body, headers=HEADERS) as r:
-            raw = (await r.read()).decode()
+    raw = (await http("POST", url, body, HEADERS)).body.decode()
     out = []
     for block in filter(None, raw.split("\n\n")):
         lines = dict(line.split(": ", 1) for line in block.split("\n"))
@@ -265,6 +254,6 @@ async def test_a_stream_that_stops_before_message_stop_gets_an_error_event(upstr
 
 async def test_bypass_forwards_the_bytes_untouched(both, fake):
     raw = b'{"model": "%s", "max_tokens": 5, "messages": [{"role": "user", "content": "as is"}]}' % MODEL.encode()
-    status, headers, _ = await post(both.root + "/v1/messages", raw, {**HEADERS, "x-compaction-bypass": "1"})
+    status, headers, _ = await post(both.root, raw, {**HEADERS, "x-compaction-bypass": "1", **JSON}, path="/v1/messages")
     assert status == 200 and headers["x-compaction-status"] == "bypassed"
     assert fake.requests[-1].body == raw and "x-compaction-bypass" not in fake.requests[-1].headers

@@ -124,3 +124,136 @@ def test_an_error_event_is_an_end_and_unknown_events_pass():
     out, why, c = run(ev(START) + ev({"type": "future_event", "x": 1}) +
                       ev({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
     assert why is None and c.done and out.endswith(b"Overloaded\"}}\n\n")
+
+
+# ---- cuts, summary, annotation, notes ------------------------------------------------------------
+
+from proxy.adapters.messages import breakpoints  # noqa: E402
+from proxy.adapters.messages.turns import (  # noqa: E402
+    cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
+from proxy.fakes.messages import FakeMessages  # noqa: E402
+from proxy.fakes.messages.validate import Context, check_request  # noqa: E402
+from support.sessions import FIXTURE_SIGNING_KEY, claude_requests  # noqa: E402
+
+
+def fixture_checker():
+    fake = FakeMessages(signing_key=FIXTURE_SIGNING_KEY)  # never started: its validation and signer
+    return lambda body: check_request(body, Context(signer=fake.signer))
+
+
+def test_every_allowed_cut_of_the_recorded_session_gives_a_request_the_strict_fake_accepts():
+    """Summary + kept part, for every cut the rules allow, of every request of the Claude Code
+    session: alternation, first user, each tool_use answered next, thinking signed and kept."""
+    check = fixture_checker()
+    tried = 0
+    for body in claude_requests():
+        msgs = body["messages"]
+        allowed = cut_allowed(msgs)
+        for i, ok in enumerate(allowed):
+            if not ok:
+                continue
+            fwd = {**body, "messages": with_summary(msgs[i:], summary_block("## Active Task\nfix it"))}
+            fwd, _ = breakpoints.fit(fwd)
+            check(fwd)
+            tried += 1
+    assert tried > 50
+
+
+def test_the_cuts_that_are_refused_would_break_the_request():
+    check = fixture_checker()
+    body = claude_requests()[-1]
+    msgs = body["messages"]
+    refused = [i for i, ok in enumerate(cut_allowed(msgs)) if not ok and i > 0]
+    assert refused and all(msgs[i]["role"] == "user" for i in refused)
+    for i in refused:  # a kept tool_result whose tool_use went into the summary
+        with pytest.raises(Exception, match="tool_use_id|tool_result"):
+            check({**body, "messages": with_summary(msgs[i:], summary_block("s", None))})
+
+
+def test_no_cut_inside_one_api_turn_or_before_the_start():
+    msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+            {"role": "assistant", "content": "c"}, {"role": "assistant", "content": "d"},
+            {"role": "user", "content": "e"}]
+    assert cut_allowed(msgs) == [False, False, True, False, True]
+
+
+def test_the_summary_merges_into_a_kept_user_message_and_leads_otherwise():
+    block = summary_block("S")
+    user = {"role": "user", "content": "next question"}
+    merged = with_summary([user, {"role": "assistant", "content": "x"}], block)
+    assert merged[0] == {"role": "user", "content": [block, {"type": "text", "text": "next question"}]}
+    assert user == {"role": "user", "content": "next question"}  # the client's object untouched
+    led = with_summary([{"role": "assistant", "content": "x"}], block)
+    assert led[0] == {"role": "user", "content": [block]} and led[1]["role"] == "assistant"
+    assert block["cache_control"] == {"type": "ephemeral"}
+
+
+def test_the_annotation_is_one_more_system_block():
+    sys_blocks = [{"type": "text", "text": "A", "cache_control": {"type": "ephemeral"}}]
+    assert with_annotation(sys_blocks, "N") == [*sys_blocks, {"type": "text", "text": "N"}]
+    assert with_annotation("plain", "N") == [{"type": "text", "text": "plain"}, {"type": "text", "text": "N"}]
+    assert with_annotation(None, "N") == [{"type": "text", "text": "N"}]
+
+
+def test_a_note_keeps_the_results_id_error_flag_and_breakpoint():
+    block = {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True, "content": "x" * 9000,
+             "cache_control": {"type": "ephemeral"}}
+    noted = with_note(block, "[note]")
+    assert noted == {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                     "content": [{"type": "text", "text": "[note]"}], "cache_control": {"type": "ephemeral"}}
+
+
+def test_native_compaction_is_seen():
+    base = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+    assert native_compaction(base) is None
+    assert "context management" in native_compaction({**base, "context_management": {"edits": [
+        {"type": "compact_20260112"}]}})
+    with_block = {"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [
+        {"type": "compaction", "content": "..."}]}, {"role": "user", "content": "more"}]}
+    assert "compaction blocks" in native_compaction(with_block)
+
+
+# ---- breakpoints ---------------------------------------------------------------------------------
+
+EPH = {"type": "ephemeral"}
+
+
+def tb(text: str, cc: dict | None = EPH) -> dict:
+    return {"type": "text", "text": text, **({"cache_control": cc} if cc else {})}
+
+
+def test_four_or_fewer_breakpoints_are_left_alone():
+    body = {"system": [tb("s1"), tb("s2")], "messages": [{"role": "user", "content": [tb("S"), tb("q")]}]}
+    assert breakpoints.fit(body, ("messages", 0, 0)) == (body, [])
+
+
+def test_the_oldest_client_breakpoints_give_way_never_the_summarys():
+    summary = tb("S")
+    body = {"tools": [{"name": "t", "input_schema": {}, "cache_control": EPH}],
+            "system": [tb("s1"), tb("s2")],
+            "messages": [{"role": "user", "content": [summary, tb("q1")]}, {"role": "assistant", "content": "a"},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x",
+                                                        "content": [tb("r")]}]}]}
+    original = json.dumps(body, sort_keys=True)
+    fitted, dropped = breakpoints.fit(body, ("messages", 0, 0))
+    assert [s.path for s in dropped] == [("tools", 0), ("system", 0)]
+    assert breakpoints.count(fitted) == 4
+    assert fitted["messages"][0]["content"][0] is summary  # untouched blocks are the same objects
+    assert "cache_control" not in fitted["tools"][0] and "cache_control" not in fitted["system"][0]
+    assert fitted["system"][1]["cache_control"] == EPH
+    assert json.dumps(body, sort_keys=True) == original  # the client's body unchanged
+
+
+def test_a_top_level_cache_control_counts_and_stays():
+    body = {"cache_control": EPH, "system": [tb("a"), tb("b"), tb("c")],
+            "messages": [{"role": "user", "content": [tb("S")]}]}
+    fitted, dropped = breakpoints.fit(body, ("messages", 0, 0))
+    assert [s.path for s in dropped] == [("system", 0)] and fitted["cache_control"] == EPH
+
+
+def test_the_summary_lives_as_long_as_a_later_one_hour_breakpoint():
+    body = {"messages": [{"role": "user", "content": [tb("S", None)]}, {"role": "assistant", "content": "a"},
+                         {"role": "user", "content": [tb("q", {"type": "ephemeral", "ttl": "1h"})]}]}
+    assert breakpoints.summary_ttl(body, ("messages", 0, 0)) == {"type": "ephemeral", "ttl": "1h"}
+    body["messages"][2]["content"][0]["cache_control"] = EPH
+    assert breakpoints.summary_ttl(body, ("messages", 0, 0)) == EPH

@@ -9,11 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.fake_upstream import FakeError
+from support.client import auth, get, post, raw_chat
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
 
@@ -22,11 +22,10 @@ ROUTE = "/v1/chat/completions"
 
 async def scrape(proxy: Any, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} of the proxy's /metrics."""
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/metrics", headers=headers or {}) as r:
-            assert r.status == 200, await r.text()
-            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            text = await r.text()
+    answer = await get(proxy.root, "/metrics", headers)
+    text = answer.body.decode()
+    assert answer.status == 200, text
+    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -96,17 +95,11 @@ async def test_counters_agree_with_the_headers_the_client_received(upstream, mak
 
 async def test_upstream_errors_and_pass_through_are_counted_by_route_and_code(upstream, make_proxy):
     proxy = await make_proxy(upstream.base_url, SETTINGS)
-    async with aiohttp.ClientSession() as s:
-        upstream.reply = FakeError.openai(429, "slow down", "rate_limit_exceeded")
-        async with s.post(proxy.base_url + "/chat/completions", json={"model": MODEL, "messages": [
-                {"role": "user", "content": "hi"}]}, headers={"Authorization": f"Bearer {KEY}"}) as r:
-            assert r.status == 429
-        async with s.post(proxy.base_url + "/chat/completions", data=b"{not json") as r:
-            assert r.status == 400
-        async with s.get(proxy.base_url + "/models") as r:
-            assert r.status == 200
-        async with s.get(proxy.root + "/nowhere") as r:
-            assert r.status == 404
+    upstream.reply = FakeError.openai(429, "slow down", "rate_limit_exceeded")
+    await raw_chat(proxy, [{"role": "user", "content": "hi"}], auth(KEY), model=MODEL, expect=429)
+    await post(proxy, b"{not json", expect=400)
+    assert (await get(proxy, "/models")).status == 200
+    assert (await get(proxy.root, "/nowhere")).status == 404
     m = await scrape(proxy)
     assert value(m, "compaction_proxy_requests_total", route=ROUTE, protocol="chat_completions", code="429",
                  compaction="none") == 1
@@ -159,6 +152,35 @@ async def test_metrics_can_be_turned_off(upstream, make_proxy):
     answers = await replay(proxy.base_url, request_points(conversation())[:2])
     assert answers[0].headers["x-compaction-status"] == "none"
     assert proxy.state.metrics is None
-    async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.root + "/metrics") as r:
-            assert r.status == 404
+    assert (await get(proxy.root, "/metrics")).status == 404
+
+
+async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy):
+    """Masks, summaries and digests the engine made, identifiers left for recall and cached-call
+    fallbacks: each series equals the engine's own tally, and each moved in this replay."""
+    from openai import AsyncOpenAI
+
+    from proxy.ops.metrics import ENGINE_TIERS
+    from support.careless import CarelessSummarizer
+    from support.coding_session import coding_session
+
+    s = coding_session(24)
+    upstream.window = 12000
+    upstream.summarizer = CarelessSummarizer()  # replies now and then: the cached call falls back
+    proxy = await make_proxy(upstream.base_url, {
+        "models": {"gpt-4": {"context_window": 12000}},
+        "compaction": {"prepare_percent": 0, "cached_summary_call": True, "identifiers_share": 0.02}})
+    points = s.request_points()
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0) as client:
+        for k, history in enumerate(points):
+            if k == 2 * len(points) // 3:  # the summarizer goes down: the floor (digests) from here
+                upstream.fault_target, upstream.fail_status = "summarizer", 500
+            await client.chat.completions.create(model="gpt-4", messages=history, tools=s.tools)
+    stats = proxy.state.compaction.stats
+    m = await scrape(proxy)
+    for tier, key in ENGINE_TIERS:
+        assert stats[key] >= 1, key
+        assert value(m, "compaction_proxy_engine_compactions_total", tier=tier) == stats[key], tier
+    assert stats["identifiers_to_recall"] >= 1 and stats["cached_call_fallbacks"] >= 1
+    assert value(m, "compaction_proxy_identifiers_to_recall_total") == stats["identifiers_to_recall"]
+    assert value(m, "compaction_proxy_cached_summary_call_fallbacks_total") == stats["cached_call_fallbacks"]

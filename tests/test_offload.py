@@ -11,12 +11,12 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from proxy import chat, hashing, offload
 from proxy.compaction import engine, extract
+from support.client import auth, post
 from support.compaction_helpers import chat_history
 
 MODEL = "gpt-4"
@@ -46,9 +46,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     body = orjson.dumps({"model": MODEL, "messages": msgs})
     assert (len(body) > offload.OFFLOAD_BYTES) is (size == "large")
     loop_thread = threading.get_ident()
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=body, headers={"Authorization": "Bearer sk-t"}) as r:
-            assert r.status == 200 and r.headers["x-compaction-status"] == "summarized"
+    assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_messages", "find_identifiers",
                           "find_error_lines", "_dump"}
     for name, threads in where.items():

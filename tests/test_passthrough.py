@@ -1,6 +1,6 @@
 """Everything under /v1/ other than chat completions passes through byte-identical, both ways.
 
-Raw aiohttp clients send exact bytes (and exact, percent-encoded URLs); the fake upstream records
+Raw HTTP calls (support.client) send exact bytes (and exact, percent-encoded URLs); the fake upstream records
 exactly what it received. The answer the client gets is compared with what the upstream sent.
 """
 
@@ -10,24 +10,12 @@ import base64
 import gzip
 import os
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
-from yarl import URL
 
 from proxy.fake_upstream import FakeUpstream, _utf8_or_none
-
-
-async def _get(session: aiohttp.ClientSession, url: str, **kw) -> tuple[int, bytes, CIMultiDict[str]]:
-    async with session.get(URL(url, encoded=True), **kw) as r:
-        return r.status, await r.read(), CIMultiDict(r.headers)
-
-
-async def _post(session: aiohttp.ClientSession, url: str, **kw) -> tuple[int, bytes, CIMultiDict[str]]:
-    async with session.post(URL(url, encoded=True), **kw) as r:
-        return r.status, await r.read(), CIMultiDict(r.headers)
+from support.client import get, http, post
 
 
 def _echo_bytes(fake: FakeUpstream) -> bytes:
@@ -46,33 +34,31 @@ def _echo_bytes(fake: FakeUpstream) -> bytes:
 
 
 async def test_models_list_and_item_are_identical_to_direct(upstream, proxy):
-    async with aiohttp.ClientSession() as s:
-        direct = await _get(s, upstream.base_url + "/models")
-        via = await _get(s, proxy.base_url + "/models")
-        assert via[0] == direct[0] == 200
-        assert via[1] == direct[1]
-        direct_item = await _get(s, upstream.base_url + "/models/gpt-4o")
-        via_item = await _get(s, proxy.base_url + "/models/gpt-4o")
-        assert via_item[:2] == direct_item[:2]
-        missing = await _get(s, proxy.base_url + "/models/nope")
-        assert missing[0] == 404 and orjson.loads(missing[1])["error"]["code"] == "model_not_found"
+    direct = await get(upstream, "/models")
+    via = await get(proxy, "/models")
+    assert via.status == direct.status == 200
+    assert via.body == direct.body
+    direct_item = await get(upstream, "/models/gpt-4o")
+    via_item = await get(proxy, "/models/gpt-4o")
+    assert (via_item.status, via_item.body) == (direct_item.status, direct_item.body)
+    missing = await get(proxy, "/models/nope")
+    assert missing.status == 404 and missing.json()["error"]["code"] == "model_not_found"
     # The upstream's own response headers come back to the client; its request id under
     # x-upstream-request-id, since x-request-id names the proxy's request (its access log line).
-    assert via[2]["openai-version"] == "2020-10-01"
-    assert via[2]["x-upstream-request-id"].startswith("req_")
-    assert not via[2]["x-request-id"].startswith("req_")
-    assert via[2]["Content-Type"] == "application/json"
+    assert via.headers["openai-version"] == "2020-10-01"
+    assert via.headers["x-upstream-request-id"].startswith("req_")
+    assert not via.headers["x-request-id"].startswith("req_")
+    assert via.headers["Content-Type"] == "application/json"
 
 
 async def test_embeddings_request_and_response_bytes_identical(upstream, proxy):
     # Odd spacing and key order: any re-serialization by the proxy would show.
     raw = b'{ "model" : "text-embedding-3-small",\n  "input": ["caf\\u00e9", "b"],  "dimensions": 4 }'
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-emb"}
-    async with aiohttp.ClientSession() as s:
-        direct = await _post(s, upstream.base_url + "/embeddings", data=raw, headers=headers)
-        via = await _post(s, proxy.base_url + "/embeddings", data=raw, headers=headers)
-    assert via[0] == direct[0] == 200
-    assert via[1] == direct[1]
+    direct = await post(upstream, raw, headers, path="/embeddings")
+    via = await post(proxy, raw, headers, path="/embeddings")
+    assert via.status == direct.status == 200
+    assert via.body == direct.body
     assert [r.body for r in upstream.requests] == [raw, raw]
 
 
@@ -80,10 +66,7 @@ async def test_arbitrary_responses_body_and_query_pass_through(upstream, proxy):
     raw = b'{"model":"gpt-4o","input":[{"role":"user","content":"hi \xe2\x9c\x93"}],"x":  [1,2 ,3]}'
     # Percent-encoded bytes in path and query must arrive exactly as the client wrote them.
     target = "/responses/resp%2Fabc?api-version=2024-10-01&q=a%2Bb%20c&empty=&flag"
-    async with aiohttp.ClientSession() as s:
-        status, body, headers = await _post(
-            s, proxy.base_url + target, data=raw, headers={"Content-Type": "application/json"}
-        )
+    status, headers, body = await post(proxy, raw, {"Content-Type": "application/json"}, path=target)
     assert status == 200
     rec = upstream.requests[-1]
     assert rec.method == "POST"
@@ -94,8 +77,7 @@ async def test_arbitrary_responses_body_and_query_pass_through(upstream, proxy):
 
 
 async def test_get_with_query_passes_through(upstream, proxy):
-    async with aiohttp.ClientSession() as s:
-        status, body, _ = await _get(s, proxy.base_url + "/files?purpose=fine-tune&limit=2&after=file%3Dx")
+    status, _, body = await get(proxy, "/files?purpose=fine-tune&limit=2&after=file%3Dx")
     assert status == 200
     rec = upstream.requests[-1]
     assert rec.method == "GET" and rec.raw_path == "/v1/files?purpose=fine-tune&limit=2&after=file%3Dx"
@@ -105,10 +87,8 @@ async def test_get_with_query_passes_through(upstream, proxy):
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH"])
 async def test_other_methods_pass_through(upstream, proxy, method):
-    async with aiohttp.ClientSession() as s:
-        async with s.request(method, proxy.base_url + "/files/file-1", data=b"x=1") as r:
-            assert r.status == 200
-            body = await r.read()
+    status, _, body = await http(method, proxy.base_url + "/files/file-1", b"x=1")
+    assert status == 200
     rec = upstream.requests[-1]
     assert (rec.method, rec.path, rec.body) == (method, "/v1/files/file-1", b"x=1")
     assert body == _echo_bytes(upstream)
@@ -123,13 +103,8 @@ async def test_large_binary_body_streams_both_ways(upstream, proxy, chunked):
         for i in range(0, len(raw), 100_000):
             yield raw[i : i + 100_000]
 
-    async with aiohttp.ClientSession() as s:
-        status, body, headers = await _post(
-            s,
-            proxy.base_url + "/audio/transcriptions?model=whisper-1",
-            data=gen() if chunked else raw,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+    status, headers, body = await post(proxy, gen() if chunked else raw, {"Content-Type": "application/octet-stream"},
+                                       path="/audio/transcriptions?model=whisper-1")
     assert status == 200
     rec = upstream.requests[-1]
     assert rec.body == raw
@@ -144,12 +119,11 @@ async def test_large_binary_body_streams_both_ways(upstream, proxy, chunked):
 async def test_upstream_error_on_passthrough_route_unchanged(upstream, proxy):
     upstream.fail_status = 429
     upstream.retry_after = 7
-    async with aiohttp.ClientSession() as s:
-        direct = await _get(s, upstream.base_url + "/models")
-        via = await _get(s, proxy.base_url + "/models")
-    assert via[0] == direct[0] == 429
-    assert via[1] == direct[1]
-    assert via[2]["Retry-After"] == "7"
+    direct = await get(upstream, "/models")
+    via = await get(proxy, "/models")
+    assert via.status == direct.status == 429
+    assert via.body == direct.body
+    assert via.headers["Retry-After"] == "7"
 
 
 async def test_upstream_compressed_body_is_relayed_as_sent(make_proxy):
@@ -166,8 +140,7 @@ async def test_upstream_compressed_body_is_relayed_as_sent(make_proxy):
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
         p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
-        async with aiohttp.ClientSession(auto_decompress=False) as s:
-            status, body, headers = await _get(s, p.base_url + "/vector_stores", headers={"Accept-Encoding": "gzip"})
+        status, headers, body = await get(p, "/vector_stores", {"Accept-Encoding": "gzip"}, decompress=False)
     finally:
         await runner.cleanup()
     assert status == 200

@@ -18,7 +18,6 @@ from support.conversations import (
     THRESHOLD,
     WINDOW,
     Turn,
-    client,
     request_points,
     send,
     synthetic,
@@ -43,12 +42,12 @@ def background_tasks() -> list[asyncio.Task]:
 
 @pytest.mark.parametrize("prepare_percent", [80, 0])
 async def test_the_crossing_request_waits_only_without_preparation(
-    upstream: FakeUpstream, make_proxy, fixtures_dir: Path, prepare_percent: int
+    upstream: FakeUpstream, make_proxy, fixtures_dir: Path, prepare_percent: int, client_for
 ) -> None:
     upstream.window = WINDOW
     upstream.summarizer_delay_s = SLOW_SUMMARIZER_S
     proxy = await make_proxy(upstream.base_url, settings(prepare_percent))
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     for history in request_points(tau_conversations(fixtures_dir, 1)[0]):
         calls = len(upstream.summarizer_requests)
         turn = await send(c, history)
@@ -68,11 +67,11 @@ async def test_the_crossing_request_waits_only_without_preparation(
         assert len(upstream.summarizer_requests) > calls == 0
 
 
-async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, make_proxy, fixtures_dir: Path) -> None:
+async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, make_proxy, fixtures_dir: Path, client_for) -> None:
     upstream.window = WINDOW
     upstream.summarizer_delay_s = 0.05
     proxy = await make_proxy(upstream.base_url, settings(80))
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     conversations = tau_conversations(fixtures_dir, 2)
     events = 0
     for traj in conversations:
@@ -104,19 +103,19 @@ async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, 
 
 
 async def test_the_queue_is_bounded_never_blocks_and_stops_with_the_proxy(
-    upstream: FakeUpstream, make_proxy, caplog: pytest.LogCaptureFixture
+    upstream: FakeUpstream, make_proxy, caplog: pytest.LogCaptureFixture, client_for
 ) -> None:
     upstream.window = WINDOW
     upstream.summarizer_delay_s = 60.0  # the one worker stays busy for the whole test
     proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_queue=1))
-    engine = proxy.state.compaction
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     caplog.set_level(logging.DEBUG, logger="proxy.compaction")
     for i in range(5):  # five conversations past 80% of the threshold, below it
         turn = await asyncio.wait_for(send(c, synthetic(f"queued {i}", turns=12)), 10)
         assert (turn.status, turn.wait_ms) == ("none", 0)
     await upstream.wait_for_requests(1, "summarizer")
-    assert engine._queue is not None and engine._queue.qsize() == 1
+    # five jobs: one with the worker, one in the queue (prepare_queue=1), three dropped and logged
+    # (the queue's bound itself: test_limits.py, seen from outside)
     assert len([r for r in caplog.records if "prepare queue full" in r.getMessage()]) == 3
     assert background_tasks()
     await asyncio.wait_for(proxy.close(), 10)
@@ -126,7 +125,7 @@ async def test_the_queue_is_bounded_never_blocks_and_stops_with_the_proxy(
 
 @pytest.mark.parametrize("quiet_s", [119, 121], ids=["recent", "idle"])
 async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
-    upstream: FakeUpstream, make_proxy, quiet_s: float
+    upstream: FakeUpstream, make_proxy, quiet_s: float, client_for
 ) -> None:
     """The one worker is busy with conversation A while B's job waits; by the time the worker gets
     to B, B's last request is `quiet_s` old (on the engine's clock): prepared within
@@ -138,10 +137,10 @@ async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
         await release.wait()
 
     upstream.summarizer = held
-    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_idle_s=120))
+    clock = FakeClock()
+    proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=1, prepare_idle_s=120), clock=clock)
     engine = proxy.state.compaction
-    engine.clock = clock = FakeClock()
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     assert (await send(c, synthetic("busy", turns=12))).status == "none"
     await upstream.wait_for_requests(1, "summarizer")
     assert (await send(c, synthetic("quiet", turns=12))).status == "none"
@@ -157,7 +156,7 @@ async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
         assert (await send(c, synthetic("quiet", turns=14))).status == "summarized"
 
 
-async def test_preparation_and_requests_share_max_concurrent_summaries(upstream: FakeUpstream, make_proxy) -> None:
+async def test_preparation_and_requests_share_max_concurrent_summaries(upstream: FakeUpstream, make_proxy, client_for) -> None:
     """Four workers and four conversations to prepare, one summarizer slot: never two calls at once."""
     upstream.window = WINDOW
     in_flight = peak = 0
@@ -172,18 +171,18 @@ async def test_preparation_and_requests_share_max_concurrent_summaries(upstream:
 
     upstream.summarizer = counted
     proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=4, max_concurrent_summaries=1))
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     await asyncio.gather(*(send(c, synthetic(f"slot {i}", turns=12)) for i in range(4)))
     await proxy.state.compaction.idle()
     assert len(upstream.records("summarizer")) == 4
     assert peak == 1
 
 
-async def test_one_preparation_per_conversation_however_many_requests(upstream: FakeUpstream, make_proxy) -> None:
+async def test_one_preparation_per_conversation_however_many_requests(upstream: FakeUpstream, make_proxy, client_for) -> None:
     upstream.window = WINDOW
     upstream.summarizer_delay_s = 0.5
     proxy = await make_proxy(upstream.base_url, settings(80, prepare_workers=4))
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     longer = synthetic("one preparation", turns=13)
     shorter = longer[:-2]  # the same conversation a turn earlier
     assert THRESHOLD * 0.8 < (await send(c, shorter)).tokens_after
@@ -195,13 +194,13 @@ async def test_one_preparation_per_conversation_however_many_requests(upstream: 
     assert proxy.state.compaction.prepared_jobs == 1
 
 
-async def test_a_crossing_request_joins_the_preparation_still_running(upstream: FakeUpstream, make_proxy) -> None:
+async def test_a_crossing_request_joins_the_preparation_still_running(upstream: FakeUpstream, make_proxy, client_for) -> None:
     """The agent came back before the summary was ready: the request waits for the rest of that
     summary, not for a second one started from scratch."""
     upstream.window = WINDOW
     upstream.summarizer_delay_s = 1.0
     proxy = await make_proxy(upstream.base_url, settings(80))
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     messages = synthetic("caught up")
     assert (await send(c, messages[:-2])).status == "none"
     await upstream.wait_for_requests(1, "summarizer")
@@ -213,14 +212,14 @@ async def test_a_crossing_request_joins_the_preparation_still_running(upstream: 
     assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body
 
 
-async def test_a_failed_preparation_leaves_the_work_to_the_crossing_request(upstream: FakeUpstream, make_proxy) -> None:
+async def test_a_failed_preparation_leaves_the_work_to_the_crossing_request(upstream: FakeUpstream, make_proxy, client_for) -> None:
     upstream.window = WINDOW
     upstream.fault_target = "summarizer"
     upstream.fault_times = 1
     upstream.fail_status = 500
     # one summarizer call for the span: the recall tool's room would make this window fold it in two
     proxy = await make_proxy(upstream.base_url, {**settings(80), "recall": {"enabled": False}})
-    c = client(proxy.base_url)
+    c = client_for(proxy)
     messages = synthetic("failed preparation")
     assert (await send(c, messages[:-2])).status == "none"
     await proxy.state.compaction.idle()
@@ -232,19 +231,19 @@ async def test_a_failed_preparation_leaves_the_work_to_the_crossing_request(upst
 
 @pytest.mark.redis
 async def test_a_summary_prepared_by_one_replica_serves_another(
-    upstream: FakeUpstream, make_proxy, redis_server: RedisServer
+    upstream: FakeUpstream, make_proxy, redis_server: RedisServer, client_for
 ) -> None:
     upstream.window = WINDOW
     shared = {**settings(80), "store": {"url": redis_server.url}}
     a = await make_proxy(upstream.base_url, shared)
     b = await make_proxy(upstream.base_url, shared)
     messages = synthetic("prepared elsewhere")
-    assert (await send(client(a.base_url), messages[:-2])).status == "none"
+    assert (await send(client_for(a), messages[:-2])).status == "none"
     await a.state.compaction.idle()
     assert len(upstream.summarizer_requests) == 1
-    turn = await send(client(b.base_url), messages)  # the crossing request lands on the other replica
+    turn = await send(client_for(b), messages)  # the crossing request lands on the other replica
     assert turn.status == "summarized" and turn.wait_ms < 500
     assert len(upstream.summarizer_requests) == 1
-    again = await send(client(a.base_url), messages)
+    again = await send(client_for(a), messages)
     assert again.status == "reused"
     assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body

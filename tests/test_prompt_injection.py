@@ -11,11 +11,11 @@ import re
 import unicodedata
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from proxy.prompts import Prompts
+from support.client import auth, raw_chat
 from support.compaction_helpers import chat_history, main_summary
 from proxy.fake_upstream import FakeUpstream
 
@@ -111,17 +111,6 @@ def assert_inert(where: str, text: str) -> None:
     assert not CONTROL.search(text), f"{where}: a chat-template token {CONTROL.search(text)[0]!r}"
 
 
-AUTH = {"Authorization": "Bearer sk-test-key"}  # an anonymous request is not compacted
-
-
-async def send(proxy: Any, messages: list[dict[str, Any]], headers: dict[str, str] | None = None) -> str:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", headers={**AUTH, **(headers or {})},
-                          data=orjson.dumps({"model": MODEL, "messages": messages})) as r:
-            assert r.status == 200
-            return r.headers["x-compaction-status"]
-
-
 @pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
 async def test_an_attack_in_the_history_reaches_the_summarizer_escaped_and_wrapped(upstream: FakeUpstream, make_proxy,
                                                                                       attack):
@@ -132,9 +121,9 @@ async def test_an_attack_in_the_history_reaches_the_summarizer_escaped_and_wrapp
     proxy = await make_proxy(upstream.base_url, settings())
     first = poisoned_history(text, 11)
     focus = {"x-compaction-focus": "refunds " + " ".join(text.split())}  # a header holds no newline
-    assert await send(proxy, first, focus) == "summarized"
+    assert (await raw_chat(proxy, first, {**auth(), **focus})).compaction == "summarized"
     longer = first[:-1] + chat_history(11, 150, system=None)[:-1] + first[-1:]
-    assert await send(proxy, longer, focus) == "summarized"
+    assert (await raw_chat(proxy, longer, {**auth(), **focus})).compaction == "summarized"
 
     requests = upstream.history_summarizer_requests
     updates = 0
@@ -171,7 +160,7 @@ async def test_a_fake_end_marker_in_a_tool_output_cannot_end_the_tool_summarizer
             {"id": "c1", "type": "function", "function": {"name": "read_rows", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": payload + "\n" + attack + payload},
     ]
-    assert await send(proxy, msgs) == "none"
+    assert (await raw_chat(proxy, msgs, auth())).compaction == "none"
     (body,) = upstream.tool_summarizer_requests
     user = body["messages"][1]["content"]
     assert user.count("--- BEGIN TOOL OUTPUT ---\n") == user.count("\n--- END TOOL OUTPUT ---") == 1
@@ -192,7 +181,7 @@ async def test_a_tool_name_enters_every_prompt_as_one_clipped_printable_line(ups
             {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "\n".join(f"row {i}: ok" for i in range(150))},
     ]
-    assert await send(proxy, msgs) == "none"
+    assert (await raw_chat(proxy, msgs, auth())).compaction == "none"
     (body,) = upstream.tool_summarizer_requests
     system, user = body["messages"][0]["content"], body["messages"][1]["content"]
     assert user.count("--- BEGIN TOOL OUTPUT ---") == 2 - 1 + user.splitlines()[0].count("--- BEGIN TOOL OUTPUT ---")
@@ -210,7 +199,7 @@ async def test_a_tool_name_enters_every_prompt_as_one_clipped_printable_line(ups
     hist = await make_proxy(upstream.base_url, {**settings(), "compaction": {**settings().get("compaction", {}), "mask_tool_outputs": False}})
     history = chat_history(11, 150)
     history[3:3] = msgs[1:]
-    assert await send(hist, history) == "summarized"
+    assert (await raw_chat(hist, history, auth())).compaction == "summarized"
     conv = split_request(upstream.history_summarizer_requests[0])[0]
     calls = [ln for ln in conv.splitlines() if ln.startswith("[Tool call]:")]
     assert calls and all(ln.startswith("[Tool call]: read_rows ") for ln in calls)

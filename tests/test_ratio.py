@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from openai import AsyncOpenAI
 
 from proxy.ratio import HIGH, LOW, MIN_TOKENS, update_ratio
+from support.client import chat, openai_client
 from support.compaction_helpers import chat_history
 
 MODEL = "gpt-4"
@@ -33,11 +33,9 @@ def growing(turns: int):
 
 async def replay(proxy, points):
     statuses = []
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-ratio", max_retries=0) as client:
+    async with openai_client(proxy, "sk-ratio") as client:
         for history in points:
-            raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
-            raw.parse()
-            statuses.append(raw.headers["x-compaction-status"])
+            statuses.append((await chat(client, history, model=MODEL)).status)
     return statuses
 
 
@@ -52,7 +50,7 @@ async def test_an_upstream_counting_more_is_compacted_before_its_window(upstream
     if learn:
         assert rejected == []  # compacted before the upstream's window, never an overflow
         assert "summarized" in statuses
-        assert proxy.state.ratios._ratios[MODEL] == pytest.approx(1.3, abs=0.02)
+        assert await proxy.state.ratios.ratio(MODEL, default=1.0) == pytest.approx(1.3, abs=0.02)
     else:  # what the learning prevents: requests over the real window (then the overflow retry)
         assert rejected and all(n > 6000 for n in rejected)
 

@@ -10,11 +10,12 @@ import json
 import aiohttp
 import pytest
 from anthropic import AsyncAnthropic
-from openai import AsyncOpenAI, BadRequestError
+from openai import BadRequestError
 
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.fakes.responses.items import input_items, item_type
+from support.client import openai_client
 from support.sessions import FIXTURE_SIGNING_KEY, claude_requests, codex_requests
 
 THRESHOLD = 8000  # a small compaction threshold the tests of issues 14 and 15 can use
@@ -31,14 +32,15 @@ def test_sessions_have_the_shapes_they_stand_for():
     claude = claude_requests()
     blocks = [b for m in claude[-1]["messages"] for b in m["content"] if isinstance(b, dict)]
     assert sum(b["type"] == "tool_use" for b in blocks) >= 10
-    assert all(b["signature"] for b in blocks if b["type"] == "thinking")
+    thinking = [b for b in blocks if b["type"] == "thinking"]
+    assert thinking and all(b["signature"] for b in thinking)
     assert all("cache_control" in b for b in claude[-1]["system"])
     assert max(len(b["content"]) for b in blocks if b["type"] == "tool_result") > 30000
 
 
 async def test_codex_session_replays_against_the_responses_fake():
     async with FakeResponses(signing_key=FIXTURE_SIGNING_KEY, reply="ok") as fake:
-        async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+        async with openai_client(fake, "sk-test") as client:
             for body in codex_requests():
                 stream = await client.responses.create(**body)
                 events = [e.type async for e in stream]
@@ -69,7 +71,7 @@ async def test_codex_session_replays_over_the_websocket():
 async def test_codex_session_fails_under_another_key():
     async with FakeResponses(reply="ok") as fake:  # a different provider account
         body = next(b for b in codex_requests() if any(item_type(i) == "reasoning" for i in input_items(b)))
-        async with AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0) as client:
+        async with openai_client(fake, "sk-test") as client:
             with pytest.raises(BadRequestError) as e:
                 await client.responses.create(**{**body, "stream": False})
         assert e.value.code == "invalid_encrypted_content"

@@ -20,11 +20,13 @@ import openai
 import orjson
 import pytest
 
+from support.client import auth, openai_client, post
 from support.compaction_helpers import chat_history, proxy_count
 from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 
 BOUND_S = 20  # no call below may take longer: a hang is a failure, not a slow test
+AUTH = auth("sk-faults")
 MSGS = [{"role": "user", "content": "Tell me a story about a careful proxy."}]
 STORY = "Once upon a time a proxy relayed every byte of every answer, in order, and never hung. " * 3
 MODEL = "gpt-4"  # cl100k_base on both sides
@@ -51,18 +53,6 @@ def _openai_error(body: bytes) -> dict[str, Any]:
     parsed = orjson.loads(body)
     assert set(parsed) == {"error"} and set(parsed["error"]) == {"message", "type", "param", "code"}
     return parsed["error"]
-
-
-async def post(base_url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
-    """One raw chat completion call, bounded: (status, headers, whole body)."""
-
-    async def go() -> tuple[int, Any, bytes]:
-        async with aiohttp.ClientSession() as s:
-            async with s.post(base_url + "/chat/completions", data=orjson.dumps(body),
-                              headers={"Authorization": "Bearer sk-faults", **(headers or {})}) as r:
-                return r.status, r.headers, await r.read()
-
-    return await asyncio.wait_for(go(), BOUND_S)
 
 
 def _body(stream: bool, messages: list[dict[str, Any]] = MSGS, model: str = "gpt-4o") -> dict[str, Any]:
@@ -122,7 +112,7 @@ async def test_upstream_fault_reaches_the_client_promptly_in_openai_shape(upstre
     _fault(upstream, fault)
     status, code, event_code = MATRIX[(fault, stream)]
     started = time.monotonic()
-    got, headers, raw = await post(proxy.base_url, _body(stream))
+    got, headers, raw = await post(proxy, orjson.dumps(_body(stream)), AUTH, timeout=BOUND_S)
     assert time.monotonic() - started < BOUND_S / 2  # far sooner than any stall would have ended
     assert got == status
     assert headers["x-compaction-status"] == "none"  # our headers on every answer, errors included
@@ -138,9 +128,7 @@ async def test_upstream_fault_reaches_the_client_promptly_in_openai_shape(upstre
         assert err["type"] == "upstream_error" and err["code"] == code
         return
     # The upstream's own error, passed through as it came: body and Retry-After.
-    async with aiohttp.ClientSession() as s:
-        async with s.post(upstream.base_url + "/chat/completions", data=orjson.dumps(_body(stream))) as r:
-            direct_status, direct_body, direct_headers = r.status, await r.read(), r.headers
+    direct_status, direct_headers, direct_body = await post(upstream, orjson.dumps(_body(stream)), timeout=BOUND_S)
     assert (got, raw) == (direct_status, direct_body)
     assert headers.get("Retry-After") == direct_headers.get("Retry-After")
     if fault in ("429", "503"):
@@ -152,7 +140,7 @@ async def test_a_broken_stream_is_an_api_error_for_the_openai_sdk(upstream, make
     """What an agent sees: the chunks before the break, then an APIError (not a JSON decode error)."""
     proxy = await make_proxy(upstream.base_url)
     _fault(upstream, "broken-sse")
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-faults", max_retries=0)
+    client = openai_client(proxy, "sk-faults")
     text = ""
 
     async def consume() -> None:
@@ -180,7 +168,7 @@ async def test_an_empty_stream_is_treated_as_an_overflow_and_retried_compacted(u
                                                  "compaction": {"prepare_percent": 0}})
     msgs = chat_history(13, 150)
     assert 4000 < proxy_count({"model": MODEL, "messages": msgs}) <= 6800
-    status, headers, raw = await post(proxy.base_url, _body(True, msgs, MODEL))
+    status, headers, raw = await post(proxy, orjson.dumps(_body(True, msgs, MODEL)), AUTH, timeout=BOUND_S)
     assert status == 200
     events = _events(raw)
     assert events[-1] == "[DONE]" and "".join(
@@ -201,7 +189,7 @@ async def test_an_empty_stream_with_no_retry_left_is_a_502(upstream, make_proxy,
         # the summarizer's model has room: the retry is made, and comes back empty too
         "compaction": {"prepare_percent": 0, "enabled": compaction, "summarizer_model": "gpt-4o-mini"},
     })
-    status, headers, raw = await post(proxy.base_url, _body(True, chat_history(13, 150), MODEL))
+    status, headers, raw = await post(proxy, orjson.dumps(_body(True, chat_history(13, 150), MODEL)), AUTH, timeout=BOUND_S)
     assert status == 502
     err = _openai_error(raw)
     assert err["code"] == "bad_upstream_response" and "llama.cpp" in err["message"]
@@ -230,7 +218,7 @@ async def test_an_empty_stream_for_a_small_request_is_a_502_not_an_overflow(upst
                                                  "compaction": {"prepare_percent": 0}})
     msgs = _templating_failure(480)
     assert 400 < proxy_count({"model": MODEL, "messages": msgs}) < 4000
-    status, headers, raw = await post(proxy.base_url, _body(True, msgs, MODEL))
+    status, headers, raw = await post(proxy, orjson.dumps(_body(True, msgs, MODEL)), AUTH, timeout=BOUND_S)
     assert status == 502
     err = _openai_error(raw)
     assert err["code"] == "bad_upstream_response"
@@ -249,7 +237,7 @@ async def test_an_empty_stream_for_a_request_near_the_window_is_still_retried_co
                                                  "compaction": {"prepare_percent": 0, "required_headings": []}})
     msgs = _templating_failure(10) + chat_history(13, 150)[1:]
     assert 4000 <= proxy_count({"model": MODEL, "messages": msgs}) <= 6800
-    status, headers, raw = await post(proxy.base_url, _body(True, msgs, MODEL))
+    status, headers, raw = await post(proxy, orjson.dumps(_body(True, msgs, MODEL)), AUTH, timeout=BOUND_S)
     assert status == 200, raw
     assert headers["x-compaction-status"] == "summarized"
     assert [r.status for r in upstream.records("chat")] == [200, 200]
@@ -287,7 +275,7 @@ async def test_a_failing_history_summarizer_forwards_the_original(upstream, make
     msgs = chat_history(40, 150)
     assert proxy_count({"model": MODEL, "messages": msgs}) > 17000  # the threshold
     sent = _body(stream, msgs, MODEL)
-    status, headers, raw = await post(proxy.base_url, sent)
+    status, headers, raw = await post(proxy, orjson.dumps(sent), AUTH, timeout=BOUND_S)
     assert status == 200
     assert headers["x-compaction-status"] == "failed-open"
     assert headers["x-compaction-tokens-before"] == headers["x-compaction-tokens-after"]
@@ -316,7 +304,7 @@ async def test_a_failing_tool_result_summarizer_forwards_the_raw_output_with_its
             {"id": "call_1", "type": "function", "function": {"name": "list_orders", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": payload},
     ]
-    status, headers, _ = await post(proxy.base_url, _body(False, msgs, MODEL))
+    status, headers, _ = await post(proxy, orjson.dumps(_body(False, msgs, MODEL)), AUTH, timeout=BOUND_S)
     assert status == 200
     assert headers["x-compaction-tool-results"] == "0" and headers["x-compaction-status"] == "none"
     notice, rest = upstream.chat_requests[-1]["messages"][2]["content"].split("\n", 1)
@@ -342,7 +330,7 @@ async def test_an_unexpected_exception_in_a_stage_forwards_the_request_unchanged
     setattr(getattr(proxy.state, stage), "process", broken)
     msgs = chat_history(12 if needed else 2, 150)
     sent = _body(stream, msgs, MODEL)
-    status, headers, raw = await post(proxy.base_url, sent)
+    status, headers, raw = await post(proxy, orjson.dumps(sent), AUTH, timeout=BOUND_S)
     assert status == 200
     assert headers["x-compaction-status"] == ("failed-open" if needed else "none")
     assert headers["x-compaction-tokens-before"] == headers["x-compaction-tokens-after"]
@@ -366,7 +354,7 @@ async def test_an_unexpected_exception_in_the_overflow_retry_passes_the_upstream
         return await real(*args, **kwargs)
 
     engine.process = broken_when_forced  # type: ignore[method-assign]
-    status, headers, raw = await post(proxy.base_url, _body(False, chat_history(13, 150), MODEL))
+    status, headers, raw = await post(proxy, orjson.dumps(_body(False, chat_history(13, 150), MODEL)), AUTH, timeout=BOUND_S)
     assert status == 400 and _openai_error(raw)["code"] == "context_length_exceeded"
     assert headers["x-compaction-status"] == "none"
     assert len(upstream.chat_requests) == 1
@@ -415,7 +403,7 @@ async def test_a_client_leaving_mid_stream_closes_the_upstream_and_leaves_no_tas
     assert await _settled(baseline) <= baseline
     # and the proxy still serves
     upstream.stall_before_headers_s = 0
-    status, _, _ = await post(proxy.base_url, _body(False))
+    status, _, _ = await post(proxy, orjson.dumps(_body(False)), AUTH, timeout=BOUND_S)
     assert status == 200
 
 

@@ -18,7 +18,6 @@ import pytest
 from support.conversations import (
     MODEL,
     WINDOW,
-    client,
     request_points,
     send,
     synthetic,
@@ -79,16 +78,16 @@ async def _replay(clients: list[openai.AsyncOpenAI], fake: FakeUpstream, points:
 
 
 async def test_alternating_replicas_forward_what_one_replica_forwards(
-    upstream_fake: FakeUpstream, replicas: list[Replica], make_proxy, fixtures_dir: Path
+    upstream_fake: FakeUpstream, replicas: list[Replica], make_proxy, fixtures_dir: Path, client_for
 ) -> None:
     points = request_points(tau_conversations(fixtures_dir, 1)[0])
     alone = await make_proxy(upstream_fake.base_url, SETTINGS)  # one replica on its own store
-    statuses, forwarded, summaries = await _replay([client(alone.base_url)], upstream_fake, points)
+    statuses, forwarded, summaries = await _replay([client_for(alone)], upstream_fake, points)
     # several compaction events (masking old tool outputs now serves some requests summaries served)
     events = statuses.count("summarized")
     assert events >= 2, statuses
 
-    statuses2, forwarded2, summaries2 = await _replay([client(r.base_url) for r in replicas], upstream_fake, points)
+    statuses2, forwarded2, summaries2 = await _replay([client_for(r) for r in replicas], upstream_fake, points)
     assert statuses2 == statuses
     assert forwarded2 == forwarded  # byte for byte
     # Exactly the summarizer calls one replica makes: one summarization per compaction event.
@@ -99,7 +98,7 @@ async def test_alternating_replicas_forward_what_one_replica_forwards(
 
 @pytest.mark.parametrize("spread", ["one process", "two processes"])
 async def test_ten_concurrent_requests_make_one_summary(
-    upstream_fake: FakeUpstream, replicas: list[Replica], spread: str
+    upstream_fake: FakeUpstream, replicas: list[Replica], spread: str, client_for
 ) -> None:
     messages = synthetic(spread)
     if spread == "one process":
@@ -109,7 +108,7 @@ async def test_ten_concurrent_requests_make_one_summary(
         # Longer than the lock's expiry: the holder must keep its lock alive.
         upstream_fake.summarizer_delay_s = LOCK_TTL_S + 0.5
         targets = [replicas[i % 2] for i in range(10)]
-    turns = await asyncio.gather(*(send(client(r.base_url), messages) for r in targets))
+    turns = await asyncio.gather(*(send(client_for(r), messages) for r in targets))
     assert len(upstream_fake.summarizer_requests) == 1
     forwarded = [r.body for r in upstream_fake.records("chat")]
     assert len(forwarded) == 10 and len(set(forwarded)) == 1
@@ -118,7 +117,7 @@ async def test_ten_concurrent_requests_make_one_summary(
 
 
 async def test_a_replica_killed_holding_the_lock_is_taken_over(
-    upstream_fake: FakeUpstream, replicas: list[Replica], scaleout_redis: RedisServer, tmp_path: Path
+    upstream_fake: FakeUpstream, replicas: list[Replica], scaleout_redis: RedisServer, tmp_path: Path, client_for
 ) -> None:
     victim = Replica(tmp_path, "victim", upstream_fake.base_url, scaleout_redis.url, SETTINGS)
     victim.start()
@@ -126,11 +125,11 @@ async def test_a_replica_killed_holding_the_lock_is_taken_over(
         await asyncio.to_thread(victim.wait_ready)
         messages = synthetic("killed mid-summary")
         upstream_fake.summarizer_delay_s = 60.0  # the victim's summary never comes back
-        doomed = asyncio.create_task(send(client(victim.base_url), messages))
+        doomed = asyncio.create_task(send(client_for(victim), messages))
         await upstream_fake.wait_for_requests(1, "summarizer", timeout=10)
         victim.kill()
         upstream_fake.summarizer_delay_s = 0.0
-        turn = await asyncio.wait_for(send(client(replicas[1].base_url), messages), 20)
+        turn = await asyncio.wait_for(send(client_for(replicas[1]), messages), 20)
     finally:
         victim.kill()
     assert turn.status == "summarized"
@@ -142,7 +141,7 @@ async def test_a_replica_killed_holding_the_lock_is_taken_over(
 
 
 async def test_ten_concurrent_requests_make_one_tool_note_across_replicas(
-    upstream: FakeUpstream, make_proxy, redis_server: RedisServer
+    upstream: FakeUpstream, make_proxy, redis_server: RedisServer, client_for
 ) -> None:
     upstream.summarizer_delay_s = 0.5
     shared = {"models": {MODEL: {"context_window": 32000}}, "store": {"url": redis_server.url}}
@@ -155,7 +154,7 @@ async def test_ten_concurrent_requests_make_one_tool_note_across_replicas(
             {"id": "call_rows", "type": "function", "function": {"name": "list_bookings", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_rows", "content": output},
     ]
-    turns = await asyncio.gather(*(send(client(pair[i % 2].base_url), messages) for i in range(10)))
+    turns = await asyncio.gather(*(send(client_for(pair[i % 2]), messages) for i in range(10)))
     assert len(upstream.tool_summarizer_requests) == 1
     assert {t.headers["x-compaction-tool-results"] for t in turns} == {"1"}
     forwarded = [r.body for r in upstream.records("chat")]

@@ -14,10 +14,10 @@ import secrets
 import socket
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
+from support.client import Answer, auth, get, post
 from support.compaction_helpers import chat_history
 from proxy.fake_upstream import FakeUpstream
 from support.redis_server import RedisServer, redis_server  # noqa: F401
@@ -67,7 +67,7 @@ def _tool_conversation() -> list[dict[str, Any]]:
     ]
 
 
-async def scenario(base_url: str, upstream: FakeUpstream) -> list[tuple[int, dict[str, str], bytes]]:
+async def scenario(base_url: str, upstream: FakeUpstream) -> list[Answer]:
     """Every kind of request and failure, with the planted client key (or none: the configured key)."""
     history = chat_history(12, 150)
     history[-1]["content"] += " " + CONTENT
@@ -79,25 +79,18 @@ async def scenario(base_url: str, upstream: FakeUpstream) -> list[tuple[int, dic
         ({"model": MODEL, "messages": [{"role": "robot", "content": CONTENT}]}, {"Authorization": f"Bearer {CLIENT_KEY}"}),
         ({"model": 7, "messages": []}, {"Authorization": f"Bearer {CLIENT_KEY}"}),
     ]
-    out = []
-    async with aiohttp.ClientSession() as s:
-        for body, headers in bodies:
-            async with s.post(base_url + "/chat/completions", data=orjson.dumps(body), headers=headers) as r:
-                out.append((r.status, dict(r.headers), await r.read()))
-        upstream.require_api_key = "sk-someone-else"  # the upstream refuses the key: its 401 passes through
-        async with s.post(base_url + "/chat/completions", data=orjson.dumps(bodies[3][0]),
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
-            out.append((r.status, dict(r.headers), await r.read()))
-        upstream.require_api_key = None
-        async with s.get(base_url + "/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as r:
-            out.append((r.status, dict(r.headers), await r.read()))
+    out = [await post(base_url, orjson.dumps(body), headers) for body, headers in bodies]
+    upstream.require_api_key = "sk-someone-else"  # the upstream refuses the key: its 401 passes through
+    out.append(await post(base_url, orjson.dumps(bodies[3][0]), auth(CLIENT_KEY)))
+    upstream.require_api_key = None
+    out.append(await get(base_url, "/models", auth(CLIENT_KEY)))
     statuses = [o[0] for o in out]
     assert statuses == [200, 200, 200, 200, 400, 400, 401, 200], statuses
     assert out[0][1]["x-compaction-status"] == "summarized" and out[2][1]["x-compaction-tool-results"] == "1"
     return out
 
 
-def check_answers_and_upstream(answers: list[tuple[int, dict[str, str], bytes]], upstream: FakeUpstream) -> None:
+def check_answers_and_upstream(answers: list[Answer], upstream: FakeUpstream) -> None:
     for status, headers, body in answers:
         assert_clean(f"a {status} answer's body", body)
         assert_clean(f"a {status} answer's headers", repr(headers))
@@ -121,10 +114,8 @@ async def test_no_secret_in_logs_answers_requests_or_the_sqlite_file(upstream, m
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
     dead = await make_proxy(f"http://127.0.0.1:{closed}/v1", settings("memory://"))
-    async with aiohttp.ClientSession() as s:
-        async with s.post(dead.base_url + "/chat/completions", headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-                          data=orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})) as r:
-            answers.append((r.status, dict(r.headers), await r.read()))
+    answers.append(await post(dead, orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+                              auth(CLIENT_KEY)))
     assert answers[-1][0] == 502
     await proxy.close()  # flushes the store to its file
     check_answers_and_upstream(answers, upstream)
@@ -166,10 +157,7 @@ async def test_message_content_is_logged_only_when_turned_on(upstream, make_prox
     for log_content in (False, True):
         caplog.clear()
         proxy = await make_proxy(upstream.base_url, settings("memory://", log_content=log_content))
-        async with aiohttp.ClientSession() as s:
-            async with s.post(proxy.base_url + "/chat/completions", headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-                              data=orjson.dumps({"model": MODEL, "messages": _tool_conversation()})) as r:
-                assert r.status == 200
+        await post(proxy, orjson.dumps({"model": MODEL, "messages": _tool_conversation()}), auth(CLIENT_KEY), expect=200)
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert (CONTENT in logged) is log_content
         assert_clean("the log", logged)

@@ -24,6 +24,7 @@ import pytest
 
 from support.compaction_helpers import chat_history
 from proxy.fake_upstream import FakeUpstream
+from proxy.serve import CANCEL_WAIT_S
 from support.replicas import Replica
 
 MODEL = "gpt-4"
@@ -184,4 +185,8 @@ async def test_a_grace_of_2_s_cuts_a_stream_after_2_s_not_twice_that(tmp_path, f
     finally:
         replica.kill()
     assert grace - 0.2 <= cut < grace + 1.0, cut  # the grace, once
-    assert exited < 2 * grace, exited
+    # Then the process goes: the cancelled relay gets CANCEL_WAIT_S to unwind and the runner's
+    # cleanup as long again, the bounds serve.py sets. On a loaded machine the unwinding can take
+    # all of its time (the test's own upstream, in this process, answers slowly), so the exit is
+    # held to those bounds rather than to an idle machine's timing.
+    assert exited - cut < 2 * CANCEL_WAIT_S + 1.0, (cut, exited)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support.conversations import MODEL, WINDOW, client, request_points, send, tau_conversations
+from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations
 from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer, redis_server_fixture
@@ -32,7 +32,7 @@ def store_logs(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 
 @pytest.mark.redis
 async def test_redis_stopped_mid_replay(
-    upstream: FakeUpstream, make_proxy, outage_redis: RedisServer, fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+    upstream: FakeUpstream, make_proxy, outage_redis: RedisServer, fixtures_dir: Path, caplog: pytest.LogCaptureFixture, client_for
 ) -> None:
     caplog.set_level(logging.INFO, logger="proxy.store")
     upstream.window = WINDOW
@@ -43,7 +43,7 @@ async def test_redis_stopped_mid_replay(
     async def replay_on(proxy, until_compacted: bool, at_least: int = 1) -> list[str]:
         statuses: list[str] = []
         for history in points:
-            turn = await send(client(proxy.base_url), history)
+            turn = await send(client_for(proxy), history)
             check_forwarded(history, upstream.chat_requests[-1]["messages"], compacted=turn.status in ("summarized", "reused"))
             statuses.append(turn.status)
             if len(statuses) >= at_least and (not until_compacted or "summarized" in statuses):
@@ -67,14 +67,14 @@ async def test_redis_stopped_mid_replay(
     # Reuse through the store is back: B compacts, and C, which never saw the conversation, reuses
     # B's summary from Redis and forwards the same bytes.
     history = next(points)
-    assert (await send(client(b.base_url), history)).status == "summarized"
-    assert (await send(client(c.base_url), history)).status == "reused"
+    assert (await send(client_for(b), history)).status == "summarized"
+    assert (await send(client_for(c), history)).status == "reused"
     assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body
     assert len(store_logs(caplog, logging.WARNING)) == 1
 
 
 async def test_an_unwritable_sqlite_file_never_fails_a_request(
-    upstream: FakeUpstream, make_proxy, tmp_path: Path, fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+    upstream: FakeUpstream, make_proxy, tmp_path: Path, fixtures_dir: Path, caplog: pytest.LogCaptureFixture, client_for
 ) -> None:
     caplog.set_level(logging.INFO, logger="proxy.store")
     upstream.window = WINDOW
@@ -82,7 +82,7 @@ async def test_an_unwritable_sqlite_file_never_fails_a_request(
     proxy = await make_proxy(upstream.base_url, settings(f"sqlite:///{tmp_path}/a-file/store.db"))
     statuses = []
     for history in request_points(tau_conversations(fixtures_dir, 1)[0]):
-        turn = await send(client(proxy.base_url), history)
+        turn = await send(client_for(proxy), history)
         check_forwarded(history, upstream.chat_requests[-1]["messages"], compacted=turn.status in ("summarized", "reused"))
         statuses.append(turn.status)
     assert set(statuses) <= ALLOWED

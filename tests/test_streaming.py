@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.app import create_app
 from proxy.config import Config
+from support.client import openai_client
 
 MSGS = [{"role": "user", "content": "Tell me a story"}]
 STORY = "Once upon a time there was a proxy that never buffered a single stream chunk."
@@ -81,7 +82,7 @@ async def test_upstream_dying_mid_response_ends_client_promptly(upstream, client
 
 async def test_upstream_stalling_mid_stream_hits_idle_timeout(upstream, make_proxy):
     p = await make_proxy(upstream.base_url, {"upstream": {"stream_idle_timeout_s": 0.5}})
-    client = openai.AsyncOpenAI(base_url=p.base_url, api_key="k", max_retries=0)
+    client = openai_client(p, "k")
     upstream.reply = STORY
     upstream.stall_mid_stream_s = 60
     upstream.fault_target = "chat"

@@ -9,7 +9,8 @@ import pytest
 
 from proxy.config import ConfigError, load_config
 from proxy.fake_upstream import FakeUpstream
-from support.conversations import MODEL, WINDOW, client, send, synthetic
+from support.client import openai_client
+from support.conversations import MODEL, WINDOW, send, synthetic
 
 CLIENT_KEY = "sk-client-key-for-the-chat"
 
@@ -25,7 +26,8 @@ def _settings(**summarizer: object) -> dict:
 
 
 async def _compact_once(proxy) -> None:
-    turn = await send(client(proxy.base_url, api_key=CLIENT_KEY), synthetic("elsewhere"))
+    async with openai_client(proxy, CLIENT_KEY) as c:
+        turn = await send(c, synthetic("elsewhere"))
     assert turn.status == "summarized", turn
 
 

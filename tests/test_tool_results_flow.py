@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import aiohttp
 import orjson
 import pytest
-from openai import AsyncOpenAI
 
 from proxy import offload
 from proxy.compaction import extract
 from support.clock import FakeClock
 from proxy.recall import handles
 from proxy.fake_upstream import FakeError, count_text_tokens, tool_output_payload
+from support.client import auth, chat, post
 from support.invariants import check_forwarded
 
 MODEL = "gpt-4"  # cl100k_base on both sides
@@ -74,34 +73,14 @@ def Clock() -> FakeClock:  # noqa: N802 (reads like the class it builds)
 
 
 @pytest.fixture
-async def openai_client():
-    """`openai_client(proxy)`: an AsyncOpenAI client for the proxy, closed after the test."""
-    clients: list[AsyncOpenAI] = []
+async def run(upstream, make_proxy, client_for):
+    """`proxy, client = await run(clock=FakeClock(), **tool_results_settings)`."""
 
-    def factory(proxy) -> AsyncOpenAI:
-        clients.append(AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0))
-        return clients[-1]
-
-    yield factory
-    for c in clients:
-        await c.close()
-
-
-@pytest.fixture
-async def run(upstream, make_proxy, openai_client):
-    """`proxy, client = await run(**tool_results_settings)`."""
-
-    async def factory(**tool_results):
-        proxy = await make_proxy(upstream.base_url, settings(**tool_results))
-        return proxy, openai_client(proxy)
+    async def factory(clock: FakeClock | None = None, **tool_results):
+        proxy = await make_proxy(upstream.base_url, settings(**tool_results), clock=clock)
+        return proxy, client_for(proxy, KEY)
 
     return factory
-
-
-async def send(client: AsyncOpenAI, messages: list[dict]):
-    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
-    raw.parse()
-    return raw.headers
 
 
 def forwarded(upstream) -> list[dict]:
@@ -117,11 +96,8 @@ async def test_below_threshold_reaches_upstream_byte_identical(upstream, run):
     assert 150 < count_text_tokens(payload) < THRESHOLD - 20
     # Odd spacing and key order: only a byte-for-byte relay keeps them.
     raw = orjson.dumps({"messages": conversation(payload), "model": MODEL}, option=orjson.OPT_INDENT_2) + b"\n "
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.base_url + "/chat/completions", data=raw,
-                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}) as r:
-            assert r.status == 200
-            assert r.headers["x-compaction-tool-results"] == "0"
+    answer = await post(proxy, raw, {**auth(KEY), "Content-Type": "application/json"}, expect=200)
+    assert answer.headers["x-compaction-tool-results"] == "0"
     assert upstream.records("chat")[-1].body == raw
     assert upstream.summarizer_requests == []
 
@@ -131,7 +107,7 @@ async def test_above_threshold_the_tool_result_becomes_a_note(upstream, run):
     payload = log_payload()
     assert count_text_tokens(payload) > 2 * THRESHOLD
     original = conversation(payload)
-    headers = await send(client, original)
+    _, headers, _ = await chat(client, original)
 
     fwd = forwarded(upstream)
     check_forwarded(original, fwd, compacted=False)
@@ -161,7 +137,7 @@ async def test_summarizer_gets_the_latest_user_message_clipped(upstream, run):
         {"role": "assistant", "content": "I looked at the logs."},
         {"role": "user", "content": hint},
     ]
-    await send(client, msgs)
+    await chat(client, msgs)
     user = upstream.tool_summarizer_requests[0]["messages"][1]["content"]
     sent_hint = user.split("Parent task hint: ", 1)[1].split(f"\n\n{BEGIN}", 1)[0]
     assert sent_hint == f"{hint[:1000]}\n[... {len(hint) - 2000} characters omitted ...]\n{hint[-1000:]}"
@@ -170,7 +146,7 @@ async def test_summarizer_gets_the_latest_user_message_clipped(upstream, run):
 
 async def test_summarizer_model_setting_is_used(upstream, run):
     _, client = await run(summarizer_model="gpt-4o-mini")
-    await send(client, conversation(log_payload()))
+    await chat(client, conversation(log_payload()))
     assert upstream.tool_summarizer_requests[0]["model"] == "gpt-4o-mini"
     assert upstream.chat_requests[0]["model"] == MODEL
 
@@ -181,7 +157,7 @@ async def test_identifiers_the_summarizer_dropped_are_kept_by_code(upstream, run
         "[Summary of fetch_logs output]\nA worker log with one failed upload.\n\n"
         "## Key facts\n- an upload failed and a card was charged twice\n\n## Original size\n84 lines"
     )
-    headers = await send(client, conversation(log_payload()))
+    _, headers, _ = await chat(client, conversation(log_payload()))
     note = forwarded(upstream)[3]["content"]
     assert headers["x-compaction-tool-results"] == "1"
     section = note.split("## Identifiers preserved\n", 1)[1].split("## Original size", 1)[0]
@@ -224,7 +200,7 @@ def _runaway(upstream) -> dict:
 async def test_failure_forwards_raw_payload_with_notice_first(upstream, run, breakage, reason):
     _, client = await run(**breakage(upstream))
     payload = log_payload()
-    headers = await send(client, conversation(payload))
+    _, headers, _ = await chat(client, conversation(payload))
     content = forwarded(upstream)[3]["content"]
     first, rest = content.split("\n", 1)
     assert rest == payload
@@ -238,7 +214,7 @@ async def test_over_the_size_cap_no_call_and_a_clamped_payload(upstream, run):
     _, client = await run(max_payload_tokens=1000)
     payload = log_payload(lines=600)
     assert count_text_tokens(payload) > 5000
-    await send(client, conversation(payload))
+    await chat(client, conversation(payload))
     content = forwarded(upstream)[3]["content"]
     first, rest = content.split("\n", 1)
     assert UNAVAILABLE in first and "size cap" in first and first.endswith(DO_NOT_RERUN + "]")
@@ -252,7 +228,7 @@ async def test_over_the_size_cap_no_call_and_a_clamped_payload(upstream, run):
 async def test_a_tiny_cap_still_leaves_the_whole_notice(upstream, run):
     _, client = await run(max_payload_tokens=5)
     payload = log_payload()
-    await send(client, conversation(payload))
+    await chat(client, conversation(payload))
     content = forwarded(upstream)[3]["content"]
     first = content.split("\n", 1)[0]
     assert first.startswith("[compaction-proxy: " + UNAVAILABLE) and first.endswith(DO_NOT_RERUN + "]")
@@ -264,9 +240,8 @@ async def test_a_tiny_cap_still_leaves_the_whole_notice(upstream, run):
 
 
 async def test_breaker_opens_after_three_failures_then_one_trial_closes_it(upstream, run):
-    proxy, client = await run()
     clock = Clock()
-    proxy.state.tool_results.clock = clock
+    proxy, client = await run(clock=clock)
     _error(upstream)
 
     def conv(tag: str, ids: list[str]) -> list[dict]:
@@ -275,33 +250,33 @@ async def test_breaker_opens_after_three_failures_then_one_trial_closes_it(upstr
                 *({"role": "tool", "tool_call_id": i, "content": log_payload(tag=tag + i)} for i in ids)]
 
     for n in range(1, 4):
-        await send(client, conv("fail", [f"c{n}"]))
+        await chat(client, conv("fail", [f"c{n}"]))
         assert len(upstream.tool_summarizer_requests) == n
         assert "HTTP 500" in forwarded(upstream)[2]["content"].split("\n")[0]
     first_failure = forwarded(upstream)
 
     # Open: a new result gets the notice without a call.
-    await send(client, conv("open", ["c4"]))
+    await chat(client, conv("open", ["c4"]))
     assert len(upstream.tool_summarizer_requests) == 3
     assert "paused" in forwarded(upstream)[2]["content"].split("\n")[0]
     clock.now += 299
-    await send(client, conv("open", ["c5"]))
+    await chat(client, conv("open", ["c5"]))
     assert len(upstream.tool_summarizer_requests) == 3
     # The remembered failure keeps its bytes.
-    await send(client, conv("fail", ["c3"]))
+    await chat(client, conv("fail", ["c3"]))
     assert forwarded(upstream) == first_failure
 
     # After the cool-down one trial goes out; its success closes the breaker.
     clock.now += 2
     upstream.fail_status = None
-    headers = await send(client, conv("half", ["c6", "c7"]))
+    _, headers, _ = await chat(client, conv("half", ["c6", "c7"]))
     assert len(upstream.tool_summarizer_requests) == 4
     assert headers["x-compaction-tool-results"] == "1"
-    headers = await send(client, conv("half", ["c6", "c7"]))
+    _, headers, _ = await chat(client, conv("half", ["c6", "c7"]))
     assert len(upstream.tool_summarizer_requests) == 5
     assert headers["x-compaction-tool-results"] == "2"
     # Closed: calls go out again, and results that failed before are retried.
-    headers = await send(client, conv("fail", ["c1"]))
+    _, headers, _ = await chat(client, conv("fail", ["c1"]))
     assert len(upstream.tool_summarizer_requests) == 6
     assert headers["x-compaction-tool-results"] == "1"
 
@@ -309,15 +284,15 @@ async def test_breaker_opens_after_three_failures_then_one_trial_closes_it(upstr
 async def test_replayed_conversation_one_call_and_identical_bytes(upstream, run):
     _, client = await run()
     msgs = conversation(log_payload())
-    await send(client, msgs)
+    await chat(client, msgs)
     first = upstream.records("chat")[-1].body
     note_bytes = orjson.dumps(forwarded(upstream)[3])
     prefix = forwarded(upstream)[:4]
-    await send(client, msgs)
+    await chat(client, msgs)
     assert upstream.records("chat")[-1].body == first
     for i in range(10):
         msgs = msgs + [{"role": "assistant", "content": f"step {i} done"}, {"role": "user", "content": f"next {i}"}]
-        headers = await send(client, msgs)
+        _, headers, _ = await chat(client, msgs)
         assert headers["x-compaction-tool-results"] == "1"
         assert forwarded(upstream)[:4] == prefix
         assert note_bytes in upstream.records("chat")[-1].body
@@ -325,23 +300,22 @@ async def test_replayed_conversation_one_call_and_identical_bytes(upstream, run)
 
 
 async def test_a_failure_is_remembered_for_the_cooldown(upstream, run):
-    proxy, client = await run()
     clock = Clock()
-    proxy.state.tool_results.clock = clock
+    proxy, client = await run(clock=clock)
     upstream.fault_target, upstream.fail_status, upstream.fault_times = "summarizer", 500, 1
     msgs = conversation(log_payload())
-    await send(client, msgs)
+    await chat(client, msgs)
     raw_note = forwarded(upstream)[3]
     assert UNAVAILABLE in raw_note["content"]
     for i in range(10):
         msgs = msgs + [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": f"next {i}"}]
         clock.now += 25
-        headers = await send(client, msgs)
+        _, headers, _ = await chat(client, msgs)
         assert forwarded(upstream)[3] == raw_note
         assert headers["x-compaction-tool-results"] == "0"
     assert len(upstream.tool_summarizer_requests) == 1
     clock.now += 60  # past the 300 s cool-down: tried again, and now it works
-    headers = await send(client, msgs)
+    _, headers, _ = await chat(client, msgs)
     assert len(upstream.tool_summarizer_requests) == 2
     assert forwarded(upstream)[3]["content"].startswith("[Summary of fetch_logs output]")
     assert headers["x-compaction-tool-results"] == "1"
@@ -364,7 +338,7 @@ async def test_skip_tools_by_name_and_glob(upstream, run):
     _, client = await run(skip_tools=["read_file", "mcp__*"])
     original = parallel({"read_file": log_payload(tag="r"), "mcp__github__list_issues": log_payload(tag="m"),
                          "fetch_logs": log_payload(tag="f")})
-    headers = await send(client, original)
+    _, headers, _ = await chat(client, original)
     fwd = forwarded(upstream)
     assert fwd[2] == original[2] and fwd[3] == original[3]
     assert fwd[4]["content"].startswith("[Summary of fetch_logs output]")
@@ -375,7 +349,7 @@ async def test_skip_tools_by_name_and_glob(upstream, run):
 async def test_content_as_text_parts(upstream, run):
     _, client = await run()
     head, tail = log_payload(tag="p1"), log_payload(tag="p2")
-    headers = await send(client, conversation([{"type": "text", "text": head}, {"type": "text", "text": tail}]))
+    _, headers, _ = await chat(client, conversation([{"type": "text", "text": head}, {"type": "text", "text": tail}]))
     assert headers["x-compaction-tool-results"] == "1"
     assert forwarded(upstream)[3]["content"].startswith("[Summary of fetch_logs output]")
     user = upstream.tool_summarizer_requests[0]["messages"][1]["content"]
@@ -401,12 +375,12 @@ async def test_parallel_results_each_on_its_own_concurrently_within_the_bound(up
         return None  # the fake's default note
 
     upstream.summarizer = gated
-    task = asyncio.create_task(send(client, original))
+    task = asyncio.create_task(chat(client, original))
     await asyncio.wait_for(two_in_flight.wait(), 10)
     await asyncio.sleep(0.3)  # room for a third call to arrive, were the bound broken
     assert active == 2
     release.set()
-    headers = await asyncio.wait_for(task, 10)
+    _, headers, _ = await asyncio.wait_for(task, 10)
 
     assert peak == 2
     assert headers["x-compaction-tool-results"] == "4"
@@ -444,7 +418,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
     upstream.summarizer = lambda body: (
         FakeError.openai(500, "boom") if "[bad]" in body["messages"][1]["content"] else None
     )
-    headers = await send(client, parallel({"fetch_logs": ok, "dump_table": failing}))
+    _, headers, _ = await chat(client, parallel({"fetch_logs": ok, "dump_table": failing}))
 
     assert headers["x-compaction-tool-results"] == "1"
     fwd = forwarded(upstream)
@@ -457,7 +431,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
 # -- with history compaction -------------------------------------------------------------------
 
 
-async def test_history_summarizer_sees_the_notes_not_the_raw_output(upstream, make_proxy, openai_client):
+async def test_history_summarizer_sees_the_notes_not_the_raw_output(upstream, make_proxy, client_for):
     window = 6000
     upstream.window = window
     proxy = await make_proxy(upstream.base_url, {
@@ -465,7 +439,7 @@ async def test_history_summarizer_sees_the_notes_not_the_raw_output(upstream, ma
         "models": {MODEL: {"context_window": window}},
         "compaction": {"prepare_percent": 0},
     })
-    client = openai_client(proxy)
+    client = client_for(proxy, KEY)
     upstream.summarizer = lambda body: (
         "[Summary of fetch_logs output]\nNOTE-MARKER-7731: worker-3 failed.\n\n## Key facts\n- upload failed"
         if upstream.summarizer_kind(body) == "tool" else None
@@ -475,7 +449,7 @@ async def test_history_summarizer_sees_the_notes_not_the_raw_output(upstream, ma
     for i in range(20):
         msgs += [{"role": "assistant", "content": f"Turn {i}: " + "analysis of the incident continues " * 50},
                  {"role": "user", "content": f"Go on with part {i}."}]
-    headers = await send(client, msgs)
+    _, headers, _ = await chat(client, msgs)
 
     assert headers["x-compaction-status"] == "summarized"
     assert headers["x-compaction-tool-results"] == "1"

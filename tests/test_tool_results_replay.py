@@ -3,10 +3,9 @@ threshold (issue 4's closing figures; bench/tool_results_replay.py prints them i
 
 from __future__ import annotations
 
-from openai import AsyncOpenAI
-
 from proxy.compaction.extract import find_identifiers
 from proxy.fake_upstream import count_text_tokens
+from support.client import openai_client
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages
 
 MODEL = "gpt-4o"
@@ -18,7 +17,7 @@ async def test_enlarged_swe_agent_run_keeps_every_identifier(upstream, make_prox
                                                  "compaction": {"prepare_percent": 0}})
     enlarged = enlarge_tool_outputs(swe_agent_messages(fixtures_dir / TRAJ), lambda k: 4500 + 250 * k,
                                     count_text_tokens)
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-replay", max_retries=0) as client:
+    async with openai_client(proxy, "sk-replay") as client:
         rep = await replay(client, upstream, enlarged, MODEL, find_identifiers)
 
     assert len(enlarged.planted) == 11 and min(rep.raw_tool_tokens) > 4000  # the default threshold

@@ -9,8 +9,8 @@ import pytest
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream
 from proxy.windows import known_window
+from support.client import chat
 from support.compaction_helpers import chat_history, proxy_count
-from support.conversations import client
 
 
 @pytest.mark.parametrize(("model", "window"), [
@@ -49,14 +49,12 @@ def test_models_config_wins_over_the_table_and_unknown_models_warn_once(caplog: 
     assert "'unknown-model-a'" in warnings[0] and "'unknown-model-b'" in warnings[1]
 
 
-async def test_a_known_small_window_compacts_without_config(upstream: FakeUpstream, make_proxy) -> None:
+async def test_a_known_small_window_compacts_without_config(upstream: FakeUpstream, make_proxy, client_for) -> None:
     """gpt-4's 8192 tokens come from the table: a 7.5k-token request is past its threshold (6964)."""
     proxy = await make_proxy(upstream.base_url, {"compaction": {"prepare_percent": 0}})
     history = chat_history(13, 190)
     assert 6964 < proxy_count({"model": "gpt-4", "messages": history}) < 8192
-    c = client(proxy.base_url)
-    raw = await c.chat.completions.with_raw_response.create(model="gpt-4", messages=history)
-    assert raw.headers["x-compaction-status"] == "summarized"
+    c = client_for(proxy)
+    assert (await chat(c, history, model="gpt-4")).status == "summarized"
     # the same request for a 128k model is left alone
-    raw = await c.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
-    assert raw.headers["x-compaction-status"] == "none"
+    assert (await chat(c, history, model="gpt-4o")).status == "none"

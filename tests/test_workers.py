@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from proxy.fake_upstream import FakeUpstream
-from support.conversations import MODEL, WINDOW, client, send, synthetic
+from support.conversations import MODEL, WINDOW, send, synthetic
 from support.replicas import Replica
 
 SETTINGS = {
@@ -76,14 +76,14 @@ def chat_requests_total(p: Replica) -> float:
                if line.startswith("compaction_proxy_requests_total{") and 'route="/v1/chat/completions"' in line)
 
 
-async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Replica, fake: FakeUpstream) -> None:
+async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Replica, fake: FakeUpstream, client_for) -> None:
     assert proxy.proc is not None
     workers = children(proxy.proc.pid)
     assert len(workers) == 2
 
     fake.summarizer_delay_s = 0.5  # long enough for all ten to arrive meanwhile, on either worker
     messages = synthetic("two workers")
-    turns = await asyncio.gather(*(send(client(proxy.base_url), messages) for _ in range(10)))
+    turns = await asyncio.gather(*(send(client_for(proxy), messages) for _ in range(10)))
     assert len(fake.history_summarizer_requests) == 1  # one summary across both processes
     forwarded = [r.body for r in fake.records("chat")]
     assert len(forwarded) == 10 and len(set(forwarded)) == 1 and b"<summary>" in forwarded[0]
@@ -103,12 +103,12 @@ async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Rep
     assert metrics_by, "no /metrics line in the access log"
 
 
-async def test_sigterm_drains_and_ends_both_workers(proxy: Replica, fake: FakeUpstream) -> None:
+async def test_sigterm_drains_and_ends_both_workers(proxy: Replica, fake: FakeUpstream, client_for) -> None:
     assert proxy.proc is not None
     workers = children(proxy.proc.pid)
     assert len(workers) == 2
     fake.summarizer_delay_s = 1.5
-    in_flight = asyncio.create_task(send(client(proxy.base_url), synthetic("drained")))
+    in_flight = asyncio.create_task(send(client_for(proxy), synthetic("drained")))
     await fake.wait_for_requests(1, "summarizer", timeout=10)
     proxy.proc.send_signal(signal.SIGTERM)
     turn = await asyncio.wait_for(in_flight, 20)  # the request in flight is finished, not cut

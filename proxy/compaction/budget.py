@@ -41,6 +41,13 @@ def summary_output_cap(window: int, reserve_tokens: int | None) -> int:
     return max(64, min(int(HYSTERESIS * effective_reserve(window, reserve_tokens)), MAX_SUMMARY_OUTPUT))
 
 
+def identifier_room(own: int, *, reserved: int, used: int) -> int:
+    """Tokens for a summary's identifier block: its own budget, plus what the model's text and the
+    files block left unused of the room the cut reserved for them (spec 9.3: the code-written
+    blocks are the guarantee, the model's text the bonus). The request stays within its plan."""
+    return own + max(0, reserved - used)
+
+
 def summarizer_input_budget(window: int, output_cap: int, scaffolding_tokens: int) -> int:
     """How much serialized conversation one summarizer call may carry."""
     floor_ = min(16_384, max(1024, window // 8))

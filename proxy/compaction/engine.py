@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.chat_request import Conversation
 from proxy import offload
 from proxy.compaction import extract, mask
-from proxy.compaction.budget import Budget
+from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
 from proxy.compaction.inject import annotation_text, inject, summary_message_text
 from proxy.compaction.plan import CUT_ROLES, Plan, choose_cut
-from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
+from proxy.compaction.record import RecordCache, SummaryRecord, identifier_lines, render_summary
 from proxy.compaction.serialize import content_text, serialize_messages, tool_names_by_call_id
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.config import Config
@@ -133,7 +133,7 @@ class CompactionEngine:
         self.flight: SingleFlight[SummaryRecord] = SingleFlight(
             store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
         )
-        self._records: OrderedDict[str, SummaryRecord] = OrderedDict()  # immutable by key: safe to cache
+        self._records = RecordCache()  # immutable by key: safe to cache
         self._failures: dict[str, float] = {}  # conversation -> until when its summary is not retried
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
         self._pending: dict[str, _PrepareJob] = {}  # conversation slot -> its latest job
@@ -528,7 +528,6 @@ class CompactionEngine:
                 if rec.expired(self.clock()):
                     del self._records[key]
                     continue
-                self._records.move_to_end(key)
                 return rec
         return None
 
@@ -548,10 +547,7 @@ class CompactionEngine:
         return None
 
     def _remember(self, key: str, rec: SummaryRecord) -> None:
-        self._records[key] = rec
-        self._records.move_to_end(key)
-        while len(self._records) > 4096:
-            self._records.popitem(last=False)
+        self._records.put(key, rec)
 
     async def _save(self, scope: str, rec: SummaryRecord) -> None:
         key = self._key(scope, rec.chain)
@@ -703,7 +699,12 @@ class CompactionEngine:
                              extract.render_files(files, files_chars(budget))])
         # the block re-renders the carried-over identifiers too: its room grows with all it covers
         span_tokens = conv.scaled(sum(conv.tokens[n_sys:plan.cut]))
-        room = identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens)
+        count = lambda t: self.counter.count_text(t, conv.encoding)  # noqa: E731
+        room = identifier_room(
+            identifier_budget(budget.target, self.cfg.compaction.identifiers_share, span_tokens),
+            reserved=budget.output_cap * (2 if plan.turn_start is not None else 1) + files_chars(budget) // 2,
+            used=count(model_text) + count(turn_text or "") + (count(extract.render_files(files, files_chars(budget))) if files else 0),
+        )
         users = extract.user_text(fwd[n_sys:])
         lines, rest = self._fit_identifiers(candidates, errors, present, room, users, text, conv.encoding)
         if rest:

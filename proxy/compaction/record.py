@@ -8,6 +8,7 @@ the forwarded bytes never change while the record is in use.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -62,6 +63,68 @@ class SummaryRecord:
         return self.expires is not None and now >= self.expires
 
 
+# Per string held (object header, pointer), roughly, for sizing records in memory.
+_STR_OVERHEAD = 56
+_RECORD_OVERHEAD = 1024  # the dataclass, its dicts and lists
+
+
+def record_bytes(rec: SummaryRecord) -> int:
+    """About how much memory a record holds: its texts and lists (a long session's records carry
+    thousands of identifiers and every stub text)."""
+    strings = [rec.summary, rec.chain, *rec.identifiers, *rec.errors, *rec.constraints, *rec.recall_identifiers,
+               *rec.files, *rec.masks, *rec.masks.values(), *rec.clamped]
+    return _RECORD_OVERHEAD + sum(len(x) + _STR_OVERHEAD for x in strings)
+
+
+class RecordCache:
+    """The records this process made or read, by store key, least recently used evicted first;
+    bounded by count and by their size (`record_bytes`), so a busy process's memory levels off
+    however large its conversations' records grow."""
+
+    def __init__(self, max_records: int = 4096, max_bytes: int = 32 << 20) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[str, tuple[SummaryRecord, int]] = OrderedDict()
+
+    def get(self, key: str) -> SummaryRecord | None:
+        """The record (now the most recently used), or None."""
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        self._d.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: str, rec: SummaryRecord) -> None:
+        self.discard(key)
+        size = record_bytes(rec)
+        self._d[key] = (rec, size)
+        self.bytes += size
+        while self._d and (len(self._d) > self.max_records or self.bytes > self.max_bytes):
+            _, (_, old) = self._d.popitem(last=False)
+            self.bytes -= old
+
+    def discard(self, key: str) -> None:
+        hit = self._d.pop(key, None)
+        if hit is not None:
+            self.bytes -= hit[1]
+
+    def __getitem__(self, key: str) -> SummaryRecord:
+        return self._d[key][0]
+
+    def __delitem__(self, key: str) -> None:
+        self.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def values(self) -> list[SummaryRecord]:
+        return [rec for rec, _ in self._d.values()]
+
+
 def render_summary(
     model_text: str,
     *,
@@ -105,7 +168,8 @@ def identifier_lines(
 ) -> tuple[list[str], list[str]]:
     """(lines for the identifier block, identifiers left for recall): what is not already verbatim
     in `present` (the model's summary, the kept messages, the files block), most salient first,
-    within the budget."""
+    within the budget. Error lines one a line; the other identifiers on one comma-separated line,
+    the densest form a model still reads (no identifier holds a space)."""
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
@@ -122,17 +186,20 @@ def identifier_lines(
         lines.append(line)
         used += len(line) + 1
     in_errors = "\n".join(lines)
+    used += 2  # the "- " of the identifier line
     shown = set()
+    fitted: list[str] = []
     for ident in ranked:
         if ident in in_errors:
             shown.add(ident)
             continue
-        line = f"- {ident}"
-        if used + len(line) + 1 > budget_chars:
+        if used + len(ident) + 2 > budget_chars:
             continue  # a shorter one may still fit
-        lines.append(line)
-        used += len(line) + 1
+        fitted.append(ident)
+        used += len(ident) + 2
         shown.add(ident)
+    if fitted:
+        lines.append("- " + ", ".join(fitted))
     for e in others:
         line = f"- error: {e}"
         if used + len(line) + 1 <= budget_chars:

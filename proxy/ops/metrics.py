@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -31,6 +31,8 @@ P = "compaction_proxy_"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
+# (label, CompactionEngine.stats key) of the records the engine makes
+ENGINE_TIERS = (("mask", "events_masked"), ("summary", "events_summarized"), ("digest", "events_degraded"))
 SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180)
 PUBLISH_S = 1.0
 _shared_dir: str | None = None  # set in a worker process by share_metrics
@@ -199,12 +201,15 @@ class Metrics(Hooks):
 
 
 class StateCollector(Collector):
-    """States read at scrape time: the store's health and errors, the breakers, the bill."""
+    """States read at scrape time: the store's health and errors, the breakers, the bill, and the
+    compaction engine's own counters (`CompactionEngine.stats`)."""
 
-    def __init__(self, store: Any, breakers: Callable[[], Iterable[tuple[str, str]]], bill: Any) -> None:
+    def __init__(self, store: Any, breakers: Callable[[], Iterable[tuple[str, str]]], bill: Any,
+                 compaction_stats: Mapping[str, int] | None = None) -> None:
         self.store = store
         self.breakers = breakers
         self.bill = bill
+        self.compaction_stats = compaction_stats if compaction_stats is not None else {}
 
     def describe(self) -> list[Any]:
         return []  # families are built at collect time; nothing to check at registration
@@ -222,6 +227,21 @@ class StateCollector(Collector):
             for s in ("closed", "half-open", "open"):
                 breaker.add_metric([model, s], 1.0 if s == state else 0.0)
         yield breaker
+        stats = self.compaction_stats
+        made = CounterMetricFamily(P + "engine_compactions", "Compactions the engine made on the request path, by "
+                                   "tier: mask (old tool outputs stubbed, no summary), summary, digest (the "
+                                   "code-written floor when the summarizer failed)", labels=["tier"])
+        for tier, key in ENGINE_TIERS:
+            made.add_metric([tier], float(stats.get(key, 0)))
+        yield made
+        recall = CounterMetricFamily(P + "identifiers_to_recall", "Identifiers of summarized messages that did not "
+                                     "fit a summary's identifier block: listed in its record for recall")
+        recall.add_metric([], float(stats.get("identifiers_to_recall", 0)))
+        yield recall
+        fallbacks = CounterMetricFamily(P + "cached_summary_call_fallbacks", "Summary calls on the conversation's "
+                                        "cached prefix that failed and were asked again in transcript form")
+        fallbacks.add_metric([], float(stats.get("cached_call_fallbacks", 0)))
+        yield fallbacks
         if self.bill is not None:
             cost = CounterMetricFamily(P + "cost_usd", "What the priced requests cost (US dollars): `direct` sent "
                                        "without the proxy (estimated, with the provider's prompt cache), `proxy` as "

@@ -13,6 +13,8 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from support.client import chat
+
 MODEL = "gpt-4"
 WINDOW = 6000
 THRESHOLD = 5100  # of WINDOW: 6000 - 15%
@@ -56,10 +58,6 @@ def synthetic(tag: str, turns: int = 14, words: int = 250) -> list[dict[str, Any
     return msgs
 
 
-def client(base_url: str, api_key: str = "sk-scaleout") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
-
-
 @dataclass
 class Turn:
     status: str
@@ -70,9 +68,7 @@ class Turn:
 
 
 async def send(c: AsyncOpenAI, messages: list[dict[str, Any]]) -> Turn:
-    raw = await c.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
-    raw.parse()
-    h = dict(raw.headers)
+    _, h, _ = await chat(c, messages, model=MODEL)
     return Turn(
         h["x-compaction-status"],
         int(h["x-compaction-wait-ms"]),

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from openai import AsyncOpenAI
-
+from support.client import openai_client
 from support.compaction_helpers import filler, tool_call
 
 MODEL = "gpt-4"  # cl100k_base on both sides
@@ -53,7 +52,7 @@ class Answer:
 
 async def replay(base_url: str, points: list[list[dict[str, Any]]], *, key: str = KEY) -> list[Answer]:
     out = []
-    async with AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60) as c:
+    async with openai_client(base_url, key) as c:
         for i, messages in enumerate(points):
             stream = i % 2 == 1
             if stream:

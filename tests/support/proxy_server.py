@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -42,14 +43,16 @@ class ProxyHandle:
         await self.server.close()
 
 
-async def start_proxy(upstream_url: str, settings: dict[str, Any] | None = None) -> ProxyHandle:
+async def start_proxy(upstream_url: str, settings: dict[str, Any] | None = None, *,
+                      clock: Callable[[], float] | None = None) -> ProxyHandle:
+    """`clock`: the stages' clock (support.clock.FakeClock), given to the proxy as it is built."""
     # Ratio learning and the cache-riding summary call off unless a test turns them on: most tests
     # assert the proxy's own counts and read the summarizer's transcript form (tests/test_ratio.py
     # and tests/test_careless_tiers.py turn them on).
     data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"},
                   "compaction": {"learn_token_ratio": False, "cached_summary_call": False}}, settings or {})
     cfg = Config.model_validate(data)
-    app = create_app(cfg)
+    app = create_app(cfg, state_factory=None if clock is None else partial(ProxyState.create, clock=clock))
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     return ProxyHandle(server, app, cfg)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from proxy.fake_upstream import count_text_tokens
+from support.client import chat
 
 _MODULES = ("test_fields.py", "test_schema.py", "test_serialization.py", "test_deserialization.py",
             "test_decorators.py", "test_validate.py", "test_utils.py", "test_options.py")
@@ -157,9 +158,7 @@ async def replay(client: Any, upstream: Any, enlarged: Enlarged, model: str,
     calls_before = len(upstream.tool_summarizer_requests)
     seen: dict[int, Any] = {}
     for history in points:
-        raw = await client.chat.completions.with_raw_response.create(model=model, messages=history)
-        raw.parse()
-        h = raw.headers
+        _, h, _ = await chat(client, history, model=model)
         rep.tokens_before.append(int(h["x-compaction-tokens-before"]))
         rep.tokens_after.append(int(h["x-compaction-tokens-after"]))
         rep.notes_per_request.append(int(h["x-compaction-tool-results"]))

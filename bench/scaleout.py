@@ -6,7 +6,7 @@
 2. summarizer calls per compaction event, one replica against two replicas sharing Redis (the real
    console script as processes, requests alternating between them).
 
-    python tests/bench_scaleout.py [--conversations 5] [--summarizer-s 2] [--think-s 0]
+    python bench/scaleout.py [--conversations 5] [--summarizer-s 2] [--think-s 0]
 
 Think time is what the agent spends between two requests: 0 means "long enough for the background
 work to finish" (the proxy's queue is drained before the next request), else a fixed sleep.
@@ -22,16 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the fake upstream, conversations and replicas live there
 
-import conftest  # noqa: E402,F401  (TIKTOKEN_CACHE_DIR for this process and the replicas)
-from support.conversations import MODEL, WINDOW, client, request_points, send, tau_conversations  # noqa: E402
+from support.client import openai_client  # noqa: E402
+from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations  # noqa: E402
 from proxy.fake_upstream import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 from support.replicas import Replica  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def settings(prepare_percent: float) -> dict:
@@ -49,7 +50,7 @@ async def crossing_waits(convs: list, prepare_percent: float, summarizer_s: floa
     fake = FakeUpstream(window=WINDOW, summarizer_delay_s=summarizer_s)
     await fake.start()
     proxy = await start_proxy(fake.base_url, settings(prepare_percent))
-    c = client(proxy.base_url, "sk-bench")
+    c = openai_client(proxy, "sk-bench")
     crossing, others, events = [], [], 0
     try:
         for traj in convs:
@@ -68,6 +69,7 @@ async def crossing_waits(convs: list, prepare_percent: float, summarizer_s: floa
                     await proxy.state.compaction.idle()
         calls = len(fake.summarizer_requests)
     finally:
+        await c.close()
         await proxy.close()
         await fake.stop()
     at_once = sum(w < 500 for w in crossing)
@@ -95,8 +97,10 @@ async def calls_per_event(convs: list) -> None:
                 r.start()
             for r in pair:
                 await asyncio.to_thread(r.wait_ready)
-            e1, c1, fwd1 = await replay([client(single.base_url, "sk-bench")], fake, convs)
-            e2, c2, fwd2 = await replay([client(r.base_url, "sk-bench") for r in pair], fake, convs)
+            async with openai_client(single, "sk-bench") as one, openai_client(pair[0], "sk-bench") as a, \
+                    openai_client(pair[1], "sk-bench") as b:
+                e1, c1, fwd1 = await replay([one], fake, convs)
+                e2, c2, fwd2 = await replay([a, b], fake, convs)
         finally:
             for r in pair:
                 r.stop()

@@ -1,0 +1,128 @@
+"""What a wire protocol must provide for the proxy's stages to serve it (spec 10.3).
+
+An adapter is the only code that knows a protocol's field names. It parses and checks a body into
+the neutral model (proxy/model.py), makes the edits the stages ask for (a tool result's output
+replaced, the start of the history replaced by a summary), counts an envelope, renders the
+forwarded body (unchanged envelopes keep their bytes; nothing changed: the client's raw body), and
+knows the protocol's overflow errors, error shape and credentials. A new protocol is one module
+under proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flow.handle`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+from proxy.config import Config
+from proxy.errors import ProxyError
+from proxy.forward import EventChecker
+from proxy.hashing import DigestCache
+from proxy.model import Conversation, Envelope, Injected
+from proxy.ops.events import completion_usage
+from proxy.ops.exchange import Usage
+from proxy.tokens import REPLY_OVERHEAD, TokenCounter
+
+# Stable digests of envelopes by in-process key, shared by every protocol (a digest is over the
+# envelope's canonical JSON, so one value has one digest whatever protocol carried it).
+DIGESTS = DigestCache()
+
+
+@dataclass
+class Request:
+    """A parsed, checked request body: the client's conversation in the neutral model and what the
+    route needs besides (model, stream, ...). `body` is the adapter's own (stages never read it)."""
+
+    raw: bytes  # the client's bytes: forwarded as they are when nothing changed
+    body: Any
+    model: str
+    stream: bool
+    conversation: Conversation  # as the client sent it, counted
+    keys: list[int]  # fast in-process key of each envelope (the hash of its JSON as written at parse)
+    written: list[bytes]  # each envelope's JSON as written at parse: rendered for the unchanged ones
+    encoding: str
+    ratio: float  # the model's token ratio (configured or learned): counts are scaled by it
+    tools_tokens: int = 0  # the tool schemas, counted
+    tools: Any = None  # the tool schemas as sent (a summary call that rides the cache resends them)
+    stateful: bool = False  # the history lives at the upstream (Responses previous_response_id): untouched
+    native_compaction: bool = False  # the client asked the upstream to compact: no history compaction
+    extra: dict[str, Any] = field(default_factory=dict)  # anything else the adapter's route needs
+
+    @cached_property
+    def digests(self) -> list[bytes]:
+        """Stable digests of the client's envelopes: store keys derive only from these, never from a
+        rewrite. Computed when compaction needs them, once per distinct envelope."""
+        return DIGESTS.digests(self.conversation.values, self.keys)
+
+    def first_digest(self) -> bytes:
+        """The stable digest of the first non-system envelope (or of the last): it names the conversation."""
+        conv = self.conversation
+        i = min(conv.n_system, len(conv) - 1)
+        return DIGESTS.digest(conv.envelopes[i].value, self.keys[i])
+
+    def total(self, conv: Conversation | None = None) -> int:
+        """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""
+        conv = conv if conv is not None else self.conversation
+        return self.scaled(sum(conv.tokens) + self.tools_tokens + REPLY_OVERHEAD)
+
+    def scaled(self, n: int) -> int:
+        return n if self.ratio == 1.0 else int(n * self.ratio)
+
+
+class Adapter(ABC):
+    """One wire protocol. Stateless: one instance serves every request of its route."""
+
+    protocol: str  # its name in logs, metrics and the journal ("chat")
+    upstream_path: str  # where its requests go under the upstream's base URL
+    credential_headers: tuple[str, ...]  # headers that carry the client's credential (the scope HMAC's input)
+
+    # -- the body ------------------------------------------------------------------------------
+    @abstractmethod
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
+        """Parse and check a body into the model, counted with the model's tokenizer (`ratio`: the
+        learned token ratio, else the configured one); ProxyError (rendered by `error_response`)
+        naming the bad field. Pure: may run in a worker thread."""
+
+    @abstractmethod
+    def render(self, request: Request, forwarded: Conversation) -> bytes:
+        """The body to forward: the request with `forwarded` as its conversation. Envelopes the
+        stages did not replace are written from their original JSON as the client sent them."""
+
+    # -- edits the stages ask for ---------------------------------------------------------------
+    @abstractmethod
+    def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
+        """The envelope with its `item`-th item (a TOOL_RESULT) carrying `text` as its output:
+        pairing, ids and the error flag kept."""
+
+    @abstractmethod
+    def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
+        """The leading system part with `annotation` added, a summary message with `summary`, then
+        conv's envelopes from `cut` on (the summary merged into the first kept one when the
+        protocol needs it)."""
+
+    @abstractmethod
+    def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
+        """Tokens of one envelope as the upstream's template frames it."""
+
+    # -- the wire ------------------------------------------------------------------------------
+    @abstractmethod
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        """Whether an upstream error answer says the request was too long for the model's window."""
+
+    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
+        """The proxy's own error in this protocol's shape (default: OpenAI's)."""
+        return err.response(dict(headers or {}))
+
+    def event_checker(self) -> EventChecker:
+        """Cuts this protocol's event stream into whole, valid events (`feed`, `finish`, `done`,
+        `usage`); the default is OpenAI's SSE with its `[DONE]` end marker."""
+        return EventChecker()
+
+    def usage(self, answer: bytes) -> Usage | None:
+        """The usage of a non-streaming answer (the bill and the token ratio read it)."""
+        return completion_usage(answer)
+
+    def stream_usage(self, checker: EventChecker) -> Usage | None:
+        """The usage a relayed stream reported."""
+        return Usage.from_openai(checker.usage)

@@ -1,0 +1,184 @@
+"""Chat Completions (`POST /v1/chat/completions`) as the neutral model, and back (spec 10.3).
+
+An envelope is a message. Its items: a system or developer message is one SYSTEM item, a user
+message one USER item, an assistant message one ASSISTANT item (its text, maybe empty) and one
+TOOL_CALL per entry of `tool_calls`, a `tool` (or legacy `function`) message one TOOL_RESULT. A cut
+may fall before a user or an assistant message, so a call and its results always stay together.
+A turn starts at each user message (turn 0: what comes before the first).
+
+Each message is written to JSON once, at parse: those bytes key the caches and are what a
+rendered body carries for every message the stages left alone.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from proxy import jsonbody
+from proxy.adapters.base import Adapter, Request
+from proxy.chat_request import _too_deep, _validate_message, parse_chat_body
+from proxy.compaction.serialize import content_text
+from proxy.config import Config
+from proxy.credentials import OPENAI_HEADERS
+from proxy.hashing import message_digest
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.tokens import TokenCounter, encoding_name_for
+from proxy.upstream import is_context_overflow
+
+_KIND_OF_ROLE = {
+    "system": Kind.SYSTEM, "developer": Kind.SYSTEM, "user": Kind.USER, "assistant": Kind.ASSISTANT,
+    "tool": Kind.TOOL_RESULT, "function": Kind.TOOL_RESULT,
+}
+# Where the rendered body's messages go: a token no client can know, so no string it sent matches.
+_SPLICE = "splice-" + secrets.token_hex(16)
+
+
+class ChatAdapter(Adapter):
+    protocol = "chat"
+    upstream_path = "/chat/completions"
+    credential_headers = OPENAI_HEADERS
+
+    # -- the body ------------------------------------------------------------------------------
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
+        body = parse_chat_body(raw)
+        model = body["model"]
+        settings = cfg.model_settings(model)
+        encoding = settings.encoding or encoding_name_for(model)
+        messages = body["messages"]
+        try:
+            written = [jsonbody.dumps(m) for m in messages]
+        except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
+            raise _too_deep() from None
+        keys = [hash(w) for w in written]
+        tokens = []
+        for i, (m, k) in enumerate(zip(messages, keys)):
+            n = counter.cached(encoding, k)
+            if n is None:  # a message not seen before: checked once, then counted
+                _validate_message(m, f"messages[{i}]")
+                n = counter.count_message(m, encoding, k)
+            tokens.append(n)
+        conv = Conversation(self.envelopes(messages), tokens)
+        return Request(
+            raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
+            written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
+            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+        )
+
+    def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
+        """The messages as envelopes (tool results named after their calls)."""
+        out: list[Envelope] = []
+        turn = 0
+        for m in messages:
+            if m.get("role") == "user":
+                turn += 1
+            out.append(self.envelope(m, turn))
+        items = name_results([it for e in out for it in e.items])
+        k = 0
+        named = []
+        for e in out:
+            n = len(e.items)
+            named.append(Envelope(tuple(items[k:k + n]), e.turn, e.cut_before, e.value))
+            k += n
+        return named
+
+    def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
+        role = m.get("role")
+        kind = _KIND_OF_ROLE.get(str(role), Kind.OPAQUE)
+        content = m.get("content")
+        text = content_text(content)
+        if kind is Kind.TOOL_RESULT:
+            call_id = m.get("tool_call_id")
+            name = m.get("name")
+            items: tuple[Item, ...] = (Item(
+                Kind.TOOL_RESULT, text, call_id=call_id if isinstance(call_id, str) else None,
+                name=name if isinstance(name, str) else None, plain=_plain(content), raw=content,
+            ),)
+        else:
+            items = (Item(kind, text, plain=_plain(content), raw=content),)
+            if kind is Kind.ASSISTANT:
+                items += tuple(_call(c) for c in m.get("tool_calls") or () if isinstance(c, dict))
+        return Envelope(items, turn, role in ("user", "assistant"), m)
+
+    def render(self, request: Request, forwarded: Conversation) -> bytes:
+        original = request.conversation
+        if forwarded is original:
+            return request.raw
+        at = {id(e): i for i, e in enumerate(original.envelopes)}
+        parts = []
+        for e in forwarded.envelopes:
+            i = at.get(id(e))
+            parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
+        out = dict(request.body)
+        out["messages"] = _SPLICE
+        rest = jsonbody.dumps(out)
+        return rest.replace(b'"messages":"' + _SPLICE.encode() + b'"', b'"messages":[' + b",".join(parts) + b"]", 1)
+
+    # -- edits ---------------------------------------------------------------------------------
+    def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
+        value = dict(envelope.value)
+        value["content"] = text
+        items = list(envelope.items)
+        items[item] = replace(items[item], text=text, plain=True, raw=text)
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+
+    def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
+        """Leading system messages (the first annotated) + the summary + messages[cut:]. When the
+        first kept message is a user message the summary is merged into it, summary first, so roles
+        still alternate (several open-model chat templates reject two user turns in a row)."""
+        n_system = conv.n_system
+        envs = conv.envelopes
+        if n_system:
+            first = dict(envs[0].value)
+            first["content"] = _append_text(first.get("content"), annotation)
+            head = [self.envelope(first, envs[0].turn), *envs[1:n_system]]
+        else:
+            head = [self.envelope({"role": "system", "content": annotation}, 0)]
+        kept = envs[cut:]
+        if kept and kept[0].value.get("role") == "user":
+            merged = dict(kept[0].value)
+            merged["content"] = _prepend_text(merged.get("content"), summary)
+            head.append(self.envelope(merged, kept[0].turn))
+            return Injected([*head, *kept[1:]], len(head), cut + 1)
+        head.append(self.envelope({"role": "user", "content": summary}, kept[0].turn if kept else 0))
+        return Injected([*head, *kept], len(head), cut)
+
+    def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
+        return counter.count_message(envelope.value, encoding, message_digest(envelope.value))
+
+    # -- the wire ------------------------------------------------------------------------------
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        return is_context_overflow(status, body)
+
+
+def _call(c: dict[str, Any]) -> Item:
+    fn = c.get("function")
+    name = str(fn.get("name", "tool")) if isinstance(fn, dict) else "tool"
+    args = str(fn.get("arguments", "")) if isinstance(fn, dict) else ""
+    call_id = c.get("id")
+    return Item(Kind.TOOL_CALL, args, call_id=call_id if isinstance(call_id, str) else None, name=name, args=args, raw=c)
+
+
+def _plain(content: Any) -> bool:
+    """Text only: a string, or parts that are all text (images and files are not ours to rewrite)."""
+    return isinstance(content, str) or (
+        isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content))
+
+
+def _append_text(content: Any, text: str) -> Any:
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": text}]
+    if isinstance(content, str) and content:
+        return content + "\n\n" + text
+    return text
+
+
+def _prepend_text(content: Any, text: str) -> Any:
+    if isinstance(content, list):
+        return [{"type": "text", "text": text}, *content]
+    if isinstance(content, str) and content:
+        return text + "\n\n" + content
+    return text

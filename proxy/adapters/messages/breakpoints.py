@@ -1,0 +1,99 @@
+"""Anthropic's explicit prompt caching on a compacted request (spec 12.3), as a pure function.
+
+The API caches only up to `cache_control` breakpoints, at most 4 per request (tools, system
+blocks, message blocks, blocks inside a tool_result, and a top-level `cache_control`, which marks
+the last block, all count). Breakpoints on summarized blocks left with them; the summary block
+carries one, so the compacted prefix is written once and read from the next request on. If that
+makes more than 4, the client's oldest give way (in the cache's order: tools, system, messages),
+never the summary's and never the top-level one (it marks the newest block). A longer-lived entry
+must come before a shorter one ("1h" before "5m"), so the summary's takes the longest TTL of the
+breakpoints after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BREAKPOINTS = 4
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one breakpoint sits: ("tools", i) | ("system", j) | ("messages", i, j) |
+    ("messages", i, j, k) for block k inside the tool_result at block j."""
+
+    path: tuple[Any, ...]
+    ttl: str  # "5m" (the default) or "1h"
+
+
+def _ttl(cc: Any) -> str:
+    return str(cc.get("ttl", "5m")) if isinstance(cc, dict) else "5m"
+
+
+def slots(body: dict[str, Any]) -> list[Slot]:
+    """The request's breakpoints in cache order (the top-level cache_control not included)."""
+    out = [Slot(("tools", i), _ttl(t.get("cache_control"))) for i, t in enumerate(body.get("tools") or [])
+           if isinstance(t, dict) and t.get("cache_control") is not None]
+    system = body.get("system")
+    if isinstance(system, list):
+        out += [Slot(("system", j), _ttl(b["cache_control"])) for j, b in enumerate(system)
+                if isinstance(b, dict) and b.get("cache_control") is not None]
+    for i, m in enumerate(body.get("messages") or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, b in enumerate(content):
+            if not isinstance(b, dict):
+                continue
+            if b.get("cache_control") is not None:
+                out.append(Slot(("messages", i, j), _ttl(b["cache_control"])))
+            if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+                out += [Slot(("messages", i, j, k), _ttl(x["cache_control"])) for k, x in enumerate(b["content"])
+                        if isinstance(x, dict) and x.get("cache_control") is not None]
+    return out
+
+
+def summary_ttl(body: dict[str, Any], after: tuple[Any, ...]) -> dict[str, Any]:
+    """The summary's cache_control: "1h" when a breakpoint after `after` (its own path) lives an
+    hour, else the default."""
+    later = [s for s in slots(body) if s.path > after and s.path[0] == "messages"]
+    return {"type": "ephemeral", "ttl": "1h"} if any(s.ttl == "1h" for s in later) else {"type": "ephemeral"}
+
+
+def fit(body: dict[str, Any], keep: tuple[Any, ...] | None = None) -> tuple[dict[str, Any], list[Slot]]:
+    """`body` with at most 4 breakpoints, and the client's that gave way. `keep` is the path of the
+    summary's breakpoint. Copies only what it changes."""
+    found = slots(body)
+    over = len(found) + (body.get("cache_control") is not None) - MAX_BREAKPOINTS
+    if over <= 0:
+        return body, []
+    dropped = [s for s in found if s.path != keep][:over]
+    out = dict(body)
+    for s in dropped:
+        _strip(out, s.path)
+    return out, dropped
+
+
+def _strip(body: dict[str, Any], path: tuple[Any, ...]) -> None:
+    """Remove the cache_control at `path`, copying each container on the way (copy on write: the
+    client's objects are never changed). Each step after the first indexes a list: the body's list
+    at path[0], then a message's (or tool_result's) content."""
+    node: Any = body
+    key: Any = path[0]
+    for step in path[1:]:
+        child = node[key]
+        child = list(child) if isinstance(child, list) else dict(child)
+        node[key] = child
+        node = child
+        if isinstance(node, dict):  # a message or a tool_result: go into its content
+            content = node["content"]
+            node["content"] = list(content)
+            node = node["content"]
+        key = step
+    node[key] = {k: v for k, v in node[key].items() if k != "cache_control"}
+
+
+def count(body: dict[str, Any]) -> int:
+    return len(slots(body)) + (body.get("cache_control") is not None)
+

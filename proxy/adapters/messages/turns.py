@@ -1,0 +1,80 @@
+"""Where a Messages history may be cut and how the kept part is put back together (spec 12.2),
+as pure functions over the request's `messages`.
+
+A turn is a message: its blocks (text, tool_use, thinking ...) stay together, so cuts fall between
+messages. Consecutive messages of one role are one turn to the API (it merges them), so a cut falls
+only where the role changes. A user turn that carries tool_result blocks answers the assistant turn
+before it: no cut right before it, so every kept result keeps its call, and the assistant turn whose
+calls the kept part answers is kept whole with its signed thinking (which the proxy never edits).
+The forwarded history starts with the summary as a user message; when the first kept message is a
+user message the summary merges into it as its first block, so roles still alternate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.adapters.messages.body import blocks
+
+SUMMARY_CACHE = {"type": "ephemeral"}
+
+
+def _types(msg: dict[str, Any]) -> list[str]:
+    return [b.get("type") for b in blocks(msg.get("content")) if isinstance(b, dict)]
+
+
+def cut_allowed(messages: list[dict[str, Any]]) -> list[bool]:
+    """For each index i: may messages[:i] be summarized and messages[i:] kept?"""
+    out = [False] * len(messages)
+    for i in range(1, len(messages)):
+        role = messages[i].get("role")
+        if role == messages[i - 1].get("role"):
+            continue  # inside one API turn
+        out[i] = role == "assistant" or "tool_result" not in _types(messages[i])
+    return out
+
+
+def native_compaction(body: dict[str, Any]) -> str | None:
+    """Why the client's own (Anthropic's) compaction covers this request, or None (spec 12.5):
+    `context_management` (context editing, the compact edit), or `compaction` blocks in the
+    history. The proxy then does not compact the history; tool notes still apply."""
+    if body.get("context_management") is not None:
+        return "the request asks for Anthropic's context management"
+    for m in body.get("messages") or ():
+        if isinstance(m, dict) and "compaction" in _types(m):
+            return "the history carries Anthropic compaction blocks"
+    return None
+
+
+def summary_block(text: str, cache_control: dict[str, Any] | None = SUMMARY_CACHE) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "text", "text": text}
+    if cache_control is not None:
+        block["cache_control"] = cache_control
+    return block
+
+
+def with_summary(kept: list[dict[str, Any]], block: dict[str, Any]) -> list[dict[str, Any]]:
+    """The forwarded history: the summary block first, merged into the first kept message when
+    that is a user message (a new, copied message; the others are the client's own objects)."""
+    if kept and kept[0].get("role") == "user":
+        first = kept[0]
+        content = first.get("content")
+        rest = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        return [{**first, "content": [block, *rest]}, *kept[1:]]
+    return [{"role": "user", "content": [block]}, *kept]
+
+
+def with_annotation(system: Any, text: str) -> list[dict[str, Any]]:
+    """`system` with the proxy's annotation as one more text block at its end (a string system
+    becomes one text block first; the client's blocks keep their bytes and breakpoints)."""
+    if isinstance(system, str):
+        head = [{"type": "text", "text": system}] if system else []
+    else:
+        head = list(system or [])
+    return [*head, {"type": "text", "text": text}]
+
+
+def with_note(block: dict[str, Any], note: str) -> dict[str, Any]:
+    """A tool_result whose content is replaced by the proxy's note: id, is_error and the client's
+    breakpoint kept."""
+    return {**block, "content": [{"type": "text", "text": note}]}

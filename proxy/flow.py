@@ -1,0 +1,119 @@
+"""One request, one flow (spec 10.1): everything the stages know about a request, in one object.
+
+A handler parses the body with its protocol's adapter, builds a Flow, runs the stages' `request`
+hooks in order, and forwards `flow.body()`. When the upstream answers that the request was too long
+for its window, the stages' `overflow` hooks run (in order, until one says to retry) and the new
+`flow.body()` is forwarded once more. Stages read and replace `flow.forwarded` (the neutral model,
+proxy/model.py) and fill `flow.report`; they never see the protocol, and never touch
+`flow.request.body`. Store keys derive only from the client's original envelopes
+(`flow.request.digests`), never from what a stage rewrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from proxy.adapters.base import Adapter, Request
+from proxy.model import Conversation
+
+
+@dataclass
+class Identity:
+    """Who the request is for."""
+
+    scope: str  # HMAC of the credential (+ session): the store namespace
+    upstream_headers: dict[str, str]  # the client's credentials: the proxy's own upstream calls carry them
+    focus: str | None = None  # x-compaction-focus: what the summary should keep
+    conversation: str = ""  # digest naming the conversation (journal, bill)
+
+
+@dataclass
+class Report:
+    """What the stages did: it becomes the x-compaction-* headers (and the journal's event)."""
+
+    tokens_before: int
+    status: str = "none"  # none | summarized | reused | masked | degraded | failed-open | bypassed
+    tokens_after: int | None = None  # None: as before
+    tool_results: int = 0  # tool results forwarded as notes
+    wait_ms: float = 0.0  # time the request waited for summaries
+    reason: str = ""  # why a compaction fell short, when it did
+    record: Any = None  # the summary record applied (the journal reads it)
+
+    def headers(self) -> dict[str, str]:
+        after = self.tokens_after if self.tokens_after is not None else self.tokens_before
+        return {
+            "x-compaction-status": self.status,
+            "x-compaction-tokens-before": str(self.tokens_before),
+            "x-compaction-tokens-after": str(after),
+            "x-compaction-tool-results": str(self.tool_results),
+            "x-compaction-wait-ms": str(int(round(self.wait_ms))),
+        }
+
+
+@dataclass
+class Flow:
+    adapter: Adapter
+    request: Request  # the client's request, parsed: its conversation is `original`
+    identity: Identity
+    report: Report
+    forwarded: Conversation  # what goes upstream: `original` itself until a stage replaces it
+    # what `forwarded` was when a stage marked it (the compaction stage marks its input, so an
+    # overflow retry starts again from there)
+    marks: dict[str, Conversation] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, adapter: Adapter, request: Request, identity: Identity) -> "Flow":
+        return cls(adapter, request, identity, Report(tokens_before=request.total()), request.conversation)
+
+    @property
+    def original(self) -> Conversation:
+        return self.request.conversation
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def changed(self) -> bool:
+        """Whether a stage replaced anything: if not, the client's bytes go upstream."""
+        return self.forwarded is not self.request.conversation
+
+    def total(self, conv: Conversation | None = None) -> int:
+        """The proxy's count of a request forwarding `conv` (the forwarded conversation by default)."""
+        return self.request.total(self.forwarded if conv is None else conv)
+
+    def body(self) -> bytes:
+        """The bytes to forward."""
+        return self.adapter.render(self.request, self.forwarded)
+
+
+class Stage:
+    """A step of every request, named by the events it handles. The defaults do nothing."""
+
+    async def request(self, flow: Flow) -> None:
+        """Before the upstream call: may replace flow.forwarded and fill flow.report."""
+
+    async def overflow(self, flow: Flow) -> bool:
+        """The upstream said the forwarded request was too long: True when flow.forwarded was made
+        smaller and the request should be sent again."""
+        return False
+
+    async def running(self) -> None:
+        """The proxy started: begin any background work."""
+
+    async def done(self) -> None:
+        """The proxy is stopping: end the background work."""
+
+
+async def run_request(stages: Sequence[Stage], flow: Flow) -> None:
+    for stage in stages:
+        await stage.request(flow)
+
+
+async def run_overflow(stages: Sequence[Stage], flow: Flow) -> bool:
+    """The first stage that can make the request smaller does; False when none can."""
+    for stage in stages:
+        if await stage.overflow(flow):
+            return True
+    return False

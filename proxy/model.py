@@ -1,0 +1,142 @@
+"""The neutral conversation model (spec 10.2): what every stage reads, whatever the wire protocol.
+
+A conversation is an ordered list of envelopes, the protocol's own containers (a chat message, a
+Responses input item, a Messages message). Each envelope holds one or more items, the smallest
+units a stage reasons about: a system or user text, an assistant text, a tool call, a tool result,
+or something opaque (reasoning with encrypted content, a signed thinking block, a provider's
+compaction item, a type nobody knows), which is carried byte for byte or dropped whole with its
+turn, never edited.
+
+Stages keep, drop or rewrite whole envelopes, and the only rewrite inside one is a tool result's
+output. They never see a protocol field name: the adapter (proxy/adapters/) turns a body into this
+model and an edited model back into a body, and `value` (the envelope's JSON) is only ever handed
+back to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from functools import cached_property
+from typing import Any, Iterable, Sequence
+
+
+class Kind(str, Enum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    OPAQUE = "opaque"
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    kind: Kind
+    text: str = ""  # counted and shown to the summarizer: a message's text, a call's arguments, a result's output
+    call_id: str | None = None  # pairs a TOOL_CALL with its TOOL_RESULT
+    name: str | None = None  # the tool's name (a result: of the latest call with its id before it)
+    args: str = ""  # a TOOL_CALL's arguments (JSON text); a TOOL_RESULT: its call's
+    is_error: bool = False  # a TOOL_RESULT the tool reported as failed
+    plain: bool = True  # only text inside: a TOOL_RESULT whose output a note may replace
+    raw: Any = None  # the original JSON of this part of its envelope (adapters only)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One protocol container: its items and where it may be cut."""
+
+    items: tuple[Item, ...]
+    turn: int  # index of the turn it belongs to (a user request and everything that answers it)
+    cut_before: bool  # a cut may fall right before it (the adapter decides: never inside a pair)
+    value: Any  # the envelope's JSON: what goes upstream while it is unchanged (adapters only)
+
+    @property
+    def kind(self) -> Kind:
+        """The kind of its first item: what the envelope is (an assistant message with calls is ASSISTANT)."""
+        return self.items[0].kind if self.items else Kind.OPAQUE
+
+    @property
+    def result(self) -> Item | None:
+        """Its tool result, when the envelope is exactly one (what masking and clamping rewrite)."""
+        if len(self.items) == 1 and self.items[0].kind is Kind.TOOL_RESULT:
+            return self.items[0]
+        return None
+
+    @property
+    def text(self) -> str:
+        """The text of its non-call items, joined (a user's request, an assistant's answer)."""
+        return "\n".join(it.text for it in self.items if it.kind is not Kind.TOOL_CALL and it.text)
+
+    @property
+    def calls(self) -> list[Item]:
+        return [it for it in self.items if it.kind is Kind.TOOL_CALL]
+
+
+@dataclass
+class Conversation:
+    """Envelopes with their token counts (the counts of what would be forwarded: a stage that
+    rewrites an envelope counts the new one through the adapter)."""
+
+    envelopes: list[Envelope]
+    tokens: list[int]
+
+    def __len__(self) -> int:
+        return len(self.envelopes)
+
+    @cached_property
+    def n_system(self) -> int:
+        """Leading SYSTEM envelopes: never summarized, the annotation goes to the first."""
+        n = 0
+        for e in self.envelopes:
+            if e.kind is not Kind.SYSTEM:
+                break
+            n += 1
+        return n
+
+    @property
+    def values(self) -> list[Any]:
+        return [e.value for e in self.envelopes]
+
+    def items(self, start: int = 0, end: int | None = None) -> Iterable[Item]:
+        for e in self.envelopes[start:end]:
+            yield from e.items
+
+    def with_envelopes(self, changed: dict[int, tuple[Envelope, int]]) -> "Conversation":
+        """A copy with envelopes replaced (index -> (envelope, its tokens)); self is unchanged."""
+        envs, tokens = list(self.envelopes), list(self.tokens)
+        for i, (env, n) in changed.items():
+            envs[i], tokens[i] = env, n
+        return Conversation(envs, tokens)
+
+
+def calls_by_id(items: Iterable[Item]) -> dict[str, tuple[str, str]]:
+    """call id -> (tool name, arguments) of the calls among `items` (a later call with a reused id wins)."""
+    return {it.call_id: (it.name or "tool", it.args) for it in items if it.kind is Kind.TOOL_CALL and it.call_id is not None}
+
+
+def name_results(items: Sequence[Item]) -> list[Item]:
+    """Results named (and given the arguments of) the latest call with their id before them (agents reuse call ids across
+    turns, so a map over the whole conversation would name an earlier result after a later call);
+    a result no call answers keeps the name it came with."""
+    calls: dict[str, Item] = {}
+    out = []
+    for it in items:
+        if it.kind is Kind.TOOL_CALL and it.call_id is not None:
+            calls[it.call_id] = it
+        elif it.kind is Kind.TOOL_RESULT and it.call_id in calls:
+            call = calls[it.call_id]  # type: ignore[index]
+            it = replace(it, name=call.name or "tool", args=call.args)
+        out.append(it)
+    return out
+
+
+@dataclass(frozen=True)
+class Injected:
+    """The forwarded envelopes once a summary replaced the start of the history (an adapter's
+    `inject`): `head` new envelopes (system part, summary, a merged first kept one) to be counted,
+    then the kept envelopes from `tail_start` on, unchanged."""
+
+    envelopes: list[Envelope]
+    head: int
+    tail_start: int

@@ -1,0 +1,165 @@
+"""The Responses routes' entry points: `GET /v1/responses` upgraded to a WebSocket (anything else
+on it is passed through, as OpenAI's own GET routes are) and `POST /v1/responses/compact`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from yarl import URL
+
+from proxy import credentials, errors, jsonbody
+from proxy.compaction.summarizer import SummaryJob, summarizer_headers
+from proxy.forward import (
+    UPSTREAM_ERRORS,
+    BodyPace,
+    client_timeout,
+    map_client_error,
+    passthrough,
+    read_body,
+    relay,
+    upstream_request_headers,
+    upstream_url,
+)
+from proxy.responses import compact
+from proxy.responses.items import input_items, item_type, parse_items, system_count
+from proxy.responses.runtime import RESPONSES, ResponsesRuntime
+from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
+from proxy.state import STATE
+from proxy.upstream import SummarizerError
+
+log = logging.getLogger("proxy.responses")
+
+
+def websocket_url(base_url: str, request: web.Request) -> str:
+    """The upstream's /responses as a ws:// or wss:// URL, with the client's query string."""
+    url = URL(base_url + "/responses", encoded=True)
+    url = url.with_scheme({"http": "ws", "https": "wss"}.get(url.scheme, url.scheme))
+    query = request.rel_url.raw_query_string
+    return str(url) + (f"?{query}" if query else "")
+
+
+async def _as_sent(event: dict[str, Any], raw: str) -> WsTurn:
+    return WsTurn(raw)
+
+
+def is_websocket_upgrade(request: web.Request) -> bool:
+    return request.headers.get("Upgrade", "").lower() == "websocket" and request.method == "GET"
+
+
+async def handle_responses_get(request: web.Request, prepare: Prepare | None = None) -> web.StreamResponse:
+    state = request.app[STATE]
+    cfg = state.cfg
+    if not is_websocket_upgrade(request):
+        return await passthrough(request, state.session, cfg.upstream, state.max_body, BodyPace.of(cfg.server))
+    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
+    return await relay_websocket(request, state.session, websocket_url(cfg.upstream.base_url, request), headers,
+                                 prepare or _as_sent, state.max_body)
+
+
+# ---- /v1/responses/compact -------------------------------------------------------------------
+
+NOT_SERVED = (404, 405)  # how a server without /responses/compact answers
+
+
+async def handle_compact(request: web.Request) -> web.StreamResponse:
+    """Passed through to an upstream that serves it; served here when it does not (or when
+    `responses.serve_compact` is set). Our own compaction items in the input are expanded first
+    either way: no upstream can read them."""
+    state = request.app[STATE]
+    cfg = state.cfg
+    rt = request.app[RESPONSES]
+    raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
+    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key)
+    body = _parse(raw)
+    items = input_items(body)
+    if not cfg.responses.serve_compact and rt.upstream_compact is not False:
+        data = raw
+        if compact.has_own(items):
+            expanded = await compact.expand(items, state.store, state.scope_secret, creds.scope, state.prompts)
+            data = jsonbody.dumps({**body, "input": expanded})
+        headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
+        headers["Content-Type"] = "application/json"
+        try:
+            async with state.session.post(
+                upstream_url(cfg.upstream.base_url, request, "/responses/compact"), data=data, headers=headers,
+                timeout=client_timeout(cfg.upstream, streaming=False), allow_redirects=False,
+            ) as upstream:
+                if upstream.status not in NOT_SERVED:
+                    rt.upstream_compact = True
+                    return await relay(request, upstream)
+                await upstream.read()
+        except UPSTREAM_ERRORS as e:
+            raise map_client_error(e) from None
+        log.info("the upstream does not serve /responses/compact (HTTP %d); serving it here", upstream.status)
+        rt.upstream_compact = False
+    return web.json_response(await serve_compact(state, rt, body, creds, request.headers.get("x-compaction-focus")))
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = jsonbody.loads(raw)
+    except jsonbody.DuplicateKeys as e:
+        raise errors.bad_request(f"Duplicate keys in the request body: {', '.join(e.names)}.", code="duplicate_keys") from None
+    except (ValueError, RecursionError):
+        raise errors.bad_request("The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise errors.bad_request("The request body must be a JSON object.", code="invalid_type")
+    if not isinstance(body.get("model"), str):
+        raise errors.bad_request("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+    inp = body.get("input")
+    if inp is not None and not isinstance(inp, (str, list)):
+        raise errors.bad_request("Invalid type for 'input': expected a string or an array of input items.",
+                                 param="input", code="invalid_type")
+    return body
+
+
+async def serve_compact(state: Any, rt: ResponsesRuntime, body: dict[str, Any], creds: credentials.Credentials,
+                        focus: str | None) -> dict[str, Any]:
+    """The compaction made here: the span after our last compaction item summarized (updating
+    that item's summary), stored, and named by a signed token."""
+    cfg = state.cfg
+    if creds.scope is None:
+        raise errors.bad_request("Compaction needs a credential (or an x-compaction-session id) to keep its summary "
+                                 "under.", code="missing_credentials")
+    items = input_items(body)
+    records = await compact.own_records(items, state.store, state.scope_secret, creds.scope)
+    last = max(records) if records else -1
+    previous = records[last].summary if records else None
+    entries = parse_items(items)
+    start = max(last + 1, system_count(entries))
+    blocks = compact.transcript([e for e in entries[start:] if not compact.is_own(e.raw)])
+    users = [it for it in items if item_type(it) == "message" and it.get("role") == "user"]
+    model = cfg.compaction.summarizer.model or cfg.compaction.summarizer_model or body["model"]
+    counted = sum(rt.summarizer.count(b) for b in blocks)
+    if not blocks:
+        if previous is None:
+            raise errors.bad_request("Nothing to compact: the input has no conversation items.", param="input")
+        summary = previous
+    else:
+        job = SummaryJob(
+            headers=summarizer_headers(cfg.compaction.summarizer, creds.headers),
+            model=model,
+            window=cfg.context_window(model),
+            output_cap=state.compaction.budget_for(model).output_cap,
+            timeout_s=cfg.compaction.summarizer_timeout_s,
+            focus=focus or cfg.compaction.focus,
+            max_calls=cfg.compaction.max_fold_calls,
+            purpose="compact",
+        )
+        try:
+            summary = await rt.summarizer.summarize(job, blocks, previous)
+        except SummarizerError as e:
+            raise errors.ProxyError(502, f"Compaction failed: {e}", type="upstream_error",
+                                    code="compaction_failed") from None
+    rid = compact.record_id(creds.scope, body)
+    record = compact.CompactRecord(summary=summary, model=model, created=time.time())
+    await state.store.put(compact.record_key(creds.scope, rid), record.to_bytes())
+    out_tokens = rt.summarizer.count(summary)
+    usage = {"input_tokens": counted, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
+             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": counted + out_tokens}
+    return compact.compacted_response(rid, compact.sign(state.scope_secret, creds.scope, rid), users, usage)

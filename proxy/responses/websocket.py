@@ -1,0 +1,257 @@
+"""WebSocket mode of the Responses API on `/v1/responses` (spec 11.3), aiohttp on both sides.
+
+One upstream socket per client socket, opened before the client's handshake is answered (so an
+upstream that refuses it, 401 or 404, refuses the client the same way). Each client
+`response.create` is one request: the route's `prepare` hook gives the message to send upstream
+(tool notes, compaction, reuse, as for an HTTP body) and, optionally, how to retry it compacted
+after an overflow. Server events go back in the order they came; each is checked (JSON with a
+type), and a response's opening events are held until it shows output, so that an overflow
+(an `error` event with `context_length_exceeded`, or `response.failed` with it, before any
+output) can be retried without the client seeing the failed attempt.
+
+Closing: either side's close is passed on with its code; an upstream that dies (connection lost,
+no close frame) or sends what is not an event gives the client an `error` event and a close frame
+(1011), never a dropped connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import WSMsgType, web
+from multidict import CIMultiDict
+
+from proxy import errors
+from proxy.forward import map_client_error
+from proxy.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
+
+log = logging.getLogger("proxy.responses.ws")
+
+# Handshake headers aiohttp makes anew for its own connection upstream.
+_HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                        "sec-websocket-protocol", "sec-websocket-accept"})
+_UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that report a state and never go in a close frame
+ABNORMAL = 1011
+
+
+@dataclass
+class WsTurn:
+    """One client message on its way upstream."""
+
+    message: str  # what goes upstream
+    retry: Callable[[], Awaitable[str | None]] | None = None  # the compacted message after an overflow
+    done: Callable[[dict[str, Any] | None], None] | None = None  # told the final event (usage)
+    expects_reply: bool = True  # a response.create (or an unknown message the upstream answers with an error)
+    held: list[str] = field(default_factory=list)  # opening events not yet relayed
+    output_started: bool = False
+    retried: bool = False
+
+
+Prepare = Callable[[dict[str, Any], str], Awaitable[WsTurn]]
+
+
+def handshake_headers(incoming: CIMultiDict[str] | Any, base: CIMultiDict[str]) -> CIMultiDict[str]:
+    """The forwarded request headers (`base`, already filtered) minus the WebSocket handshake's."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in base.items():
+        if k.lower() not in _HANDSHAKE:
+            out.add(k, v)
+    return out
+
+
+def ws_error(err: errors.ProxyError) -> str:
+    """OpenAI's WebSocket error event: the HTTP status it stands for and the error object."""
+    return orjson.dumps({"type": "error", "status": err.status, "error": {
+        "type": err.type, "code": err.code, "message": err.message, "param": err.param}}).decode()
+
+
+def _event(data: str) -> dict[str, Any] | None:
+    try:
+        ev = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return ev if isinstance(ev, dict) and isinstance(ev.get("type"), str) else None
+
+
+def is_overflow_event(ev: dict[str, Any]) -> bool:
+    if ev["type"] == "error":
+        err = ev.get("error") if isinstance(ev.get("error"), dict) else ev
+        return err.get("code") == OVERFLOW_CODE
+    return ev["type"] == "response.failed" and is_overflow_failure(ev.get("response"))
+
+
+async def relay_websocket(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: CIMultiDict[str],
+    prepare: Prepare,
+    max_msg_size: int,
+) -> web.StreamResponse:
+    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+    try:
+        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, max_msg_size=max_msg_size,
+                                            autoping=True)
+    except aiohttp.WSServerHandshakeError as e:
+        raise errors.ProxyError(e.status if e.status >= 400 else 502,
+                                f"The upstream refused the WebSocket ({e.status} {e.message}).",
+                                type="upstream_error" if e.status >= 500 or e.status < 400 else "invalid_request_error",
+                                code="websocket_refused") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise map_client_error(e) from None
+    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (),
+                                   max_msg_size=max_msg_size, autoping=True)
+    try:
+        await client.prepare(request)
+    except Exception:
+        await upstream.close()
+        raise
+    turns: deque[WsTurn] = deque()
+    relay = _Relay(client, upstream, turns)
+    down = relay.down = asyncio.create_task(relay.downstream())
+    try:
+        await relay.upstream_side(prepare)
+    finally:
+        if not down.done():
+            down.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await down
+        if not upstream.closed:
+            await upstream.close()
+    return client
+
+
+class _Relay:
+    def __init__(self, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse,
+                 turns: deque[WsTurn]) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.turns = turns
+        self.send_lock = asyncio.Lock()  # client messages and overflow retries go up one at a time
+        self.down: asyncio.Task[None] | None = None  # the downstream task
+
+    async def upstream_side(self, prepare: Prepare) -> None:
+        """Client -> upstream, in order; returns when the client is gone or the upstream closed."""
+        code: int | None = None
+        while not self.upstream.closed:
+            msg = await self.client.receive()
+            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                # The code from the client's close frame (aiohttp's own reply to it reads 1000).
+                code = msg.data if msg.type == WSMsgType.CLOSE else None
+                break
+            if msg.type == WSMsgType.TEXT:
+                ev = _event(msg.data)
+                if ev is not None and ev["type"] == "response.create":
+                    try:
+                        turn = await prepare(ev, msg.data)
+                    except errors.ProxyError as e:  # the client's mistake: answered on the socket
+                        await self._to_client(ws_error(e))
+                        continue
+                else:
+                    turn = WsTurn(msg.data)
+                await self._send_up(turn)
+            elif msg.type == WSMsgType.BINARY:
+                async with self.send_lock:
+                    self.turns.append(WsTurn("", expects_reply=True))
+                    await self.upstream.send_bytes(msg.data)
+        # The client closed (or went away): close the upstream with its code. The downstream
+        # task stops reading first: aiohttp's receive, woken by a close from another task,
+        # closes the socket itself with 1000 before the caller's code can go out.
+        if self.down is not None and not self.down.done():
+            self.down.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.down
+        if not self.upstream.closed:
+            await self.upstream.close(code=code if code and code not in _UNSENDABLE else 1000)
+
+    async def _send_up(self, turn: WsTurn) -> None:
+        async with self.send_lock:
+            self.turns.append(turn)
+            try:
+                await self.upstream.send_str(turn.message)
+            except (ConnectionResetError, aiohttp.ClientError):
+                pass  # the downstream side sees the upstream gone and tells the client
+
+    async def _to_client(self, data: str) -> bool:
+        if self.client.closed:
+            return False
+        try:
+            await self.client.send_str(data)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            return False
+        return True
+
+    async def downstream(self) -> None:
+        """Upstream -> client, in order, until either side closes."""
+        while True:
+            msg = await self.upstream.receive()
+            if msg.type == WSMsgType.TEXT:
+                ev = _event(msg.data)
+                if ev is None:
+                    log.warning("upstream WebSocket sent a message that is not a Responses event")
+                    await self._fail(errors.upstream_bad_response("a WebSocket message is not a Responses event"))
+                    return
+                if not await self._on_event(ev, msg.data):
+                    return
+            elif msg.type == WSMsgType.BINARY:
+                if not self.client.closed:
+                    await self.client.send_bytes(msg.data)
+            elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                code = self.upstream.close_code
+                if msg.type == WSMsgType.CLOSE and code is not None and code not in _UNSENDABLE:
+                    if not self.client.closed:
+                        await self.client.close(code=code, message=(msg.extra or "").encode()[:120])
+                    return
+                if self.client.closed:
+                    return
+                await self._fail(errors.upstream_unreachable("the upstream WebSocket closed without a close frame"))
+                return
+
+    async def _fail(self, err: errors.ProxyError) -> None:
+        await self._to_client(ws_error(err))
+        if not self.client.closed:
+            await self.client.close(code=ABNORMAL)
+        if not self.upstream.closed:
+            await self.upstream.close(code=ABNORMAL)
+
+    async def _on_event(self, ev: dict[str, Any], data: str) -> bool:
+        """One upstream event; False when the relay is over."""
+        turn = self.turns[0] if self.turns else None
+        if turn is None:
+            return await self._to_client(data)
+        etype = ev["type"]
+        end = etype in END_EVENTS or etype == "error"
+        if not turn.output_started and is_overflow_event(ev) and turn.retry is not None and not turn.retried:
+            turn.retried = True
+            try:
+                again = await turn.retry()
+            except Exception:
+                log.exception("compacting for the WebSocket overflow retry failed unexpectedly")
+                again = None
+            if again is not None:
+                log.info("upstream rejected a WebSocket request for length; retrying compacted")
+                turn.held.clear()
+                turn.message = again
+                async with self.send_lock:
+                    await self.upstream.send_str(again)
+                return True
+        if not turn.output_started and etype in PREAMBLE and not end:
+            turn.held.append(data)
+            return True
+        turn.output_started = True
+        for held in turn.held:
+            if not await self._to_client(held):
+                return False
+        turn.held.clear()
+        if end:
+            self.turns.popleft()
+            if turn.done is not None:
+                turn.done(ev)
+        return await self._to_client(data)

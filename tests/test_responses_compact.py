@@ -1,0 +1,108 @@
+"""/v1/responses/compact (issue 14 item 7, spec 11.4): passed through to an upstream that serves
+it; served here, with the proxy's own signed token, when it does not; our token bound to its
+credential (another credential's or an altered one is a 400, never expanded); the token format."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from openai import BadRequestError
+
+from proxy.fakes.responses import FakeResponses
+from proxy.responses import compact
+
+MODEL = "gpt-5"
+
+
+def user(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def assistant(text: str) -> dict:
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+
+HISTORY = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+    user("Fix the rounding bug in src/ledger/posting.py (LEDGER-4211)."),
+    {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": '{"cmd": "pytest -q"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": "FAILED tests/test_posting.py::test_split_rounding"},
+    assistant("The split rounding loses a cent; fixed in split_posting."),
+    user("Now run the whole suite."),
+]
+
+
+def test_tokens_are_bound_to_their_scope_and_unforgeable() -> None:
+    secret, rid = b"s" * 32, bytes(range(16))
+    token = compact.sign(secret, "scope-a", rid)
+    assert token.startswith("cpx1.") and "=" not in token
+    assert compact.verify(secret, "scope-a", token) == rid
+    assert compact.verify(secret, "scope-b", token) is None  # another credential
+    assert compact.verify(b"t" * 32, "scope-a", token) is None  # another proxy's secret
+    raw = bytearray(base64.urlsafe_b64decode(token[5:] + "=="))
+    raw[3] ^= 1  # point it at another record
+    assert compact.verify(secret, "scope-a", "cpx1." + base64.urlsafe_b64encode(bytes(raw)).decode()) is None
+    assert compact.verify(secret, "scope-a", "cpx1.not-base64!!") is None
+    assert compact.verify(secret, "scope-a", "gAAAAABo-openai-token") is None
+
+
+async def test_served_here_when_the_upstream_has_no_compact(make_proxy, client_for):
+    async with FakeResponses(serve_compact=False) as fake:
+        proxy = await make_proxy(fake.base_url)
+        c = client_for(proxy, "sk-test")
+        out = await c.responses.compact(model=MODEL, input=HISTORY)
+        types = [o.type for o in out.output]
+        assert types == ["message", "message", "compaction"]  # the user messages, then our item
+        assert [o.content[0].text for o in out.output[:2]] == [HISTORY[1]["content"][0]["text"],
+                                                               HISTORY[5]["content"][0]["text"]]
+        item = out.output[-1]
+        assert item.encrypted_content.startswith("cpx1.") and item.created_by == "compaction-proxy"
+        # the upstream was asked once (404), then summarized in its own protocol
+        assert [r.kind for r in fake.requests] == ["compact", "summarizer"]
+        assert fake.requests[0].path == "/v1/responses/compact" and fake.requests[0].status == 404
+        summarizer = fake.summarizer_requests[-1]
+        assert "LEDGER-4211" in str(summarizer["input"]) and summarizer["store"] is False
+        assert out.usage.output_tokens > 0
+        # Learned: the next compact is served here without asking the upstream again, and a
+        # compact carrying our item updates its summary (a previous summary in the call).
+        again = await c.responses.compact(model=MODEL, input=[*[o.model_dump(exclude_none=True) for o in out.output],
+                                                              user("And commit it.")])
+        assert [r.path for r in fake.requests].count("/v1/responses/compact") == 1
+        assert "<previous-summary>" in fake.summarizer_requests[-1]["input"][0]["content"]
+        assert again.output[-1].encrypted_content != item.encrypted_content
+        assert [o.type for o in again.output] == ["message", "message", "message", "compaction"]
+
+
+async def test_another_credentials_or_an_altered_token_is_a_400(make_proxy, client_for):
+    async with FakeResponses(serve_compact=False) as fake:
+        proxy = await make_proxy(fake.base_url)
+        out = await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=HISTORY)
+        carried = [o.model_dump(exclude_none=True) for o in out.output]
+        before = len(fake.requests)
+        with pytest.raises(BadRequestError) as e:
+            await client_for(proxy, "sk-bob").responses.compact(model=MODEL, input=[*carried, user("more")])
+        assert e.value.code == "invalid_encrypted_content" and e.value.param == "input[2].encrypted_content"
+        tampered = [*carried[:-1], {**carried[-1], "encrypted_content": carried[-1]["encrypted_content"][:-2] + "AA"}]
+        with pytest.raises(BadRequestError) as e:
+            await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=[*tampered, user("more")])
+        assert e.value.code == "invalid_encrypted_content"
+        assert len(fake.requests) == before  # nothing of either went upstream
+
+
+async def test_passed_through_when_the_upstream_serves_it(make_proxy, client_for):
+    async with FakeResponses() as fake:
+        proxy = await make_proxy(fake.base_url)
+        out = await client_for(proxy, "sk-test").responses.compact(model=MODEL, input=HISTORY)
+        assert out.output[-1].type == "compaction" and out.output[-1].created_by == "fake-responses"
+        assert not out.output[-1].encrypted_content.startswith("cpx1.")
+        assert [r.kind for r in fake.requests] == ["compact"] and fake.summarizer_requests == []
+        assert fake.compact_requests[0]["input"] == HISTORY  # untouched
+
+
+async def test_serve_compact_setting_serves_it_here_regardless(make_proxy, client_for):
+    async with FakeResponses() as fake:
+        proxy = await make_proxy(fake.base_url, {"responses": {"serve_compact": True}})
+        out = await client_for(proxy, "sk-test").responses.compact(model=MODEL, input=HISTORY)
+        assert out.output[-1].encrypted_content.startswith("cpx1.")
+        assert fake.compact_requests == [] and len(fake.summarizer_requests) == 1
