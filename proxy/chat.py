@@ -42,9 +42,7 @@ from proxy.forward import (
 from proxy.hashing import conversation_digest
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
-from proxy.recall.chat import Reply, chat_parts, declare
 from proxy.recall.session import RecallSession
-from proxy.recall.tool import chat_declaration, client_tool_names
 from proxy.ops.events import compaction_event, completion_usage, is_event
 from proxy.ops.exchange import EXCHANGE, Exchange, Prefix, Usage
 from proxy.state import STATE, ProxyState
@@ -125,8 +123,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
 
     recall = None
-    if state.recall is not None and messages is not conv.messages and (body.get("n") or 1) == 1:
-        recall = await _declare_recall(state, conv, messages, body, ctx)
+    if state.recall is not None:
+        recall = await recall_chat.prepare(state.recall, state.prompts, ctx.scope, conv.messages, messages,
+                                           conv.n_system, body, conv.encoding)
         if recall is not None:
             body = recall[1]
             out_raw = await offload.sized(len(raw), _dump, body, messages)
@@ -149,18 +148,6 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         log.info("chat %s: %s", conv.model, recall[0].summary())
     _learn_ratio(state, conv, after, resp, ex.usage)
     return resp
-
-
-async def _declare_recall(state: ProxyState, conv: Conversation, messages: list[Any], body: dict[str, Any],
-                          ctx: RequestContext) -> tuple[RecallSession, dict[str, Any]] | None:
-    """Keep the originals of what this request replaced; when it replaced anything, the request's
-    recall session and the body with the recall tool declared."""
-    assert state.recall is not None
-    if not await state.recall.keep(ctx.scope, chat_parts(conv.messages), chat_parts(messages), conv.n_system):
-        return None
-    name = state.recall.name_for(client_tool_names(body.get("tools")))
-    declared = declare({**body, "messages": messages}, chat_declaration(name, state.prompts))
-    return state.recall.session(ctx.scope, name, conv.encoding), declared
 
 
 def _learn_ratio(state: ProxyState, conv: Conversation, after: int, resp: web.StreamResponse, usage: Any) -> None:
@@ -313,7 +300,7 @@ async def _forward(
                 if not _checkable_stream(upstream):
                     resp = await relay_completion(request, upstream, extra)
                     if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
-                        resp = await _recall_whole(state, url, headers, timeout, resp, recall)
+                        resp = await recall_chat.answer_whole(state.session, url, headers, timeout, resp, *recall)
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response):
                         ex.usage = completion_usage(resp.body)
@@ -349,27 +336,6 @@ async def _forward(
             log.warning("upstream request failed after %.0f ms: %s", (time.perf_counter() - t0) * 1000, err.message)
             return err.response(extra)
     raise AssertionError("unreachable")
-
-
-async def _recall_whole(state: ProxyState, url: Any, headers: Any, timeout: Any, resp: web.Response,
-                        recall: tuple[RecallSession, dict[str, Any]]) -> web.Response:
-    """The non-streaming answer once the recall calls in it are answered (design 13.3)."""
-    session, body = recall
-
-    async def send(b: dict[str, Any]) -> Reply:
-        try:
-            async with state.session.post(url, data=jsonbody.dumps(b), headers=headers, timeout=timeout,
-                                          allow_redirects=False) as up:
-                return Reply(up.status, await up.read())
-        except UPSTREAM_ERRORS as e:
-            err = map_client_error(e)
-            return Reply(err.status, err.body())
-
-    final = await recall_chat.complete(body, send, session, first=Reply(200, bytes(resp.body)))
-    out_headers = dict(resp.headers)
-    out_headers.pop("Content-Length", None)
-    out_headers["x-compaction-recalls"] = str(session.calls)
-    return web.Response(status=final.status, body=final.body, headers=out_headers)
 
 
 async def _compacted(retry: Any) -> tuple[bytes, dict[str, str]] | None:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import orjson
+from aiohttp import web
 
 from proxy import jsonbody
 from proxy.compaction.serialize import content_text
+from proxy.forward import UPSTREAM_ERRORS, map_client_error
 from proxy.recall.keep import Part, replacements
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import chat_declaration, client_tool_names, tool_name
@@ -190,3 +192,41 @@ def forwarded_tools(body: dict[str, Any], original: list[dict[str, Any]], forwar
         return tools
     name = tool_name(recall.tool_name, client_tool_names(tools))
     return [*(tools or []), chat_declaration(name, prompts)]
+
+
+# -- the route's two calls ---------------------------------------------------------------------------
+async def prepare(recall: Any, prompts: Any, scope: str, original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
+                  n_system: int, body: dict[str, Any], encoding: str) -> tuple[RecallSession, dict[str, Any]] | None:
+    """Keep the originals of what the request replaced; when it replaced anything, the request's
+    recall session and the body to forward (its messages, the recall tool declared). None: the
+    request goes on as it is (nothing replaced, or a fault here, which never fails a request)."""
+    if forwarded is original or (body.get("n") or 1) != 1:
+        return None
+    try:
+        if not await recall.keep(scope, chat_parts(original), chat_parts(forwarded), n_system):
+            return None
+        name = recall.name_for(client_tool_names(body.get("tools")))
+        return recall.session(scope, name, encoding), declare({**body, "messages": forwarded}, chat_declaration(name, prompts))
+    except Exception:
+        log.exception("recall: keeping the originals failed unexpectedly; the request goes on without the tool")
+        return None
+
+
+async def answer_whole(http: Any, url: Any, headers: Any, timeout: Any, resp: Any, session: RecallSession,
+                       body: dict[str, Any]) -> Any:
+    """The non-streaming answer `resp` (an aiohttp web.Response) once the recall calls in it are
+    answered: further rounds go to `url` through `http` (the upstream session)."""
+
+    async def send(b: dict[str, Any]) -> Reply:
+        try:
+            async with http.post(url, data=jsonbody.dumps(b), headers=headers, timeout=timeout, allow_redirects=False) as up:
+                return Reply(up.status, await up.read())
+        except UPSTREAM_ERRORS as e:
+            err = map_client_error(e)
+            return Reply(err.status, err.body())
+
+    final = await complete(body, send, session, first=Reply(200, bytes(resp.body)))
+    out_headers = dict(resp.headers)
+    out_headers.pop("Content-Length", None)
+    out_headers["x-compaction-recalls"] = str(session.calls)
+    return web.Response(status=final.status, body=final.body, headers=out_headers)
