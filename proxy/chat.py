@@ -104,6 +104,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         scope=creds.scope,
         focus=request.headers.get("x-compaction-focus") or None,
         conversation=ex.conversation,
+        recall=state.recall is not None,
     )
 
     try:
@@ -175,7 +176,7 @@ async def shrink(state: ProxyState, conv: Conversation, ctx: RequestContext) -> 
     stage's result, the compaction's outcome and the messages to forward (conv.messages itself
     when nothing changed). `compaction-proxy inspect` runs this too, with a dry-run caller."""
     before = conv.total()
-    stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
+    stage = await state.tool_results.process(conv, ctx.upstream_headers, ctx.scope, recall=ctx.recall)
     outcome = Outcome("none")
     if state.cfg.compaction.enabled:
         outcome = not_larger(await state.compaction.process(conv, stage.messages, ctx), before)

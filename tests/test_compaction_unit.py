@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.chat_request import analyze
-from proxy.recall.tool import chat_declaration
 from proxy.compaction import extract
 from proxy.compaction.budget import HYSTERESIS
 from proxy.compaction.engine import CompactionEngine, RequestContext
@@ -299,9 +298,7 @@ def check_outcome(engine: CompactionEngine, caller: ScriptedCaller, msgs: list[d
     fwd = out.messages
     check_forwarded(msgs, fwd, compacted=out.status != "masked" or "<summary>" in str(fwd))
     assert FakeUpstream().validate_chat({"model": MODEL, "messages": fwd}) is None
-    # counted as forwarded: with the recall tool the compacted request declares (design 13.2)
-    tools = [chat_declaration("context_recall", PROMPTS)]
-    after = analyze({"model": MODEL, "messages": fwd, "tools": tools}, counter(), encoding=None, ratio=1.0).total()
+    after = analyze({"model": MODEL, "messages": fwd}, counter(), encoding=None, ratio=1.0).total()
     assert out.tokens_after == after
     new_calls = caller.calls[calls_before:]
     if out.status == "masked" and "<summary>" not in str(fwd):  # tier 1: old outputs as stubs, no model call

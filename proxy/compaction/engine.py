@@ -64,6 +64,9 @@ class RequestContext:
     scope: str  # HMAC of the credential (+ session): the store namespace
     focus: str | None = None
     conversation: str = ""  # digest naming the conversation (the bill attributes summarizer calls to it)
+    # the route keeps originals and answers the recall tool (design 13): summaries then name their
+    # spans, and the plan makes room for the tool's declaration
+    recall: bool = False
 
 
 @dataclass
@@ -82,6 +85,7 @@ class _View:
 
     conv: Conversation
     fwd: list[dict[str, Any]]
+    recall: bool = False  # RequestContext.recall
     chain: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -164,7 +168,7 @@ class CompactionEngine:
         if not forced and total <= budget.threshold:
             self._maybe_prepare(conv, fwd, ctx, budget, total)
             return Outcome("none")
-        view = await offload.sized(4 * total, _View, conv, fwd)  # digests of a long history: off the loop
+        view = await offload.sized(4 * total, _View, conv, fwd, ctx.recall)  # digests of a long history: off the loop
         limit_for = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
         # Local records first (no I/O on the common reuse path); the shared store only when no
         # local record fits, since another replica may have made a longer one.
@@ -391,8 +395,8 @@ class CompactionEngine:
         constraints = _union(record.constraints if record else [], extract.find_constraints(view.fwd[start:]))
         fixed = (
             sum(conv.tokens[:n_sys]) + self._wrapper_tokens(conv.encoding) + budget.output_cap
-            + files_chars(budget) // 2 + self._tools_tokens(conv) + REPLY_OVERHEAD
-            + self._recall_block_tokens(conv, record)
+            + files_chars(budget) // 2 + self._tools_tokens(view) + REPLY_OVERHEAD
+            + self._recall_block_tokens(view, record)
             + sum(self.counter.count_text(c, conv.encoding) + 2 for c in constraints)
         )
 
@@ -463,7 +467,7 @@ class CompactionEngine:
         if record.covered == 0:  # masking only: nothing summarized, nothing injected
             n = sum(conv.tokens[i] if i not in changed else self.counter.count_message(fwd[i], conv.encoding, message_digest(fwd[i]))
                     for i in range(len(fwd)))
-            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + self._tools_tokens(conv) + REPLY_OVERHEAD),
+            return Outcome(status, messages=fwd, tokens_after=conv.scaled(n + self._tools_tokens(view) + REPLY_OVERHEAD),
                            record=record)
         messages = inject(
             fwd,
@@ -482,20 +486,21 @@ class CompactionEngine:
             for k, i in enumerate(range(tail_start, len(fwd))):
                 m = messages[head_len + k]
                 n += self.counter.count_message(m, conv.encoding, message_digest(m)) if i in changed else conv.tokens[i]
-        n += self._tools_tokens(conv) + REPLY_OVERHEAD
+        n += self._tools_tokens(view) + REPLY_OVERHEAD
         return Outcome(status, messages=messages, tokens_after=conv.scaled(n), record=record)
 
-    def _recall_block_tokens(self, conv: Conversation, record: SummaryRecord | None) -> int:
+    def _recall_block_tokens(self, view: _View, record: SummaryRecord | None) -> int:
         """The summary's recall block: one line per span, the new one included."""
-        if not self.cfg.recall.enabled:
+        if not view.recall:
             return 0
-        spans = [[("0" * handles.HANDLE_CHARS), 1000, 1000]] * (1 + len(record.recall_spans if record else []))
-        return self.counter.count_text(handles.recall_block(spans), conv.encoding) + 2
+        spans = [("0" * handles.HANDLE_CHARS, 1000, 1000)] * (1 + len(record.recall_spans if record else []))
+        return self.counter.count_text(handles.recall_block(spans), view.conv.encoding) + 2
 
-    def _tools_tokens(self, conv: Conversation) -> int:
+    def _tools_tokens(self, view: _View) -> int:
         """The tool schemas of a compacted request: the client's, and the recall tool, which every
         request carrying a replacement declares (design 13.2)."""
-        if not self.cfg.recall.enabled:
+        conv = view.conv
+        if not view.recall:
             return conv.tools_tokens
         tools = conv.body.get("tools")
         declared = [*(tools or []), chat_declaration(tool_name(self.cfg.recall.tool_name, client_tool_names(tools)), self.prompts)]
@@ -621,7 +626,8 @@ class CompactionEngine:
         if first_kept <= conv.n_system or tokens + instruction + job.output_cap > job.window:
             return None
         # the tools as last forwarded: the recall tool too when that request declared it
-        tools = forwarded_tools(conv.body, conv.messages, messages, conv.n_system, self.cfg.recall, self.prompts)
+        tools = forwarded_tools(conv.body, conv.messages, messages, conv.n_system,
+                                self.cfg.recall if view.recall else None, self.prompts)
         return messages[:first_kept], tools, _point_text(first_kept - conv.n_system)
 
     async def _make_record(
@@ -741,8 +747,8 @@ class CompactionEngine:
 
     def _recall_spans(self, view: _View, previous: SummaryRecord | None, covered: int) -> list[list]:
         """The spans a summary covering `covered` messages stands for: the previous summary's, and
-        the new one from its end (none when recall is off)."""
-        if not self.cfg.recall.enabled:
+        the new one from its end (none without recall)."""
+        if not view.recall:
             return []
         spans = [list(x) for x in previous.recall_spans] if previous is not None and previous.covered else []
         start = spans[-1][2] + 1 if spans else 1
@@ -831,7 +837,7 @@ class CompactionEngine:
             log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
             return
         conv, ctx = job.conv, job.ctx
-        view = await offload.sized(4 * job.total, _View, conv, job.fwd)
+        view = await offload.sized(4 * job.total, _View, conv, job.fwd, ctx.recall)
         candidates = self._candidate_keys(view, ctx.scope)
         if any(self.flight.running(k) for k in candidates):
             return  # a summary of this conversation is being made already

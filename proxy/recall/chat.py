@@ -185,10 +185,10 @@ def chat_parts(messages: list[dict[str, Any]]) -> list[list[Part]]:
 def forwarded_tools(body: dict[str, Any], original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
                     n_system: int, recall: Any, prompts: Any) -> Any:
     """The `tools` a request forwarding `forwarded` carries: the client's, plus the recall tool
-    when recall is on and the request carries a replacement (a summary call that rides the
+    when recall (None: not on this route) is on and the request carries a replacement (a summary call that rides the
     upstream's cache must resend exactly these)."""
     tools = body.get("tools")
-    if not recall.enabled or forwarded is original or not replacements(chat_parts(original), chat_parts(forwarded), n_system):
+    if recall is None or not recall.enabled or forwarded is original or not replacements(chat_parts(original), chat_parts(forwarded), n_system):
         return tools
     name = tool_name(recall.tool_name, client_tool_names(tools))
     return [*(tools or []), chat_declaration(name, prompts)]

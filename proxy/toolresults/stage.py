@@ -86,8 +86,9 @@ class ToolResultStage:
         """(model, state) of every breaker, for the metrics."""
         return [(model, b.state) for (_, model), b in self._breakers.items()]
 
-    async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
-        """Returns the messages to forward; updates conv.tokens for the ones it replaced."""
+    async def process(self, conv: Conversation, headers: dict[str, str], scope: str, *, recall: bool = False) -> StageResult:
+        """Returns the messages to forward; updates conv.tokens for the ones it replaced. `recall`: the
+        route keeps originals, so each note names its own (design 13.1)."""
         if not self.tcfg.enabled:
             return StageResult(conv.messages, 0, 0.0)
         cands = sel.select(
@@ -102,7 +103,7 @@ class ToolResultStage:
         started = time.perf_counter()
         hint = sel.parent_hint(conv.messages)
         model = self.tcfg.summarizer_model or conv.model
-        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv) for c in cands))
+        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv, recall) for c in cands))
         messages = list(conv.messages)
         summarized = 0
         for c, (text, ok) in zip(cands, notes):
@@ -116,7 +117,8 @@ class ToolResultStage:
         return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
 
     async def _note(
-        self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str, conv: Conversation
+        self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str, conv: Conversation,
+        recall: bool = False,
     ) -> tuple[str, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
@@ -162,7 +164,7 @@ class ToolResultStage:
         except Busy:  # another request's note for this output is late: the raw output, this once
             return self._raw_with_notice(c, conv, "its summary is still being made"), False
         if rec.get("ok"):
-            if self.cfg.recall.enabled:  # the note names its original (design 13.1)
+            if recall:  # the note names its original (design 13.1)
                 return rec["text"] + "\n" + handles.note_line(handles.of_text(c.text)), True
             return rec["text"], True
         return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
