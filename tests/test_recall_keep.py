@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from proxy.recall import handles
-from proxy.recall.chat import chat_parts
+import orjson
+
+from proxy.adapters.chat import ChatAdapter
+from proxy.config import Config
+from proxy.recall.keep import parts_of
+from proxy.tokens import TokenCounter
 from proxy.recall.keep import SPAN_OUTPUT_CHARS, replacements
 
 BIG = "\n".join(f"row {i}: value {i * 7}" for i in range(2000))
@@ -18,6 +23,11 @@ ORIGINAL = [
                                                          "function": {"name": "ls", "arguments": "{}"}}]},
     {"role": "tool", "tool_call_id": "c2", "content": "a.py\nb.py\n" * 50},
 ]
+
+
+def chat_parts(messages: list[dict]) -> list:
+    req = ChatAdapter().parse(orjson.dumps({"model": "m", "messages": messages}), TokenCounter(), Config())
+    return parts_of(req.conversation)
 
 
 def test_a_stub_and_a_summary_name_their_originals() -> None:

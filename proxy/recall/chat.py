@@ -12,16 +12,15 @@ client answers those, and its next request carries no trace of the recall call).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from proxy import jsonbody
-from proxy.compaction.serialize import content_text
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
-from proxy.recall.keep import Part, replacements
+from proxy.recall.keep import parts_of, replacements
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import chat_declaration, client_tool_names, tool_name
 
@@ -157,56 +156,38 @@ def _merged(reply: Reply, data: dict[str, Any], texts: list[str], usage: Any, *,
     return Reply(reply.status, jsonbody.dumps(data), reply.extra)
 
 
-# -- the neutral view of chat messages -------------------------------------------------------------
-def chat_parts(messages: list[dict[str, Any]]) -> list[list[Part]]:
-    """Each chat message as recall's parts (proxy/recall/keep.py)."""
-    names: dict[str, str] = {}
-    out: list[list[Part]] = []
-    for m in messages:
-        role = m.get("role")
-        text = content_text(m.get("content"))
-        if role == "assistant":
-            parts = [Part("assistant", text)]
-            for c in m.get("tool_calls") or ():
-                fn = c.get("function") if isinstance(c, dict) else None
-                if isinstance(fn, dict) and isinstance(c.get("id"), str):
-                    names[c["id"]] = str(fn.get("name", "tool"))
-                    parts.append(Part("tool_call", "", c["id"], names[c["id"]], str(fn.get("arguments", ""))))
-            out.append(parts)
-        elif role in ("tool", "function"):
-            cid = m.get("tool_call_id")
-            cid = cid if isinstance(cid, str) else None
-            out.append([Part("tool_result", text, cid, names.get(cid or "", m.get("name") or "tool"))])
-        else:
-            out.append([Part(role if role in ("system", "developer", "user") else "other", text)])
-    return out
-
-
-def forwarded_tools(body: dict[str, Any], original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
-                    n_system: int, recall: Any, prompts: Any) -> Any:
-    """The `tools` a request forwarding `forwarded` carries: the client's, plus the recall tool
-    when recall (None: not on this route) is on and the request carries a replacement (a summary call that rides the
-    upstream's cache must resend exactly these)."""
-    tools = body.get("tools")
-    if recall is None or not recall.enabled or forwarded is original or not replacements(chat_parts(original), chat_parts(forwarded), n_system):
-        return tools
+# -- the flow -------------------------------------------------------------------------------------
+def declared_tools(recall: Any, tools: Any, prompts: Any) -> list[Any]:
+    """The client's tools with the recall tool after them (its name clashing with none of theirs)."""
     name = tool_name(recall.tool_name, client_tool_names(tools))
     return [*(tools or []), chat_declaration(name, prompts)]
 
 
-# -- the route's two calls ---------------------------------------------------------------------------
-async def prepare(recall: Any, prompts: Any, scope: str, original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
-                  n_system: int, body: dict[str, Any], encoding: str) -> tuple[RecallSession, dict[str, Any]] | None:
-    """Keep the originals of what the request replaced; when it replaced anything, the request's
-    recall session and the body to forward (its messages, the recall tool declared). None: the
-    request goes on as it is (nothing replaced, or a fault here, which never fails a request)."""
-    if forwarded is original or (body.get("n") or 1) != 1:
+def recall_declared(original: Any, forwarded: Any) -> bool:
+    """Whether a request forwarding `forwarded` (neutral conversations) carries a replacement, and
+    so declares the recall tool."""
+    return forwarded is not original and bool(replacements(parts_of(original), parts_of(forwarded), original.n_system))
+
+
+async def prepare(recall: Any, prompts: Any, counter: Any, flow: Any) -> RecallSession | None:
+    """Keep the originals of what the flow's stages replaced; when they replaced anything, declare
+    the recall tool in the flow's request (its tools and their count) and return the request's
+    recall session. None: the request goes on as it is (nothing replaced, several choices asked
+    for, or a fault here, which never fails a request)."""
+    request = flow.request
+    if not flow.changed or (request.body.get("n") or 1) != 1:
         return None
     try:
-        if not await recall.keep(scope, chat_parts(original), chat_parts(forwarded), n_system):
+        if not await recall.keep(flow.identity.scope, parts_of(flow.original), parts_of(flow.forwarded),
+                                 flow.original.n_system):
             return None
-        name = recall.name_for(client_tool_names(body.get("tools")))
-        return recall.session(scope, name, encoding), declare({**body, "messages": forwarded}, chat_declaration(name, prompts))
+        tools = declared_tools(recall.cfg, request.tools, prompts)
+        added = counter.count_tools(tools, request.encoding) - request.tools_tokens
+        flow.request = replace(request, body={**request.body, "tools": tools}, tools=tools,
+                               tools_tokens=request.tools_tokens + added)
+        if flow.report.tokens_after is not None:
+            flow.report.tokens_after += request.scaled(added)
+        return recall.session(flow.identity.scope, tools[-1]["function"]["name"], request.encoding)
     except Exception:
         log.exception("recall: keeping the originals failed unexpectedly; the request goes on without the tool")
         return None

@@ -10,7 +10,7 @@ client's messages by number, written out verbatim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from proxy.recall import handles
 from proxy.recall.originals import Original
@@ -32,6 +32,25 @@ class Part:
 
 
 Message = Sequence[Part]  # one protocol envelope
+
+_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "opaque": "other"}
+
+
+def parts_of(conv: Any) -> list[list[Part]]:
+    """A neutral conversation (proxy/model.py) as recall's parts, one list per envelope."""
+    out: list[list[Part]] = []
+    for env in conv.envelopes:
+        parts = []
+        for it in env.items:
+            kind = it.kind.value
+            if kind == "tool_call":
+                parts.append(Part("tool_call", "", it.call_id, it.name, it.args))
+            elif kind == "tool_result":
+                parts.append(Part("tool_result", it.text, it.call_id, it.name))
+            else:
+                parts.append(Part(_ROLES.get(kind, "other"), it.text))
+        out.append(parts)
+    return out
 
 
 def _label(name: str | None, args: str) -> str:

@@ -17,6 +17,7 @@ from proxy.recall import excerpts
 from proxy.recall.originals import Original, Originals, RecallUnavailable, query_terms
 
 HEADER_TOKENS = 48  # room kept for the lines around the excerpts
+DECLARATION_TOKENS = 160  # the declaration's tokens at most (a test holds it to that): compaction's room for it
 _PARAMETERS = {
     "type": "object",
     "properties": {
