@@ -93,12 +93,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await _answer(await send(raw, _headers(status, before, before)))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, request.headers.get("x-compaction-focus") or None,
-                                          ex.conversation, recall=state.recall is not None))
+                                          ex.conversation, recall=state.recall is not None,
+                                          recall_tokens=recall_chat.declaration_tokens(state.recall, state.prompts, state.counter,
+                                                                                       parsed) if state.recall else 0))
     try:
         await run_request(state.stages, flow)
         recall = None
         if state.recall is not None:  # the originals kept; the tool declared when anything was replaced
-            recall = await recall_chat.prepare(state.recall, state.prompts, state.counter, flow)
+            recall = await recall_chat.prepare(state.recall, state.prompts, flow)
         data = flow.body() if not flow.changed else await offload.sized(len(raw), flow.body)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.

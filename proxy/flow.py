@@ -29,6 +29,7 @@ class Identity:
     # the route keeps the originals of what the stages replace and answers the recall tool (design
     # 13): notes and summaries then name their originals, and compaction leaves room for the tool
     recall: bool = False
+    recall_tokens: int = 0  # what the tool's declaration adds to a request that carries a replacement
 
 
 @dataclass

@@ -18,7 +18,6 @@ from proxy.compaction.inject import annotation_text, summary_message_text
 from proxy.compaction.plan import Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, render_summary
 from proxy.recall import handles
-from proxy.recall.tool import DECLARATION_TOKENS
 from proxy.compaction.records import key
 from proxy.flow import Flow
 from proxy.hashing import hash_chain
@@ -132,13 +131,20 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     fwd = conv.with_envelopes(changed) if changed else conv
     status = _STATUS_OF_TIER[record.tier]
     if record.covered == 0:  # masking only: nothing summarized, nothing injected
-        return Outcome(status, conversation=fwd, tokens_after=request.total(fwd), record=record)
+        return Outcome(status, conversation=fwd, tokens_after=_total(view, fwd), record=record)
     injected = view.flow.adapter.inject(
         fwd, cut, summary_message_text(prompts, record.summary), annotation_text(prompts, record.covered))
     # Count the new head (cached by digest); the untouched tail from what we already know.
     head = [view.count(e) for e in injected.envelopes[:injected.head]]
     out = Conversation(injected.envelopes, head + fwd.tokens[injected.tail_start:])
-    return Outcome(status, conversation=out, tokens_after=request.total(out), record=record)
+    return Outcome(status, conversation=out, tokens_after=_total(view, out), record=record)
+
+
+def _total(view: View, conv: Conversation) -> int:
+    """A compacted request's count: it carries a replacement, so on a recall route it declares the
+    recall tool too (design 13.2)."""
+    request, identity = view.flow.request, view.flow.identity
+    return request.total(conv) + (request.scaled(identity.recall_tokens) if identity.recall else 0)
 
 
 def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope:
@@ -165,7 +171,7 @@ class Planner:
         if not view.flow.identity.recall:
             return 0
         spans = [("0" * handles.HANDLE_CHARS, 1000, 1000)] * (1 + len(record.recall_spans if record else []))
-        return DECLARATION_TOKENS + view.count_text(handles.recall_block(spans)) + 2
+        return view.flow.identity.recall_tokens + view.count_text(handles.recall_block(spans)) + 2
 
     def plan(self, view: View, budget: Budget, record: SummaryRecord | None, work: Conversation | None = None) -> Plan | None:
         conv, request = view.conv, view.flow.request

@@ -169,7 +169,12 @@ def recall_declared(original: Any, forwarded: Any) -> bool:
     return forwarded is not original and bool(replacements(parts_of(original), parts_of(forwarded), original.n_system))
 
 
-async def prepare(recall: Any, prompts: Any, counter: Any, flow: Any) -> RecallSession | None:
+def declaration_tokens(recall: Any, prompts: Any, counter: Any, request: Any) -> int:
+    """What declaring the recall tool adds to a request's count (Identity.recall_tokens)."""
+    return counter.count_tools(declared_tools(recall.cfg, request.tools, prompts), request.encoding) - request.tools_tokens
+
+
+async def prepare(recall: Any, prompts: Any, flow: Any) -> RecallSession | None:
     """Keep the originals of what the flow's stages replaced; when they replaced anything, declare
     the recall tool in the flow's request (its tools and their count) and return the request's
     recall session. None: the request goes on as it is (nothing replaced, several choices asked
@@ -182,11 +187,9 @@ async def prepare(recall: Any, prompts: Any, counter: Any, flow: Any) -> RecallS
                                  flow.original.n_system):
             return None
         tools = declared_tools(recall.cfg, request.tools, prompts)
-        added = counter.count_tools(tools, request.encoding) - request.tools_tokens
+        # (a compacted request's count has the declaration already: Identity.recall_tokens)
         flow.request = replace(request, body={**request.body, "tools": tools}, tools=tools,
-                               tools_tokens=request.tools_tokens + added)
-        if flow.report.tokens_after is not None:
-            flow.report.tokens_after += request.scaled(added)
+                               tools_tokens=request.tools_tokens + flow.identity.recall_tokens)
         return recall.session(flow.identity.scope, tools[-1]["function"]["name"], request.encoding)
     except Exception:
         log.exception("recall: keeping the originals failed unexpectedly; the request goes on without the tool")
