@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from functools import cached_property
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 
 class Kind(str, Enum):
@@ -30,7 +29,7 @@ class Kind(str, Enum):
     OPAQUE = "opaque"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
     kind: Kind
     text: str = ""  # counted and shown to the summarizer: a message's text, a call's arguments, a result's output
@@ -42,7 +41,7 @@ class Item:
     raw: Any = None  # the original JSON of this part of its envelope (adapters only)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
     """One protocol container: its items and where it may be cut."""
 
@@ -74,30 +73,48 @@ class Envelope:
         return [it for it in self.items if it.kind is Kind.TOOL_CALL]
 
 
-@dataclass
 class Conversation:
     """Envelopes with their token counts (the counts of what would be forwarded: a stage that
-    rewrites an envelope counts the new one through the adapter)."""
+    rewrites an envelope counts the new one through the adapter).
 
-    envelopes: list[Envelope]
-    tokens: list[int]
+    An adapter may hand the envelopes over lazily (`build`, with `values` and `n_system` known
+    without them): most requests need no stage, and then the model is never built."""
+
+    __slots__ = ("_envelopes", "_build", "tokens", "_values", "_n_system")
+
+    def __init__(self, envelopes: list[Envelope] | None = None, tokens: list[int] | None = None, *,
+                 build: Callable[[], list[Envelope]] | None = None, values: list[Any] | None = None,
+                 n_system: int | None = None) -> None:
+        assert envelopes is not None or build is not None
+        self._envelopes, self._build = envelopes, build
+        self.tokens: list[int] = tokens if tokens is not None else []
+        self._values, self._n_system = values, n_system
+
+    @property
+    def envelopes(self) -> list[Envelope]:
+        if self._envelopes is None:
+            self._envelopes = self._build()  # type: ignore[misc]
+        return self._envelopes
 
     def __len__(self) -> int:
-        return len(self.envelopes)
+        return len(self.tokens)
 
-    @cached_property
+    @property
     def n_system(self) -> int:
         """Leading SYSTEM envelopes: never summarized, the annotation goes to the first."""
-        n = 0
-        for e in self.envelopes:
-            if e.kind is not Kind.SYSTEM:
-                break
-            n += 1
-        return n
+        if self._n_system is None:
+            n = 0
+            for e in self.envelopes:
+                if e.kind is not Kind.SYSTEM:
+                    break
+                n += 1
+            self._n_system = n
+        return self._n_system
 
     @property
     def values(self) -> list[Any]:
-        return [e.value for e in self.envelopes]
+        """Each envelope's JSON."""
+        return self._values if self._values is not None else [e.value for e in self.envelopes]
 
     def items(self, start: int = 0, end: int | None = None) -> Iterable[Item]:
         for e in self.envelopes[start:end]:

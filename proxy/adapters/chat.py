@@ -20,11 +20,11 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request
-from proxy.chat_request import too_deep, validate_message, parse_chat_body
+from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.hashing import message_digest
-from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import is_context_overflow
 
@@ -65,7 +65,10 @@ class ChatAdapter(Adapter):
                 validate_message(m, f"messages[{i}]")
                 n = counter.count_message(m, encoding, k)
             tokens.append(n)
-        conv = Conversation(self.envelopes(messages), tokens)
+        n_system = 0
+        while n_system < len(messages) and messages[n_system].get("role") in SYSTEM_ROLES:
+            n_system += 1
+        conv = Conversation(build=lambda: self.envelopes(messages), tokens=tokens, values=messages, n_system=n_system)
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
             written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
@@ -73,39 +76,44 @@ class ChatAdapter(Adapter):
         )
 
     def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
-        """The messages as envelopes (tool results named after their calls)."""
+        """The messages as envelopes; a tool result is named (and given the arguments of) the
+        latest call with its id before it, as model.name_results does, in the same pass."""
         out: list[Envelope] = []
+        calls: dict[str, Item] = {}
         turn = 0
         for m in messages:
-            if m.get("role") == "user":
+            role = m.get("role")
+            if role == "user":
                 turn += 1
-            out.append(self.envelope(m, turn))
-        items = name_results([it for e in out for it in e.items])
-        k = 0
-        named = []
-        for e in out:
-            n = len(e.items)
-            named.append(Envelope(tuple(items[k:k + n]), e.turn, e.cut_before, e.value))
-            k += n
-        return named
+            env = self.envelope(m, turn, calls)
+            for it in env.items[1:]:
+                if it.call_id is not None:
+                    calls[it.call_id] = it
+            out.append(env)
+        return out
 
-    def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
+    def envelope(self, m: dict[str, Any], turn: int, calls: dict[str, Item] | None = None) -> Envelope:
+        """One message as an envelope (`calls`: the calls before it, by id, to name a tool result)."""
         role = m.get("role")
-        kind = _KIND_OF_ROLE.get(str(role), Kind.OPAQUE)
+        kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
         content = m.get("content")
-        text = content_text(content)
+        text = content if isinstance(content, str) else content_text(content)
+        plain = isinstance(content, str) or _plain(content)
         if kind is Kind.TOOL_RESULT:
             call_id = m.get("tool_call_id")
-            name = m.get("name")
-            items: tuple[Item, ...] = (Item(
-                Kind.TOOL_RESULT, text, call_id=call_id if isinstance(call_id, str) else None,
-                name=name if isinstance(name, str) else None, plain=_plain(content), raw=content,
-            ),)
-        else:
-            items = (Item(kind, text, plain=_plain(content), raw=content),)
-            if kind is Kind.ASSISTANT:
-                items += tuple(_call(c) for c in m.get("tool_calls") or () if isinstance(c, dict))
-        return Envelope(items, turn, role in ("user", "assistant"), m)
+            call_id = call_id if isinstance(call_id, str) else None
+            call = calls.get(call_id) if calls and call_id is not None else None
+            if call is not None:
+                name, args = call.name or "tool", call.args
+            else:
+                name, args = (m["name"] if isinstance(m.get("name"), str) else None), ""
+            return Envelope((Item(Kind.TOOL_RESULT, text, call_id=call_id, name=name, args=args, plain=plain, raw=content),),
+                            turn, False, m)
+        item = Item(kind, text, plain=plain, raw=content)
+        tool_calls = m.get("tool_calls") if kind is Kind.ASSISTANT else None
+        if tool_calls:
+            return Envelope((item, *(_call(c) for c in tool_calls if isinstance(c, dict))), turn, True, m)
+        return Envelope((item,), turn, kind is Kind.USER or kind is Kind.ASSISTANT, m)
 
     def render(self, request: Request, forwarded: Conversation) -> bytes:
         original = request.conversation

@@ -81,6 +81,8 @@ class ToolResultStage(Stage):
         if not self.tcfg.enabled:
             return
         conv = flow.forwarded
+        if not conv.tokens or max(conv.tokens) <= self.tcfg.threshold_tokens:
+            return  # the common case: no result that large, and the model is not even built
         cands = sel.select(
             conv.envelopes,
             conv.tokens,
