@@ -41,26 +41,40 @@ class Item:
     raw: Any = None  # the original JSON of this part of its envelope (adapters only)
 
 
-@dataclass(slots=True)
 class Envelope:
-    """One protocol container: its items and where it may be cut."""
+    """One protocol container: its items and where it may be cut.
 
-    items: tuple[Item, ...]
-    turn: int  # index of the turn it belongs to (a user request and everything that answers it)
-    cut_before: bool  # a cut may fall right before it (the adapter decides: never inside a pair)
-    value: Any  # the envelope's JSON: what goes upstream while it is unchanged (adapters only)
+    An adapter may build the items lazily (`make`): what a request needs of most envelopes is only
+    their kind, turn and cut point."""
+
+    __slots__ = ("kind", "turn", "cut_before", "value", "_items", "_make")
+
+    def __init__(self, items: Sequence[Item] | None, turn: int, cut_before: bool, value: Any, *,
+                 kind: Kind | None = None, make: Callable[[], tuple[Item, ...]] | None = None) -> None:
+        self._items = tuple(items) if items is not None else None
+        self._make = make
+        # what the envelope is: the kind of its first item (an assistant message with calls is ASSISTANT)
+        self.kind: Kind = kind if kind is not None else (self._items[0].kind if self._items else Kind.OPAQUE)
+        self.turn = turn  # index of the turn it belongs to (a user request and everything that answers it)
+        self.cut_before = cut_before  # a cut may fall right before it (the adapter decides: never inside a pair)
+        self.value = value  # the envelope's JSON: what goes upstream while it is unchanged (adapters only)
 
     @property
-    def kind(self) -> Kind:
-        """The kind of its first item: what the envelope is (an assistant message with calls is ASSISTANT)."""
-        return self.items[0].kind if self.items else Kind.OPAQUE
+    def items(self) -> tuple[Item, ...]:
+        if self._items is None:
+            self._items, self._make = self._make(), None  # type: ignore[misc]
+        return self._items
+
+    def __repr__(self) -> str:
+        return f"Envelope({self.kind.value}, turn={self.turn}, cut_before={self.cut_before})"
 
     @property
     def result(self) -> Item | None:
         """Its tool result, when the envelope is exactly one (what masking and clamping rewrite)."""
-        if len(self.items) == 1 and self.items[0].kind is Kind.TOOL_RESULT:
-            return self.items[0]
-        return None
+        if self.kind is not Kind.TOOL_RESULT:
+            return None
+        items = self.items
+        return items[0] if len(items) == 1 and items[0].kind is Kind.TOOL_RESULT else None
 
     @property
     def text(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -76,44 +77,34 @@ class ChatAdapter(Adapter):
         )
 
     def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
-        """The messages as envelopes; a tool result is named (and given the arguments of) the
-        latest call with its id before it, as model.name_results does, in the same pass."""
+        """The messages as envelopes, their items made when first read; a tool result is named
+        (and given the arguments of) the latest call with its id before it, as
+        model.name_results does."""
         out: list[Envelope] = []
-        calls: dict[str, Item] = {}
+        calls: dict[str, dict[str, Any]] = {}  # call id -> the latest call so far (its JSON)
         turn = 0
         for m in messages:
             role = m.get("role")
-            if role == "user":
+            kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
+            if kind is Kind.USER:
                 turn += 1
-            env = self.envelope(m, turn, calls)
-            for it in env.items[1:]:
-                if it.call_id is not None:
-                    calls[it.call_id] = it
-            out.append(env)
+            elif kind is Kind.TOOL_RESULT:
+                call_id = m.get("tool_call_id")
+                out.append(Envelope(None, turn, False, m, kind=kind,
+                                    make=partial(_result_items, m, calls.get(call_id) if isinstance(call_id, str) else None)))
+                continue
+            elif kind is Kind.ASSISTANT and m.get("tool_calls"):
+                for c in m["tool_calls"]:
+                    if isinstance(c, dict) and isinstance(c.get("id"), str):
+                        calls[c["id"]] = c
+            out.append(Envelope(None, turn, kind is Kind.USER or kind is Kind.ASSISTANT, m, kind=kind,
+                                make=partial(_items, m, kind)))
         return out
 
-    def envelope(self, m: dict[str, Any], turn: int, calls: dict[str, Item] | None = None) -> Envelope:
-        """One message as an envelope (`calls`: the calls before it, by id, to name a tool result)."""
-        role = m.get("role")
-        kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
-        content = m.get("content")
-        text = content if isinstance(content, str) else content_text(content)
-        plain = isinstance(content, str) or _plain(content)
-        if kind is Kind.TOOL_RESULT:
-            call_id = m.get("tool_call_id")
-            call_id = call_id if isinstance(call_id, str) else None
-            call = calls.get(call_id) if calls and call_id is not None else None
-            if call is not None:
-                name, args = call.name or "tool", call.args
-            else:
-                name, args = (m["name"] if isinstance(m.get("name"), str) else None), ""
-            return Envelope((Item(Kind.TOOL_RESULT, text, call_id=call_id, name=name, args=args, plain=plain, raw=content),),
-                            turn, False, m)
-        item = Item(kind, text, plain=plain, raw=content)
-        tool_calls = m.get("tool_calls") if kind is Kind.ASSISTANT else None
-        if tool_calls:
-            return Envelope((item, *(_call(c) for c in tool_calls if isinstance(c, dict))), turn, True, m)
-        return Envelope((item,), turn, kind is Kind.USER or kind is Kind.ASSISTANT, m)
+    def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
+        """One message (not a tool result) as an envelope, made now."""
+        kind = _KIND_OF_ROLE.get(m.get("role"), Kind.OPAQUE)  # type: ignore[arg-type]
+        return Envelope(_items(m, kind), turn, kind is Kind.USER or kind is Kind.ASSISTANT, m)
 
     def render(self, request: Request, forwarded: Conversation) -> bytes:
         original = request.conversation
@@ -135,7 +126,7 @@ class ChatAdapter(Adapter):
         value["content"] = text
         items = list(envelope.items)
         items[item] = replace(items[item], text=text, plain=True, raw=text)
-        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+        return Envelope(items, envelope.turn, envelope.cut_before, value)
 
     def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
         """Leading system messages (the first annotated) + the summary + messages[cut:]. When the
@@ -164,6 +155,30 @@ class ChatAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_context_overflow(status, body)
+
+
+def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:
+    content = m.get("content")
+    text = content if isinstance(content, str) else content_text(content)
+    item = Item(kind, text, plain=_plain(content), raw=content)
+    tool_calls = m.get("tool_calls") if kind is Kind.ASSISTANT else None
+    if tool_calls:
+        return (item, *(_call(c) for c in tool_calls if isinstance(c, dict)))
+    return (item,)
+
+
+def _result_items(m: dict[str, Any], call: dict[str, Any] | None) -> tuple[Item, ...]:
+    """A tool result, named after `call` (the latest call with its id before it), else its own name."""
+    content = m.get("content")
+    text = content if isinstance(content, str) else content_text(content)
+    call_id = m.get("tool_call_id")
+    if call is not None:
+        c = _call(call)
+        name, args = c.name or "tool", c.args
+    else:
+        name, args = (m["name"] if isinstance(m.get("name"), str) else None), ""
+    return (Item(Kind.TOOL_RESULT, text, call_id=call_id if isinstance(call_id, str) else None, name=name, args=args,
+                 plain=_plain(content), raw=content),)
 
 
 def _call(c: dict[str, Any]) -> Item:
