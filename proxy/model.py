@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from functools import cached_property
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 
 class Kind(str, Enum):
@@ -30,7 +29,7 @@ class Kind(str, Enum):
     OPAQUE = "opaque"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
     kind: Kind
     text: str = ""  # counted and shown to the summarizer: a message's text, a call's arguments, a result's output
@@ -42,26 +41,40 @@ class Item:
     raw: Any = None  # the original JSON of this part of its envelope (adapters only)
 
 
-@dataclass(frozen=True, slots=True)
 class Envelope:
-    """One protocol container: its items and where it may be cut."""
+    """One protocol container: its items and where it may be cut.
 
-    items: tuple[Item, ...]
-    turn: int  # index of the turn it belongs to (a user request and everything that answers it)
-    cut_before: bool  # a cut may fall right before it (the adapter decides: never inside a pair)
-    value: Any  # the envelope's JSON: what goes upstream while it is unchanged (adapters only)
+    An adapter may build the items lazily (`make`): what a request needs of most envelopes is only
+    their kind, turn and cut point."""
+
+    __slots__ = ("kind", "turn", "cut_before", "value", "_items", "_make")
+
+    def __init__(self, items: Sequence[Item] | None, turn: int, cut_before: bool, value: Any, *,
+                 kind: Kind | None = None, make: Callable[[], tuple[Item, ...]] | None = None) -> None:
+        self._items = tuple(items) if items is not None else None
+        self._make = make
+        # what the envelope is: the kind of its first item (an assistant message with calls is ASSISTANT)
+        self.kind: Kind = kind if kind is not None else (self._items[0].kind if self._items else Kind.OPAQUE)
+        self.turn = turn  # index of the turn it belongs to (a user request and everything that answers it)
+        self.cut_before = cut_before  # a cut may fall right before it (the adapter decides: never inside a pair)
+        self.value = value  # the envelope's JSON: what goes upstream while it is unchanged (adapters only)
 
     @property
-    def kind(self) -> Kind:
-        """The kind of its first item: what the envelope is (an assistant message with calls is ASSISTANT)."""
-        return self.items[0].kind if self.items else Kind.OPAQUE
+    def items(self) -> tuple[Item, ...]:
+        if self._items is None:
+            self._items, self._make = self._make(), None  # type: ignore[misc]
+        return self._items
+
+    def __repr__(self) -> str:
+        return f"Envelope({self.kind.value}, turn={self.turn}, cut_before={self.cut_before})"
 
     @property
     def result(self) -> Item | None:
         """Its tool result, when the envelope is exactly one (what masking and clamping rewrite)."""
-        if len(self.items) == 1 and self.items[0].kind is Kind.TOOL_RESULT:
-            return self.items[0]
-        return None
+        if self.kind is not Kind.TOOL_RESULT:
+            return None
+        items = self.items
+        return items[0] if len(items) == 1 and items[0].kind is Kind.TOOL_RESULT else None
 
     @property
     def text(self) -> str:
@@ -74,30 +87,48 @@ class Envelope:
         return [it for it in self.items if it.kind is Kind.TOOL_CALL]
 
 
-@dataclass
 class Conversation:
     """Envelopes with their token counts (the counts of what would be forwarded: a stage that
-    rewrites an envelope counts the new one through the adapter)."""
+    rewrites an envelope counts the new one through the adapter).
 
-    envelopes: list[Envelope]
-    tokens: list[int]
+    An adapter may hand the envelopes over lazily (`build`, with `values` and `n_system` known
+    without them): most requests need no stage, and then the model is never built."""
+
+    __slots__ = ("_envelopes", "_build", "tokens", "_values", "_n_system")
+
+    def __init__(self, envelopes: list[Envelope] | None = None, tokens: list[int] | None = None, *,
+                 build: Callable[[], list[Envelope]] | None = None, values: list[Any] | None = None,
+                 n_system: int | None = None) -> None:
+        assert envelopes is not None or build is not None
+        self._envelopes, self._build = envelopes, build
+        self.tokens: list[int] = tokens if tokens is not None else []
+        self._values, self._n_system = values, n_system
+
+    @property
+    def envelopes(self) -> list[Envelope]:
+        if self._envelopes is None:
+            self._envelopes = self._build()  # type: ignore[misc]
+        return self._envelopes
 
     def __len__(self) -> int:
-        return len(self.envelopes)
+        return len(self.tokens)
 
-    @cached_property
+    @property
     def n_system(self) -> int:
         """Leading SYSTEM envelopes: never summarized, the annotation goes to the first."""
-        n = 0
-        for e in self.envelopes:
-            if e.kind is not Kind.SYSTEM:
-                break
-            n += 1
-        return n
+        if self._n_system is None:
+            n = 0
+            for e in self.envelopes:
+                if e.kind is not Kind.SYSTEM:
+                    break
+                n += 1
+            self._n_system = n
+        return self._n_system
 
     @property
     def values(self) -> list[Any]:
-        return [e.value for e in self.envelopes]
+        """Each envelope's JSON."""
+        return self._values if self._values is not None else [e.value for e in self.envelopes]
 
     def items(self, start: int = 0, end: int | None = None) -> Iterable[Item]:
         for e in self.envelopes[start:end]:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import hashing, offload
+from proxy import hashing, identifiers, offload
 from proxy.adapters import chat
 from proxy.adapters.chat import ChatAdapter
 from proxy.compaction import extract, making
@@ -63,6 +63,6 @@ def test_extraction_in_pieces_finds_what_one_pass_finds(monkeypatch):
                      f"{'Traceback' if i % 7 == 0 else 'ok'}" for i in range(40_000))
     assert len(text) > 4 * extract.PIECE_CHARS
     pieces = extract.find_identifiers(text), extract.find_error_lines(text)
-    monkeypatch.setattr(extract, "PIECE_CHARS", 1 << 40)  # one piece: one pass
+    monkeypatch.setattr(identifiers, "PIECE_CHARS", 1 << 40)  # one piece: one pass
     assert pieces == (extract.find_identifiers(text), extract.find_error_lines(text))
     assert len(pieces[0]) > 100_000

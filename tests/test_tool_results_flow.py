@@ -9,8 +9,7 @@ import threading
 import orjson
 import pytest
 
-from proxy import offload
-from proxy.compaction import extract
+from proxy import identifiers, offload
 from support.clock import FakeClock
 from proxy.recall import handles
 from proxy.fake_upstream import FakeError, count_text_tokens, tool_output_payload
@@ -399,7 +398,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
     loop_thread = threading.get_ident()
     scans: list[int] = []
     counts: list[int] = []
-    real_find, counter = extract.find_identifiers, proxy.state.tool_results.counter
+    real_find, counter = identifiers.find_identifiers, proxy.state.tool_results.counter
     real_count = counter.count_message
 
     def find(text):
@@ -411,7 +410,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
             counts.append(threading.get_ident())
         return real_count(msg, enc, digest)
 
-    monkeypatch.setattr(extract, "find_identifiers", find)
+    monkeypatch.setattr(identifiers, "find_identifiers", find)
     monkeypatch.setattr(counter, "count_message", count)
     ok, failing = log_payload(lines=400, tag="ok"), log_payload(lines=400, tag="bad")
     assert len(ok) > offload.OFFLOAD_BYTES and len(failing) > offload.OFFLOAD_BYTES

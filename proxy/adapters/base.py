@@ -59,7 +59,7 @@ class Request:
         """The stable digest of the first non-system envelope (or of the last): it names the conversation."""
         conv = self.conversation
         i = min(conv.n_system, len(conv) - 1)
-        return DIGESTS.digest(conv.envelopes[i].value, self.keys[i])
+        return DIGESTS.digest(conv.values[i], self.keys[i])
 
     def total(self, conv: Conversation | None = None) -> int:
         """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request
-from proxy.chat_request import too_deep, validate_message, parse_chat_body
+from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.hashing import message_digest
-from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import is_context_overflow
 
@@ -65,7 +66,10 @@ class ChatAdapter(Adapter):
                 validate_message(m, f"messages[{i}]")
                 n = counter.count_message(m, encoding, k)
             tokens.append(n)
-        conv = Conversation(self.envelopes(messages), tokens)
+        n_system = 0
+        while n_system < len(messages) and messages[n_system].get("role") in SYSTEM_ROLES:
+            n_system += 1
+        conv = Conversation(build=lambda: self.envelopes(messages), tokens=tokens, values=messages, n_system=n_system)
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
             written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
@@ -73,39 +77,34 @@ class ChatAdapter(Adapter):
         )
 
     def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
-        """The messages as envelopes (tool results named after their calls)."""
+        """The messages as envelopes, their items made when first read; a tool result is named
+        (and given the arguments of) the latest call with its id before it, as
+        model.name_results does."""
         out: list[Envelope] = []
+        calls: dict[str, dict[str, Any]] = {}  # call id -> the latest call so far (its JSON)
         turn = 0
         for m in messages:
-            if m.get("role") == "user":
+            role = m.get("role")
+            kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
+            if kind is Kind.USER:
                 turn += 1
-            out.append(self.envelope(m, turn))
-        items = name_results([it for e in out for it in e.items])
-        k = 0
-        named = []
-        for e in out:
-            n = len(e.items)
-            named.append(Envelope(tuple(items[k:k + n]), e.turn, e.cut_before, e.value))
-            k += n
-        return named
+            elif kind is Kind.TOOL_RESULT:
+                call_id = m.get("tool_call_id")
+                out.append(Envelope(None, turn, False, m, kind=kind,
+                                    make=partial(_result_items, m, calls.get(call_id) if isinstance(call_id, str) else None)))
+                continue
+            elif kind is Kind.ASSISTANT and m.get("tool_calls"):
+                for c in m["tool_calls"]:
+                    if isinstance(c, dict) and isinstance(c.get("id"), str):
+                        calls[c["id"]] = c
+            out.append(Envelope(None, turn, kind is Kind.USER or kind is Kind.ASSISTANT, m, kind=kind,
+                                make=partial(_items, m, kind)))
+        return out
 
     def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
-        role = m.get("role")
-        kind = _KIND_OF_ROLE.get(str(role), Kind.OPAQUE)
-        content = m.get("content")
-        text = content_text(content)
-        if kind is Kind.TOOL_RESULT:
-            call_id = m.get("tool_call_id")
-            name = m.get("name")
-            items: tuple[Item, ...] = (Item(
-                Kind.TOOL_RESULT, text, call_id=call_id if isinstance(call_id, str) else None,
-                name=name if isinstance(name, str) else None, plain=_plain(content), raw=content,
-            ),)
-        else:
-            items = (Item(kind, text, plain=_plain(content), raw=content),)
-            if kind is Kind.ASSISTANT:
-                items += tuple(_call(c) for c in m.get("tool_calls") or () if isinstance(c, dict))
-        return Envelope(items, turn, role in ("user", "assistant"), m)
+        """One message (not a tool result) as an envelope, made now."""
+        kind = _KIND_OF_ROLE.get(m.get("role"), Kind.OPAQUE)  # type: ignore[arg-type]
+        return Envelope(_items(m, kind), turn, kind is Kind.USER or kind is Kind.ASSISTANT, m)
 
     def render(self, request: Request, forwarded: Conversation) -> bytes:
         original = request.conversation
@@ -127,7 +126,7 @@ class ChatAdapter(Adapter):
         value["content"] = text
         items = list(envelope.items)
         items[item] = replace(items[item], text=text, plain=True, raw=text)
-        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+        return Envelope(items, envelope.turn, envelope.cut_before, value)
 
     def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
         """Leading system messages (the first annotated) + the summary + messages[cut:]. When the
@@ -156,6 +155,30 @@ class ChatAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_context_overflow(status, body)
+
+
+def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:
+    content = m.get("content")
+    text = content if isinstance(content, str) else content_text(content)
+    item = Item(kind, text, plain=_plain(content), raw=content)
+    tool_calls = m.get("tool_calls") if kind is Kind.ASSISTANT else None
+    if tool_calls:
+        return (item, *(_call(c) for c in tool_calls if isinstance(c, dict)))
+    return (item,)
+
+
+def _result_items(m: dict[str, Any], call: dict[str, Any] | None) -> tuple[Item, ...]:
+    """A tool result, named after `call` (the latest call with its id before it), else its own name."""
+    content = m.get("content")
+    text = content if isinstance(content, str) else content_text(content)
+    call_id = m.get("tool_call_id")
+    if call is not None:
+        c = _call(call)
+        name, args = c.name or "tool", c.args
+    else:
+        name, args = (m["name"] if isinstance(m.get("name"), str) else None), ""
+    return (Item(Kind.TOOL_RESULT, text, call_id=call_id if isinstance(call_id, str) else None, name=name, args=args,
+                 plain=_plain(content), raw=content),)
 
 
 def _call(c: dict[str, Any]) -> Item:

@@ -14,8 +14,7 @@ from typing import Any, Callable
 
 import orjson
 
-from proxy import offload
-from proxy.compaction import extract
+from proxy import identifiers, offload
 from proxy.config import Config
 from proxy.flow import Flow, Stage
 from proxy.hashing import content_digest
@@ -83,6 +82,8 @@ class ToolResultStage(Stage):
         if not self.tcfg.enabled:
             return
         conv = flow.forwarded
+        if not conv.tokens or max(conv.tokens) <= self.tcfg.threshold_tokens:
+            return  # the common case: no result that large, and the model is not even built
         cands = sel.select(
             conv.envelopes,
             conv.tokens,
@@ -209,8 +210,8 @@ class ToolResultStage(Stage):
         if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
             raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
-        found = await offload.sized(len(c.text), extract.find_identifiers, c.text)
-        text = notes.with_identifiers(text, extract.dropped(found, text))
+        found = await offload.sized(len(c.text), identifiers.find_identifiers, c.text)
+        text = notes.with_identifiers(text, identifiers.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
         return text

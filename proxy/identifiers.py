@@ -1,0 +1,130 @@
+"""Identifiers in text: finding them (paths, URLs, hashes, tickets, IDs, error lines) and ranking
+them by salience (spec 9.3). Pure functions, shared by the tool-result notes and the summaries.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+_URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
+_TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d+\b")  # LED-7112, PROJ-42
+_IDENT_PATTERNS = [
+    _URL,
+    _TICKET,
+    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
+    re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+    # paths: absolute, home- or dot-relative, or relative with a directory and an extension
+    re.compile(r"(?<![\w/.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"),
+    re.compile(r"\b(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b"),
+    # hex hashes (7+), containing at least one digit and one letter
+    re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b"),
+    # IDs mixing letters and digits: OI5L9G, sofia_kim_7287, HAT001
+    re.compile(r"\b(?=[A-Za-z0-9_-]*[A-Za-z])(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{3,}[A-Za-z0-9]\b"),
+    re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"),
+    # function names in Python tracebacks
+    re.compile(r"(?<=, in )[A-Za-z_][\w.]*"),
+]
+_ERROR_LINE = re.compile(
+    r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
+)
+# Bare slashes and dots, and percentages, are not identifiers (numbers of 4+ digits are).
+_NOT_AN_ID = re.compile(r"^(?:/+|\.+/?|[\d.]+%)$")
+MAX_ERROR_LINES = 20
+MAX_ERROR_LINE_CHARS = 300
+
+
+PIECE_CHARS = 1 << 18
+
+
+def _pieces(text: str) -> Iterable[tuple[int, int]]:
+    """(start, end) of consecutive pieces of about PIECE_CHARS, each ending after a newline. No
+    pattern here crosses a line, so matching piece by piece finds what one pass would; and a scan
+    of megabytes without a match is not one long call holding the GIL, which would stall the event
+    loop while this runs in a worker thread."""
+    start, n = 0, len(text)
+    while start < n:
+        end = text.find("\n", start + PIECE_CHARS) + 1 or n
+        yield start, end
+        start = end
+
+
+def find_identifiers(text: str) -> list[str]:
+    """Identifiers in order of first appearance, without duplicates.
+
+    A match inside a longer one (the path part of a URL, the digits of a UUID) is left out: the
+    longer identifier already carries it verbatim.
+    """
+    spans: list[tuple[int, int, str]] = []
+    for pat in _IDENT_PATTERNS:
+        for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
+            tok = m.group(0).rstrip(".,;:")
+            if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
+                spans.append((m.start(), m.start() + len(tok), tok))
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    out: list[str] = []
+    seen: set[str] = set()
+    covered_to = -1
+    for _start, end, tok in spans:
+        if end <= covered_to:
+            continue
+        covered_to = end
+        if tok not in seen:
+            seen.add(tok)
+            out.append(tok)
+    return out
+
+
+def find_error_lines(text: str) -> list[str]:
+    out: list[str] = []
+    for m in (m for a, b in _pieces(text) for m in _ERROR_LINE.finditer(text, a, b)):
+        line = m.group(0).strip()
+        if line and line not in out:
+            out.append(line[:MAX_ERROR_LINE_CHARS])
+        if len(out) >= MAX_ERROR_LINES:
+            break
+    return out
+
+
+_HEX = re.compile(r"^[0-9a-f]{7,64}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-")
+_PATH_LIKE = re.compile(r"/|\.\w{1,8}$")
+
+
+def _kind_weight(ident: str) -> int:
+    """Kinds an agent needs exactly (tickets, hashes, URLs) above paths above other tokens."""
+    if _URL.fullmatch(ident) or _TICKET.fullmatch(ident) or _HEX.match(ident) or _UUID.match(ident):
+        return 3
+    if "@" in ident or _PATH_LIKE.search(ident):
+        return 2
+    return 0
+
+
+def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "") -> list[str]:
+    """Most salient first (spec 9.3): named by the user, in an error, of a kind agents need
+    verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer)."""
+    errors = list(errors)
+    n = max(len(idents), 1)
+
+    def score(k: int) -> float:
+        ident = idents[k]
+        s = _kind_weight(ident) + 2.0 * k / n
+        if user_text and ident in user_text:
+            s += 4
+        if any(ident in e for e in errors):
+            s += 3
+        if text:
+            s += min(text.count(ident), 4) / 2
+        return s
+
+    order = sorted(range(len(idents)), key=lambda k: -score(k))
+    return [idents[k] for k in order]
+
+
+def dropped(candidates: Iterable[str], summary: str) -> list[str]:
+    """Candidates that do not appear verbatim in the model's summary."""
+    out: list[str] = []
+    for c in candidates:
+        if c not in summary and c not in out:
+            out.append(c)
+    return out
