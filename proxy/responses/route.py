@@ -20,9 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from proxy import credentials, errors, jsonbody, offload
-from proxy.chat import _headers, not_larger
-from proxy.chat_request import Conversation, analyze
-from proxy.compaction.engine import Outcome, RequestContext
+from proxy.adapters.base import Request
+from proxy.adapters.chat import ChatAdapter
+from proxy.flow import Flow, Identity, Report, run_overflow, run_request
 from proxy.forward import (
     UPSTREAM_ERRORS,
     BodyPace,
@@ -37,7 +37,6 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
-from proxy.ops.events import compaction_event, is_event
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses import chatview, compact
 from proxy.responses.body import parse_responses_body
@@ -45,11 +44,15 @@ from proxy.responses.items import native_compaction, stateful
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
 from proxy.state import STATE, ProxyState
-from proxy.tokens import encoding_name_for
 from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.responses")
 BYPASS = ("1", "true", "yes")
+CHAT = ChatAdapter()  # the stages see the items through a chat view (proxy/responses/chatview.py)
+
+
+def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
+    return Report(before, status=status, tokens_after=after, tool_results=tool_results, wait_ms=wait_ms).headers()
 
 
 @dataclass
@@ -78,52 +81,37 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
     if stateful(body) is not None:
         # The history lives at the upstream: the proxy cannot see it, and changes nothing.
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
-    view, conv = await offload.sized(len(raw), _analyze, body, state, cfg)
-    before = conv.total()
-    ex.conversation = conversation_digest(creds.scope or "", conv.first_digest())
+    view, parsed = await offload.sized(len(raw), _analyze, body, state, cfg)
+    before = parsed.total()
+    ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
     if creds.scope is None:
         return Prepared(raw, body, _headers("none", before, before, 0, 0), streaming)
-    ctx = RequestContext(upstream_headers=creds.headers, scope=creds.scope,
-                         focus=incoming.get("x-compaction-focus") or None, conversation=ex.conversation)
+    parsed.native_compaction = native_compaction(body)
+    flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
+                                          ex.conversation))
     try:
-        stage = await rt.tool_results.process(conv, ctx.upstream_headers, ctx.scope)
-        outcome = Outcome("none")
-        if cfg.compaction.enabled and not native_compaction(body):
-            outcome = not_larger(await rt.compaction.process(conv, stage.messages, ctx), before)
-        messages = outcome.messages or stage.messages
-        data = raw if messages is conv.messages else chatview.render(body, *chatview.from_chat(view, messages))
+        await run_request(rt.stages, flow)
+        data = raw if not flow.changed else chatview.render(body, *chatview.from_chat(view, flow.forwarded.values))
     except Exception:
         # A bug in our own stages (or a message the view cannot map back) must never cost the
         # client its request: forward what it sent.
         log.exception("shrinking the Responses request failed unexpectedly; forwarding it unchanged")
         return Prepared(raw, body, _headers("none", before, before, 0, 0), streaming)
-    after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
-    headers = _headers(outcome.status, before, after, stage.summarized, stage.wait_ms + outcome.wait_ms)
-    if is_event(ex, outcome):
-        state.hooks.compaction(compaction_event(ex, ctx.scope, conv, outcome, before, after))
+    if flow.report.tokens_after is None:
+        flow.report.tokens_after = flow.total()
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
-        if not cfg.compaction.enabled or native_compaction(body):
+        if not await run_overflow(rt.stages, flow):
             return None
-        budget = rt.compaction.budget_for(conv.model).halved()
-        again = not_larger(await rt.compaction.process(conv, stage.messages, ctx, budget=budget), before)
-        if again.messages is None:
-            return None
-        if is_event(ex, again):
-            state.hooks.compaction(compaction_event(ex, ctx.scope, conv, again, before, again.tokens_after or before))
-        out = chatview.render(body, *chatview.from_chat(view, again.messages))
-        return out, _headers(again.status, before, again.tokens_after or before, stage.summarized,
-                             stage.wait_ms + outcome.wait_ms + again.wait_ms)
+        return chatview.render(body, *chatview.from_chat(view, flow.forwarded.values)), flow.report.headers()
 
-    return Prepared(data, body, headers, streaming, retry)
+    return Prepared(data, body, flow.report.headers(), streaming, retry)
 
 
-def _analyze(body: dict[str, Any], state: ProxyState, cfg: Any) -> tuple[chatview.ChatView, Conversation]:
+def _analyze(body: dict[str, Any], state: ProxyState, cfg: Any) -> tuple[chatview.ChatView, Request]:
     view = chatview.to_chat(body)
-    model_cfg = cfg.model_settings(body["model"])
-    encoding = model_cfg.encoding or encoding_name_for(body["model"])
     chat_body = {"model": body["model"], "messages": view.messages, "tools": body.get("tools")}
-    return view, analyze(chat_body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio)
+    return view, CHAT.request_of(chat_body, b"", state.counter, cfg)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:

@@ -15,8 +15,10 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.responses.caller import ResponsesCaller
+from proxy.flow import Stage
 from proxy.state import STATE
 from proxy.toolresults.stage import ToolResultStage
 
@@ -28,6 +30,11 @@ class ResponsesRuntime:
     tool_results: ToolResultStage
     upstream_compact: bool | None = None  # None: not known yet
     own: bool = False  # the stages are this runtime's (started and stopped here)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The stages of a Responses request, in order: tool results to notes, then the history."""
+        return [self.tool_results, CompactionStage(self.compaction, self.compaction.hooks)]
 
 
 RESPONSES = web.AppKey("responses", ResponsesRuntime)
