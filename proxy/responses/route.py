@@ -1,11 +1,11 @@
-"""POST /v1/responses (and each WebSocket `response.create`): the chat path's stages for the
-Responses API (spec 11).
+"""POST /v1/responses (and each WebSocket `response.create`): the chat path's flow and stages for
+the Responses API (spec 10, 11).
 
 A request: body decoded (zstd, gzip ...) and checked; the proxy's own compaction items expanded
 into their summary messages; a stateful request (`previous_response_id`, `conversation`) forwarded
-as it is; otherwise its items go through the stages as chat messages (proxy/responses/chatview.py):
-tool outputs to notes, then, unless the client asked for native compaction (`context_management`),
-the history to a stored summary. Nothing changed: the client's bytes go upstream. The upstream's
+as it is; otherwise parsed by the Responses adapter (proxy/adapters/responses.py) into a Flow whose
+stages make tool outputs notes, then, unless the client asked for native compaction
+(`context_management`), the history a stored summary. Nothing changed: the client's bytes go upstream. The upstream's
 overflow (HTTP 400 `context_length_exceeded`, or a stream failing with it before any output) is
 compacted with half the budget and retried once, before anything reached the client.
 """
@@ -19,9 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import credentials, errors, jsonbody, offload
-from proxy.adapters.base import Request
-from proxy.adapters.chat import ChatAdapter
+from proxy import credentials, jsonbody, offload
+from proxy.adapters.responses import ResponsesAdapter
 from proxy.flow import Flow, Identity, Report, run_overflow, run_request
 from proxy.forward import (
     UPSTREAM_ERRORS,
@@ -38,9 +37,9 @@ from proxy.forward import (
 )
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
-from proxy.responses import chatview, compact
+from proxy.responses import compact
 from proxy.responses.body import parse_responses_body
-from proxy.responses.items import native_compaction, stateful
+from proxy.responses.items import stateful
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
 from proxy.state import STATE, ProxyState
@@ -48,7 +47,7 @@ from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.responses")
 BYPASS = ("1", "true", "yes")
-CHAT = ChatAdapter()  # the stages see the items through a chat view (proxy/responses/chatview.py)
+ADAPTER = ResponsesAdapter()
 
 
 def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
@@ -81,17 +80,19 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
     if stateful(body) is not None:
         # The history lives at the upstream: the proxy cannot see it, and changes nothing.
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
-    view, parsed = await offload.sized(len(raw), _analyze, body, state, cfg)
+    parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
     ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
     if creds.scope is None:
-        return Prepared(raw, body, _headers("none", before, before, 0, 0), streaming)
-    parsed.native_compaction = native_compaction(body)
-    flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
+        # No credential, no configured key, no session id: any other such client could be served
+        # this one's records, so none are kept or read for it (as on the chat path).
+        over = cfg.compaction.enabled and before > rt.compaction.budget_for(parsed.model).threshold
+        return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
+    flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
                                           ex.conversation))
     try:
         await run_request(rt.stages, flow)
-        data = raw if not flow.changed else chatview.render(body, *chatview.from_chat(view, flow.forwarded.values))
+        data = flow.body()
     except Exception:
         # A bug in our own stages (or a message the view cannot map back) must never cost the
         # client its request: forward what it sent.
@@ -103,15 +104,9 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         if not await run_overflow(rt.stages, flow):
             return None
-        return chatview.render(body, *chatview.from_chat(view, flow.forwarded.values)), flow.report.headers()
+        return flow.body(), flow.report.headers()
 
     return Prepared(data, body, flow.report.headers(), streaming, retry)
-
-
-def _analyze(body: dict[str, Any], state: ProxyState, cfg: Any) -> tuple[chatview.ChatView, Request]:
-    view = chatview.to_chat(body)
-    chat_body = {"model": body["model"], "messages": view.messages, "tools": body.get("tools")}
-    return view, CHAT.request_of(chat_body, b"", state.counter, cfg)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,213 @@
+"""The Responses API (`POST /v1/responses`, WebSocket `response.create`) as the neutral model,
+and back (spec 11.1).
+
+An envelope is an input item (proxy/responses/items.py classifies them, pairs calls with their
+outputs by call id, and marks the cuts). `instructions` plays the system prompt's part: it is the
+first envelope of the conversation, a SYSTEM one whose value is an `_Instructions` (a dict no
+client JSON can make), so the stages see it (counted, annotated, never summarized) and `render` writes it back to
+the `instructions` field instead of `input`. The summary goes in as a user message item after the
+leading system/developer items (merged into the first kept user message, as in chat, so
+templates that refuse two user turns in a row still work).
+
+Stateful requests (`previous_response_id`, `conversation`) and those asking for native compaction
+(`context_management`) are marked for the flow: the first are forwarded untouched, the second get
+tool-result notes but no history compaction.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from proxy import jsonbody
+from proxy.adapters.base import Adapter, Request
+from proxy.config import Config
+from proxy.credentials import OPENAI_HEADERS
+from proxy.forward import EventChecker
+from proxy.hashing import message_digest
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.ops.exchange import Usage
+from proxy.responses import items as ri
+from proxy.responses.body import parse_responses_body
+from proxy.responses.stream import ResponsesEventChecker, answer_usage, responses_usage
+from proxy.tokens import TokenCounter, encoding_name_for
+from proxy.upstream import is_context_overflow
+
+ITEM_OVERHEAD = 4  # framing per input item, like a chat message's
+_SPLICE = "splice-" + secrets.token_hex(16)
+_KINDS = {ri.SYSTEM: Kind.SYSTEM, ri.USER: Kind.USER, ri.ASSISTANT: Kind.ASSISTANT, ri.TOOL_CALL: Kind.TOOL_CALL,
+          ri.TOOL_RESULT: Kind.TOOL_RESULT, ri.OPAQUE: Kind.OPAQUE}
+
+
+class _Instructions(dict):  # type: ignore[type-arg]
+    """The instructions envelope's value, {"instructions": text}: JSON like any value (so it is
+    digested and counted the same in every process), told apart from input items by its class."""
+
+
+def _instructions_value(text: str) -> _Instructions:
+    return _Instructions(instructions=text)
+
+
+def _is_instructions(value: Any) -> bool:
+    return isinstance(value, _Instructions)
+
+
+def _plain_output(output: Any) -> bool:
+    """A tool output a note may replace: text only."""
+    return isinstance(output, str) or (isinstance(output, list) and all(
+        isinstance(p, dict) and p.get("type") in ("input_text", "output_text") for p in output))
+
+
+class ResponsesAdapter(Adapter):
+    protocol = "responses"
+    upstream_path = "/responses"
+    credential_headers = OPENAI_HEADERS
+
+    # -- the body ------------------------------------------------------------------------------
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
+        body = parse_responses_body(raw)
+        return self.request_of(raw, body, counter, cfg, ratio=ratio)
+
+    def request_of(self, raw: bytes, body: dict[str, Any], counter: TokenCounter, cfg: Config, *,
+                   ratio: float | None = None, extra: dict[str, Any] | None = None) -> Request:
+        """A parsed body as a Request (the WebSocket's `response.create` comes parsed already)."""
+        model = body["model"]
+        settings = cfg.model_settings(model)
+        encoding = settings.encoding or encoding_name_for(model)
+        values: list[Any] = ri.input_items(body)
+        instructions = body.get("instructions")
+        if isinstance(instructions, str):
+            values = [_instructions_value(instructions), *values]
+        written = [jsonbody.dumps(v) for v in values]
+        keys = [hash(w) for w in written]
+        envelopes = self.envelopes(values)
+        tokens = [self._count(e.value, encoding, counter, k) for e, k in zip(envelopes, keys)]
+        return Request(
+            raw=raw, body=body, model=model, stream=bool(body.get("stream")),
+            conversation=Conversation(envelopes, tokens), keys=keys, written=written, encoding=encoding,
+            ratio=settings.token_ratio if ratio is None else ratio,
+            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            stateful=ri.stateful(body) is not None, native_compaction=ri.native_compaction(body),
+            extra=dict(extra or {}),
+        )
+
+    def envelopes(self, values: list[Any]) -> list[Envelope]:
+        lead = 1 if values and _is_instructions(values[0]) else 0
+        out: list[Envelope] = []
+        if lead:
+            out.append(Envelope((Item(Kind.SYSTEM, values[0]["instructions"], raw=values[0]),), 0, False, values[0]))
+        entries = ri.parse_items(values[lead:])
+        items = name_results([self._item(e) for e in entries])
+        for e, it in zip(entries, items):
+            out.append(Envelope((it,), e.turn, e.cut_before, e.raw))
+        return out
+
+    def _item(self, e: ri.Entry) -> Item:
+        kind = _KINDS[e.kind]
+        if kind is Kind.TOOL_CALL:
+            raw = e.raw
+            args = raw.get("arguments", raw.get("input", "")) if isinstance(raw, dict) else ""
+            return Item(kind, e.text, call_id=e.call_id, name=e.name, args=args if isinstance(args, str) else
+                        orjson.dumps(args).decode(), raw=e.raw)
+        if kind is Kind.TOOL_RESULT:
+            output = e.raw.get("output") if isinstance(e.raw, dict) else None
+            plain = e.type in ri.TEXT_OUTPUTS and _plain_output(output)
+            return Item(kind, e.text, call_id=e.call_id, name=e.name, plain=plain, raw=e.raw)
+        return Item(kind, e.text, raw=e.raw)
+
+    def render(self, request: Request, forwarded: Conversation) -> bytes:
+        original = request.conversation
+        if forwarded is original:
+            return request.raw
+        at = {id(e): i for i, e in enumerate(original.envelopes)}
+        parts: list[bytes] = []
+        instructions: str | None = None
+        for e in forwarded.envelopes:
+            if _is_instructions(e.value):
+                instructions = e.value["instructions"]
+                continue
+            i = at.get(id(e))
+            parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
+        out = dict(request.body)
+        if instructions is not None:
+            out["instructions"] = instructions
+        out["input"] = _SPLICE
+        rest = jsonbody.dumps(out)
+        return rest.replace(b'"input":"' + _SPLICE.encode() + b'"', b'"input":[' + b",".join(parts) + b"]", 1)
+
+    # -- edits ---------------------------------------------------------------------------------
+    def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
+        value = dict(envelope.value)
+        value["output"] = text
+        items = list(envelope.items)
+        items[item] = replace(items[item], text=text, plain=True, raw=value)
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+
+    def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
+        """Instructions (annotated; made of the annotation when there were none) + the other
+        leading system/developer items + the summary as a user message + the items from `cut` on."""
+        envs = conv.envelopes
+        n_system = conv.n_system
+        if envs and _is_instructions(envs[0].value):
+            text = envs[0].value["instructions"]
+            annotated = _instructions_value(f"{text}\n\n{annotation}" if text else annotation)
+            rest = list(envs[1:n_system])
+        else:
+            annotated = _instructions_value(annotation)
+            rest = list(envs[:n_system])
+        head = [Envelope((Item(Kind.SYSTEM, annotated["instructions"], raw=annotated),), 0, False, annotated), *rest]
+        kept = envs[cut:]
+        first = kept[0].value if kept else None
+        if isinstance(first, dict) and ri.item_type(first) == "message" and first.get("role") == "user":
+            merged = dict(first)
+            merged["content"] = _prepend_parts(first.get("content"), summary)
+            head.append(self._single(merged, kept[0].turn, True))
+            return Injected([*head, *kept[1:]], len(head), cut + 1)
+        message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": summary}]}
+        head.append(self._single(message, kept[0].turn if kept else 0, True))
+        return Injected([*head, *kept], len(head), cut)
+
+    def _single(self, value: dict[str, Any], turn: int, cut_before: bool) -> Envelope:
+        (entry,) = ri.parse_items([value])
+        return Envelope((self._item(entry),), turn, cut_before, value)
+
+    def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
+        return self._count(envelope.value, encoding, counter, message_digest(envelope.value))
+
+    def _count(self, value: Any, encoding: str, counter: TokenCounter, key: Any) -> int:
+        return counter.count_keyed(encoding, ("responses", key), lambda: self._count_uncached(value, encoding, counter))
+
+    def _count_uncached(self, value: Any, encoding: str, counter: TokenCounter) -> int:
+        if _is_instructions(value):
+            return counter.count_text(value["instructions"], encoding)
+        t = ri.item_type(value)
+        if t == "message":
+            return ITEM_OVERHEAD + counter.count_text(str(value.get("role", "")), encoding) + counter.count_content(
+                value.get("content"), encoding)
+        (entry,) = ri.parse_items([value])
+        return ITEM_OVERHEAD + counter.count_text(entry.text, encoding)
+
+    # -- the wire ------------------------------------------------------------------------------
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        return is_context_overflow(status, body)
+
+    def event_checker(self) -> EventChecker:
+        return ResponsesEventChecker()
+
+    def usage(self, answer: bytes) -> Usage | None:
+        return answer_usage(answer)
+
+    def stream_usage(self, checker: EventChecker) -> Usage | None:
+        return responses_usage(checker.usage)
+
+
+def _prepend_parts(content: Any, text: str) -> Any:
+    part = {"type": "input_text", "text": text}
+    if isinstance(content, list):
+        return [part, *content]
+    if isinstance(content, str) and content:
+        return [part, {"type": "input_text", "text": content}]
+    return [part]
