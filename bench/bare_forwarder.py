@@ -30,7 +30,29 @@ def _filtered(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+async def forward_websocket(request: web.Request) -> web.StreamResponse:
+    """A WebSocket relayed message by message both ways (the baseline of a WebSocket turn)."""
+    headers = {k: v for k, v in _filtered(request.headers).items() if not k.lower().startswith("sec-websocket-")}
+    url = request.app[UPSTREAM].replace("http", "ws", 1) + request.path_qs
+    async with request.app[SESSION].ws_connect(url, headers=headers, max_msg_size=0) as up:
+        client = web.WebSocketResponse(max_msg_size=0)
+        await client.prepare(request)
+
+        async def down() -> None:
+            async for msg in up:
+                await client.send_str(msg.data)
+            await client.close()
+
+        task = asyncio.create_task(down())
+        async for msg in client:
+            await up.send_str(msg.data)
+        task.cancel()
+        return client
+
+
 async def forward(request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await forward_websocket(request)
     headers = _filtered(request.headers)
     data = None
     if request.body_exists:

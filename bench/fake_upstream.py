@@ -12,7 +12,10 @@ head and answers from precomputed bytes:
 - summarizer requests (the first system message starts with the first 40 characters of
   prompts/summarization-system.md or prompts/tool-result-summarizer.md): a valid summary with every
   heading the proxy requires. Only bodies that contain that text are parsed as JSON.
-- `POST /v1/messages` (Anthropic Messages), non-streaming: one precomputed Messages answer.
+- `POST /v1/messages` (Anthropic Messages): one precomputed Messages answer, or with
+  `"stream": true` Anthropic's event stream (message_start ... message_stop, `event:` names).
+- `POST .../responses` (OpenAI Responses): one precomputed response object, or with
+  `"stream": true` its event stream (response.created ... response.completed, no `[DONE]`).
 - `GET /bench/stats`: counters as JSON (requests, summarizer requests, streams open).
 - anything else: 404.
 
@@ -96,6 +99,50 @@ def message_json(text: str, model: str = "bench-model") -> bytes:
     return orjson.dumps({"id": "msg_bench", "type": "message", "role": "assistant", "model": model,
                          "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
                          "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}})
+
+
+def response_json(text: str, model: str = "bench-model") -> dict[str, Any]:
+    """A Responses answer (openai/types/responses/response.py) with a fixed usage."""
+    return {"id": "resp_bench", "object": "response", "created_at": CREATED, "status": "completed", "model": model,
+            "output": [{"id": "msg_bench", "type": "message", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
+            "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
+            "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 8,
+                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 20}}
+
+
+def _named(name: str, payload: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **payload}) + b"\n\n"
+
+
+def messages_events(count: int) -> list[bytes]:
+    """`count` Anthropic stream events (at least 5): message_start, a text block's start, deltas
+    and stop, message_delta with the usage, message_stop."""
+    count = max(5, count)
+    start = {"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model", "content": [],
+             "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 1}}
+    events = [_named("message_start", {"message": start}),
+              _named("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+    events += [_named("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}})
+               for i in range(count - 5)]
+    events += [_named("content_block_stop", {"index": 0}),
+               _named("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                        "usage": {"output_tokens": 8}}),
+               _named("message_stop", {})]
+    return events
+
+
+def responses_events(count: int) -> list[bytes]:
+    """`count` Responses stream events (at least 3): response.created, text deltas, response.completed."""
+    count = max(3, count)
+    created = {**response_json(""), "status": "in_progress", "output": [], "usage": None}
+    events = [_named("response.created", {"sequence_number": 0, "response": created})]
+    events += [_named("response.output_text.delta", {"sequence_number": i + 1, "item_id": "msg_bench",
+                                                     "output_index": 0, "content_index": 0, "delta": f"tok{i} "})
+               for i in range(count - 2)]
+    events.append(_named("response.completed", {"sequence_number": count - 1, "response": response_json("tok")}))
+    return events
 
 
 def _chunk_event(delta: dict[str, Any], finish: str | None) -> bytes:
@@ -209,13 +256,15 @@ class Server:
         self.reply = fixed_response(completion_json("Hello from the bench upstream."))
         self.summary = fixed_response(completion_json(SUMMARY_TEXT))
         self.message = fixed_response(message_json("Hello from the bench upstream."))
+        self.response = fixed_response(orjson.dumps(response_json("Hello from the bench upstream.")))
         self.not_found = fixed_response(b'{"error":{"message":"not found","type":"invalid_request_error"}}', status="404 Not Found")
-        self._events: dict[int, list[bytes]] = {}
+        self._events: dict[tuple[str, int], list[bytes]] = {}
 
-    def events(self, count: int) -> list[bytes]:
-        if count not in self._events:
-            self._events[count] = [http_chunk(e) for e in sse_events(count)]
-        return self._events[count]
+    def events(self, count: int, make: Any = sse_events) -> list[bytes]:
+        key = (make.__name__, count)
+        if key not in self._events:
+            self._events[key] = [http_chunk(e) for e in make(count)]
+        return self._events[key]
 
     def protocol(self) -> "HttpProtocol":
         return HttpProtocol(self)
@@ -362,8 +411,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         elif req.method == "POST" and req.path.endswith("/chat/completions"):
             self._chat(req)
         elif req.method == "POST" and req.path == "/v1/messages":
-            s.stats.chat += 1
-            self._send(s.message, req)
+            self._answer(req, s.message, messages_events)
+        elif req.method == "POST" and req.path.endswith("/responses"):
+            self._answer(req, s.response, responses_events)
         else:
             self._send(s.not_found, req)
 
@@ -373,16 +423,21 @@ class HttpProtocol(asyncio.BufferedProtocol):
             s.stats.summarizer += 1
             self._send(s.summary, req)
             return
+        self._answer(req, s.reply, sse_events)
+
+    def _answer(self, req: Request, whole: bytes, events: Any) -> None:
+        """The precomputed answer, or the event stream `events(count)` makes when streaming."""
+        s = self.server
         s.stats.chat += 1
         if not wants_stream(req.body):
-            self._send(s.reply, req)
+            self._send(whole, req)
             return
         s.stats.streams += 1
         h = req.headers
         count = int(h.get("x-bench-chunks") or s.settings.chunks)
         delay = float(h.get("x-bench-chunk-delay-ms") or s.settings.chunk_delay_ms) / 1000
         hold = float(h.get("x-bench-hold-s") or 0)
-        self.stream_task = asyncio.get_running_loop().create_task(self._stream(req, s.events(count), delay, hold))
+        self.stream_task = asyncio.get_running_loop().create_task(self._stream(req, s.events(count, events), delay, hold))
 
     async def _stream(self, req: Request, events: list[bytes], delay: float, hold: float) -> None:
         s = self.server

@@ -39,7 +39,7 @@ from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
 from bench.stats import BASELINE, DIRECT, NGINX, NO_METRICS, NO_OPS, PROXY, Tally, summarize  # noqa: E402
-from bench.workloads import agent_conversation, small_body  # noqa: E402
+from bench.workloads import agent_conversation, agent_protocol_body, small_body, small_protocol_body  # noqa: E402
 
 RESULTS_DIR = procs.BENCH_DIR / "results"
 SMALL_MODEL, LONG_MODEL, REUSED_MODEL, CROSS_MODEL = "bench-small", "bench-long", "bench-reused", "bench-cross"
@@ -79,7 +79,11 @@ QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long
               large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, crossing_convs=1, stream_8=24,
               throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
 
-WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory", "throughput")
+PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses") for w in ("small", "stream", "large"))
+WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory", "throughput",
+             *PROTOCOL_WORKLOADS)
+PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
+PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}}
 THROUGHPUT_CLIENTS = 32
 WORKER_COUNTS = (1, 2)
 
@@ -336,6 +340,39 @@ async def throughput(bench: Bench) -> dict[str, Any]:
             "scaling": None if not one or not two else two / one}
 
 
+async def protocol_workload(bench: Bench, protocol: str, kind: str) -> dict[str, Any]:
+    """small_1, stream_8 and large_4 as Messages or Responses requests, on the same targets."""
+    s = bench.sizes
+    headers = dict(PROTOCOL_HEADERS[protocol])
+    stream = kind == "stream"
+    if stream:
+        headers |= {"x-bench-chunks": str(s.stream_chunks), "x-bench-chunk-delay-ms": str(s.stream_delay_ms)}
+    if kind == "large":
+        body = agent_protocol_body(protocol, LONG_MODEL, seed=1000, turns=s.long_steps - 1, turn_tokens=1000)
+        clients, count, what = 4, s.large_4, f"one ~{s.long_steps}k-token body, 4 clients"
+    else:
+        body = small_protocol_body(protocol, SMALL_MODEL, stream=stream)
+        clients, count = (8, s.stream_8) if stream else (1, s.small_1)
+        what = (f"streaming, {s.stream_chunks} events {s.stream_delay_ms:g} ms apart, 8 clients (figures: time to "
+                "first event)") if stream else "small non-streaming request, 1 client"
+    req = Request(body, headers, path=PATHS[protocol])
+    await bench.warm(req, clients)
+    tallies = await bench.interleaved(s.rounds, lambda t, r: run_load(t.port, [req], count=count, clients=clients))
+    rows = summarize(tallies, metric="ttfb" if stream else "latency")
+    if stream:
+        for name, t in tallies.items():
+            short = sum(1 for r in t.results if r.events != int(r.headers.get("x-bench-events", -1)))
+            rows[name]["events_per_stream"] = s.stream_chunks
+            rows[name]["streams_missing_events"] = short
+            rows[name]["coalesced_events_pct"] = 100 * sum(max(0, r.events - r.reads) for r in t.results) / max(1, t.n * s.stream_chunks)
+            if short:
+                bench.problems.append(f"{protocol}_{kind}: {short} {name} streams lost events")
+    # "-": no x-compaction-status, the route is relayed as a pass-through on this proxy
+    bench.expect_status(f"{protocol}_{kind}", tallies.get(PROXY), {"none", "-"})
+    return {"description": f"{protocol.capitalize()} {PATHS[protocol]}: {what}", "metric": "ttfb" if stream else "latency",
+            "targets": rows, "protocol": protocol}
+
+
 def upstream_stats(upstream: procs.Server) -> dict[str, int]:
     with urllib.request.urlopen(f"http://{procs.LOOPBACK}:{upstream.port}/bench/stats", timeout=10) as r:
         return json.loads(r.read())
@@ -360,6 +397,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     "stream_8": stream_8,
     "memory": memory,
     "throughput": throughput,
+    **{name: (lambda b, p=name.split("_")[0], k=name.split("_")[1]: protocol_workload(b, p, k)) for name in PROTOCOL_WORKLOADS},
 }
 
 

@@ -144,3 +144,56 @@ def agent_conversation(model: str, *, seed: int, turns: int, turn_tokens: int, s
     for t in range(short_turns):
         conv.add_turn(*short_turn(rng, t))
     return conv
+
+
+# -- the same requests in the other protocols ------------------------------------------------------
+
+SMALL_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
+SMALL_QUESTION = "What is the capital of France, and what river runs through it?"
+
+
+def small_protocol_body(protocol: str, model: str, *, stream: bool = False) -> bytes:
+    """small_body's request as `chat`, `messages` (Anthropic) or `responses` (OpenAI Responses)."""
+    if protocol == "chat":
+        return small_body(model, stream=stream)
+    head = {"stream": True} if stream else {}
+    if protocol == "messages":
+        return orjson.dumps({**head, "model": model, "max_tokens": 64, "system": SMALL_SYSTEM,
+                             "messages": [{"role": "user", "content": SMALL_QUESTION}]})
+    return orjson.dumps({**head, "model": model, "instructions": SMALL_SYSTEM, "input": SMALL_QUESTION,
+                         "max_output_tokens": 64})
+
+
+def agent_protocol_body(protocol: str, model: str, *, seed: int, turns: int, turn_tokens: int,
+                        stream: bool = False) -> bytes:
+    """agent_conversation's request after `turns` turns, as Messages (tool_use / tool_result
+    blocks) or Responses (function_call / function_call_output items): the same text and tools."""
+    rng = random.Random(seed)
+    tools = agent_tools()
+    head = {"stream": True} if stream else {}
+    items: list[dict[str, object]] = []
+    for t in range(turns + 1):
+        user, rest = agent_turn(rng, t, turn_tokens)
+        items.append({"role": "user", "content": user})
+        if t == turns:
+            break
+        call = rest[0]["tool_calls"][0]  # type: ignore[index]
+        result, answer = rest[1]["content"], rest[2]["content"]
+        fn = call["function"]
+        if protocol == "messages":
+            items += [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_" + call["id"][5:],
+                                                         "name": fn["name"], "input": orjson.loads(fn["arguments"])}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_" + call["id"][5:],
+                                                    "content": result}]},
+                      {"role": "assistant", "content": answer}]
+        else:
+            items += [{"type": "function_call", "call_id": call["id"], "name": fn["name"], "arguments": fn["arguments"]},
+                      {"type": "function_call_output", "call_id": call["id"], "output": result},
+                      {"role": "assistant", "content": answer}]
+    if protocol == "messages":
+        schemas = [{"name": f["function"]["name"], "description": f["function"]["description"],  # type: ignore[index]
+                    "input_schema": f["function"]["parameters"]} for f in tools]  # type: ignore[index]
+        return orjson.dumps({**head, "model": model, "max_tokens": 1024, "system": SYSTEM_PROMPT, "tools": schemas,
+                             "messages": items})
+    schemas = [{"type": "function", **f["function"]} for f in tools]  # type: ignore[dict-item]
+    return orjson.dumps({**head, "model": model, "instructions": SYSTEM_PROMPT, "tools": schemas, "input": items})

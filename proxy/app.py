@@ -17,6 +17,7 @@ from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
 from proxy.responses.handlers import handle_compact, handle_responses_get
+from proxy.responses.route import handle_responses
 from proxy.responses.runtime import responses_runtime
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
@@ -98,6 +99,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
     add_protocol_route(app, "/v1/messages", messages.handle_messages, "messages")
     add_protocol_route(app, "/v1/messages/count_tokens", messages.handle_count_tokens, "messages")
+    add_protocol_route(app, "/v1/responses", handle_responses, "responses")
     app.router.add_get("/v1/responses", handle_responses_get)  # WebSocket mode (spec 11.3)
     app.router.add_post("/v1/responses/compact", handle_compact)
     admin.add_routes(app)

@@ -6,16 +6,12 @@ tool-call pairing are the upstream's to judge: the proxy forwards and lets the u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import orjson
 
 from proxy import jsonbody
 from proxy.errors import ProxyError, bad_request
-from proxy.hashing import DigestCache, message_keys
-from proxy.tokens import REPLY_OVERHEAD, TokenCounter, encoding_name_for
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -35,7 +31,7 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
         raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
     validate_chat_body(body, messages=False)
-    # The messages are checked by `analyze`, which writes each of them anyway.
+    # The messages are checked by the chat adapter's parse, once per distinct message.
     _check_writable({k: v for k, v in body.items() if k != "messages"})
     return body
 
@@ -47,10 +43,10 @@ def _check_writable(value: Any) -> None:
     try:
         jsonbody.dumps(value)
     except orjson.JSONEncodeError:
-        raise _too_deep() from None
+        raise too_deep() from None
 
 
-def _too_deep() -> ProxyError:
+def too_deep() -> ProxyError:
     return bad_request("Request body is nested too deeply (at most 254 levels).")
 
 
@@ -61,7 +57,7 @@ def _type_name(v: Any) -> str:
 
 
 def validate_chat_body(body: Any, *, messages: bool = True) -> None:
-    """The fields the proxy reads; each message too unless `messages` is False (then `analyze`
+    """The fields the proxy reads; each message too unless `messages` is False (then the adapter
     checks each distinct message once, so a long history is not re-checked on every request)."""
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, got {_type_name(body)}.")
@@ -81,7 +77,7 @@ def validate_chat_body(body: Any, *, messages: bool = True) -> None:
         raise bad_request("'messages' must contain at least one message.", param="messages")
     if messages:
         for i, msg in enumerate(body["messages"]):
-            _validate_message(msg, f"messages[{i}]")
+            validate_message(msg, f"messages[{i}]")
     for name in ("stream",):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise bad_request(f"'{name}' must be a boolean, got {_type_name(body[name])}.", param=name)
@@ -90,7 +86,7 @@ def validate_chat_body(body: Any, *, messages: bool = True) -> None:
         raise bad_request(f"'tools' must be an array, got {_type_name(tools)}.", param="tools")
 
 
-def _validate_message(msg: Any, where: str) -> None:
+def validate_message(msg: Any, where: str) -> None:
     if not isinstance(msg, dict):
         raise bad_request(f"{where} must be an object, got {_type_name(msg)}.", param=where)
     role = msg.get("role")
@@ -133,90 +129,6 @@ def _validate_message(msg: Any, where: str) -> None:
         raise bad_request(f"{where}.tool_call_id is required for role 'tool' and must be a string.", param=f"{where}.tool_call_id")
     if "name" in msg and msg["name"] is not None and not isinstance(msg["name"], str):
         raise bad_request(f"{where}.name must be a string.", param=f"{where}.name")
-
-
-def leading_system_count(messages: list[dict[str, Any]]) -> int:
-    n = 0
-    for m in messages:
-        if m.get("role") not in SYSTEM_ROLES:
-            break
-        n += 1
-    return n
-
-
-@dataclass
-class Conversation:
-    """A request's messages with what every later step needs: digests and token counts."""
-
-    body: dict[str, Any]
-    messages: list[dict[str, Any]]
-    keys: list[int]  # fast in-process keys of the ORIGINAL messages (hashing.message_keys)
-    tokens: list[int]  # of the messages as they will be forwarded (after tool-result notes)
-    tools_tokens: int
-    encoding: str
-    ratio: float
-    n_system: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.n_system = leading_system_count(self.messages)
-
-    @cached_property
-    def digests(self) -> list[bytes]:
-        """Stable digests of the ORIGINAL messages: store keys never depend on our rewrites.
-        Computed only when needed (compaction), and once per distinct message."""
-        return DIGESTS.digests(self.messages, self.keys)
-
-    def first_digest(self) -> bytes:
-        """The stable digest of the first non-system message (or of the last message), computed
-        once per distinct message: it names the conversation."""
-        i = min(self.n_system, len(self.messages) - 1)
-        return DIGESTS.digest(self.messages[i], self.keys[i])
-
-    @property
-    def model(self) -> str:
-        return self.body["model"]
-
-    def total(self) -> int:
-        return self.scaled(sum(self.tokens) + self.tools_tokens + REPLY_OVERHEAD)
-
-    def scaled(self, n: int) -> int:
-        return n if self.ratio == 1.0 else int(n * self.ratio)
-
-
-DIGESTS = DigestCache()
-
-
-def keys_of(messages: list[Any]) -> tuple[list[int], list[int]]:
-    """Each message's in-process key and JSON size; 400 for what orjson cannot write."""
-    try:
-        return message_keys(messages)
-    except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
-        raise _too_deep() from None
-
-
-def analyze(
-    body: dict[str, Any], counter: TokenCounter, *, encoding: str | None, ratio: float, keys: list[int] | None = None
-) -> Conversation:
-    messages = body["messages"]
-    enc = encoding or encoding_name_for(body["model"])
-    if keys is None:
-        keys = keys_of(messages)[0]
-    tokens = []
-    for i, (m, k) in enumerate(zip(messages, keys)):
-        n = counter.cached(enc, k)
-        if n is None:  # a message not seen before: checked once, then counted
-            _validate_message(m, f"messages[{i}]")
-            n = counter.count_message(m, enc, k)
-        tokens.append(n)
-    return Conversation(
-        body=body,
-        messages=messages,
-        keys=keys,
-        tokens=tokens,
-        tools_tokens=counter.count_tools(body.get("tools"), enc),
-        encoding=enc,
-        ratio=ratio,
-    )
 
 
 def message_text(msg: dict[str, Any]) -> str:

@@ -65,8 +65,9 @@ class Envelope:
 
     @property
     def text(self) -> str:
-        """The text of its non-call items, joined (a user's request, an assistant's answer)."""
-        return "\n".join(it.text for it in self.items if it.kind is not Kind.TOOL_CALL and it.text)
+        """The text of its items that are neither calls nor opaque, joined (a user's request, an
+        assistant's answer, a tool's output)."""
+        return "\n".join(it.text for it in self.items if it.kind is not Kind.TOOL_CALL and it.kind is not Kind.OPAQUE)
 
     @property
     def calls(self) -> list[Item]:

@@ -76,11 +76,12 @@ class GuardedHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         waiting_for_headers = not self._request_in_progress and not self._messages
-        if waiting_for_headers and self._header_timer is None and self.transport is not None:
-            self._header_timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_late)
         super().data_received(data)
         if self._messages:  # the headers are complete
             self._stop_header_timer()
+        elif waiting_for_headers and self._header_timer is None and self.transport is not None:
+            # The clock starts with these bytes; a request whose headers came whole needs none.
+            self._header_timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_late)
 
     async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         self._stop_header_timer()  # bytes of this request's body may have started the clock

@@ -13,8 +13,10 @@ import aiohttp
 from aiohttp import web
 
 from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
+from proxy.flow import Stage
 from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
@@ -58,10 +60,13 @@ class ProxyState:
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     max_body: int = field(init=False)
+    stages: list[Stage] = field(init=False)  # every chat request's, in order (spec 10.1)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.max_body = int(self.cfg.server.max_body_mb * 1024 * 1024)
+        # Tool results to notes, then the history.
+        self.stages = [self.tool_results, CompactionStage(self.compaction, self.hooks)]
         if self.cfg.store.scope_secret is None:
             self._secret_task = asyncio.create_task(self._keep_secret_shared(), name="scope-secret")
 

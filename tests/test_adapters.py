@@ -115,3 +115,47 @@ def test_injecting_a_summary_merges_it_into_a_kept_user_message():
     kept_assistant = CHAT.inject(flow.forwarded, 2, "SUMMARY", "NOTE")
     assert [e.kind for e in kept_assistant.envelopes] == [Kind.SYSTEM, Kind.USER, Kind.ASSISTANT, Kind.USER]
     assert kept_assistant.envelopes[2] is flow.forwarded.envelopes[2] and kept_assistant.tail_start == 2
+
+
+async def test_a_compacting_request_writes_each_message_once_when_seen_before(monkeypatch):
+    """Parse writes each message once (keys, counts and the rendered body reuse those bytes); the
+    stable digests of the store keys add one canonical write per message the process never saw."""
+    from proxy.compaction.engine import CompactionEngine
+    from proxy.compaction.stage import CompactionStage
+    from proxy.compaction.summarizer import HistorySummarizer
+    from proxy.config import Config
+    from proxy.flow import run_request
+    from proxy.ops.hooks import Hooks
+    from proxy.prompts import Prompts
+    from proxy.store.memory import MemoryStore
+    from support.compaction_helpers import chat_history, counter, main_summary
+
+    class Summaries:
+        async def complete(self, **_: Any) -> str:
+            return main_summary("x")
+
+    cfg = Config.model_validate({"models": {"gpt-4": {"context_window": 6000}},
+                                 "compaction": {"prepare_percent": 0, "cached_summary_call": False}})
+    prompts = Prompts()
+    engine = CompactionEngine(cfg, MemoryStore(ttl_s=60, max_records=100),
+                              HistorySummarizer(Summaries(), prompts, lambda t: counter().count_text(t, "cl100k_base")),
+                              counter(), prompts)
+    stages = [CompactionStage(engine, Hooks())]
+    written: Counter[int] = Counter()
+    real = jsonbody.dumps
+
+    def counting(value: Any, **kw: Any) -> bytes:
+        written[id(value)] += 1
+        return real(value, **kw)
+
+    monkeypatch.setattr(jsonbody, "dumps", counting)
+    history = chat_history(14, 150, system="written once " + str(id(written)))  # new to this process
+    for n, (messages, most) in enumerate([(history, 2), ([*history, {"role": "assistant", "content": "ok"},
+                                                         {"role": "user", "content": "next"}], 1)]):
+        written.clear()
+        flow = make_flow(messages, cfg=cfg)
+        await run_request(stages, flow)
+        flow.body()
+        assert flow.report.status == ("summarized" if n == 0 else "reused")
+        seen = flow.request.body["messages"][: len(history)]
+        assert max(written[id(m)] for m in seen) == most, n

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.chat_request import analyze
+from support.compaction_helpers import analyze
 from proxy.ops.prices import Price, PriceTable
 from support.client import chat, get, openai_client
 from support.compaction_helpers import counter
@@ -30,7 +30,7 @@ async def bill_of(proxy: Any) -> dict[str, Any]:
 
 def original_tokens(messages: list[dict[str, Any]]) -> list[int]:
     """The proxy's count of each message the client sent (its own counting function)."""
-    return analyze({"model": MODEL, "messages": messages}, counter(), encoding=None, ratio=1.0).tokens
+    return analyze({"model": MODEL, "messages": messages}, counter(), ratio=1.0).conversation.tokens
 
 
 def by_hand(points: list[list[dict[str, Any]]], answers: list[Any], upstream: Any) -> tuple[float, float]:

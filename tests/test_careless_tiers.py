@@ -69,7 +69,7 @@ def settings(window, **compaction):
 
 
 def recall_listed(proxy) -> set[str]:
-    return {x for rec in proxy.state.compaction._records.values() for x in rec.recall_identifiers}
+    return {x for rec in proxy.state.compaction.records.known() for x in rec.recall_identifiers}
 
 
 @pytest.mark.parametrize("name", ["tau", "swe", "coding"])

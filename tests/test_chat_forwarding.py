@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.chat_request import analyze
+from support.compaction_helpers import analyze
 from support.client import auth, post, sync_openai_client
 
 TOOLS = [
@@ -30,7 +30,7 @@ CALL = {"id": "call_Ord3r7", "name": "get_order", "arguments": {"order_id": "#W5
 
 def _counted(proxy, body: dict) -> int:
     """The proxy's own count of a request (messages + tools), as its headers must report it."""
-    return analyze(body, proxy.state.counter, encoding=None, ratio=1.0).total()
+    return analyze(body, proxy.state.counter, ratio=1.0).total()
 
 
 def _tool_history(first_reply) -> list[dict]:

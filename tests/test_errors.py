@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.chat_request import analyze, parse_chat_body
+from proxy.chat_request import parse_chat_body
+from support.compaction_helpers import analyze
 from proxy.errors import ProxyError
 from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
 from support.client import get, http, post, raw_http
@@ -234,17 +235,18 @@ def _check_body(raw: bytes) -> bool:
     try:
         parsed = parse_chat_body(raw)
         # each message is checked when first seen, by analyze: parse + analyze is the whole check
-        conv = analyze(parsed, _COUNTER, encoding=None, ratio=1.0)
+        conv = analyze(parsed, _COUNTER, ratio=1.0)
     except ProxyError as e:
         assert e.status == 400 and e.message
         return False
     # Countable: every message counted, each at least its framing and its text (a total above 0 is
     # no check: the reply's priming alone makes it 3).
     messages = parsed["messages"]
-    assert len(conv.tokens) == len(messages) >= 1
-    for m, n in zip(messages, conv.tokens):
+    tokens = conv.conversation.tokens
+    assert len(tokens) == len(messages) >= 1
+    for m, n in zip(messages, tokens):
         assert n >= MESSAGE_OVERHEAD + _text_tokens(m, conv.encoding), m
-    assert conv.total() >= REPLY_OVERHEAD + sum(conv.tokens)
+    assert conv.total() >= REPLY_OVERHEAD + sum(tokens)
     return True
 
 

@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.forward import EventChecker
+from proxy.forward import EventChecker, _check_event, _event_usage
 
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hé \n"}}]}
 
@@ -64,3 +64,44 @@ def test_the_checker_knows_when_the_answer_is_complete():
     assert not checker.done  # half an event is not the end
     checker.feed(b"NE]\n\n")
     assert checker.done
+
+
+def feed_record(data: bytes, cuts: list[int]) -> tuple[bytes, str | None, bool, object]:
+    checker = EventChecker()
+    out, why = b"", None
+    for a, b in zip([0, *cuts], [*cuts, len(data)]):
+        good, why = checker.feed(data[a:b])
+        out += good
+        if why is not None:
+            return out, why, checker.done, checker.usage
+    good, why = checker.finish()
+    return out + good, why, checker.done, checker.usage
+
+
+EVENT_PARTS = st.sampled_from([
+    b"data: " + orjson.dumps(CHUNK), b'data: {"usage":{"prompt_tokens":3}}', b'data: {"usage": {"prompt_tokens":4}}',
+    b'data: ["usage":{"x"]', b"data: [DONE]", b"data:  [DONE]", b"data: [DONE] ", b"data: 1\r: c", b": keep-alive",
+    b"event: x\ndata: {}", b"data: {\"a\":\ndata: 1}", b"data: {", b"", b"\n", b"data: {}\r",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(EVENT_PARTS, max_size=8), seps=st.data())
+def test_whole_event_chunks_are_judged_as_byte_by_byte_feeding_judges_them(parts, seps):
+    # Chunks that end with whole events take the fast path (split at blank lines, one parse per
+    # data line); fed a byte at a time the same stream always takes the general one.
+    chunks = [p + seps.draw(st.sampled_from([b"\n\n", b"\n\n\n", b"\r\n\r\n", b"\n"])) for p in parts]
+    raw = b"".join(chunks)
+    at = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
+    assert feed_record(raw, at) == feed_record(raw, list(range(1, len(raw))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(event=st.one_of(EVENT_PARTS, st.binary(max_size=40).map(lambda b: b"data: " + b)))
+def test_one_parse_per_data_line_judges_an_event_as_the_line_by_line_check_does(event):
+    checker = EventChecker()
+    why = checker.event(event)
+    assert why == _check_event(event)
+    assert checker.done == (event.strip() == b"data: [DONE]")
+    if why is None and (b'"usage":{' in event or b'"usage": {' in event):
+        assert checker.usage == _event_usage(event)

@@ -61,7 +61,7 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
     # An upstream that breaks mid-answer, and a bug in a stage (logged with its traceback).
     upstream.reset_mid_response, upstream.fault_times = True, 1
     await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL, expect=502)
-    monkeypatch.setattr(proxy.state.tool_results, "process", _raises)
+    monkeypatch.setattr(proxy.state.tool_results, "request", _raises)
     assert (await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL)).compaction == "none"
 
     text = stream.getvalue()

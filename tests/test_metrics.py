@@ -183,3 +183,21 @@ async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy)
     assert stats["identifiers_to_recall"] >= 1 and stats["cached_call_fallbacks"] >= 1
     assert value(m, "compaction_proxy_identifiers_to_recall_total") == stats["identifiers_to_recall"]
     assert value(m, "compaction_proxy_cached_summary_call_fallbacks_total") == stats["cached_call_fallbacks"]
+
+
+def test_the_direct_adder_and_observer_count_as_prometheus_client_does():
+    from prometheus_client import CollectorRegistry, Counter as PCounter, Histogram
+
+    from proxy.ops.metrics import LATENCY_BUCKETS, adder, observer
+
+    samples = []
+    for fast in (False, True):
+        r = CollectorRegistry()
+        h = Histogram("h", "h", ["x"], buckets=LATENCY_BUCKETS, registry=r).labels("a")
+        c = PCounter("c", "c", ["x"], registry=r).labels("a")
+        observe, inc = (observer(h), adder(c)) if fast else (h.observe, c.inc)
+        for v in (0.0, 0.005, 0.0051, 0.3, 300, 301, 1e9, *LATENCY_BUCKETS):
+            observe(v)
+            inc(v)
+        samples.append([(s.name, s.labels, s.value) for f in r.collect() for s in f.samples if not s.name.endswith("_created")])
+    assert samples[0] == samples[1]

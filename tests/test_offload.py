@@ -14,8 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import chat, hashing, offload
-from proxy.compaction import engine, extract
+from proxy import hashing, offload
+from proxy.adapters import chat
+from proxy.adapters.chat import ChatAdapter
+from proxy.compaction import extract, making
 from support.client import auth, post
 from support.compaction_helpers import chat_history
 
@@ -39,16 +41,16 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 6000 if size == "small" else 60_000}},
                                                  "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
     where: dict[str, set[int]] = defaultdict(set)
-    for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (engine, "serialize_messages"),
-                         (extract, "find_identifiers"), (extract, "find_error_lines"), (chat, "_dump")]:
+    for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
+                         (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
         spy(monkeypatch, where, module, name)
     msgs = chat_history(12, 150) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
     assert (len(body) > offload.OFFLOAD_BYTES) is (size == "large")
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
-    assert set(where) == {"parse_chat_body", "digests", "serialize_messages", "find_identifiers",
-                          "find_error_lines", "_dump"}
+    assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",
+                          "find_error_lines", "render"}
     for name, threads in where.items():
         if size == "large":
             assert loop_thread not in threads, f"{name} ran on the event loop"

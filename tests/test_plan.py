@@ -5,11 +5,32 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.chat_request import leading_system_count
+from proxy.adapters.chat import ChatAdapter
 from proxy.compaction.extract import latest_requests
-from proxy.compaction.inject import inject
 from proxy.compaction.plan import MIN_CLAMPED_TOKENS, choose_cut
+from proxy.model import Conversation
 from support.invariants import check_forwarded
+
+CHAT = ChatAdapter()
+
+
+def model(msgs, tokens=None) -> Conversation:
+    return Conversation(CHAT.envelopes(msgs), list(tokens or [1] * len(msgs)))
+
+
+def inject(msgs, cut, summary, annotation):
+    return CHAT.inject(model(msgs), cut, summary, annotation).envelopes
+
+
+def of_roles(roles):
+    """Messages with these roles (tool results answer a call of the assistant before them)."""
+    msgs = []
+    for k, r in enumerate(roles):
+        if r == "tool":
+            msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": "out"})
+        else:
+            msgs.append({"role": r, "content": r})
+    return msgs
 
 
 @st.composite
@@ -38,9 +59,10 @@ def conversations(draw):
 @given(conversations(), st.integers(0, 2000))
 def test_cut_keeps_tool_pairs_and_roles(conv, keep_budget):
     msgs, tokens = conv
-    n_sys = leading_system_count(msgs)
+    conv = model(msgs, tokens)
+    n_sys = conv.n_system
     roles = [m["role"] for m in msgs]
-    plan = choose_cut(roles, tokens, start=n_sys, keep_budget=keep_budget)
+    plan = choose_cut(conv.envelopes, tokens, start=n_sys, keep_budget=keep_budget)
     if plan is None:
         # no valid cut: only possible when nothing after the first body message starts a turn
         assert all(r not in ("user", "assistant") for r in roles[n_sys + 1:])
@@ -64,8 +86,8 @@ def test_cut_keeps_tool_pairs_and_roles(conv, keep_budget):
         assert n_sys <= plan.turn_start < plan.cut
         assert all(r != "user" for r in roles[plan.turn_start + 1:plan.cut])
     # the code-written part of the summary carries the latest request when it was summarized
-    summary = "<summary>\n" + "\n".join(latest_requests(msgs, n_sys, plan.cut)) + "\n</summary>"
-    forwarded = inject(msgs, n_sys, plan.cut, summary, "[annotation]")
+    summary = "<summary>\n" + "\n".join(latest_requests(conv.envelopes, n_sys, plan.cut)) + "\n</summary>"
+    forwarded = [e.value for e in inject(msgs, plan.cut, summary, "[annotation]")]
     check_forwarded(msgs, forwarded, compacted=True)
 
 
@@ -79,14 +101,14 @@ def test_split_turn_detected():
         {"role": "assistant", "content": None, "tool_calls": [{"id": "b", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "b", "content": "y"},
     ]
-    plan = choose_cut([m["role"] for m in msgs], [10, 10, 10, 10, 500, 10, 10], start=0, keep_budget=100)
+    plan = choose_cut(model(msgs).envelopes, [10, 10, 10, 10, 500, 10, 10], start=0, keep_budget=100)
     assert plan is not None and plan.cut == 5 and plan.turn_start == 2 and plan.main_end == 2 and plan.fits
 
 
 def test_newest_turn_too_big_is_clamped():
     roles = ["user", "assistant", "user", "assistant", "tool", "tool"]
     tokens = [10, 10, 10, 10, 5000, 3000]
-    plan = choose_cut(roles, tokens, start=0, keep_budget=1000)
+    plan = choose_cut(model(of_roles(roles)).envelopes, tokens, start=0, keep_budget=1000)
     assert plan is not None and not plan.fits and plan.cut == 3
     assert set(plan.clamp) <= {4, 5}
     assert sum(tokens[3:]) - sum(tokens[i] - t for i, t in plan.clamp.items()) <= 1000
@@ -99,9 +121,9 @@ def test_injection_merges_into_first_kept_user_message_and_annotates():
         {"role": "assistant", "content": "b"},
         {"role": "user", "content": [{"type": "text", "text": "c"}]},
     ]
-    out = inject(msgs, 1, 3, "SUMMARY", "NOTE")
+    out = [e.value for e in inject(msgs, 3, "SUMMARY", "NOTE")]
     assert out[0] == {"role": "system", "content": "sys\n\nNOTE"}
     assert out[1] == {"role": "user", "content": [{"type": "text", "text": "SUMMARY"}, {"type": "text", "text": "c"}]}
     assert len(out) == 2
-    out = inject(msgs[1:], 0, 1, "SUMMARY", "NOTE")
+    out = [e.value for e in inject(msgs[1:], 1, "SUMMARY", "NOTE")]
     assert out == [{"role": "system", "content": "NOTE"}, {"role": "user", "content": "SUMMARY"}, msgs[2], msgs[3]]

@@ -61,7 +61,7 @@ async def test_the_crossing_request_waits_only_without_preparation(
     if prepare_percent:
         assert turn.wait_ms < 500, turn
         assert len(upstream.summarizer_requests) == calls > 0  # made before this request came
-        assert proxy.state.compaction.prepared_jobs == 1
+        assert proxy.state.compaction.preparer.jobs == 1
     else:
         assert turn.wait_ms >= SLOW_SUMMARIZER_S * 1000 * 0.75, turn
         assert len(upstream.summarizer_requests) > calls == 0
@@ -99,7 +99,7 @@ async def test_every_compaction_of_a_replay_is_prepared(upstream: FakeUpstream, 
             await proxy.state.compaction.idle()
     assert events >= 2 * len(conversations)
     # One preparation per compaction event, plus at most one left unused at each conversation's end.
-    assert proxy.state.compaction.prepared_jobs <= events + len(conversations)
+    assert proxy.state.compaction.preparer.jobs <= events + len(conversations)
 
 
 async def test_the_queue_is_bounded_never_blocks_and_stops_with_the_proxy(
@@ -149,9 +149,9 @@ async def test_a_conversation_idle_past_prepare_idle_s_is_not_prepared(
     await engine.idle()
     prepared = [r for r in upstream.records("summarizer") if "quiet" in r.body.decode()]
     if quiet_s < 120:
-        assert engine.prepared_jobs == 2 and len(prepared) == 1
+        assert engine.preparer.jobs == 2 and len(prepared) == 1
     else:
-        assert engine.prepared_jobs == 1 and prepared == []
+        assert engine.preparer.jobs == 1 and prepared == []
         # the crossing request makes the summary itself, as without preparation
         assert (await send(c, synthetic("quiet", turns=14))).status == "summarized"
 
@@ -191,7 +191,7 @@ async def test_one_preparation_per_conversation_however_many_requests(upstream: 
     await send(c, longer)  # the next turn, while the first preparation is still running
     await proxy.state.compaction.idle()
     assert len(upstream.summarizer_requests) == 1
-    assert proxy.state.compaction.prepared_jobs == 1
+    assert proxy.state.compaction.preparer.jobs == 1
 
 
 async def test_a_crossing_request_joins_the_preparation_still_running(upstream: FakeUpstream, make_proxy, client_for) -> None:

@@ -316,7 +316,7 @@ async def test_a_failing_tool_result_summarizer_forwards_the_raw_output_with_its
 # -- a bug in the proxy's own stages: forwarded unchanged, never a 500 -----------------------------
 
 
-@pytest.mark.parametrize("stage", ["tool_results", "compaction"])
+@pytest.mark.parametrize("stage", [0, 1], ids=["tool_results", "compaction"])
 @pytest.mark.parametrize("needed", [True, False], ids=["over-threshold", "under-threshold"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_an_unexpected_exception_in_a_stage_forwards_the_request_unchanged(
@@ -327,7 +327,7 @@ async def test_an_unexpected_exception_in_a_stage_forwards_the_request_unchanged
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in the stage")
 
-    setattr(getattr(proxy.state, stage), "process", broken)
+    setattr(proxy.state.stages[stage], "request", broken)
     msgs = chat_history(12 if needed else 2, 150)
     sent = _body(stream, msgs, MODEL)
     status, headers, raw = await post(proxy, orjson.dumps(sent), AUTH, timeout=BOUND_S)

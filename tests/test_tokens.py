@@ -8,7 +8,7 @@ import logging
 import pytest
 import tiktoken
 
-from proxy.chat_request import analyze
+from support.compaction_helpers import analyze
 from proxy.hashing import message_digest
 from proxy.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter, encoding_name_for
 
@@ -47,11 +47,11 @@ def test_chat_overhead_per_message_and_reply(counter):
     msg = {"role": "user", "content": text}
     expected = MESSAGE_OVERHEAD + len(enc.encode("user")) + len(enc.encode(text))
     assert _msg_tokens(counter, msg, "o200k_base") == expected
-    conv = analyze({"model": "gpt-4o", "messages": [msg, msg]}, counter, encoding=None, ratio=1.0)
+    conv = analyze({"model": "gpt-4o", "messages": [msg, msg]}, counter, ratio=1.0)
     assert conv.total() == 2 * expected + REPLY_OVERHEAD
     # The same text counts differently under cl100k: the model picks the encoding.
     cl = len(tiktoken.get_encoding("cl100k_base").encode(text))
-    assert analyze({"model": "gpt-4", "messages": [msg]}, counter, encoding=None, ratio=1.0).tokens == [
+    assert analyze({"model": "gpt-4", "messages": [msg]}, counter, ratio=1.0).conversation.tokens == [
         MESSAGE_OVERHEAD + 1 + cl
     ]
 
@@ -72,8 +72,8 @@ def test_tools_are_counted(counter):
     tools = [{"type": "function", "function": {"name": "search", "description": "Search the web for a query.",
                                                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
     msgs = [{"role": "user", "content": "hi"}]
-    without = analyze({"model": "gpt-4o", "messages": msgs}, counter, encoding=None, ratio=1.0)
-    with_tools = analyze({"model": "gpt-4o", "messages": msgs, "tools": tools}, counter, encoding=None, ratio=1.0)
+    without = analyze({"model": "gpt-4o", "messages": msgs}, counter, ratio=1.0)
+    with_tools = analyze({"model": "gpt-4o", "messages": msgs, "tools": tools}, counter, ratio=1.0)
     assert with_tools.tools_tokens > 10
     assert with_tools.total() == without.total() + with_tools.tools_tokens
 
@@ -90,8 +90,8 @@ def test_images_count_a_fixed_estimate(counter):
 
 def test_token_ratio_scales_the_total(counter):
     body = {"model": "my-llama", "messages": [{"role": "user", "content": "word " * 100}]}
-    plain = analyze(body, counter, encoding=None, ratio=1.0).total()
-    assert analyze(body, counter, encoding=None, ratio=1.5).total() == int(plain * 1.5)
+    plain = analyze(body, counter, ratio=1.0).total()
+    assert analyze(body, counter, ratio=1.5).total() == int(plain * 1.5)
 
 
 class CountingEncoding:
@@ -112,13 +112,13 @@ def test_long_history_is_not_reencoded():
     c._encodings["o200k_base"] = spy
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "lorem ipsum " * 200}
                for i in range(200)]
-    first = analyze({"model": "gpt-4o", "messages": history}, c, encoding=None, ratio=1.0)
+    first = analyze({"model": "gpt-4o", "messages": history}, c, ratio=1.0)
     calls_first = spy.calls
     assert calls_first >= 200
     # Next turn: same history (fresh dict objects, as after parsing a new request) plus two messages.
     grown = [dict(m) for m in history] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
-    second = analyze({"model": "gpt-4o", "messages": grown}, c, encoding=None, ratio=1.0)
-    assert second.tokens[:200] == first.tokens
+    second = analyze({"model": "gpt-4o", "messages": grown}, c, ratio=1.0)
+    assert second.conversation.tokens[:200] == first.conversation.tokens
     assert spy.calls - calls_first <= 2 * 2  # role + content of the two new messages only
     assert len(c._cache) == 202  # one entry per distinct message
 
@@ -145,7 +145,7 @@ def test_estimate_when_no_encoding_loads(monkeypatch, caplog):
     assert len(warnings) == 1 and "estimated" in warnings[0].getMessage()
     assert c.count_text("x" * 400, "o200k_base") == 100  # bytes/4
     assert c.count_text("é" * 10, "cl100k_base") == 5  # 20 UTF-8 bytes
-    conv = analyze({"model": "gpt-4o", "messages": [{"role": "user", "content": "a" * 40}]}, c, encoding=None, ratio=1.0)
+    conv = analyze({"model": "gpt-4o", "messages": [{"role": "user", "content": "a" * 40}]}, c, ratio=1.0)
     assert conv.total() > 10
     # Counting on the hot path neither retries the load nor warns again.
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1

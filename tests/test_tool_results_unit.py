@@ -9,8 +9,21 @@ from proxy.compaction.extract import find_identifiers
 from proxy.text import clamp_middle
 from proxy.toolresults import note
 from proxy.toolresults.breaker import CircuitBreaker
-from proxy.toolresults.select import BEGIN, END, is_skipped, notice, parent_hint, select, user_message
+from proxy.adapters.chat import ChatAdapter
+from proxy.toolresults import select as sel
+from proxy.toolresults.select import BEGIN, END, is_skipped, notice, user_message
 from support.clock import FakeClock
+
+CHAT = ChatAdapter()
+
+
+def select(msgs, tokens, **kw):
+    """The stage's choice among chat messages (through the chat adapter's model)."""
+    return sel.select(CHAT.envelopes(msgs), tokens, **kw)
+
+
+def parent_hint(msgs):
+    return sel.parent_hint(CHAT.envelopes(msgs))
 
 
 def call(call_id: str, name: str) -> dict:

@@ -20,8 +20,7 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request
-from proxy.chat_request import _too_deep, _validate_message, parse_chat_body
-from proxy.compaction.serialize import content_text
+from proxy.chat_request import too_deep, validate_message, parse_chat_body
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.hashing import message_digest
@@ -44,7 +43,12 @@ class ChatAdapter(Adapter):
 
     # -- the body ------------------------------------------------------------------------------
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
-        body = parse_chat_body(raw)
+        return self.request_of(parse_chat_body(raw), raw, counter, cfg, ratio=ratio)
+
+    def request_of(self, body: dict[str, Any], raw: bytes, counter: TokenCounter, cfg: Config, *,
+                   ratio: float | None = None) -> Request:
+        """A checked chat body (its messages are checked here, once per distinct message) as the
+        model. Also for a protocol seen through a chat view of its items (Responses)."""
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
@@ -52,13 +56,13 @@ class ChatAdapter(Adapter):
         try:
             written = [jsonbody.dumps(m) for m in messages]
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
-            raise _too_deep() from None
+            raise too_deep() from None
         keys = [hash(w) for w in written]
         tokens = []
         for i, (m, k) in enumerate(zip(messages, keys)):
             n = counter.cached(encoding, k)
             if n is None:  # a message not seen before: checked once, then counted
-                _validate_message(m, f"messages[{i}]")
+                validate_message(m, f"messages[{i}]")
                 n = counter.count_message(m, encoding, k)
             tokens.append(n)
         conv = Conversation(self.envelopes(messages), tokens)
@@ -160,6 +164,30 @@ def _call(c: dict[str, Any]) -> Item:
     args = str(fn.get("arguments", "")) if isinstance(fn, dict) else ""
     call_id = c.get("id")
     return Item(Kind.TOOL_CALL, args, call_id=call_id if isinstance(call_id, str) else None, name=name, args=args, raw=c)
+
+
+def content_text(content: Any) -> str:
+    """Message content as text; images become [image], other non-text parts their type."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict):
+                continue
+            kind = p.get("type")
+            if isinstance(p.get("text"), str):
+                parts.append(p["text"])
+            elif kind == "refusal" and isinstance(p.get("refusal"), str):
+                parts.append(p["refusal"])
+            elif kind in ("image_url", "input_image", "image"):
+                parts.append("[image]")
+            else:
+                parts.append(f"[{kind}]")
+        return "\n".join(parts)
+    return str(content)
 
 
 def _plain(content: Any) -> bool:

@@ -8,11 +8,10 @@ lines, then one line per dropped message.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from proxy.compaction import extract
-from proxy.compaction.mask import calls_by_id
-from proxy.compaction.serialize import content_text
+from proxy.model import Envelope, Kind, calls_by_id
 from proxy.text import clamp_middle
 
 TURN_LINE_CHARS = 160
@@ -21,7 +20,7 @@ HEADER = ("## Digest of earlier messages\n"
           "(Written by the proxy from the messages themselves: the summarizer was unavailable.)")
 
 
-def write_digest(span: Sequence[dict[str, Any]], budget_tokens: int, count: Callable[[str], int]) -> str:
+def write_digest(span: Sequence[Envelope], budget_tokens: int, count: Callable[[str], int]) -> str:
     """The digest of `span` in at most about `budget_tokens` tokens."""
     parts = [HEADER]
     used = count(HEADER)
@@ -38,7 +37,7 @@ def write_digest(span: Sequence[dict[str, Any]], budget_tokens: int, count: Call
         used += n
         return True
 
-    requests = [content_text(m.get("content")) for m in span if m.get("role") == "user"]
+    requests = [e.text for e in span if e.kind is Kind.USER]
     requests = [r for r in requests if r.strip()]
     if requests:
         lines = ["### User requests (verbatim, newest first)"]
@@ -62,19 +61,18 @@ def write_digest(span: Sequence[dict[str, Any]], budget_tokens: int, count: Call
     return "\n\n".join(parts)
 
 
-def _turn_lines(span: Sequence[dict[str, Any]], max_chars: int) -> list[str]:
-    calls = calls_by_id(span)
+def _turn_lines(span: Sequence[Envelope], max_chars: int) -> list[str]:
+    calls = calls_by_id(it for e in span for it in e.items)
     lines = []
-    for m in span:
-        role = m.get("role")
-        text = " ".join(content_text(m.get("content")).split())
-        if role in ("tool", "function"):
-            name, _ = calls.get(str(m.get("tool_call_id")), (str(m.get("name") or "tool"), ""))
+    for e in span:
+        text = " ".join(e.text.split())
+        if e.kind is Kind.TOOL_RESULT:
+            result = e.items[0]
+            name, _ = calls.get(result.call_id or "", (result.name or "tool", ""))
             lines.append(f"- tool {name}: {len(text)} characters")
             continue
-        called = ", ".join(name for name, _ in (
-            (str((c.get("function") or {}).get("name", "tool")), "") for c in m.get("tool_calls") or () if isinstance(c, dict)
-        ))
+        called = ", ".join(call.name or "tool" for call in e.calls)
+        role = e.kind.value
         line = f"- {role}: {clamp_middle(text, TURN_LINE_CHARS)}" if text else f"- {role}:"
         if called:
             line += f" [called {called}]"

@@ -7,11 +7,11 @@ model's text dropped, and the user's latest request verbatim.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import orjson
 
-from proxy.compaction.serialize import content_text
+from proxy.model import Envelope, Kind
 
 # -- identifiers -----------------------------------------------------------------------------
 _URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
@@ -137,17 +137,14 @@ def dropped(candidates: Iterable[str], summary: str) -> list[str]:
     return out
 
 
-def span_text(messages: Iterable[dict[str, Any]]) -> str:
+def span_text(envelopes: Iterable[Envelope]) -> str:
     """Message text first, tool-call arguments after: when the identifier list is capped, those
     found first are kept, and the files block already lists the paths that arguments name."""
     texts: list[str] = []
     args: list[str] = []
-    for m in messages:
-        texts.append(content_text(m.get("content")))
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict):
-                args.append(str(fn.get("arguments", "")))
+    for e in envelopes:
+        texts.append(e.text)
+        args += [call.args for call in e.calls]
     return "\n".join(texts + args)
 
 
@@ -172,16 +169,13 @@ def _op_for(tool: str, args: dict[str, Any]) -> str:
     return "read"
 
 
-def files_touched(messages: Iterable[dict[str, Any]]) -> dict[str, str]:
+def files_touched(envelopes: Iterable[Envelope]) -> dict[str, str]:
     """path -> "read" | "write" | "both", from the arguments of tool calls, in first-seen order."""
     files: dict[str, str] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(fn, dict):
-                continue
+    for e in envelopes:
+        for call in e.calls:
             try:
-                args = orjson.loads(fn.get("arguments") or "{}")
+                args = orjson.loads(call.args or "{}")
             except orjson.JSONDecodeError:
                 continue
             if not isinstance(args, dict):
@@ -190,7 +184,7 @@ def files_touched(messages: Iterable[dict[str, Any]]) -> dict[str, str]:
             for k in _PATH_LIST_KEYS:
                 if isinstance(args.get(k), list):
                     paths += [p for p in args[k] if isinstance(p, str)]
-            op = _op_for(str(fn.get("name", "")), args)
+            op = _op_for(call.name or "", args)
             for p in paths:
                 p = p.strip()
                 if not p or len(p) > 500 or "\n" in p:
@@ -242,21 +236,21 @@ def is_continuation(text: str) -> bool:
     return bool(_CONTINUATION.match(text))
 
 
-def latest_requests(messages: list[dict[str, Any]], start: int, end: int) -> list[str]:
-    """What a summary of messages[start:end] must carry verbatim so that the user's intent is never
+def latest_requests(envelopes: Sequence[Envelope], start: int, end: int) -> list[str]:
+    """What a summary of envelopes[start:end] must carry verbatim so that the user's intent is never
     only a paraphrase (spec 9.3): the conversation's latest user message when it falls in the span
     and, if that is a bare "ok"/"continue", the last substantive request before it; when the latest
     user message is a continuation that is kept (at or after `end`), the substantive request
     before it if that is summarized (before `end`). The first item is always the latest message
     (it may be kept, and is then not repeated)."""
-    users = [i for i in range(len(messages)) if messages[i].get("role") == "user"]
+    users = [i for i in range(len(envelopes)) if envelopes[i].kind is Kind.USER]
     if not users or users[-1] < start:
         return []
-    latest = content_text(messages[users[-1]].get("content"))
+    latest = envelopes[users[-1]].text
     substantive = None
     if is_continuation(latest):
         for i in reversed(users[:-1]):
-            text = content_text(messages[i].get("content"))
+            text = envelopes[i].text
             if text.strip() and not is_continuation(text):
                 substantive = (i, text)
                 break
@@ -278,25 +272,25 @@ _CONSTRAINT = re.compile(
 MAX_CONSTRAINT_CHARS = 400
 
 
-def find_constraints(messages: Iterable[dict[str, Any]]) -> list[str]:
+def find_constraints(envelopes: Iterable[Envelope]) -> list[str]:
     """Sentences of user messages that state a constraint, a preference or a correction, verbatim
     ("Never use floats for money.", "Use ruff, not black."), in order, without duplicates."""
     out: list[str] = []
-    for m in messages:
-        if m.get("role") != "user":
+    for e in envelopes:
+        if e.kind is not Kind.USER:
             continue
-        for sent in _SENTENCE.findall(content_text(m.get("content"))):
+        for sent in _SENTENCE.findall(e.text):
             sent = sent.strip()
             if sent and len(sent) <= MAX_CONSTRAINT_CHARS and _CONSTRAINT.search(sent) and sent not in out:
                 out.append(sent)
     return out
 
 
-def tool_text(messages: Iterable[dict[str, Any]]) -> str:
-    """The tool outputs of the messages: where error lines come from (prose that says "failed"
-    is not one)."""
-    return "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("tool", "function"))
+def tool_text(envelopes: Iterable[Envelope]) -> str:
+    """The tool outputs among the envelopes: where error lines come from (prose that says
+    "failed" is not one)."""
+    return "\n".join(e.text for e in envelopes if e.kind is Kind.TOOL_RESULT)
 
 
-def user_text(messages: Iterable[dict[str, Any]]) -> str:
-    return "\n".join(content_text(m.get("content")) for m in messages if m.get("role") == "user")
+def user_text(envelopes: Iterable[Envelope]) -> str:
+    return "\n".join(e.text for e in envelopes if e.kind is Kind.USER)

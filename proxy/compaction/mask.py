@@ -8,10 +8,10 @@ message's digest), so every later request forwards the same bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from proxy.compaction import extract
-from proxy.compaction.serialize import content_text
+from proxy.model import Envelope
 from proxy.text import clamp_middle
 
 ARGS_CHARS = 160  # the call's arguments in a stub, at most
@@ -20,23 +20,12 @@ STUB_ERRORS = 3
 MIN_MASKED_TOKENS = 120  # outputs smaller than this are left alone: a stub would save little
 
 
-def calls_by_id(messages: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str]]:
-    """tool_call_id -> (tool name, arguments) from the assistants' calls."""
-    out: dict[str, tuple[str, str]] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and isinstance(call.get("id"), str):
-                out[call["id"]] = (str(fn.get("name", "tool")), str(fn.get("arguments", "")))
-    return out
-
-
-def maskable(messages: Sequence[dict[str, Any]], tokens: Sequence[int], start: int, end: int,
+def maskable(envelopes: Sequence[Envelope], tokens: Sequence[int], start: int, end: int,
              masked: Callable[[int], bool]) -> list[int]:
-    """Indices of tool outputs in messages[start:end] worth replacing, not replaced already."""
+    """Indices of tool outputs in envelopes[start:end] worth replacing, not replaced already."""
     return [
         i for i in range(start, end)
-        if messages[i].get("role") in ("tool", "function") and tokens[i] >= MIN_MASKED_TOKENS and not masked(i)
+        if envelopes[i].result is not None and tokens[i] >= MIN_MASKED_TOKENS and not masked(i)
     ]
 
 
@@ -62,13 +51,3 @@ def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str) ->
         parts.append("errors: " + " | ".join(errors))
     parts.append(f"recall id {recall_id}]")
     return " · ".join(parts)
-
-
-def masked_message(msg: dict[str, Any], stub: str) -> dict[str, Any]:
-    out = dict(msg)
-    out["content"] = stub
-    return out
-
-
-def output_text(msg: dict[str, Any]) -> str:
-    return content_text(msg.get("content"))

@@ -1,9 +1,9 @@
 """Where to cut the history (spec 4.2) and how to make the newest turn fit: pure functions.
 
-A cut at index i summarizes messages[start:i] and keeps messages[i:]. Valid cuts sit before a
-`user` or an `assistant` message, so an assistant's `tool_calls` and its `tool` results always
-stay together (tool messages are never a cut). When the kept part starts with an assistant message,
-the turn was split: its beginning (from the user's request) gets its own summary.
+A cut at index i summarizes envelopes[start:i] and keeps envelopes[i:]. Valid cuts are where the
+adapter allows one (`cut_before`: never between a call and its result). When the kept part starts
+with anything but a user message, the turn was split: its beginning (from the user's request)
+gets its own summary.
 """
 
 from __future__ import annotations
@@ -11,18 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-CUT_ROLES = frozenset({"user", "assistant"})
+from proxy.model import Envelope, Kind
+
 MIN_CLAMPED_TOKENS = 256  # a clamped tool output keeps at least this much
 
 
 @dataclass(frozen=True)
 class Plan:
-    start: int  # first message summarized
-    cut: int  # first message kept
+    start: int  # first envelope summarized
+    cut: int  # first envelope kept
     turn_start: int | None  # split turn: the user message that began the kept turn (start <= it < cut)
     kept_tokens: int
     fits: bool  # kept part within its budget
-    clamp: dict[int, int] = field(default_factory=dict)  # tool message index -> max tokens to keep
+    clamp: dict[int, int] = field(default_factory=dict)  # tool result envelope index -> max tokens to keep
 
     @property
     def main_end(self) -> int:
@@ -31,11 +32,11 @@ class Plan:
 
 
 def choose_cut(
-    roles: Sequence[str], tokens: Sequence[int], *, start: int, keep_budget: int
+    envelopes: Sequence[Envelope], tokens: Sequence[int], *, start: int, keep_budget: int
 ) -> Plan | None:
-    """Keep as many of the newest messages as fit `keep_budget`; None when no valid cut exists."""
-    n = len(roles)
-    valid = [i for i in range(start + 1, n) if roles[i] in CUT_ROLES]
+    """Keep as many of the newest envelopes as fit `keep_budget`; None when no valid cut exists."""
+    n = len(envelopes)
+    valid = [i for i in range(start + 1, n) if envelopes[i].cut_before]
     if not valid:
         return None
     suffix = [0] * (n + 1)
@@ -46,18 +47,17 @@ def choose_cut(
     if cut is None:
         cut = valid[-1]  # keep the least we can; the caller clamps what is left
     turn_start = None
-    if roles[cut] != "user":
-        u = next((j for j in range(cut - 1, start - 1, -1) if roles[j] == "user"), None)
-        turn_start = u
-    clamp = {} if fits else clamp_tool_outputs(roles, tokens, cut, keep_budget)
+    if envelopes[cut].kind is not Kind.USER:
+        turn_start = next((j for j in range(cut - 1, start - 1, -1) if envelopes[j].kind is Kind.USER), None)
+    clamp = {} if fits else clamp_tool_outputs(envelopes, tokens, cut, keep_budget)
     return Plan(start, cut, turn_start, suffix[cut], fits, clamp)
 
 
-def clamp_tool_outputs(roles: Sequence[str], tokens: Sequence[int], cut: int, budget: int) -> dict[int, int]:
+def clamp_tool_outputs(envelopes: Sequence[Envelope], tokens: Sequence[int], cut: int, budget: int) -> dict[int, int]:
     """Shrink the largest kept tool outputs (head and tail kept) until the kept part fits."""
     excess = sum(tokens[cut:]) - budget
     out: dict[int, int] = {}
-    for i in sorted((i for i in range(cut, len(roles)) if roles[i] == "tool"), key=lambda i: -tokens[i]):
+    for i in sorted((i for i in range(cut, len(envelopes)) if envelopes[i].result is not None), key=lambda i: -tokens[i]):
         if excess <= 0:
             break
         room = tokens[i] - MIN_CLAMPED_TOKENS

@@ -18,7 +18,7 @@ from proxy.compaction.extract import rank_identifiers, render_files
 _EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SummaryRecord:
     covered: int  # non-system messages summarized (0: nothing summarized, only masked)
     chain: str  # hex hash chain over the first `extent` non-system messages: the record's key

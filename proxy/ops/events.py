@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from proxy.model import Conversation, Kind
 from proxy.ops.exchange import Exchange, Usage
 from proxy.ops.hooks import CompactionEvent
 
@@ -25,31 +26,32 @@ def is_event(ex: Exchange, outcome: Any) -> bool:
     return record is None or outcome.status == "summarized" or record.created >= ex.wall
 
 
-def compaction_event(ex: Exchange, scope: str, conv: Any, outcome: Any, before: int, after: int) -> CompactionEvent:
-    """`conv` has .messages and .n_system; `outcome` has .status, .record, .wait_ms, .reason."""
+def compaction_event(ex: Exchange, scope: str, conv: Conversation, outcome: Any, before: int, after: int) -> CompactionEvent:
+    """`conv` is the client's conversation; `outcome` has .status, .record, .wait_ms, .reason."""
     record = outcome.record
     covered = record.covered if record is not None else 0
     return CompactionEvent(
         time=time.time(), request_id=ex.request_id, scope=scope, conversation=ex.conversation, model=ex.model,
-        tier=outcome.status, covered=covered, messages=len(conv.messages), tokens_before=before, tokens_after=after,
+        tier=outcome.status, covered=covered, messages=len(conv), tokens_before=before, tokens_after=after,
         calls=ex.summarizer_calls, wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
-        cut=describe_cut(conv.messages, conv.n_system, covered) + describe_masks(getattr(record, "masks", None)),
+        cut=describe_cut(conv, covered) + describe_masks(getattr(record, "masks", None)),
         reason=outcome.reason,
     )
 
 
-def describe_cut(messages: list[Any], n_system: int, covered: int) -> list[str]:
-    """What the summary stands for, without content: the span and its roles, tool calls by name."""
+_LABEL = {Kind.SYSTEM: "system", Kind.USER: "user", Kind.ASSISTANT: "assistant", Kind.TOOL_CALL: "tool call",
+          Kind.TOOL_RESULT: "tool", Kind.OPAQUE: "opaque"}
+
+
+def describe_cut(conv: Conversation, covered: int) -> list[str]:
+    """What the summary stands for, without content: the span and its kinds, tool calls by name."""
     if covered <= 0:
         return []
-    span = messages[n_system:n_system + covered]
-    roles = Counter(str(m.get("role")) for m in span if isinstance(m, dict))
-    tools = Counter(
-        str((c.get("function") or {}).get("name", "?"))
-        for m in span if isinstance(m, dict)
-        for c in (m.get("tool_calls") or []) if isinstance(c, dict)
-    )
-    lines = [f"messages {n_system + 1}-{n_system + covered} of {len(messages)}: "
+    n_system = conv.n_system
+    span = conv.envelopes[n_system:n_system + covered]
+    roles = Counter(_LABEL[e.kind] for e in span)
+    tools = Counter(call.name or "?" for e in span for call in e.calls)
+    lines = [f"messages {n_system + 1}-{n_system + covered} of {len(conv)}: "
              + ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))]
     if tools:
         lines.append("tool calls: " + ", ".join(f"{name} x{n}" for name, n in tools.most_common(12)))

@@ -17,19 +17,21 @@ from typing import Any, Sequence
 import aiohttp
 from multidict import CIMultiDict
 
-from proxy import credentials
-from proxy.chat import shrink
-from proxy.chat_request import analyze, parse_chat_body
-from proxy.compaction.engine import RequestContext
+from proxy import credentials, jsonbody
+from proxy.adapters.chat import ChatAdapter
+from proxy.chat_request import parse_chat_body
+from proxy.compaction.stage import MARK as COMPACTION_MARK
+from proxy.flow import Flow, Identity, run_request
 from proxy.config import Config
 from proxy.hashing import conversation_digest
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store
 from proxy.store.memory import MemoryStore
-from proxy.tokens import encoding_name_for
 from proxy.toolresults.select import BEGIN as TOOL_OUTPUT_BEGIN
 from proxy.upstream import UpstreamCaller
+
+CHAT = ChatAdapter()
 
 PLACEHOLDER = ("## Active Task\n(dry run: no summarizer was called; `compaction-proxy inspect --summarize` "
                "asks the configured upstream for the real text)")
@@ -172,44 +174,45 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
 
 async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str], summarize: bool, log: CallLog) -> Report:
     cfg = state.cfg
-    model_cfg = cfg.model_settings(body["model"])
-    encoding = model_cfg.encoding or encoding_name_for(body["model"])
-    conv = analyze(body, state.counter, encoding=encoding, ratio=model_cfg.token_ratio)
-    original = list(conv.messages)
-    original_tokens = list(conv.tokens)
-    before = conv.total()
-    budget = state.compaction.budget_for(conv.model)
+    parsed = CHAT.parse(jsonbody.dumps(body), state.counter, cfg)
+    before = parsed.total()
+    budget = state.compaction.budget_for(parsed.model)
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
-    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key)
-    ctx = RequestContext(
-        upstream_headers=creds.headers,
+    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, CHAT.credential_headers)
+    identity = Identity(
         # Without a credential no stored record can be matched; the stages still show what a
         # first request of this conversation would get.
         scope=creds.scope or "inspect-without-credential",
+        upstream_headers=creds.headers,
         focus=headers.get("x-compaction-focus"),
-        conversation=conversation_digest(creds.scope or "", conv.first_digest()),
+        conversation=conversation_digest(creds.scope or "", parsed.first_digest()),
     )
-    stage, outcome, messages = await shrink(state, conv, ctx)
-    after = outcome.tokens_after if outcome.tokens_after is not None else conv.total()
+    flow = Flow.of(CHAT, parsed, identity)
+    await run_request(state.stages, flow)
+    outcome = flow.report
+    after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
     report = Report(
-        model=conv.model, encoding=encoding, window=budget.window, threshold=budget.threshold, target=budget.target,
-        tokens_before=before, tokens_after=after, status=outcome.status, reason=outcome.reason,
+        model=parsed.model, encoding=parsed.encoding, window=budget.window, threshold=budget.threshold,
+        target=budget.target, tokens_before=before, tokens_after=after, status=outcome.status, reason=outcome.reason,
         scope=creds.scope, summarize=summarize, calls={"history": log.history, "tool_result": log.tool},
     )
-    for i, (old, new) in enumerate(zip(original, stage.messages)):
+    original = parsed.conversation
+    noted = flow.marks.get(COMPACTION_MARK, flow.forwarded)  # after the tool-result stage
+    for i, (old, new) in enumerate(zip(original.envelopes, noted.envelopes)):
         if new is not old:
             report.tool_notes.append({
-                "index": i, "tool_call_id": old.get("tool_call_id"), "tokens_before": original_tokens[i],
-                "tokens_after": conv.tokens[i], "source": _note_source(str(new.get("content")), summarize),
+                "index": i, "tool_call_id": old.value.get("tool_call_id"), "tokens_before": original.tokens[i],
+                "tokens_after": noted.tokens[i], "source": _note_source(str(new.value.get("content")), summarize),
             })
     record = outcome.record
+    n_system = original.n_system
     if record is not None:
-        first = conv.n_system + 1
-        report.cut = {"first": first, "last": conv.n_system + record.covered, "covered": record.covered,
-                      "kept": len(original) - conv.n_system - record.covered, "messages": len(original)}
+        report.cut = {"first": n_system + 1, "last": n_system + record.covered, "covered": record.covered,
+                      "kept": len(original) - n_system - record.covered, "messages": len(original)}
         report.record = {"chain": record.chain, "created": record.created, "reused": outcome.status == "reused",
                          "summary": record.summary}
-    report.diff = diff_lines(original, messages)
+    messages = flow.forwarded.values
+    report.diff = diff_lines(original.values, messages)
     report.forwarded = {**body, "messages": messages}
     return report
 

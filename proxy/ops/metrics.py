@@ -13,6 +13,7 @@ worker every PUBLISH_S (and by the answering one at once).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import os
 import time
@@ -44,6 +45,28 @@ def share_metrics(directory: str) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # where prometheus-client's values put their files
     values.ValueClass = values.MultiProcessValue()
     _shared_dir = directory
+
+
+def adder(metric: Any) -> Callable[[float], None]:
+    """`inc` of a counter or gauge child, straight on its value: the public inc checks, on every
+    call, what holds for every child made here (observable, amount not negative)."""
+    value = getattr(metric, "_value", None)
+    return value.inc if value is not None and hasattr(value, "inc") else metric.inc
+
+
+def observer(histogram: Any) -> Callable[[float], None]:
+    """`observe` of a histogram child: its sum and the one bucket the amount falls in (found by
+    bisection, where prometheus-client walks the buckets in Python), as prometheus-client does."""
+    bounds, buckets, total = (getattr(histogram, a, None) for a in ("_upper_bounds", "_buckets", "_sum"))
+    if not bounds or buckets is None or total is None or len(bounds) != len(buckets):
+        return histogram.observe
+    inc_total, incs, find = total.inc, [b.inc for b in buckets], bisect.bisect_left
+
+    def observe(amount: float) -> None:
+        inc_total(amount)
+        incs[find(bounds, amount)](1)
+
+    return observe
 
 
 class Metrics(Hooks):
@@ -91,6 +114,7 @@ class Metrics(Hooks):
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
+        self._in_flight = adder(self.in_flight)
         self._req: dict[tuple[str, str, int, str], Any] = {}
         self._by_route: dict[tuple[str, str], Any] = {}
         self._by_protocol: dict[str, tuple[Any, ...]] = {}
@@ -132,44 +156,45 @@ class Metrics(Hooks):
 
     # -- hooks --------------------------------------------------------------------------------
     def request_started(self, ex: Exchange) -> None:
-        self.in_flight.inc()
+        self._in_flight(1)
 
     def request_done(self, ex: Exchange) -> None:
-        self.in_flight.dec()
+        self._in_flight(-1)
         key = (ex.route, ex.protocol, ex.code, ex.compaction)
         c = self._req.get(key)
         if c is None:
-            c = self._req[key] = self.requests.labels(ex.route, ex.protocol, str(ex.code), ex.compaction)
-        c.inc()
+            c = self._req[key] = adder(self.requests.labels(ex.route, ex.protocol, str(ex.code), ex.compaction))
+        c(1)
         h = self._by_route.get(key[:2])
         if h is None:
-            h = self._by_route[key[:2]] = self.duration.labels(ex.route, ex.protocol)
-        h.observe(time.perf_counter() - ex.started)
+            h = self._by_route[key[:2]] = observer(self.duration.labels(ex.route, ex.protocol))
+        h(time.perf_counter() - ex.started)
         if ex.tokens_before is None:
             return  # not a protocol adapter's answer (pass-through, admin, an early error)
         p = self._by_protocol.get(ex.protocol)
         if p is None:
             p = self._by_protocol[ex.protocol] = self._protocol_children(ex.protocol)
         received, forwarded, notes, wait, upstream, ttfb, prompt, cached, completion = p
-        received.inc(ex.tokens_before)
-        forwarded.inc(ex.tokens_after or 0)
+        received(ex.tokens_before)
+        forwarded(ex.tokens_after or 0)
         if ex.tool_notes:
-            notes.inc(ex.tool_notes)
-        wait.observe(ex.wait_ms / 1000)
+            notes(ex.tool_notes)
+        wait(ex.wait_ms / 1000)
         if ex.upstream_s is not None:
-            upstream.observe(ex.upstream_s)
+            upstream(ex.upstream_s)
         if ex.upstream_ttfb_s is not None:
-            ttfb.observe(ex.upstream_ttfb_s)
+            ttfb(ex.upstream_ttfb_s)
         if ex.usage is not None:
-            prompt.inc(ex.usage.prompt)
-            cached.inc(ex.usage.cached)
-            completion.inc(ex.usage.completion)
+            prompt(max(0, ex.usage.prompt))
+            cached(max(0, ex.usage.cached))
+            completion(max(0, ex.usage.completion))
 
     def _protocol_children(self, protocol: str) -> tuple[Any, ...]:
-        return (self.received.labels(protocol), self.forwarded.labels(protocol), self.notes.labels(protocol),
-                self.wait.labels(protocol), self.upstream.labels(protocol), self.ttfb.labels(protocol),
-                self.usage.labels(protocol, "prompt"), self.usage.labels(protocol, "cached"),
-                self.usage.labels(protocol, "completion"))
+        return (adder(self.received.labels(protocol)), adder(self.forwarded.labels(protocol)),
+                adder(self.notes.labels(protocol)), observer(self.wait.labels(protocol)),
+                observer(self.upstream.labels(protocol)), observer(self.ttfb.labels(protocol)),
+                adder(self.usage.labels(protocol, "prompt")), adder(self.usage.labels(protocol, "cached")),
+                adder(self.usage.labels(protocol, "completion")))
 
     def stream_opened(self) -> None:
         self.streams.inc()

@@ -9,14 +9,13 @@ a summary.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
-from proxy.upstream import MAX_ANSWER_BYTES, SummarizerError, _read_bounded, is_context_overflow
+from proxy.upstream import SummarizerError, is_context_overflow, post_json
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
 
@@ -85,18 +84,8 @@ class ResponsesCaller:
         # `extra` carries a chat conversation's tools for a call riding its cache: chat-shaped, so
         # not sent here (this call is always the transcript form).
         body = responses_body(model, messages, max_output_tokens)
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=self.connect_timeout_s)
-        try:
-            async with self.session.post(
-                self.base_url + "/responses", data=orjson.dumps(body),
-                headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
-                timeout=timeout,
-            ) as resp:
-                status, raw = resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
-        except asyncio.TimeoutError:
-            raise SummarizerError("timeout", f"no answer within {timeout_s:g} s") from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise SummarizerError("network", f"cannot reach the upstream ({e.__class__.__name__})") from None
+        status, raw = await post_json(self.session, self.base_url + "/responses", headers, body, timeout_s,
+                                      self.connect_timeout_s)
         if status == 200:
             return answer_text(raw, usage)
         if is_context_overflow(status, raw):

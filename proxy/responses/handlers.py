@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from proxy import credentials, errors, jsonbody
+from proxy import credentials, errors, jsonbody, offload
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.forward import (
     UPSTREAM_ERRORS,
@@ -23,7 +23,9 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
-from proxy.responses import compact
+from proxy.ops.exchange import EXCHANGE
+from proxy.responses import compact, route
+from proxy.responses.body import parse_responses_body
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
@@ -41,8 +43,30 @@ def websocket_url(base_url: str, request: web.Request) -> str:
     return str(url) + (f"?{query}" if query else "")
 
 
-async def _as_sent(event: dict[str, Any], raw: str) -> WsTurn:
-    return WsTurn(raw)
+def socket_prepare(request: web.Request) -> Prepare:
+    """Each `response.create` on this socket through the same stages as an HTTP body (the
+    handshake's headers carry the credential, the focus, the session)."""
+    state = request.app[STATE]
+    rt = request.app[RESPONSES]
+    ex = request[EXCHANGE]
+
+    async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
+        raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
+        body = await offload.sized(len(raw), parse_responses_body, raw)
+        p = await route.prepare(state, rt, raw, body, request.headers, ex)
+        if p.data is raw:
+            return WsTurn(message)  # nothing changed: the client's message as it came
+
+        def as_message(data: bytes) -> str:
+            return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
+
+        async def retry() -> str | None:
+            again = await p.retry() if p.retry is not None else None
+            return as_message(again[0]) if again is not None else None
+
+        return WsTurn(as_message(p.data), retry=retry)
+
+    return prepare_create
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:
@@ -57,7 +81,7 @@ async def handle_responses_get(request: web.Request, prepare: Prepare | None = N
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
     return await relay_websocket(request, state.session, websocket_url(cfg.upstream.base_url, request), headers,
-                                 prepare or _as_sent, state.max_body)
+                                 prepare or socket_prepare(request), state.max_body)
 
 
 # ---- /v1/responses/compact -------------------------------------------------------------------

@@ -1,6 +1,11 @@
-"""What the Responses routes keep for the life of the process: the summarizer that asks in this
-protocol (or the chat one, per `responses.summarizer_api`), and whether the upstream serves
-/responses/compact (learned from its first answer)."""
+"""What the Responses routes keep for the life of the process: the stages whose own upstream calls
+(summaries, tool notes) ask in this protocol (or the chat ones, per `responses.summarizer_api`),
+and whether the upstream serves /responses/compact (learned from its first answer).
+
+The stages are the chat path's (the same store, counter, prompts and hooks, so the same records,
+locks and metrics); only their caller differs. A summary call that rides the conversation's own
+prompt cache (compaction.cached_summary_call) resends chat messages, so it is off here: the
+transcript form is what a Responses upstream gets."""
 
 from __future__ import annotations
 
@@ -9,15 +14,27 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.responses.caller import ResponsesCaller
+from proxy.flow import Stage
 from proxy.state import STATE
+from proxy.toolresults.stage import ToolResultStage
 
 
 @dataclass
 class ResponsesRuntime:
     summarizer: HistorySummarizer
+    compaction: CompactionEngine
+    tool_results: ToolResultStage
     upstream_compact: bool | None = None  # None: not known yet
+    own: bool = False  # the stages are this runtime's (started and stopped here)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The stages of a Responses request, in order: tool results to notes, then the history."""
+        return [self.tool_results, CompactionStage(self.compaction, self.compaction.hooks)]
 
 
 RESPONSES = web.AppKey("responses", ResponsesRuntime)
@@ -29,13 +46,23 @@ async def responses_runtime(app: web.Application) -> AsyncIterator[None]:
     cfg = state.cfg
     chat = state.compaction.summarizer
     if cfg.responses.summarizer_api == "chat":
-        summarizer = chat
-    else:
-        base_url = cfg.compaction.summarizer.base_url or cfg.upstream.base_url
-        summarizer = HistorySummarizer(
-            ResponsesCaller(state.session, base_url, cfg.upstream.connect_timeout_s),  # type: ignore[arg-type]
-            state.prompts, chat.count, chat.required, hooks=chat.hooks,
-            max_concurrent=cfg.compaction.max_concurrent_summaries,
-        )
-    app[RESPONSES] = ResponsesRuntime(summarizer)
-    yield
+        app[RESPONSES] = ResponsesRuntime(chat, state.compaction, state.tool_results)
+        yield
+        return
+    connect = cfg.upstream.connect_timeout_s
+    caller = ResponsesCaller(state.session, cfg.upstream.base_url, connect)
+    summarizer_url = cfg.compaction.summarizer.base_url
+    summarizer_caller = ResponsesCaller(state.session, summarizer_url, connect) if summarizer_url else caller
+    summarizer = HistorySummarizer(summarizer_caller, state.prompts, chat.count, chat.required,  # type: ignore[arg-type]
+                                   hooks=chat.hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
+    no_riding = cfg.model_copy(update={"compaction": cfg.compaction.model_copy(update={"cached_summary_call": False})})
+    compaction = CompactionEngine(no_riding, state.store, summarizer, state.counter, state.prompts, hooks=chat.hooks)
+    tool_results = ToolResultStage(cfg, state.store, caller, state.prompts, state.counter,  # type: ignore[arg-type]
+                                   hooks=chat.hooks)
+    compaction.start()
+    app[RESPONSES] = ResponsesRuntime(summarizer, compaction, tool_results, own=True)
+    try:
+        yield
+    finally:
+        await compaction.stop()
+        await tool_results.flight.cancel_all()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
-from proxy.chat_request import latest_user_index, message_text
-from proxy.compaction.serialize import tool_names_by_call_id
 from proxy.escaping import tool_name
+from proxy.model import Envelope, Kind
 from proxy.text import clip_hint
 
 BEGIN = "--- BEGIN TOOL OUTPUT ---"
@@ -17,7 +16,7 @@ END = "--- END TOOL OUTPUT ---"
 
 @dataclass(frozen=True)
 class Candidate:
-    index: int
+    index: int  # the envelope holding the tool result
     tool_call_id: str
     tool_name: str
     text: str
@@ -30,38 +29,30 @@ def is_skipped(tool_name: str, skip: Sequence[str]) -> bool:
 
 
 def select(
-    messages: list[dict[str, Any]], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str]
+    envelopes: Sequence[Envelope], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str]
 ) -> list[Candidate]:
-    """Tool messages over `threshold` tokens (the message's count: content plus a few tokens of
-    framing), in order. The tool's name comes from the latest assistant call with the same id before
-    the result: agents reuse call ids across turns, so a map over the whole conversation would name
-    an earlier result after a later call."""
+    """Tool results over `threshold` tokens (the envelope's count: the output plus a few tokens of
+    framing), in order, whose output is text only and answers a call id. The tool's name is that
+    of the latest call with the same id before the result (the adapter names results so)."""
     if not tokens or max(tokens) <= threshold:
         return []  # the common case: nothing to do, and no walk over a long history
-    names: dict[str, str] = {}
     out: list[Candidate] = []
-    for i, m in enumerate(messages):
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            names.update(tool_names_by_call_id([m]))
-        if m.get("role") != "tool" or tokens[i] <= threshold:
-            continue
-        content = m.get("content")
-        if not (isinstance(content, str) or (isinstance(content, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" for p in content
-        ))):
+    for i, e in enumerate(envelopes):
+        result = e.result
+        if result is None or tokens[i] <= threshold or not result.plain or result.call_id is None:
             continue  # images or other parts: not ours to rewrite
-        call_id = str(m.get("tool_call_id", ""))
-        name = names.get(call_id) or str(m.get("name") or "tool")
+        name = result.name or "tool"
         if is_skipped(name, skip):
             continue
         # Skipping matches the name as sent; the prompt and the note's header get it sanitized.
-        out.append(Candidate(i, call_id, tool_name(name), message_text(m), tokens[i], tokens[i] > cap))
+        out.append(Candidate(i, result.call_id, tool_name(name), result.text, tokens[i], tokens[i] > cap))
     return out
 
 
-def parent_hint(messages: list[dict[str, Any]]) -> str:
-    i = latest_user_index(messages)
-    return clip_hint(message_text(messages[i])) if i is not None else ""
+def parent_hint(envelopes: Sequence[Envelope]) -> str:
+    """The latest user request, clipped: what the tool was run for."""
+    latest = next((e for e in reversed(envelopes) if e.kind is Kind.USER), None)
+    return clip_hint(latest.text) if latest is not None else ""
 
 
 def user_message(tool_name: str, hint: str, payload: str) -> str:

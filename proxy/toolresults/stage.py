@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
 
 from proxy import offload
-from proxy.chat_request import Conversation
 from proxy.compaction import extract
 from proxy.config import Config
-from proxy.hashing import content_digest, message_digest
+from proxy.flow import Flow, Stage
+from proxy.hashing import content_digest
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.singleflight import Busy, SingleFlight
@@ -36,14 +35,7 @@ log = logging.getLogger("proxy.toolresults")
 PAUSED = "the summarizer failed repeatedly and is paused"
 
 
-@dataclass
-class StageResult:
-    messages: list[dict[str, Any]]  # the forwarded messages (the input list when nothing changed)
-    summarized: int  # tool results carried as notes
-    wait_ms: float
-
-
-class ToolResultStage:
+class ToolResultStage(Stage):
     def __init__(
         self,
         cfg: Config,
@@ -85,41 +77,40 @@ class ToolResultStage:
         """(model, state) of every breaker, for the metrics."""
         return [(model, b.state) for (_, model), b in self._breakers.items()]
 
-    async def process(self, conv: Conversation, headers: dict[str, str], scope: str) -> StageResult:
-        """Returns the messages to forward; updates conv.tokens for the ones it replaced."""
+    async def request(self, flow: Flow) -> None:
+        """Oversized tool results in flow.forwarded become notes (or carry a notice)."""
         if not self.tcfg.enabled:
-            return StageResult(conv.messages, 0, 0.0)
+            return
+        conv = flow.forwarded
         cands = sel.select(
-            conv.messages,
+            conv.envelopes,
             conv.tokens,
             threshold=self.tcfg.threshold_tokens,
             cap=self.tcfg.max_payload_tokens,
             skip=self.tcfg.skip_tools,
         )
         if not cands:
-            return StageResult(conv.messages, 0, 0.0)
+            return
         started = time.perf_counter()
-        hint = sel.parent_hint(conv.messages)
-        model = self.tcfg.summarizer_model or conv.model
-        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope, conv) for c in cands))
-        messages = list(conv.messages)
+        hint = sel.parent_hint(conv.envelopes)
+        model = self.tcfg.summarizer_model or flow.model
+        headers, scope = flow.identity.upstream_headers, flow.identity.scope
+        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope) for c in cands))
+        changed = {}
         summarized = 0
         for c, (text, ok) in zip(cands, notes):
-            new = dict(messages[c.index])
-            new["content"] = text
-            messages[c.index] = new
-            conv.tokens[c.index] = await offload.sized(
-                len(text), self.counter.count_message, new, conv.encoding, message_digest(new)
-            )
+            env = flow.adapter.with_output(conv.envelopes[c.index], 0, text)
+            changed[c.index] = (env, await offload.sized(len(text), flow.adapter.count, env, flow.request.encoding,
+                                                         self.counter))
             summarized += ok
-        return StageResult(messages, summarized, (time.perf_counter() - started) * 1000)
+        flow.forwarded = conv.with_envelopes(changed)
+        flow.report.tool_results += summarized
+        flow.report.wait_ms += (time.perf_counter() - started) * 1000
 
-    async def _note(
-        self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str, conv: Conversation
-    ) -> tuple[str, bool]:
+    async def _note(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str) -> tuple[str, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
-            return self._raw_with_notice(c, conv, "the output is larger than the proxy's size cap"), False
+            return self._raw_with_notice(c, "the output is larger than the proxy's size cap"), False
         key = f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
 
         async def existing() -> dict[str, Any] | None:
@@ -159,10 +150,10 @@ class ToolResultStage:
         try:
             rec = await self.flight.run(key, make, existing)
         except Busy:  # another request's note for this output is late: the raw output, this once
-            return self._raw_with_notice(c, conv, "its summary is still being made"), False
+            return self._raw_with_notice(c, "its summary is still being made"), False
         if rec.get("ok"):
             return rec["text"], True
-        return self._raw_with_notice(c, conv, rec.get("reason", "unknown error")), False
+        return self._raw_with_notice(c, rec.get("reason", "unknown error")), False
 
     async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
         window = self.cfg.context_window(model)
@@ -201,7 +192,7 @@ class ToolResultStage:
             raise SummarizerError("invalid", "the summary was not smaller than the output")
         return text
 
-    def _raw_with_notice(self, c: sel.Candidate, conv: Conversation, reason: str) -> str:
+    def _raw_with_notice(self, c: sel.Candidate, reason: str) -> str:
         text = c.text
         cap = self.tcfg.max_payload_tokens
         notice = sel.notice(reason)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.chat_request import analyze
+from proxy import jsonbody
+from proxy.adapters.base import Request
+from proxy.adapters.chat import ChatAdapter
+from proxy.config import Config
 from proxy.tokens import TokenCounter
 from support.invariants import text_of
 
@@ -22,9 +25,14 @@ def counter() -> TokenCounter:
     return _COUNTER
 
 
+def analyze(body: dict[str, Any], tokens: TokenCounter, *, ratio: float = 1.0) -> Request:
+    """A chat body as the proxy parses it: checked, in the neutral model, counted."""
+    return ChatAdapter().parse(jsonbody.dumps(body), tokens, Config(), ratio=ratio)
+
+
 def proxy_count(body: dict[str, Any]) -> int:
     """The proxy's count of a request body (what x-compaction-tokens-* report)."""
-    return analyze(body, counter(), encoding=None, ratio=1.0).total()
+    return analyze(body, counter()).total()
 
 
 def main_summary(marker: str = "plain", extra: str = "") -> str:

@@ -1,0 +1,162 @@
+"""Summaries made ahead of time (spec 4.9): off the request path, for the request that will cross.
+
+A request past `prepare_percent` of the threshold queues a job; a worker makes the summary the
+crossing request will need. The queue holds one job per conversation (a newer request replaces its
+waiting job, so workers never prepare from a stale history) and is bounded: when full, jobs are
+dropped, never waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from proxy import offload
+from proxy.compaction.budget import Budget
+from proxy.compaction.records import key
+from proxy.compaction.view import masked
+from proxy.flow import Flow
+from proxy.model import Conversation
+from proxy.ops.exchange import CONVERSATION
+from proxy.singleflight import Busy
+from proxy.upstream import SummarizerError
+
+if TYPE_CHECKING:
+    from proxy.compaction.engine import CompactionEngine
+
+log = logging.getLogger("proxy.compaction")
+
+
+@dataclass
+class Job:
+    """A request whose conversation gets its next summary made ahead of time."""
+
+    flow: Flow
+    conv: Conversation
+    budget: Budget
+    total: int  # tokens the request forwarded
+    at: float  # when that request came (engine clock): the conversation's latest
+
+
+class Preparer:
+    def __init__(self, engine: "CompactionEngine") -> None:
+        self.engine = engine
+        self.cfg = engine.cfg.compaction
+        self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
+        self._pending: dict[str, Job] = {}  # conversation slot -> its latest job
+        self._workers: list[asyncio.Task[None]] = []
+        self.jobs = 0  # preparations that called the summarizer
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a worker."""
+        return self._queue.qsize() if self._queue is not None else 0
+
+    @property
+    def running(self) -> bool:
+        return self._queue is not None
+
+    def start(self) -> None:
+        if self.cfg.prepare_percent <= 0 or self._queue is not None:
+            return
+        self._queue = asyncio.Queue(maxsize=self.cfg.prepare_queue)
+        self._workers = [asyncio.create_task(self._worker(), name=f"prepare-{i}") for i in range(self.cfg.prepare_workers)]
+
+    async def stop(self) -> None:
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+    async def idle(self) -> None:
+        """Wait until the queue is drained (tests, shutdown)."""
+        if self._queue is not None:
+            await self._queue.join()
+
+    def maybe(self, flow: Flow, conv: Conversation, budget: Budget, total: int) -> None:
+        """Queue the preparation of this conversation's next summary when `total` (what the request
+        forwards) is past `prepare_percent` of the threshold. Never waits."""
+        pct = self.cfg.prepare_percent
+        if self._queue is None or pct <= 0 or total * 100 < budget.threshold * pct or conv.n_system >= len(conv):
+            return
+        # One slot per conversation, told apart by scope and first message: a clash only means
+        # one of two look-alike conversations is compacted on its request path.
+        # (The in-process key of that message: this runs under the threshold, where the stable
+        # digests of the whole history are not otherwise needed.)
+        slot = f"{flow.identity.scope}:{flow.request.keys[conv.n_system]}"
+        job = Job(flow, conv, budget, total, self.engine.now())
+        if slot in self._pending:
+            self._pending[slot] = job
+            return
+        try:
+            self._queue.put_nowait(slot)
+        except asyncio.QueueFull:
+            log.debug("prepare queue full; the next compaction will be made on the request path")
+            return
+        self._pending[slot] = job
+
+    async def _worker(self) -> None:
+        assert self._queue is not None
+        while True:
+            slot = await self._queue.get()
+            try:
+                job = self._pending.pop(slot)
+                CONVERSATION.set(job.flow.identity.conversation)
+                await self._prepare(job)
+            except asyncio.CancelledError:
+                raise
+            except (SummarizerError, Busy) as e:
+                log.info("preparing a summary failed (the request path will try again): %s", e)
+            except Exception:
+                log.exception("preparing a summary failed unexpectedly")
+            finally:
+                self._queue.task_done()
+
+    def _went_quiet(self, job: Job) -> bool:
+        """No request of the conversation within compaction.prepare_idle_s: it may have ended, and
+        a summary nobody asks for would only keep the summarizer from the requests that wait."""
+        return self.engine.now() - job.at > self.cfg.prepare_idle_s
+
+    async def _prepare(self, job: Job) -> None:
+        engine = self.engine
+        if self._went_quiet(job):
+            log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
+            return
+        view = await offload.sized(4 * job.total, engine.view, job.flow, job.conv)
+        if any(engine.flight.running(k) for k in view.candidate_keys()):
+            return  # a summary of this conversation is being made already
+        local = engine.records.local(view.lazy_keys())
+        record = await engine.stored_record(view, longer_than=local) or local
+        if record is not None and record.prepared:
+            return  # one prepared summary per compaction event; the crossing request updates it
+        # The crossing request will have grown by at least the distance to the threshold, all of
+        # it kept verbatim: cut that much earlier, so the prepared summary alone brings it under
+        # the target and the crossing request waits for nothing.
+        growth = max(0, job.budget.threshold - job.total)
+        ahead = replace(
+            job.budget,
+            target=job.budget.target - growth,
+            keep_recent=max(0, job.budget.keep_recent - int(growth / job.flow.request.ratio)),
+        )
+        mask_rec = await offload.sized(4 * job.total, engine.maker.mask_record, view, ahead, record)
+        if mask_rec is not None:
+            out = engine.apply(view, mask_rec)
+            # Masking will serve the crossing request (grown by at least `growth`, kept verbatim):
+            # no summary to prepare. The estimate is cautious: when it errs, a prepared summary
+            # goes unused rather than a crossing request waiting for one.
+            if out.tokens_after is not None and out.tokens_after <= ahead.target:
+                return
+        base = mask_rec or record
+        work = masked(view, base)
+        plan = await offload.sized(4 * job.total, engine.planner.plan, view, ahead, base, work)
+        if plan is None or (record is not None and plan.cut - view.n_system <= record.covered):
+            return
+        if engine.records.has(key(view.scope, view.chain_hex(plan.cut - view.n_system))):
+            return
+        if self._went_quiet(job):  # the store lookups above may have taken a while
+            return
+        self.jobs += 1
+        await engine.summary_for(view, plan, base, job.budget, prepared=True, work=work, carried=record)
+        engine.hooks.prepared("made")

@@ -1,0 +1,69 @@
+"""History compaction as a stage of the flow: compact before the upstream call, and once more,
+harder, when the upstream says the request was too long (spec 4, 9)."""
+
+from __future__ import annotations
+
+from proxy.compaction.engine import CompactionEngine
+from proxy.compaction.view import Outcome
+from proxy.flow import Flow, Stage
+from proxy.ops.events import compaction_event, is_event
+from proxy.ops.exchange import CURRENT
+from proxy.ops.hooks import Hooks
+
+MARK = "compaction"  # flow.marks: the conversation this stage started from (tool results as notes)
+
+
+def not_larger(outcome: Outcome, before: int) -> Outcome:
+    """A compacted request that is not smaller than the original is no compaction: the original
+    goes upstream (its newest turn alone can be over the window), and the status says so."""
+    if outcome.conversation is None or outcome.tokens_after is None or outcome.tokens_after < before:
+        return outcome
+    return Outcome("failed-open", wait_ms=outcome.wait_ms,
+                   reason=f"the compacted request ({outcome.tokens_after} tokens) is not smaller than the original ({before})")
+
+
+class CompactionStage(Stage):
+    def __init__(self, engine: CompactionEngine, hooks: Hooks) -> None:
+        self.engine = engine
+        self.hooks = hooks
+
+    @property
+    def enabled(self) -> bool:
+        return self.engine.cfg.compaction.enabled
+
+    async def request(self, flow: Flow) -> None:
+        if not self.enabled or flow.request.stateful or flow.request.native_compaction:
+            return
+        flow.marks[MARK] = flow.forwarded
+        self._report(flow, await self.engine.process(flow, flow.forwarded))
+
+    async def overflow(self, flow: Flow) -> bool:
+        """Compact as if the threshold were half, from what this stage started with."""
+        if not self.enabled or flow.request.stateful or flow.request.native_compaction:
+            return False
+        budget = self.engine.budget_for(flow.model).halved()
+        outcome = not_larger(await self.engine.process(flow, flow.marks.get(MARK, flow.forwarded), budget=budget),
+                             flow.report.tokens_before)
+        if outcome.conversation is None:
+            return False
+        self._report(flow, outcome)
+        return True
+
+    def _report(self, flow: Flow, outcome: Outcome) -> None:
+        outcome = not_larger(outcome, flow.report.tokens_before)
+        if outcome.conversation is not None:
+            flow.forwarded = outcome.conversation
+        report = flow.report
+        report.status, report.reason, report.record = outcome.status, outcome.reason, outcome.record
+        report.tokens_after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
+        report.wait_ms += outcome.wait_ms
+        ex = CURRENT.get()
+        if ex is not None and is_event(ex, outcome):
+            self.hooks.compaction(compaction_event(ex, flow.identity.scope, flow.original, outcome,
+                                                   report.tokens_before, report.tokens_after))
+
+    async def running(self) -> None:
+        self.engine.start()
+
+    async def done(self) -> None:
+        await self.engine.stop()

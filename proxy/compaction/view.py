@@ -1,0 +1,218 @@
+"""A request as history compaction sees it, and what a record makes of it (pure, but for counting
+through the token cache).
+
+`View` is the flow with the conversation compaction starts from (tool results already notes) and
+the hash chain over the original envelopes. `masked` puts a record's stubs in place; `apply` makes
+the forwarded conversation a record gives (stubs, clamps, the summary injected by the adapter);
+`plan` finds the cut that brings the request to its target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from proxy.compaction import extract
+from proxy.compaction.budget import Budget
+from proxy.compaction.inject import annotation_text, summary_message_text
+from proxy.compaction.plan import Plan, choose_cut
+from proxy.compaction.record import SummaryRecord, render_summary
+from proxy.compaction.records import key
+from proxy.flow import Flow
+from proxy.hashing import hash_chain
+from proxy.model import Conversation, Envelope
+from proxy.prompts import Prompts
+from proxy.text import clamp_middle
+from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
+
+MAX_FILES_CHARS = 3000  # the code-written files block of one summary, at most
+
+_STATUS_OF_TIER = {"summary": "reused", "mask": "masked", "digest": "degraded"}
+
+
+def files_chars(budget: Budget) -> int:
+    """Room for the files block: scaled to the summary's output cap, so small windows keep their
+    hysteresis."""
+    return min(MAX_FILES_CHARS, budget.output_cap)
+
+
+def identifier_budget(target: int, share: float, span_tokens: int) -> int:
+    """Tokens for the identifier block (spec 9.3): growing with the summarized span, up to `share`
+    of the target."""
+    return min(int(share * target), max(256, span_tokens // 8))
+
+
+@dataclass
+class Outcome:
+    status: str  # none | summarized | reused | masked | degraded | failed-open
+    conversation: Conversation | None = None  # None: forward what came in
+    tokens_after: int | None = None
+    wait_ms: float = 0.0
+    reason: str = ""
+    record: SummaryRecord | None = None  # the record applied (the journal reads covered and summary)
+
+
+@dataclass
+class View:
+    """The flow, the conversation compaction starts from, and the chain over the original envelopes."""
+
+    flow: Flow
+    conv: Conversation
+    counter: TokenCounter
+    chain: list[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chain = hash_chain(self.flow.request.digests[self.conv.n_system:])
+
+    @property
+    def n_system(self) -> int:
+        return self.conv.n_system
+
+    @property
+    def digests(self) -> list[bytes]:
+        return self.flow.request.digests
+
+    @property
+    def scope(self) -> str:
+        return self.flow.identity.scope
+
+    def chain_hex(self, covered: int) -> str:
+        return self.chain[covered].hex()
+
+    def count(self, env: Envelope) -> int:
+        return self.flow.adapter.count(env, self.flow.request.encoding, self.counter)
+
+    def count_text(self, text: str) -> int:
+        return self.counter.count_text(text, self.flow.request.encoding)
+
+    def lazy_keys(self) -> Iterator[str]:
+        """Store keys of every prefix a record could cover, longest first, made one at a time (a
+        long history has thousands)."""
+        n_sys, envs = self.n_system, self.conv.envelopes
+        for k in range(len(envs) - n_sys - 1, 0, -1):
+            if envs[n_sys + k].cut_before:
+                yield key(self.scope, self.chain_hex(k))
+
+    def candidate_keys(self) -> list[str]:
+        return list(self.lazy_keys())
+
+
+def masked(view: View, record: SummaryRecord | None) -> Conversation:
+    """The conversation with the record's stubs in place of the old tool outputs it masks."""
+    conv = view.conv
+    if record is None or not record.masks:
+        return conv
+    changed = {}
+    for i in range(view.n_system, len(conv)):
+        stub = record.masks.get(view.digests[i].hex())
+        if stub is not None:
+            env = view.flow.adapter.with_output(conv.envelopes[i], 0, stub)
+            changed[i] = (env, view.count(env))
+    return conv.with_envelopes(changed) if changed else conv
+
+
+def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
+    """What `record` makes of the request: its stubs and clamps on the kept part, and (when it
+    summarizes anything) the summary in place of what it covers."""
+    conv, request = view.conv, view.flow.request
+    cut = view.n_system + record.covered
+    changed: dict[int, tuple[Envelope, int]] = {}
+    for i in range(cut, len(conv)):
+        d = view.digests[i].hex()
+        env = conv.envelopes[i]
+        if d in record.masks:
+            new = view.flow.adapter.with_output(env, 0, record.masks[d])
+        elif d in record.clamped and env.result is not None:
+            new = _clamped(view, env, record.clamped[d], conv.tokens[i])
+        else:
+            continue
+        changed[i] = (new, view.count(new))
+    fwd = conv.with_envelopes(changed) if changed else conv
+    status = _STATUS_OF_TIER[record.tier]
+    if record.covered == 0:  # masking only: nothing summarized, nothing injected
+        return Outcome(status, conversation=fwd, tokens_after=request.total(fwd), record=record)
+    injected = view.flow.adapter.inject(
+        fwd, cut, summary_message_text(prompts, record.summary), annotation_text(prompts, record.covered))
+    # Count the new head (cached by digest); the untouched tail from what we already know.
+    head = [view.count(e) for e in injected.envelopes[:injected.head]]
+    out = Conversation(injected.envelopes, head + fwd.tokens[injected.tail_start:])
+    return Outcome(status, conversation=out, tokens_after=request.total(out), record=record)
+
+
+def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope:
+    text = env.items[0].text
+    max_chars = max(200, int(len(text) * max_tokens / max(tokens, 1)))
+    return view.flow.adapter.with_output(env, 0, clamp_middle(text, max_chars))
+
+
+def _union(old: list[str], new: list[str]) -> list[str]:
+    return old + [x for x in new if x not in old]
+
+
+class Planner:
+    """Where to cut so the forwarded request reaches its target, summary message included."""
+
+    def __init__(self, counter: TokenCounter, prompts: Prompts, identifiers_share: float) -> None:
+        self.counter = counter
+        self.prompts = prompts
+        self.identifiers_share = identifiers_share
+
+    def plan(self, view: View, budget: Budget, record: SummaryRecord | None, work: Conversation | None = None) -> Plan | None:
+        conv, request = view.conv, view.flow.request
+        work = work or conv
+        n_sys = view.n_system
+        start = n_sys + (record.covered if record else 0)
+        # Besides the kept messages the request holds the system messages, the annotation and the
+        # summary wrapper, the model's summary (at most the output cap), the files block (counted
+        # at 2 characters a token, to be safe) and the user's constraints.
+        constraints = _union(record.constraints if record else [], extract.find_constraints(conv.envelopes[start:]))
+        fixed = (
+            sum(conv.tokens[:n_sys]) + self.wrapper_tokens(request.encoding) + budget.output_cap
+            + files_chars(budget) // 2 + request.tools_tokens + REPLY_OVERHEAD
+            + sum(view.count_text(c) + 2 for c in constraints)
+        )
+
+        def cut_for(extra: int) -> Plan | None:
+            # Text counted in parts can tokenize a little differently once joined: 2% of the parts.
+            slack = (fixed + extra) // 50
+            keep = max(0, min(budget.keep_recent, int(budget.target / request.ratio) - fixed - extra - slack))
+            return choose_cut(work.envelopes, work.tokens, start=start, keep_budget=keep)
+
+        def extra_for(plan: Plan) -> int:
+            # Parts that depend on the cut: a split turn's own summary, the identifier block (it
+            # grows with the span), and the user's latest request copied verbatim when it falls in
+            # the summarized span.
+            n = budget.output_cap if plan.turn_start is not None else 0
+            n += self.identifier_room(view, plan, record, budget)
+            return n + sum(view.count_text(t) for t in extract.latest_requests(conv.envelopes, n_sys, plan.cut))
+
+        # A later cut can split a turn the earlier one did not: re-plan until the room left for
+        # the cut-dependent parts covers the plan's own (the keep budget only shrinks, so this ends).
+        extra = 0
+        plan = cut_for(extra)
+        for _ in range(4):
+            if plan is None or (need := extra_for(plan)) <= extra:
+                return plan
+            extra = need
+            plan = cut_for(extra)
+        return plan
+
+    def identifier_room(self, view: View, plan: Plan, record: SummaryRecord | None, budget: Budget) -> int:
+        """Tokens the identifier block of a cut may take: its budget, or less when the span and the
+        previous record have fewer identifiers (2 characters a token, to be safe)."""
+        conv, request = view.conv, view.flow.request
+        room = identifier_budget(budget.target, self.identifiers_share,
+                                 request.scaled(sum(conv.tokens[view.n_system:plan.cut])))
+        span = conv.envelopes[plan.start:plan.cut]
+        found = extract.find_identifiers(extract.span_text(span)) + extract.find_error_lines(extract.tool_text(span))
+        known = (record.identifiers + record.errors) if record else []
+        need = sum(len(x) + 10 for x in found + known) // 2
+        return min(room, need)
+
+    def wrapper_tokens(self, encoding: str) -> int:
+        """The summary message and annotation around an empty summary (section headings included),
+        with message framing."""
+        headings = render_summary("", turn_prefix="-", files={}, files_chars=0, identifier_lines=["-"],
+                                  constraints=["-"], latest_requests=["-", "-"])
+        text = summary_message_text(self.prompts, headings) + annotation_text(self.prompts, 10**6)
+        return self.counter.count_text(text, encoding) + 2 * (MESSAGE_OVERHEAD + 2)
