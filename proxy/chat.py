@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+import orjson
 from aiohttp import web
 
-from proxy import credentials, errors, offload
+from proxy import credentials, errors, jsonbody, offload
 from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
 from proxy.chat_request import latest_user_index, message_text
@@ -40,8 +41,11 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
+from proxy.recall import chat as recall_chat
+from proxy.recall import chat_stream as recall_stream
+from proxy.recall.session import RecallSession
 from proxy.ops.events import compaction_event
-from proxy.ops.exchange import EXCHANGE, Prefix
+from proxy.ops.exchange import EXCHANGE, Prefix, Usage
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
 
@@ -89,9 +93,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await _answer(await send(raw, _headers(status, before, before)))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, request.headers.get("x-compaction-focus") or None,
-                                          ex.conversation))
+                                          ex.conversation, recall=state.recall is not None,
+                                          recall_tokens=recall_chat.declaration_tokens(state.recall, state.prompts, state.counter,
+                                                                                       parsed) if state.recall else 0))
     try:
         await run_request(state.stages, flow)
+        recall = None
+        if state.recall is not None:  # the originals kept; the tool declared when anything was replaced
+            recall = await recall_chat.prepare(state.recall, state.prompts, flow)
         data = flow.body() if not flow.changed else await offload.sized(len(raw), flow.body)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
@@ -109,7 +118,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
               report.tool_results)
     window = state.compaction.budget_for(parsed.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    resp = await _answer(await _with_overflow_retry(send, flow, data, report.headers(), state, not_an_overflow=small))
+    headers = report.headers()
+    if recall is not None:
+        send = _sender(request, state, up_headers, parsed.stream, recall)
+        headers["x-compaction-recalls"] = "0"
+    resp = await _answer(await _with_overflow_retry(send, flow, data, headers, state, not_an_overflow=small))
+    if recall is not None and recall.rounds:
+        state.hooks.recall_rounds(recall.rounds)
+        log.info("chat %s: %s", parsed.model, recall.summary())
     _learn_ratio(state, parsed, after, resp, ex.usage)
     return resp
 
@@ -152,8 +168,11 @@ async def _with_overflow_retry(send: Send, flow: Flow, data: bytes, headers: dic
     return await send(*again, may_retry=False)
 
 
-def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bool) -> Send:
-    """A single upstream call that relays the answer, or reports an overflow it did not relay."""
+def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bool,
+            recall: RecallSession | None = None) -> Send:
+    """A single upstream call that relays the answer, or reports an overflow it did not relay.
+    With a `recall` session, the recall layer: the model's recall calls are answered inside the
+    answer, whole or streamed (design 13.3)."""
     url = upstream_url(state.cfg.upstream.base_url, request, CHAT.upstream_path)
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
@@ -178,6 +197,9 @@ def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bo
                     return rejected
                 if not _checkable_stream(upstream):
                     resp = await relay_completion(request, upstream, extra)
+                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        body = await offload.sized(len(data), orjson.loads, data)
+                        resp = await recall_chat.answer_whole(state.session, url, headers, timeout, resp, recall, body)
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response):
                         ex.usage = CHAT.usage(resp.body)
@@ -185,6 +207,14 @@ def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bo
                 # Headers wait for the first bytes: until then an empty stream can still be retried.
                 chunk = await upstream.content.readany()
                 ex.upstream_ttfb_s = time.perf_counter() - t0
+                if chunk and recall is not None:
+                    body = await offload.sized(len(data), orjson.loads, data)
+                    post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
+                                                        timeout=timeout, allow_redirects=False)
+                    result = await recall_stream.relay(request, upstream, chunk, extra, body, post, recall)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = Usage.from_openai(result.usage)
+                    return result.response
                 if chunk:
                     checker = CHAT.event_checker()
                     resp = await relay_events(request, upstream, extra, chunk, checker)

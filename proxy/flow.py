@@ -26,6 +26,10 @@ class Identity:
     upstream_headers: dict[str, str]  # the client's credentials: the proxy's own upstream calls carry them
     focus: str | None = None  # x-compaction-focus: what the summary should keep
     conversation: str = ""  # digest naming the conversation (journal, bill)
+    # the route keeps the originals of what the stages replace and answers the recall tool (design
+    # 13): notes and summaries then name their originals, and compaction leaves room for the tool
+    recall: bool = False
+    recall_tokens: int = 0  # what the tool's declaration adds to a request that carries a replacement
 
 
 @dataclass

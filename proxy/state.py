@@ -21,6 +21,7 @@ from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ratio import RatioLearner
+from proxy.recall.layer import Recall
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
@@ -59,6 +60,7 @@ class ProxyState:
     journal: Journal | None = None
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
+    recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
     max_body: int = field(init=False)
     stages: list[Stage] = field(init=False)  # every chat request's, in order (spec 10.1)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
@@ -149,6 +151,7 @@ class ProxyState:
             journal=journal,
             ratios=RatioLearner(store),
             series=series,
+            recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
         )
 
     async def close(self) -> None:

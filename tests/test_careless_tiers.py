@@ -277,7 +277,9 @@ async def test_the_summary_call_rides_the_prompt_cache(make_proxy):
           f"cached prefix {riding} in {n_riding} calls")
     assert riding <= 0.2 * transcript  # at least 80% fewer uncached input tokens
     body = bodies[-1]  # the conversation's own request: its tools, no tool call allowed, our ask last
-    assert body["tools"] == s_tools() and body["tool_choice"] == "none"
+    # the tools as the conversation's request was last forwarded: the client's, then the recall tool
+    assert body["tools"][:-1] == s_tools() and body["tools"][-1]["function"]["name"] == "context_recall"
+    assert body["tool_choice"] == "none"
     assert body["messages"][0]["content"].startswith("You are a careful coding agent")
     assert body["messages"][-1]["content"].startswith("Pause the conversation here")
 

@@ -134,3 +134,11 @@ def test_the_declaration_is_the_same_bytes_every_time() -> None:
     a = orjson.dumps(chat_declaration("context_recall", Prompts()))
     b = orjson.dumps(chat_declaration("context_recall", Prompts()))
     assert a == b and b"context_recall" in a and b"handle" in a and b"query" in a
+
+
+def test_compaction_leaves_room_enough_for_the_declaration() -> None:
+    from proxy.recall.tool import DECLARATION_TOKENS
+
+    tools = [chat_declaration("context_recall_99", Prompts())]
+    for enc in ("cl100k_base", "o200k_base"):
+        assert COUNTER.count_tools(tools, enc) <= DECLARATION_TOKENS

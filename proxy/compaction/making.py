@@ -21,6 +21,8 @@ from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
 from proxy.compaction.plan import Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
+from proxy.recall import handles
+from proxy.recall.chat import declared_tools, recall_declared
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
@@ -59,6 +61,7 @@ class Draft:
     clamped: dict[str, int]
     masks: dict[str, str]  # stubs of outputs the summary keeps (the masking reached past the new cut)
     recall: list[str]  # identifiers for recall carried over from the previous record
+    spans: list[list]  # the summarized spans with their recall handles, the new one last (design 13.1)
 
 
 def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
@@ -83,7 +86,21 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         clamped={view.digests[i].hex(): n for i, n in plan.clamp.items()},
         masks={d: t for d, t in (previous.masks if previous else {}).items() if d in kept_digests},
         recall=list(previous.recall_identifiers) if previous else [],
+        spans=recall_spans(view, previous, covered),
     )
+
+
+def recall_spans(view: View, previous: SummaryRecord | None, covered: int) -> list[list]:
+    """The spans a summary covering `covered` messages stands for, [handle, first, last]: the
+    previous summary's, and the new one from its end (none when the route keeps no originals)."""
+    if not view.flow.identity.recall:
+        return []
+    keep = previous is not None and previous.covered and previous.tier != "digest"
+    spans = [list(x) for x in previous.recall_spans] if keep and previous is not None else []
+    start = spans[-1][2] + 1 if spans else 1
+    if covered >= start:
+        spans.append([handles.of_span(view.chain_hex(covered)), start, covered])
+    return spans
 
 
 class RecordMaker:
@@ -174,7 +191,11 @@ class RecordMaker:
             self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), request.encoding) + 64
         if first_kept <= view.n_system or tokens + instruction + job.output_cap > job.window:
             return None
-        return last.values[:first_kept], request.tools, _point_text(first_kept - view.n_system)
+        # the tools as that request carried them: the recall tool too when it was declared
+        tools = request.tools
+        if view.flow.identity.recall and recall_declared(request.conversation, last):
+            tools = declared_tools(self.cfg.recall, tools, self.prompts)
+        return last.values[:first_kept], tools, _point_text(first_kept - view.n_system)
 
     def finish(self, view: View, d: Draft, model_text: str, turn_text: str | None, budget: Budget, *,
                prepared: bool) -> SummaryRecord:
@@ -193,12 +214,13 @@ class RecordMaker:
         if rest:
             self.stats["identifiers_to_recall"] += len(rest)
         summary = render_summary(model_text, turn_prefix=turn_text, files=d.files, files_chars=fchars,
-                                 identifier_lines=lines, constraints=d.constraints, latest_requests=d.latest)
+                                 identifier_lines=lines, constraints=d.constraints, latest_requests=d.latest,
+                                 recall=handles.recall_block(d.spans))
         return SummaryRecord(
             covered=d.covered, chain=d.chain, summary=summary, files=d.files,
             identifiers=d.candidates[-MAX_KNOWN_IDENTIFIERS:], clamped=d.clamped, created=self.clock(),
             prepared=prepared, masks=d.masks, errors=d.errors[-MAX_KNOWN_IDENTIFIERS:], constraints=d.constraints,
-            recall_identifiers=_union(d.recall, rest),
+            recall_identifiers=_union(d.recall, rest), recall_spans=d.spans,
         )
 
     def fit_identifiers(self, d: Draft, present: str, room_tokens: int, encoding: str) -> tuple[list[str], list[str]]:
@@ -262,9 +284,10 @@ class RecordMaker:
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, view.count_text)
         if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
             digest = previous.summary + "\n\n" + digest  # what the previous compaction kept stays
-        summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
-                                 constraints=constraints, latest_requests=latest)
         covered = plan.cut - n_sys
+        spans = recall_spans(view, previous, covered)
+        summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
+                                 constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
         identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
         errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
@@ -276,7 +299,7 @@ class RecordMaker:
             files=extract.merge_files(previous.files if previous else {}, extract.files_touched(span)),
             identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:],
             recall_identifiers=recall, constraints=constraints, masks=masks, created=self.clock(),
-            expires=self.clock() + self.cfg.compaction.digest_ttl_s,
+            expires=self.clock() + self.cfg.compaction.digest_ttl_s, recall_spans=spans,
         )
 
 

@@ -40,6 +40,9 @@ class SummaryRecord:
     # listed here for recall (a later issue makes them retrievable)
     recall_identifiers: list[str] = field(default_factory=list)
     expires: float | None = None  # a digest is short-lived: the summarizer is tried again after it
+    # the summarized spans, each [handle, first, last] (message numbers from 1): the summary's
+    # `## Recall` block names them, and the originals are kept under those handles (design 13.1)
+    recall_spans: list[list] = field(default_factory=list)
 
     @property
     def extent(self) -> int:
@@ -131,6 +134,7 @@ def render_summary(
     identifier_lines: list[str],
     constraints: list[str],
     latest_requests: list[str],
+    recall: str = "",
 ) -> str:
     """Model summary + split-turn context + the blocks code writes (spec 4.5, 9.3).
 
@@ -154,6 +158,8 @@ def render_summary(
         if len(latest_requests) > 1:
             block += ["", "Last substantive request before it (verbatim):", latest_requests[1]]
         parts.append("\n".join(block))
+    if recall:
+        parts.append(recall)
     return "\n\n".join(parts)
 
 

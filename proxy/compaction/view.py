@@ -17,6 +17,7 @@ from proxy.compaction.budget import Budget
 from proxy.compaction.inject import annotation_text, summary_message_text
 from proxy.compaction.plan import Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, render_summary
+from proxy.recall import handles
 from proxy.compaction.records import key
 from proxy.flow import Flow
 from proxy.hashing import hash_chain
@@ -130,13 +131,20 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     fwd = conv.with_envelopes(changed) if changed else conv
     status = _STATUS_OF_TIER[record.tier]
     if record.covered == 0:  # masking only: nothing summarized, nothing injected
-        return Outcome(status, conversation=fwd, tokens_after=request.total(fwd), record=record)
+        return Outcome(status, conversation=fwd, tokens_after=_total(view, fwd), record=record)
     injected = view.flow.adapter.inject(
         fwd, cut, summary_message_text(prompts, record.summary), annotation_text(prompts, record.covered))
     # Count the new head (cached by digest); the untouched tail from what we already know.
     head = [view.count(e) for e in injected.envelopes[:injected.head]]
     out = Conversation(injected.envelopes, head + fwd.tokens[injected.tail_start:])
-    return Outcome(status, conversation=out, tokens_after=request.total(out), record=record)
+    return Outcome(status, conversation=out, tokens_after=_total(view, out), record=record)
+
+
+def _total(view: View, conv: Conversation) -> int:
+    """A compacted request's count: it carries a replacement, so on a recall route it declares the
+    recall tool too (design 13.2)."""
+    request, identity = view.flow.request, view.flow.identity
+    return request.total(conv) + (request.scaled(identity.recall_tokens) if identity.recall else 0)
 
 
 def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope:
@@ -157,6 +165,14 @@ class Planner:
         self.prompts = prompts
         self.identifiers_share = identifiers_share
 
+    def recall_room(self, view: View, record: SummaryRecord | None) -> int:
+        """What recall adds to a compacted request (design 13): the tool's declaration and the
+        summary's recall block, one line per span."""
+        if not view.flow.identity.recall:
+            return 0
+        spans = [("0" * handles.HANDLE_CHARS, 1000, 1000)] * (1 + len(record.recall_spans if record else []))
+        return view.flow.identity.recall_tokens + view.count_text(handles.recall_block(spans)) + 2
+
     def plan(self, view: View, budget: Budget, record: SummaryRecord | None, work: Conversation | None = None) -> Plan | None:
         conv, request = view.conv, view.flow.request
         work = work or conv
@@ -169,7 +185,7 @@ class Planner:
         fixed = (
             sum(conv.tokens[:n_sys]) + self.wrapper_tokens(request.encoding) + budget.output_cap
             + files_chars(budget) // 2 + request.tools_tokens + REPLY_OVERHEAD
-            + sum(view.count_text(c) + 2 for c in constraints)
+            + sum(view.count_text(c) + 2 for c in constraints) + self.recall_room(view, record)
         )
 
         def cut_for(extra: int) -> Plan | None:

@@ -15,7 +15,7 @@ from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
-          "prepared")
+          "prepared", "recall", "recall_rounds")
 
 
 @dataclass(slots=True)
@@ -67,6 +67,13 @@ class Hooks:
     def prepared(self, outcome: str) -> None:
         """A summary prepared ahead: `made`, `used` (carried by the request that crossed the
         threshold) or `wasted` (that request had to call the summarizer anyway)."""
+
+    def recall(self, outcome: str) -> None:
+        """One recall call answered: `hit`, `miss`, `error` (bad arguments), `unavailable` (the
+        store is down) or `exhausted` (past recall.max_rounds)."""
+
+    def recall_rounds(self, rounds: int) -> None:
+        """A client request whose answer took `rounds` extra upstream rounds for recall (> 0)."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and

@@ -24,6 +24,7 @@ from proxy.compaction.stage import MARK as COMPACTION_MARK
 from proxy.flow import Flow, Identity, run_request
 from proxy.config import Config
 from proxy.hashing import conversation_digest
+from proxy.recall.chat import declaration_tokens
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store
@@ -186,6 +187,9 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
         upstream_headers=creds.headers,
         focus=headers.get("x-compaction-focus"),
         conversation=conversation_digest(creds.scope or "", parsed.first_digest()),
+        # as the chat route: handles in notes and summaries, room and count for the recall tool
+        recall=state.recall is not None,
+        recall_tokens=declaration_tokens(state.recall, state.prompts, state.counter, parsed) if state.recall else 0,
     )
     flow = Flow.of(CHAT, parsed, identity)
     await run_request(state.stages, flow)

@@ -111,6 +111,10 @@ class Metrics(Hooks):
         self.prepared_summaries = Counter(P + "prepared_summaries_total", "Summaries prepared ahead: made, used by "
                                           "the crossing request, wasted (it called the summarizer anyway)",
                                           ["outcome"], registry=r)
+        self.recalls = Counter(P + "recall_calls_total", "Recall tool calls the proxy answered, by outcome (hit, miss, "
+                               "error, unavailable, exhausted)", ["outcome"], registry=r)
+        self.recall_rounds_total = Counter(P + "recall_rounds_total", "Extra upstream rounds made to answer recall "
+                                           "calls", registry=r)
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
@@ -210,6 +214,12 @@ class Metrics(Hooks):
 
     def compaction(self, event: CompactionEvent) -> None:
         self.compactions.labels(event.tier).inc()
+
+    def recall(self, outcome: str) -> None:
+        self.recalls.labels(outcome).inc()
+
+    def recall_rounds(self, rounds: int) -> None:
+        self.recall_rounds_total.inc(rounds)
 
     def prepared(self, outcome: str) -> None:
         self.prepared_summaries.labels(outcome).inc()

@@ -76,21 +76,19 @@ def windows(text: str, words: list[str], identifiers: list[str], limit: int = 6)
 
 
 def fit(text: str, start: int, budget: int, count: Count) -> int:
-    """The end of the longest slice text[start:end] of at most `budget` tokens, at a line end when
+    """The end of a slice text[start:end] of at most `budget` tokens, near the longest, at a line end when
     one falls in its last fifth."""
     if budget <= 0 or start >= len(text):
         return start
-    lo, hi = start, min(len(text), start + budget * 8)  # tokens are rarely over 8 characters: enough
-    if count(text[start:hi]) <= budget:
+    hi = min(len(text), start + budget * 8)  # tokens are rarely over 8 characters: enough
+    n = count(text[start:hi])
+    if n <= budget:
         end = hi
     else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if count(text[start:mid]) <= budget:
-                lo = mid
-            else:
-                hi = mid
-        end = lo
+        # proportional first guess, then shrink: two or three counts, not a bisection's fifteen
+        end = start + int((hi - start) * budget / n * 0.97)
+        while end > start and count(text[start:end]) > budget:
+            end = start + int((end - start) * 0.9)
     if end < len(text):
         nl = text.rfind("\n", start + (end - start) * 4 // 5, end)
         if nl > start:

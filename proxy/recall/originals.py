@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from proxy import offload
 from proxy.compaction import extract
 from proxy.store.base import Store, index_words
 
@@ -52,6 +53,11 @@ def decode(handle: str, raw: bytes) -> Original | None:
         return None
 
 
+def identifiers(text: str) -> list[str]:
+    """What an original is found by exactly."""
+    return (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+
+
 def valid_handle(handle: str) -> bool:
     return bool(_HANDLE.match(handle))
 
@@ -80,8 +86,7 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        text = original.text
-        idents = (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+        idents = await offload.sized(len(original.text), identifiers, original.text)  # large spans: off the loop
         await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:

@@ -17,12 +17,13 @@ from proxy.recall import excerpts
 from proxy.recall.originals import Original, Originals, RecallUnavailable, query_terms
 
 HEADER_TOKENS = 48  # room kept for the lines around the excerpts
+DECLARATION_TOKENS = 160  # the declaration's tokens at most (a test holds it to that): compaction's room for it
 _PARAMETERS = {
     "type": "object",
     "properties": {
-        "handle": {"type": "string", "description": "a recall id, to read that original"},
-        "query": {"type": "string", "description": "an exact identifier or a few words, to search the originals"},
-        "page": {"type": "integer", "minimum": 1, "description": "the page of a long answer (1 first)"},
+        "handle": {"type": "string"},
+        "query": {"type": "string"},
+        "page": {"type": "integer", "minimum": 1},
     },
     "additionalProperties": False,
 }

@@ -24,6 +24,7 @@ from proxy.prompts import Prompts
 from proxy.singleflight import Busy, SingleFlight
 from proxy.store.base import Store
 from proxy.text import clamp_middle
+from proxy.recall import handles
 from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
 from proxy.toolresults.breaker import CircuitBreaker
@@ -96,6 +97,9 @@ class ToolResultStage(Stage):
         model = self.tcfg.summarizer_model or flow.model
         headers, scope = flow.identity.upstream_headers, flow.identity.scope
         notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope) for c in cands))
+        if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
+            notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok else (text, ok)
+                     for c, (text, ok) in zip(cands, notes)]
         changed = {}
         summarized = 0
         for c, (text, ok) in zip(cands, notes):

@@ -1,0 +1,74 @@
+"""Recall for one process (design 13): keeps the originals a forwarded request stands in for, and
+starts the recall session of a request. The protocol routes call it; the protocol-specific parts
+(the declaration's shape, the answering loop) live beside it (proxy/recall/chat.py, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+from proxy.config import Config
+from proxy.ops.hooks import Hooks
+from proxy.prompts import Prompts
+from proxy.recall.keep import Message, replacements
+from proxy.recall.originals import Original, Originals
+from proxy.recall.session import RecallSession
+from proxy.recall.tool import tool_name
+from proxy.store.base import Store
+from proxy.tokens import TokenCounter
+
+log = logging.getLogger("proxy.recall")
+
+SAVED_CACHE = 100_000  # (scope, handle) pairs known to be stored, so a request does not ask again
+
+
+class Recall:
+    def __init__(self, cfg: Config, store: Store, prompts: Prompts, counter: TokenCounter, hooks: Hooks | None = None) -> None:
+        self.cfg = cfg.recall
+        self.log_content = cfg.server.log_content
+        self.store = store
+        self.originals = Originals(store)
+        self.prompts = prompts
+        self.counter = counter
+        self.hooks = hooks or Hooks()
+        self._saved: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.enabled
+
+    def name_for(self, client_tools: Sequence[str]) -> str:
+        return tool_name(self.cfg.tool_name, client_tools)
+
+    async def keep(self, scope: str, original: Sequence[Message], forwarded: Sequence[Message], n_system: int) -> bool:
+        """Store the originals the forwarded request stands in for (those not stored yet). True when
+        it carries any replacement: then the recall tool is declared."""
+        found = replacements(original, forwarded, n_system)
+        if not found:
+            return False
+        await self._save(scope, found)
+        return True
+
+    async def _save(self, scope: str, found: list[Original]) -> None:
+        new = [o for o in found if f"{scope}:{o.handle}" not in self._saved]
+        if not new:
+            for o in found:
+                self._saved.move_to_end(f"{scope}:{o.handle}")
+            return
+        stored = await self.originals.saved(scope, [o.handle for o in new])
+        for o in new:
+            if o.handle not in stored:
+                await self.originals.save(scope, o)
+        if getattr(self.store, "healthy", True):  # else: try again on the next request
+            for o in new:
+                self._saved[f"{scope}:{o.handle}"] = None
+            while len(self._saved) > SAVED_CACHE:
+                self._saved.popitem(last=False)
+        log.debug("recall: %d original(s) kept, %d already stored", len(new) - len(stored), len(stored))
+
+    def session(self, scope: str, name: str, encoding: str) -> RecallSession:
+        count: Callable[[str], int] = lambda text: self.counter.count_text(text, encoding)  # noqa: E731
+        return RecallSession(name, self.originals, scope, self.cfg.max_rounds, self.cfg.max_tokens, count,
+                             self.prompts, self.log_content, on_call=self.hooks.recall)
