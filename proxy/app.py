@@ -10,6 +10,7 @@ from aiohttp import web
 
 from proxy import errors, logsafe
 from proxy.adapters.messages import routes as messages
+from proxy.adapters.messages.runtime import messages_runtime
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import BodyPace, passthrough
@@ -93,6 +94,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
 
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(messages_runtime)  # after the state it builds on
     app.cleanup_ctx.append(responses_runtime)
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)

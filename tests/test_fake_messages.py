@@ -384,3 +384,13 @@ async def test_fail_status_in_anthropics_shape(fake, client):
     assert e.value.status_code == 529 and e.value.body["error"]["type"] == "overloaded_error"
     r = await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}])
     assert r.stop_reason == "end_turn"
+
+
+async def test_a_summary_asked_inside_the_conversation_is_recognized(fake, client):
+    """The cache-riding summary call (spec 9.4): the conversation's own request with the request
+    for a summary as its last block is the proxy's summarizer call, not the agent's."""
+    cached = Prompts().text("compaction-cached-summary").split("{{", 1)[0]
+    await client.messages.create(model=MODEL, max_tokens=500, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "earlier question"}, {"type": "text", "text": cached + " the end"}]}])
+    await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "a question"}])
+    assert [r.kind for r in fake.requests] == ["summarizer", "messages"]

@@ -261,6 +261,13 @@ class CompactionEngine:
         return out
 
     # -- records -------------------------------------------------------------------------------
+    async def stored(self, flow: Flow, conv: Conversation) -> Outcome:
+        """The longest stored (or prepared) record applied, when there is one; none is made and
+        none is marked carried (Messages count_tokens: what would be forwarded now)."""
+        view = await offload.sized(4 * flow.total(conv), self.view, flow, conv)
+        record = self.records.local(view.lazy_keys()) or await self.stored_record(view, longer_than=None)
+        return self.apply(view, record) if record is not None else Outcome("none")
+
     async def stored_record(self, view: View, longer_than: SummaryRecord | None) -> SummaryRecord | None:
         """The longest record the store holds for this conversation, longer than `longer_than`."""
         keys = view.candidate_keys()

@@ -35,6 +35,9 @@ class CompactionStage(Stage):
         if not self.enabled or flow.request.stateful or flow.request.native_compaction:
             return
         flow.marks[MARK] = flow.forwarded
+        if flow.request.extra.get("count_only"):  # a token count: records made already apply, none is made
+            self._report(flow, await self.engine.stored(flow, flow.forwarded))
+            return
         self._report(flow, await self.engine.process(flow, flow.forwarded))
 
     async def overflow(self, flow: Flow) -> bool:

@@ -96,13 +96,18 @@ class ToolResultStage(Stage):
         hint = sel.parent_hint(conv.envelopes)
         model = self.tcfg.summarizer_model or flow.model
         headers, scope = flow.identity.upstream_headers, flow.identity.scope
-        notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope) for c in cands))
+        if flow.request.extra.get("count_only"):  # a token count: notes made already apply, none is made
+            notes = [await self._stored_note(c, scope) for c in cands]
+        else:
+            notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope) for c in cands))
         if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
-            notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok else (text, ok)
+            notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok and text else (text, ok)
                      for c, (text, ok) in zip(cands, notes)]
         changed = {}
         summarized = 0
         for c, (text, ok) in zip(cands, notes):
+            if text is None:
+                continue
             env = flow.adapter.with_output(conv.envelopes[c.index], 0, text)
             changed[c.index] = (env, await offload.sized(len(text), flow.adapter.count, env, flow.request.encoding,
                                                          self.counter))
@@ -111,11 +116,25 @@ class ToolResultStage(Stage):
         flow.report.tool_results += summarized
         flow.report.wait_ms += (time.perf_counter() - started) * 1000
 
-    async def _note(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str], scope: str) -> tuple[str, bool]:
+    @staticmethod
+    def _key(c: sel.Candidate, scope: str) -> str:
+        return f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
+
+    async def _stored_note(self, c: sel.Candidate, scope: str) -> tuple[str | None, bool]:
+        """A note made already, or None (the output stays as it is)."""
+        raw = None if c.over_cap else await self.store.get(self._key(c, scope))
+        try:
+            rec = orjson.loads(raw) if raw is not None else {}
+        except orjson.JSONDecodeError:
+            rec = {}
+        return (rec["text"], True) if rec.get("ok") else (None, False)
+
+    async def _note(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str],
+                    scope: str) -> tuple[str | None, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
             return self._raw_with_notice(c, "the output is larger than the proxy's size cap"), False
-        key = f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
+        key = self._key(c, scope)
 
         async def existing() -> dict[str, Any] | None:
             raw = await self.store.get(key)

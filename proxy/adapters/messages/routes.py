@@ -8,22 +8,33 @@ these routes are in Anthropic's shape."""
 from __future__ import annotations
 
 import functools
+import logging
 import re
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from proxy import errors, offload
-from proxy.adapters.messages.body import parse_messages_body
-from proxy.adapters.messages.count import count_message, count_system
+from proxy import credentials, errors, offload
+from proxy.adapters.base import Request
+from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
+from proxy.adapters.messages import chatview
+from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
+from proxy.adapters.messages.windows import long_context
+from proxy.adapters.chat import ChatAdapter
+from proxy.flow import Flow, Identity, Report, run_overflow, run_request
+from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
-from proxy.hashing import message_keys
+from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.state import STATE
-from proxy.tokens import REPLY_OVERHEAD, encoding_name_for
 
+log = logging.getLogger("proxy.messages")
+MESSAGES = MessagesAdapter()
+CHAT = ChatAdapter()  # the stages see the blocks through a chat view (chatview.py)
+VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
 BYPASS = ("1", "true", "yes")
@@ -54,49 +65,123 @@ async def handle_anthropic_passthrough(request: web.Request) -> web.StreamRespon
                              base_path="", key_header="x-api-key")
 
 
-def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
-    return {"x-compaction-status": status, "x-compaction-tokens-before": str(before),
-            "x-compaction-tokens-after": str(after), "x-compaction-tool-results": str(tool_results),
-            "x-compaction-wait-ms": str(int(round(wait_ms)))}
+def _headers(status: str, before: int, after: int) -> dict[str, str]:
+    return Report(before, status, after).headers()
 
 
-def count_request(body: dict[str, Any], counter: Any, cfg: Any) -> int:
-    """The proxy's count of a Messages request: system, messages, tool schemas (pure)."""
-    settings = cfg.model_settings(body["model"])
-    enc = settings.encoding or encoding_name_for(body["model"])
-    keys, _ = message_keys(body["messages"])
-    n = count_system(counter, body, enc) + counter.count_tools(body.get("tools"), enc) + REPLY_OVERHEAD
-    n += sum(count_message(counter, m, enc, k) for m, k in zip(body["messages"], keys))
-    return n if settings.token_ratio == 1.0 else int(n * settings.token_ratio)
+def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
+    """The proxy's count and the stream flag of a body forwarded as it came (0, a guess: when the
+    body is not one the proxy can read; the upstream judges it)."""
+    try:
+        req = MESSAGES.parse(raw, counter, cfg)
+    except Exception:
+        return 0, _STREAM_TRUE.search(raw) is not None
+    return req.total(), req.stream
 
 
-def _read(raw: bytes, counter: Any, cfg: Any) -> tuple[dict[str, Any], int]:
-    body = parse_messages_body(raw)
-    return body, count_request(body, counter, cfg)
+def _identity(request: web.Request, state: Any, req: Request) -> Identity | None:
+    """Who the request is for: its credential's scope (None: no credential, no session id, so no
+    records kept or read), the credentials and anthropic-version / -beta for the proxy's own calls."""
+    cfg = state.cfg
+    key = cfg.anthropic.api_key.get_secret_value() if cfg.anthropic.api_key else None
+    creds = credentials.resolve(request.headers, state.scope_secret, key, MESSAGES.credential_headers,
+                                key_header="x-api-key")
+    request[EXCHANGE].conversation = conversation_digest(creds.scope or "", req.first_digest())
+    if creds.scope is None:
+        return None
+    calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
+    return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
+                    request[EXCHANGE].conversation)
+
+
+@dataclass
+class Prepared:
+    """One request after the stages: what to forward, its x-compaction-* report, how to retry it."""
+
+    request: Request
+    forwarded: Conversation
+    report: Report
+    retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+
+    def body(self) -> bytes:
+        return MESSAGES.render(self.request, self.forwarded)
+
+
+def _chat_request(req: Request, counter: Any, cfg: Any, count_only: bool) -> tuple[chatview.ChatView, Request]:
+    """The request as the stages see it: its chat view, counted as Messages blocks count."""
+    view = chatview.to_chat(req, counter)
+    chat = CHAT.request_of({"model": req.model, "messages": view.messages, "tools": req.tools}, b"", counter, cfg,
+                           ratio=req.ratio)
+    chat.conversation = Conversation(chat.conversation.envelopes, list(view.tokens))
+    chat.native_compaction = req.native_compaction
+    chat.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
+    return view, chat
+
+
+async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
+    """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
+    compaction covers it) on the chat view of the request; a bug in them forwards the request as
+    sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
+    cfg = state.cfg
+    rt = request.app[MESSAGES_RUNTIME]
+    req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
+    ex = request[EXCHANGE]
+    ex.model, ex.stream = req.model, req.stream
+    before = req.total()
+    identity = _identity(request, state, req)
+    if identity is None:
+        return Prepared(req, req.conversation, Report(before))
+    LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
+
+    def back(flow: Flow) -> Conversation:
+        return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
+            else req.conversation
+
+    try:
+        view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
+        flow = Flow.of(CHAT, chat, identity)
+        await run_request(rt.stages, flow)
+        forwarded = await offload.sized(len(raw), back, flow)
+    except Exception:
+        log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
+        return Prepared(req, req.conversation, Report(before))
+    report = flow.report
+    report.tokens_before, report.tokens_after = before, req.total(forwarded)
+
+    async def retry() -> tuple[bytes, dict[str, str]] | None:
+        """The upstream said the prompt is too long: once, what the stages can make smaller."""
+        if not await run_overflow(rt.stages, flow):
+            return None
+        fwd = await offload.sized(len(raw), back, flow)
+        flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
+        return await offload.sized(len(raw), MESSAGES.render, req, fwd), flow.report.headers()
+
+    return Prepared(req, forwarded, report, None if count_only else retry)
 
 
 @anthropic_route
 async def handle_messages(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
-    ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     headers = upstream_headers(request, cfg)
     if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
-        return await forward_messages(request, state.session, cfg, "/v1/messages", raw, headers,
-                                      _STREAM_TRUE.search(raw) is not None, _headers("bypassed", 0, 0))
-    body, tokens = await offload.sized(len(raw), _read, raw, state.counter, cfg)
-    ex.model, ex.stream = body["model"], bool(body.get("stream"))
-    return await forward_messages(request, state.session, cfg, "/v1/messages", raw, headers, ex.stream,
-                                  _headers("none", tokens, tokens))
+        tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
+        return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, raw, headers, stream,
+                                      _headers("bypassed", tokens, tokens))
+    p = await prepare(request, state, raw, count_only=False)
+    body = await offload.sized(len(raw), p.body)
+    return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
+                                  p.request.stream, p.report.headers(), p.retry)
 
 
 @anthropic_route
 async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
+    """Claude Code decides its own compaction from this count: it is the count of what the proxy
+    would forward now (spec 12.4), asked of the upstream."""
     state = request.app[STATE]
-    cfg = state.cfg
-    raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    body, tokens = await offload.sized(len(raw), _read, raw, state.counter, cfg)
-    request[EXCHANGE].model = body["model"]
-    return await forward_messages(request, state.session, cfg, "/v1/messages/count_tokens", raw,
-                                  upstream_headers(request, cfg), False, _headers("none", tokens, tokens))
+    raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
+    p = await prepare(request, state, raw, count_only=True)
+    body = await offload.sized(len(raw), p.body)
+    return await forward_messages(request, state.session, state.cfg, "/v1/messages/count_tokens", body,
+                                  upstream_headers(request, state.cfg), False, p.report.headers())

@@ -60,7 +60,7 @@ from proxy.fakes.messages.blocks import (
 from proxy.fakes.messages.cache import BreakpointCache
 from proxy.fakes.messages.validate import Context, check_request, thinking_enabled, thinking_signature
 from proxy.fakes.model_server import Failure, ModelFake
-from proxy.fakes.summarizer_match import summarizer_kind
+from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
 
 _MESSAGES = {401: "invalid x-api-key", 403: "Your API key does not have permission to use the specified resource.",
@@ -145,6 +145,13 @@ class FakeMessages(ModelFake):
     def summarizer_kind(self, body: Any) -> str | None:
         if not isinstance(body, dict):
             return None
+        msgs = body.get("messages")
+        last = msgs[-1] if isinstance(msgs, list) and msgs else None
+        if isinstance(last, dict) and last.get("role") == "user":
+            # The summary asked in the conversation's own request: its last block asks for it.
+            tail = (content_blocks(last.get("content")) or [None])[-1]
+            if is_cached_history_request(self.prompts_dir, block_text(tail)):
+                return "history"
         system = "\n\n".join(block_text(b) for b in system_blocks(body))
         if not system:
             return None

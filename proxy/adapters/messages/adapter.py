@@ -1,0 +1,213 @@
+"""Anthropic Messages (`POST /v1/messages`) as the neutral model, and back (spec 12.2, 12.3).
+
+An envelope is a message (a turn; cuts fall between messages, turns.py says where), plus one
+SYSTEM envelope first for the top-level `system` when there is one. Items are the message's
+blocks, one each: text (USER / ASSISTANT), tool_use and server_tool_use (TOOL_CALL), tool_result
+(TOOL_RESULT, its error flag kept), image and document (the role's kind, read as "[image]"), and
+OPAQUE for what the proxy never edits: thinking and redacted_thinking (signed), server tool
+results, native compaction blocks, and any block type it does not know.
+
+Rendering writes the envelopes the stages left alone from their bytes as sent, puts the system
+envelope back as `system`, and re-places the cache breakpoints (breakpoints.py) once a summary
+went in: the summary block carries one, the client's oldest give way past four.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import replace
+from typing import Any, Mapping
+
+import orjson
+
+from proxy import jsonbody
+from proxy.adapters.base import Adapter, Request
+from proxy.adapters.messages import breakpoints
+from proxy.adapters.messages.body import block_text, blocks, parse_messages_body
+from proxy.adapters.messages.count import count_message, count_system
+from proxy.adapters.messages.errors import ANTHROPIC
+from proxy.adapters.messages.forward import CREDENTIAL_HEADERS
+from proxy.adapters.messages.overflow import is_prompt_too_long
+from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
+from proxy.adapters.messages.turns import (
+    cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
+from proxy.config import Config
+from proxy.errors import ProxyError
+from proxy.hashing import message_digest
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.ops.exchange import Usage
+from proxy.tokens import TokenCounter, encoding_name_for
+
+log = logging.getLogger("proxy.messages")
+
+_ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
+_SPLICE = "splice-" + secrets.token_hex(16)  # where the rendered messages go: no client can know it
+_SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
+
+
+def _item(block: Any, role: str) -> Item:
+    if not isinstance(block, dict):
+        return Item(Kind.OPAQUE, raw=block)
+    t = block.get("type")
+    if t == "text":
+        return Item(_ROLE_KIND[role], block_text(block), raw=block)
+    if t in ("tool_use", "server_tool_use"):
+        args = jsonbody.dumps(block.get("input", {})).decode()
+        return Item(Kind.TOOL_CALL, args, call_id=block.get("id"), name=str(block.get("name", "tool")), args=args,
+                    raw=block)
+    if t == "tool_result":
+        inner = block.get("content")
+        plain = inner is None or isinstance(inner, str) or all(
+            isinstance(b, dict) and b.get("type") == "text" for b in inner)
+        return Item(Kind.TOOL_RESULT, block_text(block), call_id=block.get("tool_use_id"),
+                    is_error=bool(block.get("is_error")), plain=plain, raw=block)
+    if t in ("image", "document"):
+        return Item(_ROLE_KIND[role], f"[{t}]", plain=False, raw=block)
+    return Item(Kind.OPAQUE, raw=block)  # thinking, redacted_thinking, server tool results, compaction, unknown
+
+
+class MessagesAdapter(Adapter):
+    protocol = "messages"
+    upstream_path = "/v1/messages"  # under anthropic.base_url
+    credential_headers = CREDENTIAL_HEADERS
+
+    # -- the body ------------------------------------------------------------------------------
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
+        body = parse_messages_body(raw)
+        model = body["model"]
+        settings = cfg.model_settings(model)
+        encoding = settings.encoding or encoding_name_for(model)
+        system = [{_SYSTEM: body["system"]}] if body.get("system") else []
+        values = [*system, *body["messages"]]
+        written = [jsonbody.dumps(v) for v in values]  # parse checked that the body writes
+        keys = [hash(w) for w in written]
+        envelopes = self.envelopes(values, bool(system))
+        tokens = [self._count(e, encoding, counter, k) for e, k in zip(envelopes, keys)]
+        return Request(
+            raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=Conversation(envelopes, tokens),
+            keys=keys, written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
+            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            native_compaction=native_compaction(body) is not None,
+        )
+
+    def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:
+        """`values`: the system envelope's value first when `has_system`, then the messages."""
+        out: list[Envelope] = [self._system_envelope(values[0])] if has_system else []
+        msgs = values[1:] if has_system else values
+        allowed = cut_allowed(msgs)
+        turn = 0
+        for i, v in enumerate(msgs):
+            role = v["role"]
+            items = tuple(_item(b, role) for b in blocks(v.get("content")))
+            if role == "user" and not any(it.kind is Kind.TOOL_RESULT for it in items):
+                turn += 1
+            out.append(Envelope(items, turn, allowed[i], v))
+        named = name_results([it for e in out for it in e.items])
+        k = 0
+        result = []
+        for e in out:
+            n = len(e.items)
+            result.append(Envelope(tuple(named[k:k + n]), e.turn, e.cut_before, e.value))
+            k += n
+        return result
+
+    @staticmethod
+    def _system_envelope(value: dict[str, Any]) -> Envelope:
+        text = "\n\n".join(block_text(b) for b in blocks(value[_SYSTEM]))
+        return Envelope((Item(Kind.SYSTEM, text, raw=value[_SYSTEM]),), 0, False, value)
+
+    def render(self, request: Request, forwarded: Conversation) -> bytes:
+        if forwarded is request.conversation:
+            return request.raw
+        body = dict(request.body)
+        envs = forwarded.envelopes
+        if envs and envs[0].kind is Kind.SYSTEM:
+            body["system"] = envs[0].value[_SYSTEM]
+            envs = envs[1:]
+        else:
+            body.pop("system", None)
+        body["messages"] = [e.value for e in envs]
+        body, dropped = breakpoints.fit(body, self._summary_path(body))
+        if dropped:
+            log.info("cache breakpoints: %d of the client's gave way to stay within %d (%s)", len(dropped),
+                     breakpoints.MAX_BREAKPOINTS, ", ".join(".".join(map(str, s.path)) for s in dropped))
+        at = {id(v): i for i, v in enumerate(request.conversation.values)}
+        parts = []
+        for m in body["messages"]:
+            i = at.get(id(m))
+            parts.append(request.written[i] if i is not None else jsonbody.dumps(m))
+        body["messages"] = _SPLICE
+        rest = jsonbody.dumps(body)
+        return rest.replace(b'"messages":"' + _SPLICE.encode() + b'"', b'"messages":[' + b",".join(parts) + b"]", 1)
+
+    @staticmethod
+    def _summary_path(body: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The summary block's breakpoint: the first block of the first message when the proxy put
+        it there (its cache_control is the summary's own object)."""
+        msgs = body.get("messages") or []
+        first = msgs[0].get("content") if msgs else None
+        if isinstance(first, list) and first and isinstance(first[0], dict) and first[0].get("cache_control") is not None:
+            return ("messages", 0, 0)
+        return None
+
+    # -- edits ---------------------------------------------------------------------------------
+    def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
+        value = dict(envelope.value)
+        content = list(blocks(value.get("content")))
+        content[item] = with_note(content[item], text)
+        value["content"] = content
+        items = list(envelope.items)
+        items[item] = replace(items[item], text=text, plain=True, raw=content[item])
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+
+    def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
+        """The system envelope with the annotation as one more block, the summary (with a cache
+        breakpoint: the compacted prefix is read from the cache from the next request on) as the
+        first user message, merged into the first kept message when that is a user message."""
+        envs = conv.envelopes
+        n_system = conv.n_system
+        system = envs[0].value[_SYSTEM] if n_system else None
+        head = [self._system_envelope({_SYSTEM: with_annotation(system, annotation)})]
+        kept = envs[cut:]
+        later = {"messages": [e.value for e in kept]}
+        block = summary_block(summary, breakpoints.summary_ttl(later, ("messages", -1)))
+        merged = with_summary([e.value for e in kept[:1]], block)
+        first = self._envelope_like(merged[0], kept[0].turn if kept else 1)
+        if kept and kept[0].value.get("role") == "user":
+            return Injected([*head, first, *kept[1:]], 2, cut + 1)
+        return Injected([*head, first, *kept], 2, cut)
+
+    def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
+        items = tuple(_item(b, value["role"]) for b in blocks(value.get("content")))
+        return Envelope(items, turn, True, value)
+
+    def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
+        return self._count(envelope, encoding, counter, message_digest(envelope.value))
+
+    @staticmethod
+    def _count(envelope: Envelope, encoding: str, counter: TokenCounter, key: Any) -> int:
+        if envelope.kind is Kind.SYSTEM:
+            return count_system(counter, envelope.value, encoding)
+        return count_message(counter, envelope.value, encoding, key)
+
+    # -- the wire ------------------------------------------------------------------------------
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        return is_prompt_too_long(status, body)
+
+    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
+        from aiohttp import web
+        return web.Response(status=err.status, body=ANTHROPIC.body(err), content_type="application/json",
+                            headers=dict(headers or {}))
+
+    def event_checker(self) -> MessagesEventChecker:
+        return MessagesEventChecker()
+
+    def usage(self, answer: bytes) -> Usage | None:
+        try:
+            return messages_usage(orjson.loads(answer).get("usage"))
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+
+    def stream_usage(self, checker: Any) -> Usage | None:
+        return messages_usage(checker.usage)

@@ -1,0 +1,217 @@
+"""Compaction on the Messages API (issue 15 items 2-6): the real `anthropic` client through the
+proxy to the strict fake Messages upstream, which rejects what Anthropic rejects (alternation, a
+tool_use without its result, an edited thinking signature, a fifth breakpoint)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from anthropic import AsyncAnthropic
+
+from proxy.fakes.common import FakeError
+from proxy.fakes.messages import FakeMessages
+from support.compaction_helpers import filler, main_summary
+
+MODEL = "claude-sonnet-4-6"
+KEY = "sk-ant-compact"
+HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+THINK = {"type": "enabled", "budget_tokens": 1024}
+READ = {"name": "Read", "description": "Read a file.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+EPH = {"type": "ephemeral"}
+SYSTEM = [{"type": "text", "text": "You are a coding agent. " + filler(40, 99), "cache_control": EPH}]
+
+
+def settings(fake: FakeMessages, window: int, **compaction: Any) -> dict[str, Any]:
+    return {"anthropic": {"base_url": fake.base_url}, "models": {MODEL: {"context_window": window}},
+            "compaction": {"prepare_percent": 0, **compaction}}
+
+
+@pytest.fixture
+async def fake():
+    async with FakeMessages() as f:
+        yield f
+
+
+def history(turns: int, words: int = 120) -> list[dict[str, Any]]:
+    """User/assistant text turns, the last user one carrying Claude Code's breakpoint."""
+    msgs: list[dict[str, Any]] = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": [{"type": "text", "text": f"question {t}: " + filler(words, t)}]})
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {t}: " + filler(words, t + 50)}]})
+    msgs.append({"role": "user", "content": [{"type": "text", "text": "What next?", "cache_control": EPH}]})
+    return msgs
+
+
+async def create(proxy: Any, key: str = KEY, headers: dict[str, str] | None = None, **body: Any):
+    async with AsyncAnthropic(base_url=proxy.root, api_key=key, max_retries=0, default_headers=headers or {}) as c:
+        raw = await c.messages.with_raw_response.create(**{"model": MODEL, "max_tokens": 2000, **body})
+        return raw.headers, await raw.parse()
+
+
+async def post(proxy: Any, body: dict[str, Any], path: str = "/v1/messages") -> tuple[int, dict, bytes]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.root + path, data=json.dumps(body).encode(),
+                          headers={**HEADERS, "Content-Type": "application/json"}) as r:
+            return r.status, dict(r.headers), await r.read()
+
+
+def breakpoints_in(body: dict[str, Any]) -> int:
+    n = sum("cache_control" in b for b in (body.get("system") or []) if isinstance(b, dict))
+    for m in body["messages"]:
+        for b in m["content"] if isinstance(m["content"], list) else []:
+            n += "cache_control" in b
+    return n
+
+
+# ---- history compaction --------------------------------------------------------------------------
+
+async def test_history_is_summarized_into_the_first_user_message_with_a_breakpoint(fake, make_proxy):
+    fake.summarizer = main_summary("msg-1")
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    msgs = history(14)
+    headers, answer = await create(proxy, system=SYSTEM, messages=msgs)
+    assert headers["x-compaction-status"] == "summarized"
+    assert int(headers["x-compaction-tokens-after"]) < int(headers["x-compaction-tokens-before"])
+    fwd = fake.messages_requests[-1]
+    # annotation: one more system block after the client's (which keeps its bytes and breakpoint)
+    assert fwd["system"][0] == SYSTEM[0] and len(fwd["system"]) == 2 and "cache_control" not in fwd["system"][1]
+    first = fwd["messages"][0]
+    assert first["role"] == "user" and "msg-1" in first["content"][0]["text"]
+    assert first["content"][0]["cache_control"] == EPH
+    assert fwd["messages"][-1] == msgs[-1] and breakpoints_in(fwd) <= 4
+    # the summarizer call was a Messages call with the client's key and the request's model
+    call = fake.records("summarizer")[-1]
+    assert call.headers.get("authorization") == f"Bearer {KEY}" and call.json["model"] == MODEL
+    made = len(fake.records("summarizer"))
+    # the next request carries the same prefix, byte for byte
+    msgs2 = [*msgs[:-1], {"role": "user", "content": [{"type": "text", "text": "What next?"}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "Now this."}]},
+             {"role": "user", "content": [{"type": "text", "text": "And then?", "cache_control": EPH}]}]
+    headers2, _ = await create(proxy, system=SYSTEM, messages=msgs2)
+    assert headers2["x-compaction-status"] == "reused" and len(fake.records("summarizer")) == made
+    fwd2 = fake.messages_requests[-1]
+    assert fwd2["system"] == fwd["system"] and fwd2["messages"][0] == fwd["messages"][0]
+
+
+async def test_a_summary_merges_into_a_kept_user_message_so_roles_alternate(fake, make_proxy):
+    """The strict fake rejects two user messages in a row: the summary goes inside the first kept one."""
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    headers, _ = await create(proxy, system=SYSTEM, messages=history(14))
+    assert headers["x-compaction-status"] == "summarized"
+    roles = [m["role"] for m in fake.messages_requests[-1]["messages"]]
+    assert roles[0] == "user" and all(a != b for a, b in zip(roles, roles[1:]))
+
+
+async def test_the_oldest_client_breakpoints_give_way_past_four(fake, make_proxy):
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    system = [{"type": "text", "text": "Rules A.", "cache_control": EPH},
+              {"type": "text", "text": "Rules B. " + filler(30, 3), "cache_control": EPH}]
+    msgs = history(14)
+    msgs[-3]["content"][0]["cache_control"] = EPH  # Claude Code marks the last two user messages
+    status, headers, _ = await post(proxy, {"model": MODEL, "max_tokens": 100, "system": system, "messages": msgs})
+    assert status == 200 and headers["x-compaction-status"] == "summarized"
+    fwd = fake.messages_requests[-1]
+    assert breakpoints_in(fwd) == 4
+    assert "cache_control" not in fwd["system"][0] and fwd["system"][1]["cache_control"] == EPH
+    assert fwd["messages"][0]["content"][0]["cache_control"] == EPH
+
+
+async def test_signed_thinking_and_tool_pairs_survive_a_compaction(fake, make_proxy):
+    """A tool-using session with thinking on: the strict fake checks every signature, every pair,
+    and that the assistant turn answered last starts with its thinking."""
+    fake.reply = {"thinking": "Read it.", "tool_calls": [{"name": "Read", "input": {"path": "a.py"}}]}
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000, mask_tool_outputs=False))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(60, 1)}]
+    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+        statuses = []
+        for step in range(16):
+            raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, thinking=THINK,
+                                                            tools=[READ], system=SYSTEM, messages=msgs)
+            r = await raw.parse()
+            statuses.append(raw.headers["x-compaction-status"])
+            turn = [b.model_dump(exclude_none=True) for b in r.content]
+            msgs.append({"role": "assistant", "content": turn})
+            use = next(b for b in turn if b["type"] == "tool_use")
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                                      "content": filler(300, step)}]})
+    assert "summarized" in statuses and all(r.status == 200 for r in fake.records("messages"))
+
+
+# ---- tool results ----------------------------------------------------------------------------------
+
+async def test_an_oversized_tool_result_becomes_a_note_with_its_error_flag(fake, make_proxy):
+    fake.reply = "ok"
+    proxy = await make_proxy(fake.base_url, settings(fake, 200000))
+    big = "\n".join(f"line {i}: ERROR at /srv/app/mod{i}.py timeout id=ORD-{1000 + i}" for i in range(900))
+    msgs = [{"role": "user", "content": "run it"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "Read",
+                                               "input": {"path": "log"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "is_error": True,
+                                          "content": big}, {"type": "text", "text": "what failed?"}]}]
+    headers, _ = await create(proxy, tools=[READ], messages=msgs)
+    assert headers["x-compaction-tool-results"] == "1" and headers["x-compaction-status"] == "none"
+    block = fake.messages_requests[-1]["messages"][2]["content"][0]
+    assert block["tool_use_id"] == "toolu_01" and block["is_error"] is True
+    assert block["content"][0]["type"] == "text" and len(block["content"][0]["text"]) < len(big) // 4
+    assert fake.records("summarizer")[-1].summarizer_kind == "tool"
+
+
+# ---- native compaction steps aside ---------------------------------------------------------------
+
+@pytest.mark.parametrize("native", ["context_management", "compaction_block"])
+async def test_native_compaction_passes_through_untouched(fake, make_proxy, native):
+    fake.extra_block_types = {"compaction"}
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    msgs = history(14)
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 100, "system": SYSTEM, "messages": msgs}
+    if native == "context_management":
+        body["context_management"] = {"edits": [{"type": "compact_20260112"}]}
+    else:
+        msgs.insert(1, {"role": "assistant", "content": [{"type": "compaction", "content": "earlier work"}]})
+        msgs.insert(2, {"role": "user", "content": "go on"})
+    raw = json.dumps(body).encode()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.root + "/v1/messages", data=raw, headers={**HEADERS, "Content-Type": "application/json"}) as r:
+            assert r.status == 200
+            assert r.headers["x-compaction-status"] == "none"
+    assert fake.records("messages")[-1].body == raw and fake.records("summarizer") == []
+
+
+# ---- overflow ----------------------------------------------------------------------------------------
+
+async def test_prompt_too_long_is_compacted_and_retried_once(fake, make_proxy):
+    proxy = await make_proxy(fake.base_url, settings(fake, 20000))
+    fake.window = 4000  # the upstream's real window is smaller than the proxy was told
+    msgs = history(14)
+    headers, answer = await create(proxy, system=SYSTEM, messages=msgs)
+    assert headers["x-compaction-status"] == "summarized"
+    assert [r.status for r in fake.records("messages")] == [400, 200]
+
+
+# ---- count_tokens ----------------------------------------------------------------------------------
+
+async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summary(fake, make_proxy):
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    msgs = history(14)
+    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+        before = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=msgs)
+        assert fake.records("summarizer") == []  # a count makes no summary
+        assert before.input_tokens == fake.count_input_tokens({"model": MODEL, "system": SYSTEM, "messages": msgs})
+        await c.messages.create(model=MODEL, max_tokens=100, system=SYSTEM, messages=msgs)
+        made = len(fake.records("summarizer"))
+        after = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=msgs)
+    assert after.input_tokens == fake.records("messages")[-1].prompt_tokens < before.input_tokens
+    assert made > 0 and len(fake.records("summarizer")) == made
+
+
+async def test_summarizer_failure_forwards_the_original(fake, make_proxy):
+    fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error")
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    body = {"model": MODEL, "max_tokens": 100, "system": SYSTEM, "messages": history(14)}
+    status, headers, _ = await post(proxy, body)
+    assert status == 200 and headers["x-compaction-status"] == "failed-open"
+    assert json.loads(fake.records("messages")[-1].body) == body
