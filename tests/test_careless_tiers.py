@@ -12,11 +12,11 @@ from collections import Counter
 
 import openai
 import pytest
-from openai import AsyncOpenAI
 
 from proxy.fake_upstream import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer
+from support.client import chat, openai_client
 from support.coding_session import CONTINUE, KINDS, coding_session
 from support.invariants import check_forwarded, text_of
 from support.transcripts import enlarge_tool_outputs, swe_agent_messages
@@ -53,12 +53,10 @@ def sessions(fixtures_dir, name):
 async def replay(proxy, upstream, convs, tools, check=None):
     extra = {"tools": tools} if tools else {}
     statuses = []
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-careless", max_retries=0) as client:
+    async with openai_client(proxy, "sk-careless") as client:
         for conv in convs:
             for history in points(conv):
-                raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history, **extra)
-                raw.parse()
-                statuses.append(raw.headers["x-compaction-status"])
+                statuses.append((await chat(client, history, model=MODEL, **extra)).status)
                 fwd = upstream.chat_requests[-1]["messages"]
                 if check:
                     check(history, fwd, statuses[-1])
@@ -254,7 +252,7 @@ async def test_a_request_that_cannot_be_made_to_fit_is_forwarded_and_the_upstrea
     upstream.fail_status = 500
     proxy = await make_proxy(upstream.base_url, settings(2000))
     huge = [{"role": "user", "content": "x " * 5000}]  # one message, nothing older to compact
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key="sk-careless", max_retries=0) as client:
+    async with openai_client(proxy, "sk-careless") as client:
         with pytest.raises(openai.BadRequestError) as ei:
             await client.chat.completions.create(model=MODEL, messages=huge)
     assert ei.value.code == "context_length_exceeded"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from openai import AsyncOpenAI
 
+from support.client import chat, openai_client
 from support.invariants import check_forwarded
 
 WINDOW = 5000
@@ -27,9 +27,7 @@ async def replay(client, upstream, traj):
     statuses, forwarded = [], []
     for history in request_points(traj):
         before = len(upstream.chat_requests)
-        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=clean(history))
-        raw.parse()
-        statuses.append(raw.headers["x-compaction-status"])
+        statuses.append((await chat(client, clean(history), model=MODEL)).status)
         assert len(upstream.chat_requests) == before + 1
         forwarded.append(upstream.chat_requests[-1]["messages"])
         check_forwarded(history, forwarded[-1], compacted=statuses[-1] in ("summarized", "reused"))
@@ -45,7 +43,7 @@ def long_conversations(fixtures_dir):
 async def test_replay_reuses_summaries_and_keeps_prefix_stable(upstream, make_proxy, long_conversations):
     upstream.window = WINDOW
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}}, "compaction": {"prepare_percent": 0}})
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-replay", max_retries=0)
+    client = openai_client(proxy, "sk-replay")
     report = []
     for conv in long_conversations:
         n_sum_before = len(upstream.history_summarizer_requests)

@@ -31,28 +31,30 @@ def test_after_sigkill_mid_summary_the_next_request_waits_less_than_the_bound(tm
         fake.summarizer_delay_s = 3600  # the summary is in progress when the process dies
         first = Replica(tmp_path, "first", fake.base_url, store, settings)
         first.start()
-        first.wait_ready()
-        threading.Thread(target=lambda: _ignore(post_sync, first, body, HEADERS), daemon=True).start()
-        deadline = time.monotonic() + 20
-        while not fake.summarizer_requests:
-            assert time.monotonic() < deadline, "the summary never started"
-            time.sleep(0.02)
-        fake.summarizer_delay_s = 0
-        if restart == "restarted":
-            # SIGKILL, then the same command again: its start-up clears the lock its dead life left.
-            first.kill()
-        else:
-            # A holder that froze (SIGSTOP) is alive, so nobody clears its lock at start-up; it
-            # stopped beating, so a waiter takes the lock over after two missed beats.
-            first.proc.send_signal(signal.SIGSTOP)
-        again = Replica(tmp_path, "again", fake.base_url, store, settings)
-        again.start()
-        try:
-            again.wait_ready()
-            headers = post_sync(again, body, HEADERS, timeout=60).headers
-            status, wait_ms = headers["x-compaction-status"], int(headers["x-compaction-wait-ms"])
+        try:  # a failure anywhere below must not leave the first replica running (or frozen)
+            first.wait_ready()
+            threading.Thread(target=lambda: _ignore(post_sync, first, body, HEADERS), daemon=True).start()
+            deadline = time.monotonic() + 20
+            while not fake.summarizer_requests:
+                assert time.monotonic() < deadline, "the summary never started"
+                time.sleep(0.02)
+            fake.summarizer_delay_s = 0
+            if restart == "restarted":
+                # SIGKILL, then the same command again: its start-up clears the lock its dead life left.
+                first.kill()
+            else:
+                # A holder that froze (SIGSTOP) is alive, so nobody clears its lock at start-up; it
+                # stopped beating, so a waiter takes the lock over after two missed beats.
+                first.proc.send_signal(signal.SIGSTOP)
+            again = Replica(tmp_path, "again", fake.base_url, store, settings)
+            again.start()
+            try:
+                again.wait_ready()
+                headers = post_sync(again, body, HEADERS, timeout=60).headers
+                status, wait_ms = headers["x-compaction-status"], int(headers["x-compaction-wait-ms"])
+            finally:
+                again.stop()
         finally:
-            again.stop()
             first.kill()
     assert status == "summarized"
     assert wait_ms < MAX_WAIT_S * 1000, wait_ms

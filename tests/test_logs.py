@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.flow import Flow, Stage
 from proxy.ops.logs import JsonFormatter, TextFormatter
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
@@ -53,7 +54,7 @@ def planted_conversation() -> list[list[dict[str, Any]]]:
     return request_points(msgs)
 
 
-async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy, captured, monkeypatch):
+async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy, captured):
     stream = captured(JsonFormatter())
     proxy = await make_proxy(upstream.base_url, SETTINGS)
     points = planted_conversation()
@@ -61,7 +62,7 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
     # An upstream that breaks mid-answer, and a bug in a stage (logged with its traceback).
     upstream.reset_mid_response, upstream.fault_times = True, 1
     await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL, expect=502)
-    monkeypatch.setattr(proxy.state.tool_results, "request", _raises)
+    proxy.state.stages[0] = Broken()  # the proxy's stage list (proxy/flow.py): a bug in one
     assert (await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL)).compaction == "none"
 
     text = stream.getvalue()
@@ -97,8 +98,9 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
     assert event["covered"] > 0 and event["calls"] == len(upstream.history_summarizer_requests) > 0
 
 
-async def _raises(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError("a bug in a stage")
+class Broken(Stage):
+    async def request(self, flow: Flow) -> None:
+        raise RuntimeError("a bug in a stage")
 
 
 async def test_text_lines_stay_one_line_whatever_the_path(proxy, captured):

@@ -118,4 +118,4 @@ async def test_model_names_that_never_repeat_do_not_grow_the_ratio_learner():
     assert len(learner._loaded) <= MAX_MODELS and len(learner._ratios) <= MAX_MODELS
     # a model learned before the bound keeps learning
     learner.observe("client-made-name-0", 1000, 1300)
-    assert learner._ratios["client-made-name-0"] > 1.0
+    assert await learner.ratio("client-made-name-0", 1.0) > 1.0

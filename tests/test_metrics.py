@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.fake_upstream import FakeError
-from support.client import auth, get, post, raw_chat
+from support.client import auth, get, openai_client, post, raw_chat
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
 
@@ -158,7 +158,6 @@ async def test_metrics_can_be_turned_off(upstream, make_proxy):
 async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy):
     """Masks, summaries and digests the engine made, identifiers left for recall and cached-call
     fallbacks: each series equals the engine's own tally, and each moved in this replay."""
-    from openai import AsyncOpenAI
 
     from proxy.ops.metrics import ENGINE_TIERS
     from support.careless import CarelessSummarizer
@@ -171,7 +170,7 @@ async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy)
         "models": {"gpt-4": {"context_window": 12000}},
         "compaction": {"prepare_percent": 0, "cached_summary_call": True, "identifiers_share": 0.02}})
     points = s.request_points()
-    async with AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0) as client:
+    async with openai_client(proxy, KEY) as client:
         for k, history in enumerate(points):
             if k == 2 * len(points) // 3:  # the summarizer goes down: the floor (digests) from here
                 upstream.fault_target, upstream.fail_status = "summarizer", 500

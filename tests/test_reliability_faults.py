@@ -20,6 +20,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.flow import Flow, Stage
 from support.client import auth, openai_client, post
 from support.compaction_helpers import chat_history, proxy_count
 from proxy.fake_upstream import FakeUpstream
@@ -324,10 +325,11 @@ async def test_an_unexpected_exception_in_a_stage_forwards_the_request_unchanged
 ):
     proxy = await make_proxy(upstream.base_url, SMALL)
 
-    async def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a bug in the stage")
+    class Broken(Stage):
+        async def request(self, flow: Flow) -> None:
+            raise RuntimeError("a bug in the stage")
 
-    setattr(proxy.state.stages[stage], "request", broken)
+    proxy.state.stages[stage] = Broken()  # the proxy's stage list (proxy/flow.py): this one has a bug
     msgs = chat_history(12 if needed else 2, 150)
     sent = _body(stream, msgs, MODEL)
     status, headers, raw = await post(proxy, orjson.dumps(sent), AUTH, timeout=BOUND_S)
@@ -345,15 +347,16 @@ async def test_an_unexpected_exception_in_the_overflow_retry_passes_the_upstream
     upstream.window = 4000
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 8000}},
                                                  "compaction": {"prepare_percent": 0}})
-    engine = proxy.state.compaction
-    real = engine.process
+    compaction = proxy.state.stages[1]
 
-    async def broken_when_forced(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("budget") is not None:  # only the retry forces a budget
+    class BrokenRetry(Stage):  # compaction as it is, with a bug in its overflow hook
+        async def request(self, flow: Flow) -> None:
+            await compaction.request(flow)
+
+        async def overflow(self, flow: Flow) -> bool:
             raise RuntimeError("a bug in the retry")
-        return await real(*args, **kwargs)
 
-    engine.process = broken_when_forced  # type: ignore[method-assign]
+    proxy.state.stages[1] = BrokenRetry()
     status, headers, raw = await post(proxy, orjson.dumps(_body(False, chat_history(13, 150), MODEL)), AUTH, timeout=BOUND_S)
     assert status == 400 and _openai_error(raw)["code"] == "context_length_exceeded"
     assert headers["x-compaction-status"] == "none"
