@@ -117,3 +117,17 @@ def test_wheel_carries_the_dashboard_and_its_vendored_library(wheel: Path, tmp_p
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) > 50_000
+
+
+def test_wheel_carries_every_package_of_the_tree_and_the_app_imports_from_it(wheel: Path, tmp_path: Path) -> None:
+    # A package left out of pyproject's list imports fine from the checkout and crashes the installed
+    # proxy at start (it happened: the adapters, Responses and recall packages).
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = sorted(str(p.parent.relative_to(REPO)) for p in (REPO / "proxy").rglob("__init__.py"))
+    missing = [p for p in packages if f"{p}/__init__.py" not in names]
+    assert not missing, missing
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import proxy; from proxy.app import create_app; "
+             "assert proxy.__file__.startswith(sys.argv[1]); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", probe, str(wheel)], env=_offline_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
