@@ -313,6 +313,20 @@ class EventChecker:
         return err.event()
 
 
+def event_fields(event: bytes) -> tuple[str | None, bytes | None]:
+    """An SSE event's name and its data lines joined (None when it has no data: a comment or a
+    field without data), for the protocols whose events are named (Responses, Messages)."""
+    name: str | None = None
+    data: list[bytes] = []
+    for line in event.splitlines():
+        if line.startswith(b"event:"):
+            name = line[6:].strip().decode("utf-8", "replace")
+        elif line.startswith(b"data:"):
+            d = line[5:]
+            data.append(d[1:] if d.startswith(b" ") else d)
+    return name, (b"\n".join(data) if data else None)
+
+
 def _event_usage(event: bytes) -> Any:
     data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
     try:

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from proxy import errors
-from proxy.forward import EventChecker
+from proxy.forward import EventChecker, event_fields
 from proxy.ops.exchange import Usage
 from proxy.upstream import is_context_overflow
 
@@ -25,18 +25,6 @@ END_EVENTS = frozenset({"response.completed", "response.failed", "response.incom
 # Events that come before the model's output: held back until the stream shows it is no overflow.
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 OVERFLOW_CODE = "context_length_exceeded"
-
-
-def _fields(event: bytes) -> tuple[str | None, bytes | None]:
-    name: str | None = None
-    data: list[bytes] = []
-    for line in event.splitlines():
-        if line.startswith(b"event:"):
-            name = line[6:].strip().decode("utf-8", "replace")
-        elif line.startswith(b"data:"):
-            d = line[5:]
-            data.append(d[1:] if d.startswith(b" ") else d)
-    return name, (b"\n".join(data) if data else None)
 
 
 def is_overflow_failure(response: Any) -> bool:
@@ -66,7 +54,7 @@ class ResponsesEventChecker(EventChecker):
         self.response: Any = None  # the end event's response object
 
     def event(self, event: bytes) -> str | None:
-        name, data = _fields(event)
+        name, data = event_fields(event)
         if data is None:
             return None  # a comment (keep-alive) or a lone field
         try:

@@ -12,20 +12,8 @@ from typing import Any
 
 import orjson
 
-from proxy.forward import MAX_EVENT_BYTES, EventChecker
+from proxy.forward import MAX_EVENT_BYTES, EventChecker, event_fields
 from proxy.ops.exchange import Usage
-
-
-def _fields(event: bytes) -> tuple[str | None, bytes | None]:
-    name = None
-    data: list[bytes] = []
-    for line in event.splitlines():
-        if line.startswith(b"event:"):
-            name = line[6:].strip().decode("utf-8", "replace")
-        elif line.startswith(b"data:"):
-            d = line[5:]
-            data.append(d[1:] if d.startswith(b" ") else d)
-    return name, (b"\n".join(data) if data else None)
 
 
 class MessagesEventChecker(EventChecker):
@@ -35,7 +23,7 @@ class MessagesEventChecker(EventChecker):
         self.usage: dict[str, Any] = {}  # message_start's usage, updated by message_delta's
 
     def event(self, event: bytes) -> str | None:
-        name, data = _fields(event)
+        name, data = event_fields(event)
         if data is None:
             return None  # a comment, or a field without data
         try:
