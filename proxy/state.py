@@ -154,6 +154,22 @@ class ProxyState:
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
         )
 
+    def protocol_stages(
+        self, caller: object, summarizer_caller: object, engine: type[CompactionEngine] = CompactionEngine
+    ) -> tuple[HistorySummarizer, CompactionEngine, ToolResultStage]:
+        """A protocol's own stages: the chat path's store, counter, prompts and hooks (so the same
+        records, locks and metrics) with callers that ask in that protocol. The summary call that
+        rides the conversation's cache resends chat messages, so it is off for them (the
+        transcript form). The caller starts the engine and stops both."""
+        cfg, chat = self.cfg, self.compaction.summarizer
+        summarizer = HistorySummarizer(summarizer_caller, self.prompts, chat.count, chat.required,  # type: ignore[arg-type]
+                                       hooks=chat.hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
+        no_riding = cfg.model_copy(update={"compaction": cfg.compaction.model_copy(update={"cached_summary_call": False})})
+        compaction = engine(no_riding, self.store, summarizer, self.counter, self.prompts, hooks=chat.hooks)
+        tool_results = ToolResultStage(cfg, self.store, caller, self.prompts, self.counter,  # type: ignore[arg-type]
+                                       hooks=chat.hooks)
+        return summarizer, compaction, tool_results
+
     async def close(self) -> None:
         if self._secret_task is not None:
             self._secret_task.cancel()

@@ -53,12 +53,7 @@ async def responses_runtime(app: web.Application) -> AsyncIterator[None]:
     caller = ResponsesCaller(state.session, cfg.upstream.base_url, connect)
     summarizer_url = cfg.compaction.summarizer.base_url
     summarizer_caller = ResponsesCaller(state.session, summarizer_url, connect) if summarizer_url else caller
-    summarizer = HistorySummarizer(summarizer_caller, state.prompts, chat.count, chat.required,  # type: ignore[arg-type]
-                                   hooks=chat.hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
-    no_riding = cfg.model_copy(update={"compaction": cfg.compaction.model_copy(update={"cached_summary_call": False})})
-    compaction = CompactionEngine(no_riding, state.store, summarizer, state.counter, state.prompts, hooks=chat.hooks)
-    tool_results = ToolResultStage(cfg, state.store, caller, state.prompts, state.counter,  # type: ignore[arg-type]
-                                   hooks=chat.hooks)
+    summarizer, compaction, tool_results = state.protocol_stages(caller, summarizer_caller)
     compaction.start()
     app[RESPONSES] = ResponsesRuntime(summarizer, compaction, tool_results, own=True)
     try:

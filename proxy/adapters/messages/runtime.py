@@ -16,7 +16,6 @@ from proxy.adapters.messages.caller import MessagesCaller
 from proxy.compaction.budget import Budget
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.stage import CompactionStage
-from proxy.compaction.summarizer import HistorySummarizer
 from proxy.flow import Stage
 from proxy.state import STATE
 from proxy.toolresults.stage import ToolResultStage
@@ -52,17 +51,11 @@ async def messages_runtime(app: web.Application) -> AsyncIterator[None]:
     """A cleanup context, after the one that makes the state."""
     state = app[STATE]
     cfg = state.cfg
-    chat = state.compaction.summarizer
     connect = cfg.anthropic.connect_timeout_s
     caller = MessagesCaller(state.session, cfg.anthropic.base_url, connect)
     url = cfg.compaction.summarizer.base_url
     summarizer_caller = MessagesCaller(state.session, url, connect) if url else caller
-    summarizer = HistorySummarizer(summarizer_caller, state.prompts, chat.count, chat.required,  # type: ignore[arg-type]
-                                   hooks=chat.hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
-    no_riding = cfg.model_copy(update={"compaction": cfg.compaction.model_copy(update={"cached_summary_call": False})})
-    compaction = MessagesEngine(no_riding, state.store, summarizer, state.counter, state.prompts, hooks=chat.hooks)
-    tool_results = ToolResultStage(cfg, state.store, caller, state.prompts, state.counter,  # type: ignore[arg-type]
-                                   hooks=chat.hooks)
+    _, compaction, tool_results = state.protocol_stages(caller, summarizer_caller, MessagesEngine)
     compaction.start()
     app[MESSAGES_RUNTIME] = MessagesRuntime(compaction, tool_results)
     try:
