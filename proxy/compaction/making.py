@@ -122,6 +122,7 @@ class RecordMaker:
         shown = (work or conv).envelopes  # what the summarizer reads: old outputs masked
         model = self.cfg.compaction.summarizer.model or request.model
         job = SummaryJob(
+            adapter=view.flow.adapter.summarizer(self.cfg),
             headers=summarizer_headers(self.cfg.compaction.summarizer, identity.upstream_headers),
             model=model,
             # The summarizer model's own window when configured: its input budget depends on it.
@@ -141,7 +142,7 @@ class RecordMaker:
         riding = self._cache_riding(view, plan, carried, job, model)
         if riding is not None:
             try:
-                model_text = await self.summarizer.summarize_cached(job, *riding)
+                model_text = await self.summarizer.summarize_cached(job, *riding, request)
                 return await offload.sized(size, self.finish, view, parts, model_text, None, budget, prepared=prepared)
             except SummarizerError as e:
                 if e.kind not in ("invalid", "overflow"):
@@ -168,12 +169,15 @@ class RecordMaker:
         """(envelope values, tools, point) of a summary call that rides the upstream's prompt cache
         (spec 9.4): the request as the conversation forwarded it last, so its prefix is the one the
         upstream has cached. None when the transcript form is the one to use: another model or
-        upstream writes summaries, the conversation's request would not fit the window with the
-        summary's room, or what was forwarded last is not known here."""
+        upstream writes summaries (or another protocol: Adapter.summarizer), the conversation's
+        request would not fit the window with the summary's room, or what was forwarded last is
+        not known here."""
         c = self.cfg.compaction
         conv, request = view.conv, view.flow.request
         if not c.cached_summary_call or model != request.model or c.summarizer.base_url:
             return None
+        if job.adapter is not view.flow.adapter:
+            return None  # the summarizer speaks another protocol: it cannot repeat this one's prefix
         if carried is not None and carried.prepared:
             return None  # made ahead and never forwarded: the upstream has not seen those bytes
         if carried is None:
