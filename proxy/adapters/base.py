@@ -172,6 +172,12 @@ class Adapter(ABC):
         call rides the conversation's cache only when this is the conversation's own adapter."""
         return self
 
+    def riding_end(self, values: list[Any], first_kept: int) -> int:
+        """How many of the envelopes as last forwarded (`values`) the call that rides the cache
+        repeats, at least `first_kept` (the part it summarizes). By default just that part: a
+        prefix of what the upstream saw is cached wherever it ends (OpenAI's cache)."""
+        return first_kept
+
     @abstractmethod
     def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
         """`call` as this protocol's non-streaming request to `base_url` (pure but for what the

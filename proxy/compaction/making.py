@@ -187,10 +187,12 @@ class RecordMaker:
             if out.conversation is None or out.tokens_after is None:
                 return None
             last, tokens = out.conversation, out.tokens_after
-        # Only the part to summarize: a prefix of what the upstream saw last is still cached, and
-        # the kept messages stay out of the call (a valid cut keeps tool calls with their results).
+        # Only the part to summarize where a prefix of what the upstream saw last is still cached
+        # (a valid cut keeps tool calls with their results); more where the protocol's cache is
+        # read only where the last request put its breakpoint (Adapter.riding_end).
         first_kept = len(last) - (len(conv) - plan.cut)
-        tokens -= request.scaled(sum(conv.tokens[plan.cut:]))
+        end = view.flow.adapter.riding_end(last.values, first_kept)
+        tokens -= request.scaled(sum(last.tokens[end:]))
         instruction = self.counter.count_text(
             self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), request.encoding) + 64
         if first_kept <= view.n_system or tokens + instruction + job.output_cap > job.window:
@@ -199,7 +201,7 @@ class RecordMaker:
         tools = request.tools
         if view.flow.identity.recall and recall_declared(request.conversation, last):
             tools = declared_tools(self.cfg.recall, tools, self.prompts)
-        return last.values[:first_kept], tools, _point_text(first_kept - view.n_system)
+        return last.values[:end], tools, _point_text(first_kept - view.n_system, end - first_kept)
 
     def finish(self, view: View, d: Draft, model_text: str, turn_text: str | None, budget: Budget, *,
                prepared: bool) -> SummaryRecord:
@@ -306,8 +308,11 @@ class RecordMaker:
         )
 
 
-def _point_text(n: int) -> str:
-    """The part to summarize, named for the model."""
+def _point_text(n: int, after: int = 0) -> str:
+    """The part to summarize, named for the model (`after`: messages shown after it, not to summarize)."""
+    if after:
+        return (f"the first {n} messages of the conversation above, after the system prompt (the {after} "
+                "messages after those stay word for word: leave them out of the summary)")
     return f"the conversation above (the {n} messages after the system prompt)"
 
 

@@ -2,11 +2,12 @@
 
 Transcript form: the instructions as `system`, the prompt as the one user message. The form that
 rides the conversation's cache (spec 9.4) repeats the forwarded request's system, tools, thinking
-setting (changing it would invalidate the cached messages) and messages as they were, then asks
-in one more user message (merged into the last one when that is a user message: roles
-alternate). Anthropic reads its cache only at a breakpoint, so the last block of the repeated
-prefix carries one; the others stay as forwarded, never more than 4 in all (breakpoints.fit).
-`tool_choice: none` keeps the model from calling the declared tools.
+setting (changing it would invalidate the cached messages) and messages as they were, up to where
+the last request ended (`riding_end`), then asks in one more user message (merged into the last
+one when that is a user message: roles alternate). Anthropic reads its cache only at a
+breakpoint, so the last block of the repeated prefix carries one; the others stay as forwarded,
+never more than 4 in all (breakpoints.fit). `tool_choice: none` keeps the model from calling the
+declared tools.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from proxy.upstream import SummarizerError
 
 DEFAULT_VERSION = "2023-06-01"  # anthropic-version when the client sent none (it is required)
 UNMARKABLE = ("thinking", "redacted_thinking")  # the API refuses a cache_control on these
+
+
+def riding_end(values: list[Any], first_kept: int) -> int:
+    """Anthropic reads its cache only at a breakpoint, and the last request had its own at its end
+    (Claude Code marks the newest message): so the call repeats the conversation up to there, the
+    newest user turn left out, and the assistant turn before it too when that called tools (a call
+    must be answered in the very next message). Never less than the part to summarize."""
+    end = len(values)
+    while end > first_kept and values[end - 1].get("role") == "user":
+        end -= 1
+    if end > first_kept and any(isinstance(b, dict) and b.get("type") in ("tool_use", "server_tool_use")
+                                for b in blocks(values[end - 1].get("content"))):
+        end -= 1
+    return max(end, first_kept)
 
 
 def summary_body(model: str, prompt: str, output_cap: int, system: str = "", prefix: list[Any] | None = None,
