@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import aiohttp
 import orjson
 from multidict import CIMultiDict
+
+if TYPE_CHECKING:  # the adapters import this module
+    from proxy.adapters.base import Adapter, SummaryCall
 
 _OVERFLOW_RE = re.compile(
     r"context[ _-]?length|maximum context|context window|too many tokens|prompt is too long|"
@@ -54,7 +57,7 @@ class SummaryCaller:
         self.session = session
         self.cfg = cfg
 
-    async def complete(self, adapter: Any, call: Any, *, headers: dict[str, str], timeout_s: float,
+    async def complete(self, adapter: "Adapter", call: "SummaryCall", *, headers: dict[str, str], timeout_s: float,
                        usage: dict[str, Any] | None = None, separate: bool = False) -> str:
         """One non-streaming call: the answer's text, or SummarizerError. `usage`, when given,
         receives the answer's usage (for the bill)."""

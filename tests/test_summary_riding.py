@@ -31,6 +31,7 @@ from proxy.store.memory import MemoryStore
 from support.client import post
 from support.compaction_helpers import chat_history, filler
 from support.flows import make_flow
+from support.messages_replay import unmarked
 
 ASK = "Pause the conversation here"  # how the cache-riding prompt (prompts/compaction-cached-summary.md) begins
 KEY = "sk-riding"
@@ -125,14 +126,6 @@ READ = {"name": "Read", "description": "Read a file.",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 SYSTEM = [{"type": "text", "text": "You are a coding agent. " + filler(40, 99), "cache_control": EPH}]
 MESSAGES = MessagesAdapter()
-
-
-def unmarked(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
 
 
 def last_block_text(record: Any) -> str:

@@ -66,9 +66,9 @@ class ToolResultStage(Stage):
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self.calls = 0
 
-    def breaker(self, model: str, adapter: Adapter | None = None) -> CircuitBreaker:
-        """The breaker of `model` at the upstream `adapter`'s calls go to (chat's by default)."""
-        key = (adapter.upstream(self.cfg).base_url if adapter is not None else self.cfg.upstream.base_url, model)
+    def breaker(self, model: str, adapter: Adapter) -> CircuitBreaker:
+        """The breaker of `model` at the upstream the `adapter`'s calls go to."""
+        key = (adapter.upstream(self.cfg).base_url, model)
         b = self._breakers.get(key)
         if b is None:
             b = self._breakers[key] = CircuitBreaker(
