@@ -108,11 +108,7 @@ class Driver:
     @property
     def stats(self) -> Any:
         """The compaction counters of the engine this protocol's stages use."""
-        from proxy.adapters.messages.runtime import MESSAGES_RUNTIME
-        from proxy.responses.runtime import RESPONSES
-        key = {"responses": RESPONSES, "messages": MESSAGES_RUNTIME}.get(self.protocol)
-        rt = self.proxy.app.get(key) if key is not None else None
-        return (rt.compaction if rt is not None else self.proxy.state.compaction).stats
+        return self.proxy.state.compaction.stats
 
     # -- the fake's recordings ----------------------------------------------------------------------
     @property
