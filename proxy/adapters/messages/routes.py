@@ -21,7 +21,6 @@ from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
 from proxy.adapters.messages import chatview
-from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
 from proxy.adapters.messages.windows import long_context
 from proxy.adapters.chat import ChatAdapter
 from proxy.flow import Flow, Identity, Report, run_overflow, run_request
@@ -29,11 +28,24 @@ from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
+from proxy.recall import answers as recall_answers
+from proxy.recall.messages import MESSAGES as RECALL
+from proxy.recall.session import RecallSession
 from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
-CHAT = ChatAdapter()  # the stages see the blocks through a chat view (chatview.py)
+
+
+class _ChatView(ChatAdapter):
+    """The stages see the blocks through a chat view (chatview.py); their own calls are Messages
+    calls, in the transcript form (a chat view's messages are not the prefix Anthropic cached)."""
+
+    def summarizer(self, cfg: Any) -> MessagesAdapter:
+        return MESSAGES
+
+
+CHAT = _ChatView()
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
@@ -91,7 +103,8 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
         return None
     calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
     return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
-                    request[EXCHANGE].conversation)
+                    request[EXCHANGE].conversation, long_context=long_context(request.headers),
+                    **recall_answers.identity_fields(RECALL, state, req))
 
 
 @dataclass
@@ -102,6 +115,7 @@ class Prepared:
     forwarded: Conversation
     report: Report
     retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
     def body(self) -> bytes:
         return MESSAGES.render(self.request, self.forwarded)
@@ -123,7 +137,6 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     compaction covers it) on the chat view of the request; a bug in them forwards the request as
     sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
-    rt = request.app[MESSAGES_RUNTIME]
     req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
@@ -131,7 +144,6 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     identity = _identity(request, state, req)
     if identity is None:
         return Prepared(req, req.conversation, Report(before))
-    LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
 
     def back(flow: Flow) -> Conversation:
         return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
@@ -140,8 +152,13 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     try:
         view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
         flow = Flow.of(CHAT, chat, identity)
-        await run_request(rt.stages, flow)
+        await run_request(state.stages, flow)
         forwarded = await offload.sized(len(raw), back, flow)
+        recall = await recall_answers.prepare(RECALL, state.recall, state.prompts, flow, req, keep=not count_only) \
+            if identity.recall else None
+        session = None
+        if recall is not None:  # the originals kept (count_tokens: counted only); the tool declared
+            req, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
         return Prepared(req, req.conversation, Report(before))
@@ -150,13 +167,13 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         """The upstream said the prompt is too long: once, what the stages can make smaller."""
-        if not await run_overflow(rt.stages, flow):
+        if not await run_overflow(state.stages, flow):
             return None
         fwd = await offload.sized(len(raw), back, flow)
         flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
         return await offload.sized(len(raw), MESSAGES.render, req, fwd), flow.report.headers()
 
-    return Prepared(req, forwarded, report, None if count_only else retry)
+    return Prepared(req, forwarded, report, None if count_only else retry, session)
 
 
 @anthropic_route
@@ -171,8 +188,13 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
                                       _headers("bypassed", tokens, tokens))
     p = await prepare(request, state, raw, count_only=False)
     body = await offload.sized(len(raw), p.body)
-    return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
-                                  p.request.stream, p.report.headers(), p.retry)
+    extra = p.report.headers()
+    if p.recall is not None:
+        extra["x-compaction-recalls"] = "0"
+    resp = await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
+                                  p.request.stream, extra, p.retry, p.recall, state.hooks)
+    recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
+    return resp
 
 
 @anthropic_route
