@@ -29,7 +29,7 @@ INSTRUCTIONS = "You are a coding agent. Read files with the read tool and say wh
 THRESHOLD = 1400  # tokens (the proxy's count): crossed after ~8 rounds of ~160 tokens; the
 # compacted request (~600: summary with its code-written blocks, newest round) has room for reuses
 BIG = 2  # this round's output is oversized (~720 tokens): above tool_results.threshold_tokens
-AFTER = 3  # requests made after the one that compacts
+AFTER = 2  # requests made after the one that compacts (one plain, one streamed)
 MAX_ROUNDS = 14
 COMPACTION = {
     "threshold_tokens": THRESHOLD,
