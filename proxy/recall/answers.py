@@ -72,6 +72,10 @@ class Dialect(Protocol):
         """The answer the client gets from every round's answer: what earlier rounds said kept,
         no call of the tool `name`, usage summed, a valid turn."""
 
+    def cleaned(self, answer: dict[str, Any], name: str) -> dict[str, Any] | None:
+        """An answer with no recall call, without any other trace of the tool (a protocol that
+        echoes the request's tools); None: nothing to take out."""
+
 
 def add_usage(a: Any, b: Any) -> Any:
     """Two usage objects added, number by number (nested details too)."""
@@ -192,8 +196,9 @@ async def complete(dialect: Dialect, body: dict[str, Any], send: Callable[[dict[
             return reply  # an error after a recall round: the upstream's own answer
         answers.append(data)
         split = dialect.split(data, session.name)
-        if not split.recall and not session.calls:
-            return reply  # no recall at all: the upstream's bytes as they came
+        if not split.recall and not session.calls:  # no recall at all: the upstream's answer as it came
+            cleaned = dialect.cleaned(data, session.name)
+            return reply if cleaned is None else Reply(reply.status, jsonbody.dumps(cleaned), reply.extra)
         if not split.recall or split.client or session.rounds > session.max_rounds:
             # the end; or a mixed turn (or a model that ignores the "no tool" turn): the client's calls only
             return Reply(reply.status, jsonbody.dumps(dialect.merged(answers, session.name)), reply.extra)

@@ -22,7 +22,7 @@ import orjson
 from proxy import errors
 from proxy.forward import event_fields
 from proxy.recall.answers import Call, add_usage
-from proxy.recall.responses import continuation, is_client_call, is_recall
+from proxy.recall.responses import continuation, is_client_call, is_recall, without_tool
 from proxy.responses.stream import END_EVENTS, PREAMBLE, error_event
 
 SHOWN, HELD, HIDDEN = "shown", "held", "hidden"
@@ -91,7 +91,7 @@ class Rounds:
                 return []
             if self.first is None:
                 self.first = {k: response[k] for k in ("id", "created_at") if k in response}
-            self.preamble.append(payload)  # until something follows: a round that only looks up shows nothing
+            self.preamble.append({**payload, "response": without_tool(response, self.name)} if response else payload)  # until something follows: a round that only looks up shows nothing
             return []
         if t in END_EVENTS:
             self.end = payload
@@ -180,7 +180,7 @@ class Rounds:
                 out += self._show(self.items[i])
         if self.end is not None:
             end = self.end
-            response = dict(end.get("response") or {})
+            response = dict(without_tool(end.get("response") or {}, self.name))
             response.update(self.first or {})
             response["output"] = [self.shown[k] for k in sorted(self.shown)]
             if self.usage is not None:
