@@ -152,3 +152,20 @@ async def test_each_protocols_declaration_has_its_shape() -> None:
             tool = next(d.recall_tools(b) for b in d.requests if d.recall_tools(b))[0]
             assert set(tool) == keys and tool["name"] == "context_recall", tool
 
+
+
+async def test_a_response_chained_from_a_streamed_recall_answer_is_a_valid_conversation() -> None:
+    """The streamed answer shows the first round's id; the response stored with the whole turn is
+    the last round's. A request chaining from the shown id goes on from the stored one."""
+    async with driver("responses") as d:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.fake.clear_requests()
+        fact = facts[0]
+        a = await d.send([*history, {"role": "user", "content": fact.question()}], stream=True)
+        assert len(d.requests) == 2 and fact.text in a.text  # answered through one recall round
+        shown = a.raw.id
+        r = await d.client.responses.create(model="m", previous_response_id=shown,
+                                            input=[{"role": "user", "content": "thanks"}])
+        assert r.status == "completed"
+        assert d.requests[-1]["previous_response_id"] != shown  # chained from the stored turn

@@ -172,6 +172,11 @@ class Rounds:
     def note(self, text: str) -> bytes:
         return b": " + text.encode() + b"\n\n"
 
+    def ids(self) -> tuple[str | None, str | None]:
+        """(the id the client was shown, the id of the response the upstream stored last)."""
+        last = (self.end or {}).get("response") or {}
+        return (self.first or {}).get("id"), last.get("id") if isinstance(last, dict) else None
+
     def close(self) -> list[bytes]:
         """Held reasoning shown (nothing followed it), then the one end event."""
         out: list[bytes] = []
