@@ -14,7 +14,7 @@ import pytest
 
 from proxy.recall.handles import in_text
 from support.recall_facts import NOT_FOUND, build_session
-from support.recall_protocols import Driver, driver
+from support.recall_protocols import Driver, driver, other_client
 
 ADAPTERS = ("responses", "messages")
 ALL = ("chat", "responses", "messages")
@@ -169,3 +169,29 @@ async def test_a_response_chained_from_a_streamed_recall_answer_is_a_valid_conve
                                             input=[{"role": "user", "content": "thanks"}])
         assert r.status == "completed"
         assert d.requests[-1]["previous_response_id"] != shown  # chained from the stored turn
+
+
+@pytest.mark.parametrize("protocol", ADAPTERS)
+async def test_one_credential_never_recalls_anothers_originals(protocol: str) -> None:
+    """Bob's model guesses every handle of Alice's and searches for her fact: it finds nothing."""
+    async with driver(protocol, key="sk-alice") as alice, other_client(alice, "sk-bob") as bob:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await alice.play(history)
+        handles = sorted({h for b in alice.requests for m in alice.chat_form(b)["messages"]
+                          for h in in_text(str(m.get("content") or ""))})
+        assert handles
+        fact = next(f for f in facts if f.kind == "error")
+        bob_history, _ = build_session(turns=40, seed=99, facts_per_kind=(3, 3, 3, 3))
+        await bob.play(bob_history)  # bob's own compacted conversation: the tool is declared for him
+
+        def guesses(body: dict[str, Any]) -> Any:
+            if body["messages"][-1]["role"] == "tool":
+                return "done: " + "\n".join(str(m["content"]) for m in body["messages"] if m["role"] == "tool")
+            name = recall_name(body)
+            return {"content": None, "tool_calls": [{"name": name, "arguments": {"handle": h}} for h in handles]
+                    + [{"name": name, "arguments": {"query": fact.key}}]}
+
+        bob.set_reply(guesses)
+        out = (await bob.send([*bob_history, {"role": "user", "content": "go"}])).text
+        assert out.startswith("done:") and fact.text not in out
+        assert out.count("No original has the recall id") == len(handles)
