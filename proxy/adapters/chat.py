@@ -21,9 +21,11 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request
+from proxy.adapters.prefix import Prior
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
+from proxy.errors import ProxyError
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
@@ -43,24 +45,37 @@ class ChatAdapter(Adapter):
     credential_headers = OPENAI_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
-    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
-        return self.request_of(parse_chat_body(raw), raw, counter, cfg, ratio=ratio)
+    envelope_field = "messages"
+
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Prior | None = None) -> Request:
+        body = None
+        if prior is not None:
+            try:
+                body = parse_chat_body(prior.rest, before=prior.values)
+            except ProxyError:
+                prior = None  # the whole body parsed says what is wrong, as it would have anyway
+        return self.request_of(body if body is not None else parse_chat_body(raw), raw, counter, cfg, ratio=ratio,
+                               prior=prior)
 
     def request_of(self, body: dict[str, Any], raw: bytes, counter: TokenCounter, cfg: Config, *,
-                   ratio: float | None = None) -> Request:
+                   ratio: float | None = None, prior: Prior | None = None) -> Request:
         """A checked chat body (its messages are checked here, once per distinct message) as the
-        model. Also for a protocol seen through a chat view of its items (Responses)."""
+        model; the first messages as `prior` had them."""
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
         messages = body["messages"]
+        known = len(prior) if prior is not None else 0
         try:
-            written = [jsonbody.dumps(m) for m in messages]
+            written = [*prior.written, *(jsonbody.dumps(m) for m in messages[known:])] if prior is not None else [
+                jsonbody.dumps(m) for m in messages]
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        keys = [hash(w) for w in written]
-        tokens = []
-        for i, (m, k) in enumerate(zip(messages, keys)):
+        keys = [*prior.keys, *(hash(w) for w in written[known:])] if prior is not None else [hash(w) for w in written]
+        tokens = list(prior.tokens_for(encoding) or ()) if prior is not None else []
+        for i in range(len(tokens), len(messages)):
+            m, k = messages[i], keys[i]
             n = counter.cached(encoding, k)
             if n is None:  # a message not seen before: checked once, then counted
                 validate_message(m, f"messages[{i}]")
