@@ -144,9 +144,10 @@ def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
 
     # 120 conversations of ~60 KiB, each sent as it grows over its last two turns
     bodies = [conversation(i, t) for i in range(120) for t in (18, 19, 20)]
-    # counted before measuring, so the token-count cache does not grow inside the measurement
+    # counted and digested before measuring, so the token-count and digest caches do not grow
+    # inside the measurement
     for raw in bodies:
-        chat.parse(raw, counter, cfg)
+        chat.parse(raw, counter, cfg).digests
     bound = 3 * MiB
     recent = prefix.RecentBodies(max_bytes=bound)
     tracemalloc.start()
@@ -154,11 +155,10 @@ def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
         before = tracemalloc.get_traced_memory()[0]
         for i, raw in enumerate(bodies):
             scope = f"s{i // 3 % 7}"
-            p = recent.prior(scope, raw)
-            req = chat.parse(raw, counter, cfg, prior=p)
-            recent.keep(scope, raw, "messages", p, req.conversation.values, req.written, req.keys,
-                        req.conversation.tokens, req.encoding)
-            del req, p
+            req = prefix.parse_seen(chat, raw, counter, cfg, scope, recent.prior(scope, raw), recent=recent)
+            # what compaction works out lazily is kept with the request: its envelopes, digests, chain
+            [e.items for e in req.conversation.envelopes], req.digests, req.chain(1)
+            del req
         measured = tracemalloc.get_traced_memory()[0] - before
 
     finally:

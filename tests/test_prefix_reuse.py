@@ -68,11 +68,11 @@ def full(raw: bytes):
 def reused(recent: prefix.RecentBodies, raw: bytes, scope: str = "s"):
     prior = recent.prior(scope, raw)
     try:
-        request = CHAT.parse(raw, COUNTER, CFG, prior=prior)
+        request = prefix.parse_seen(CHAT, raw, COUNTER, CFG, scope, prior, recent=recent)
     except ProxyError as e:
         return e.message, prior
-    recent.keep(scope, raw, "messages", prior, request.conversation.values, request.written, request.keys,
-                request.conversation.tokens, request.encoding)
+    # what compaction works out lazily, so that the next request may reuse it
+    request.conversation.envelopes, request.digests, request.chain(request.conversation.n_system)
     return request, prior
 
 
@@ -88,8 +88,11 @@ def assert_same(got, want) -> None:
     assert got.conversation.tokens == want.conversation.tokens
     assert got.tools_tokens == want.tools_tokens
     assert got.conversation.n_system == want.conversation.n_system
-    assert [(e.kind, e.turn, e.cut_before, e.items) for e in got.conversation.envelopes] == \
-        [(e.kind, e.turn, e.cut_before, e.items) for e in want.conversation.envelopes]
+    assert [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in got.conversation.envelopes] == \
+        [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in want.conversation.envelopes]
+    assert got.digests == want.digests
+    n_sys = want.conversation.n_system
+    assert got.chain(n_sys) == want.chain(n_sys) and got.first_digest() == want.first_digest()
     assert CHAT.render(got, got.conversation) == got.raw
     # a forwarded conversation that drops the first message: the same bytes
     shorter = [Conversation(list(r.conversation.envelopes[1:]), r.conversation.tokens[1:]) for r in (got, want)]

@@ -84,21 +84,28 @@ class ChatAdapter(Adapter):
         n_system = 0
         while n_system < len(messages) and messages[n_system].get("role") in SYSTEM_ROLES:
             n_system += 1
-        conv = Conversation(build=lambda: self.envelopes(messages), tokens=tokens, values=messages, n_system=n_system)
+        built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
+        after = _built_before(prior)
+        conv = Conversation(build=lambda: self.envelopes(messages, after=after, built=built), tokens=tokens,
+                            values=messages, n_system=n_system)
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
             written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
             tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            extra={_BUILT: built},
         )
 
-    def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
+    def envelopes(self, messages: list[dict[str, Any]], *, after: _Built | None = None,
+                  built: dict[str, Any] | None = None) -> list[Envelope]:
         """The messages as envelopes, their items made when first read; a tool result is named
         (and given the arguments of) the latest call with its id before it, as
-        model.name_results does."""
-        out: list[Envelope] = []
-        calls: dict[str, dict[str, Any]] = {}  # call id -> the latest call so far (its JSON)
-        turn = 0
-        for m in messages:
+        model.name_results does. `after`: the envelopes of the first messages and the state their
+        making ended in (the previous request's, for the messages it shared); `built` gets this
+        making's."""
+        out: list[Envelope] = list(after[0]) if after is not None else []
+        calls: dict[str, dict[str, Any]] = dict(after[2]) if after is not None else {}  # call id -> its latest call
+        turn = after[1] if after is not None else 0
+        for m in messages[len(out):]:
             role = m.get("role")
             kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
             if kind is Kind.USER:
@@ -114,6 +121,8 @@ class ChatAdapter(Adapter):
                         calls[c["id"]] = c
             out.append(Envelope(None, turn, kind is Kind.USER or kind is Kind.ASSISTANT, m, kind=kind,
                                 make=partial(_items, m, kind)))
+        if built is not None:
+            built["state"] = (out, turn, calls)
         return out
 
     def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
@@ -170,6 +179,17 @@ class ChatAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_context_overflow(status, body)
+
+
+_BUILT = "chat.envelopes"
+_Built = tuple[list[Envelope], int, dict[str, dict[str, Any]]]  # envelopes, the turn and the calls after them
+
+
+def _built_before(prior: Prior | None) -> _Built | None:
+    """The previous request's envelopes of the shared messages, when it made them for exactly those."""
+    prev = prior.request if prior is not None else None
+    state = prev.extra.get(_BUILT, {}).get("state") if prev is not None else None
+    return state if state is not None and len(state[0]) == len(prior) else None  # type: ignore[arg-type]
 
 
 def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:

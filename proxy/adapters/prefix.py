@@ -53,6 +53,7 @@ class Prior:
     rest: bytes  # the body with those envelopes cut out of its array
     # where they were: for recording this body in turn
     entry: "_Entry"
+    request: Any  # the Request the previous body made (what it worked out lazily can be reused)
     start: int  # just after the array's `[` (the same offset in the body and in `rest`)
     resume: int  # where `rest[start:]` begins in the body
 
@@ -75,6 +76,7 @@ class _Entry:
     tokens: list[int]
     encoding: str
     size: int
+    request: Any = None
 
     def matched(self, raw: bytes) -> int:
         """How many of this body's envelopes `raw` starts with, byte for byte."""
@@ -160,9 +162,10 @@ def elements(buf: bytes, start: int) -> list[int] | None:
 
 
 def _estimate(raw: bytes, n: int) -> int:
-    """Bytes an entry holds: the raw body, the envelopes' written JSON (about as long) and their
-    parsed values (measured: about as much again, plus their objects)."""
-    return 3 * len(raw) + 300 * n
+    """Bytes an entry holds: the raw body, the envelopes' written JSON (about as long), their
+    parsed values (measured: about as much again), and per envelope its objects, digest, chain
+    link and items (for the Request kept with it)."""
+    return 3 * len(raw) + 1000 * n
 
 
 class RecentBodies:
@@ -214,12 +217,12 @@ class RecentBodies:
         if jsonbody.has_long_digits(rest):
             return None  # the body reads through the exact parser, which reads every value anew
         return Prior(best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n], best.encoding, rest,
-                     best, best.start, resume)
+                     best, best.request, best.start, resume)
 
     def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
-             written: list[bytes], keys: list[int], tokens: list[int], encoding: str) -> None:
+             written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
         """Remember a body that parsed, with its array's elements' parse (the last `len(ends)` of
-        the lists given). Replaces the body it grew from."""
+        the lists given) and its Request. Replaces the body it grew from."""
         if scope is None:
             return
         if prior is not None:
@@ -249,8 +252,10 @@ class RecentBodies:
         # orjson's bytes keep the buffer they were written in (several KiB for a short message):
         # the kept ones are copied to their size, once
         kept = [*written[lead:lead + known], *(bytes(memoryview(w)) for w in written[lead + known:])]
+        if request is not None and request.written is written:
+            written[lead:] = kept  # the same bytes, in the kept request too
         entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
-                       _estimate(raw, n))
+                       _estimate(raw, n), request)
         with self._lock:
             if prior is not None:
                 self._drop(prior.entry)
@@ -286,13 +291,34 @@ RECENT = RecentBodies()
 
 
 def parse_seen(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, prior: Prior | None,
-               ratio: float | None = None) -> Any:
+               ratio: float | None = None, recent: RecentBodies | None = None) -> Any:
     """`adapter.parse` given what the scope's earlier body shares with `raw`, and `raw` remembered
     for the next request. Pure apart from the cache: may run in a worker thread."""
     request = adapter.parse(raw, counter, cfg, ratio=ratio, prior=prior)
-    RECENT.keep(scope, raw, adapter.envelope_field, prior, request.conversation.values, request.written, request.keys,
-                request.conversation.tokens, request.encoding)
+    if prior is not None and prior.request is not None:
+        shared = _shared(request, prior.request, prior)
+        if shared:
+            request.previous, request.shared = prior.request, shared
+        prior.request.previous = None  # one request back is all that is used: no chain of them is kept
+    (recent if recent is not None else RECENT).keep(scope, raw, adapter.envelope_field, prior, request.conversation.values, request.written,
+                            request.keys, request.conversation.tokens, request.encoding, request)
     return request
+
+
+def _lead(values: list[Any], first: Any) -> int | None:
+    """Where the array's first envelope sits among a request's (after a system or instructions one)."""
+    return next((i for i in range(min(3, len(values))) if values[i] is first), None)
+
+
+def _shared(request: Any, previous: Any, prior: Prior) -> int:
+    """How many leading envelopes `request` has in common with `previous`: the shared array
+    envelopes, and those before them (a system envelope from another field) when they are the same."""
+    if not prior.values:
+        return 0
+    lead = _lead(request.conversation.values, prior.values[0])
+    if lead is None or lead != _lead(previous.conversation.values, prior.values[0]) or request.keys[:lead] != previous.keys[:lead]:
+        return 0
+    return lead + len(prior)
 
 
 async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, *,
