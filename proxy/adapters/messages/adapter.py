@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.body import block_text, blocks, parse_messages_body
 from proxy.adapters.messages.count import count_message, count_system
@@ -30,6 +30,7 @@ from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import CREDENTIAL_HEADERS
 from proxy.adapters.messages.overflow import is_prompt_too_long
 from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
+from proxy.adapters.messages import summary
 from proxy.adapters.messages.turns import (
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
@@ -65,6 +66,15 @@ def _item(block: Any, role: str) -> Item:
     if t in ("image", "document"):
         return Item(_ROLE_KIND[role], f"[{t}]", plain=False, raw=block)
     return Item(Kind.OPAQUE, raw=block)  # thinking, redacted_thinking, server tool results, compaction, unknown
+
+
+def _kind(role: str, items: tuple[Item, ...]) -> Kind:
+    """What a message is to the stages: a user message that answers tool calls is a tool result
+    (whatever else it carries), an assistant message is the assistant's even when its thinking
+    (opaque) comes first."""
+    if role == "user":
+        return Kind.TOOL_RESULT if any(it.kind is Kind.TOOL_RESULT for it in items) else Kind.USER
+    return Kind.ASSISTANT
 
 
 class MessagesAdapter(Adapter):
@@ -108,7 +118,9 @@ class MessagesAdapter(Adapter):
         result = []
         for e in out:
             n = len(e.items)
-            result.append(Envelope(tuple(named[k:k + n]), e.turn, e.cut_before, e.value))
+            items = tuple(named[k:k + n])
+            result.append(Envelope(items, e.turn, e.cut_before, e.value,
+                                   kind=Kind.SYSTEM if e.kind is Kind.SYSTEM else _kind(e.value["role"], items)))
             k += n
         return result
 
@@ -159,7 +171,7 @@ class MessagesAdapter(Adapter):
         value["content"] = content
         items = list(envelope.items)
         items[item] = replace(items[item], text=text, plain=True, raw=content[item])
-        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value, kind=envelope.kind)
 
     def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
         """The system envelope with the annotation as one more block, the summary (with a cache
@@ -180,7 +192,7 @@ class MessagesAdapter(Adapter):
 
     def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
         items = tuple(_item(b, value["role"]) for b in blocks(value.get("content")))
-        return Envelope(items, turn, True, value)
+        return Envelope(items, turn, True, value, kind=_kind(value["role"], items))
 
     def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
         return self._count(envelope, encoding, counter, message_digest(envelope.value))
@@ -211,3 +223,19 @@ class MessagesAdapter(Adapter):
 
     def stream_usage(self, checker: Any) -> Usage | None:
         return messages_usage(checker.usage)
+
+    # -- the proxy's own summarizer calls (summary.py) ------------------------------------------
+    def upstream(self, cfg: Config) -> Any:
+        return cfg.anthropic
+
+    def riding_end(self, values: list[Any], first_kept: int) -> int:
+        return summary.riding_end(values, first_kept)
+
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        body = summary.summary_body(call.model, call.prompt, call.output_cap, call.system, call.prefix, call.tools,
+                                    call.request.body if call.request is not None else None)
+        return SummaryRequest(call, base_url, self.upstream_path, jsonbody.dumps(body),
+                              {"anthropic-version": summary.DEFAULT_VERSION})
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        return summary.answer_text(answer, usage)
