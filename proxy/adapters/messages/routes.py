@@ -129,9 +129,11 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     ex.model, ex.stream = req.model, req.stream
     before = req.total()
     identity = _identity(request, state, req)
-    if identity is None:
-        return Prepared(req, req.conversation, Report(before))
     LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
+    if identity is None:
+        # No records kept or read (see _identity): compaction was needed and not done, as on chat.
+        over = cfg.compaction.enabled and before > rt.compaction.budget_for(req.model).threshold
+        return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
 
     def back(flow: Flow) -> Conversation:
         return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
