@@ -97,6 +97,21 @@ async def test_history_is_summarized_into_the_first_user_message_with_a_breakpoi
     assert fwd2["system"] == fwd["system"] and fwd2["messages"][0] == fwd["messages"][0]
 
 
+@pytest.mark.parametrize("system", ["You are a coding agent.", None])
+async def test_a_string_system_or_none_stays_a_string_with_the_annotation(fake, make_proxy, system):
+    # Bridges from Messages to chat (LiteLLM) pass system blocks on as list content, which a chat
+    # template like llama.cpp's rejects: what the client sent as a string is forwarded as one.
+    fake.summarizer = main_summary("msg-s")
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    body = {"messages": history(14)} if system is None else {"system": system, "messages": history(14)}
+    headers, _ = await create(proxy, **body)
+    assert headers["x-compaction-status"] == "summarized"
+    fwd = fake.messages_requests[-1]["system"]
+    assert isinstance(fwd, str) and "compacted" in fwd.lower()
+    if system:
+        assert fwd.startswith(system + "\n\n")
+
+
 async def test_a_summary_merges_into_a_kept_user_message_so_roles_alternate(fake, make_proxy):
     """The strict fake rejects two user messages in a row: the summary goes inside the first kept one."""
     proxy = await make_proxy(fake.base_url, settings(fake, 6000))

@@ -188,11 +188,14 @@ def test_the_summary_merges_into_a_kept_user_message_and_leads_otherwise():
     assert block["cache_control"] == {"type": "ephemeral"}
 
 
-def test_the_annotation_is_one_more_system_block():
+def test_the_annotation_is_one_more_system_block_and_a_string_system_stays_a_string():
     sys_blocks = [{"type": "text", "text": "A", "cache_control": {"type": "ephemeral"}}]
     assert with_annotation(sys_blocks, "N") == [*sys_blocks, {"type": "text", "text": "N"}]
-    assert with_annotation("plain", "N") == [{"type": "text", "text": "plain"}, {"type": "text", "text": "N"}]
-    assert with_annotation(None, "N") == [{"type": "text", "text": "N"}]
+    # A string (or no) system stays a string: a Messages-to-chat bridge (LiteLLM) passes blocks
+    # on as list content, which llama.cpp's chat template rejects.
+    assert with_annotation("plain", "N") == "plain\n\nN"
+    assert with_annotation("", "N") == "N"
+    assert with_annotation(None, "N") == "N"
 
 
 def test_a_note_keeps_the_results_id_error_flag_and_breakpoint():

@@ -64,14 +64,13 @@ def with_summary(kept: list[dict[str, Any]], block: dict[str, Any]) -> list[dict
     return [{"role": "user", "content": [block]}, *kept]
 
 
-def with_annotation(system: Any, text: str) -> list[dict[str, Any]]:
-    """`system` with the proxy's annotation as one more text block at its end (a string system
-    becomes one text block first; the client's blocks keep their bytes and breakpoints)."""
-    if isinstance(system, str):
-        head = [{"type": "text", "text": system}] if system else []
-    else:
-        head = list(system or [])
-    return [*head, {"type": "text", "text": text}]
+def with_annotation(system: Any, text: str) -> str | list[dict[str, Any]]:
+    """`system` with the proxy's annotation at its end: blocks get one more text block (the
+    client's keep their bytes and breakpoints); a string system, or none, stays a string (servers
+    that bridge Messages to chat, LiteLLM, pass blocks on as a list the chat template may reject)."""
+    if system is None or isinstance(system, str):
+        return f"{system}\n\n{text}" if system else text
+    return [*system, {"type": "text", "text": text}]
 
 
 def with_note(block: dict[str, Any], note: str) -> dict[str, Any]:
