@@ -190,9 +190,9 @@ async def test_a_failing_summarizer_forwards_the_original_and_recovers(driver, f
         fake.summarizer = driver.error(500, "summarizer down")
     else:
         fake.summarizer_delay_s = 2.0  # past the proxy's summarizer timeout
-    # the conversation (about 7000 tokens) is over the threshold and within this window
+    # the conversation (6600 to 7000 tokens by protocol) is over the threshold and within this window
     proxy = await make_proxy(fake.base_url, driver.settings(
-        fake, 8000, compaction={"prepare_percent": 0, "failure_cooldown_s": 0, "mask_tool_outputs": False,
+        fake, 7600, compaction={"prepare_percent": 0, "failure_cooldown_s": 0, "mask_tool_outputs": False,
                                   "summarizer_timeout_s": 0.3},
         tool_results={"enabled": False}))
     convo = tool_conversation()

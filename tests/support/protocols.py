@@ -251,6 +251,6 @@ async def _messages_text(parsed: Any, stream: bool) -> str:
 
 
 CHAT = Driver("chat", "gpt-4", "/chat/completions", FakeUpstream, "chat")
-RESPONSES = Driver("responses", "gpt-4", "/responses", FakeResponses, "responses")
+RESPONSES = Driver("responses", "gpt-4o", "/responses", FakeResponses, "responses")
 MESSAGES = Driver("messages", "claude-sonnet-4-6", "/messages", FakeMessages, "messages")
 DRIVERS = [CHAT, RESPONSES, MESSAGES]
