@@ -8,7 +8,7 @@ compaction item, a type nobody knows), which is carried byte for byte or dropped
 turn, never edited.
 
 Stages keep, drop or rewrite whole envelopes, and the only rewrite inside one is a tool result's
-output. They never see a protocol field name: the adapter (proxy/adapters/) turns a body into this
+output (an envelope may hold several: a Messages user message answers every call of the turn). They never see a protocol field name: the adapter (proxy/adapters/) turns a body into this
 model and an edited model back into a body, and `value` (the envelope's JSON) is only ever handed
 back to it.
 """
@@ -77,6 +77,14 @@ class Envelope:
         return items[0] if len(items) == 1 and items[0].kind is Kind.TOOL_RESULT else None
 
     @property
+    def results(self) -> list[tuple[int, Item]]:
+        """Its tool results, each with its index among the items (what notes, masking and clamping
+        rewrite, through the adapter's `with_output`)."""
+        if self.kind is not Kind.TOOL_RESULT:
+            return []
+        return [(j, it) for j, it in enumerate(self.items) if it.kind is Kind.TOOL_RESULT]
+
+    @property
     def text(self) -> str:
         """The text of its items that are neither calls nor opaque, joined (a user's request, an
         assistant's answer, a tool's output)."""
@@ -140,6 +148,12 @@ class Conversation:
         for i, (env, n) in changed.items():
             envs[i], tokens[i] = env, n
         return Conversation(envs, tokens)
+
+
+def result_tokens(envelope: Envelope, tokens: int, item: Item, count_text: Callable[[str], int]) -> int:
+    """Tokens of one tool result of an envelope counted `tokens`: the envelope's count when the
+    result is all it holds (so a one-result envelope is judged as a whole), else its output's."""
+    return tokens if len(envelope.items) == 1 else count_text(item.text)
 
 
 def calls_by_id(items: Iterable[Item]) -> dict[str, tuple[str, str]]:

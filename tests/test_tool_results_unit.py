@@ -19,7 +19,7 @@ CHAT = ChatAdapter()
 
 def select(msgs, tokens, **kw):
     """The stage's choice among chat messages (through the chat adapter's model)."""
-    return sel.select(CHAT.envelopes(msgs), tokens, **kw)
+    return sel.select(CHAT.envelopes(msgs), tokens, count_text=len, **kw)
 
 
 def parent_hint(msgs):

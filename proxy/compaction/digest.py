@@ -67,9 +67,10 @@ def _turn_lines(span: Sequence[Envelope], max_chars: int) -> list[str]:
     for e in span:
         text = " ".join(e.text.split())
         if e.kind is Kind.TOOL_RESULT:
-            result = e.items[0]
-            name, _ = calls.get(result.call_id or "", (result.name or "tool", ""))
-            lines.append(f"- tool {name}: {len(text)} characters")
+            for _, result in e.results:  # one line per result (a Messages user message holds several)
+                name, _ = calls.get(result.call_id or "", (result.name or "tool", ""))
+                size = len(text) if len(e.items) == 1 else len(" ".join(result.text.split()))
+                lines.append(f"- tool {name}: {size} characters")
             continue
         called = ", ".join(call.name or "tool" for call in e.calls)
         role = e.kind.value

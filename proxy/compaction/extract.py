@@ -168,7 +168,7 @@ def find_constraints(envelopes: Iterable[Envelope]) -> list[str]:
 def tool_text(envelopes: Iterable[Envelope]) -> str:
     """The tool outputs among the envelopes: where error lines come from (prose that says
     "failed" is not one)."""
-    return "\n".join(e.text for e in envelopes if e.kind is Kind.TOOL_RESULT)
+    return "\n".join(it.text for e in envelopes for _, it in e.results)
 
 
 def user_text(envelopes: Iterable[Envelope]) -> str:

@@ -84,7 +84,7 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         users=extract.user_text(conv.envelopes[n_sys:]),
         latest=extract.latest_requests(conv.envelopes, n_sys, plan.cut),
         clamped={view.digests[i].hex(): n for i, n in plan.clamp.items()},
-        masks={d: t for d, t in (previous.masks if previous else {}).items() if d in kept_digests},
+        masks={k: t for k, t in (previous.masks if previous else {}).items() if mask.envelope_of(k) in kept_digests},
         recall=list(previous.recall_identifiers) if previous else [],
         spans=recall_spans(view, previous, covered),
     )
@@ -252,18 +252,17 @@ class RecordMaker:
         if keep is None:
             return None
         base = dict(record.masks) if record else {}
-        new = mask.maskable(work.envelopes, work.tokens, start, keep.cut, lambda i: view.digests[i].hex() in base)
+        new = mask.maskable(work.envelopes, work.tokens, start, keep.cut,
+                            lambda i, j: mask.key(view.digests[i].hex(), j) in base, view.count_text)
         if not new:
             return None
         recall = list(record.recall_identifiers) if record else []
         calls = calls_by_id(work.items())
-        for i in new:
-            result = work.envelopes[i].result
-            assert result is not None  # maskable: one tool result
-            d = view.digests[i].hex()
-            output = result.text
-            name, args = calls.get(result.call_id or "", (result.name or "tool", ""))
-            base[d] = stub = mask.stub_text(name, args, request.scaled(work.tokens[i]), output, d[:12])
+        for m in new:
+            d = view.digests[m.index].hex()
+            output = m.result.text
+            name, args = calls.get(m.result.call_id or "", (m.result.name or "tool", ""))
+            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, d[:12])
             # what the stub had no room for is listed for recall, never silently gone
             recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
                        if x not in stub and x not in recall]

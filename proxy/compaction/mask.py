@@ -8,10 +8,11 @@ message's digest), so every later request forwards the same bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from proxy.compaction import extract
-from proxy.model import Envelope
+from proxy.model import Envelope, Item, result_tokens
 from proxy.text import clamp_middle
 
 ARGS_CHARS = 160  # the call's arguments in a stub, at most
@@ -20,13 +21,39 @@ STUB_ERRORS = 3
 MIN_MASKED_TOKENS = 120  # outputs smaller than this are left alone: a stub would save little
 
 
+def key(digest: str, item: int) -> str:
+    """Where a record keeps the stub of one tool result: the original envelope's digest (hex), and
+    the result's index among its items when it is not the first (an envelope may hold several)."""
+    return digest if item == 0 else f"{digest}:{item}"
+
+
+def envelope_of(k: str) -> str:
+    """The envelope digest a stub's key names."""
+    return k.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Maskable:
+    index: int  # the envelope
+    item: int  # the result among its items
+    result: Item
+    tokens: int
+
+
 def maskable(envelopes: Sequence[Envelope], tokens: Sequence[int], start: int, end: int,
-             masked: Callable[[int], bool]) -> list[int]:
-    """Indices of tool outputs in envelopes[start:end] worth replacing, not replaced already."""
-    return [
-        i for i in range(start, end)
-        if envelopes[i].result is not None and tokens[i] >= MIN_MASKED_TOKENS and not masked(i)
-    ]
+             masked: Callable[[int, int], bool], count_text: Callable[[str], int]) -> list[Maskable]:
+    """Tool outputs in envelopes[start:end] worth replacing, not replaced already (`masked(i, j)`:
+    result j of envelope i is)."""
+    out = []
+    for i in range(start, end):
+        e = envelopes[i]
+        if tokens[i] < MIN_MASKED_TOKENS:
+            continue  # no result inside is larger than its envelope
+        for j, result in e.results:
+            n = result_tokens(e, tokens[i], result, count_text)
+            if n >= MIN_MASKED_TOKENS and not masked(i, j):
+                out.append(Maskable(i, j, result, n))
+    return out
 
 
 def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str) -> str:

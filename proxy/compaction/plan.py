@@ -23,7 +23,8 @@ class Plan:
     turn_start: int | None  # split turn: the user message that began the kept turn (start <= it < cut)
     kept_tokens: int
     fits: bool  # kept part within its budget
-    clamp: dict[int, int] = field(default_factory=dict)  # tool result envelope index -> max tokens to keep
+    # envelope holding tool results -> max tokens to keep (its results shrink alike)
+    clamp: dict[int, int] = field(default_factory=dict)
 
     @property
     def main_end(self) -> int:
@@ -57,7 +58,7 @@ def clamp_tool_outputs(envelopes: Sequence[Envelope], tokens: Sequence[int], cut
     """Shrink the largest kept tool outputs (head and tail kept) until the kept part fits."""
     excess = sum(tokens[cut:]) - budget
     out: dict[int, int] = {}
-    for i in sorted((i for i in range(cut, len(envelopes)) if envelopes[i].result is not None), key=lambda i: -tokens[i]):
+    for i in sorted((i for i in range(cut, len(envelopes)) if envelopes[i].results), key=lambda i: -tokens[i]):
         if excess <= 0:
             break
         room = tokens[i] - MIN_CLAMPED_TOKENS

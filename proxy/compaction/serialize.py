@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from proxy.escaping import escape_client_text, escape_untrusted, tool_name  # noqa: F401 (escape_untrusted: callers import it here)
-from proxy.model import Envelope, Kind, calls_by_id
+from proxy.model import Envelope, Item, Kind, calls_by_id
 from proxy.text import clamp_middle
 
 TOOL_RESULT_CHARS = 2000
@@ -32,12 +32,20 @@ def serialize_envelope(env: Envelope, names: Mapping[str, tuple[str, str]]) -> s
             lines.append(f"[Tool call]: {tool_name(call.name or 'tool')}({escape_client_text(args)})")
         return "\n".join(lines) if lines else "[Assistant]:"
     if kind is Kind.TOOL_RESULT:
-        result = env.items[0]
-        name = tool_name(names.get(result.call_id or "", (result.name or "tool", ""))[0])
-        return f"[Tool result: {name}]: {clamp_middle(text, TOOL_RESULT_CHARS)}"
+        if len(env.items) == 1:
+            return _result_line(env.items[0], text, names)
+        # several results in one envelope (a Messages user message), and what the user added to them
+        lines = [_result_line(it, escape_client_text(it.text), names) for _, it in env.results]
+        said = "\n".join(it.text for it in env.items if it.kind is Kind.USER and it.text)
+        return "\n".join(lines + ([f"[User]: {escape_client_text(said)}"] if said else []))
     if kind is Kind.OPAQUE:
         return "[Opaque item]"
     return f"[System]: {text}"
+
+
+def _result_line(result: Item, text: str, names: Mapping[str, tuple[str, str]]) -> str:
+    name = tool_name(names.get(result.call_id or "", (result.name or "tool", ""))[0])
+    return f"[Tool result: {name}]: {clamp_middle(text, TOOL_RESULT_CHARS)}"
 
 
 def serialize_envelopes(envelopes: Sequence[Envelope], names: Mapping[str, tuple[str, str]] | None = None) -> list[str]:

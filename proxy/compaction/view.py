@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from proxy.compaction import extract
+from proxy.compaction import extract, mask
 from proxy.compaction.budget import Budget
 from proxy.compaction.inject import annotation_text, summary_message_text
 from proxy.compaction.plan import Plan, choose_cut
@@ -21,7 +21,7 @@ from proxy.recall import handles
 from proxy.compaction.records import key
 from proxy.flow import Flow
 from proxy.hashing import hash_chain
-from proxy.model import Conversation, Envelope
+from proxy.model import Conversation, Envelope, Kind
 from proxy.prompts import Prompts
 from proxy.text import clamp_middle
 from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
@@ -98,16 +98,25 @@ class View:
         return list(self.lazy_keys())
 
 
+def _stubbed(view: View, env: Envelope, digest: str, masks: dict[str, str]) -> Envelope | None:
+    """`env` with the stubs `masks` holds for its tool results, or None when it holds none."""
+    new = None
+    for j, _ in env.results:
+        stub = masks.get(mask.key(digest, j))
+        if stub is not None:
+            new = view.flow.adapter.with_output(new or env, j, stub)
+    return new
+
+
 def masked(view: View, record: SummaryRecord | None) -> Conversation:
     """The conversation with the record's stubs in place of the old tool outputs it masks."""
     conv = view.conv
     if record is None or not record.masks:
         return conv
     changed = {}
+    envs = conv.envelopes
     for i in range(view.n_system, len(conv)):
-        stub = record.masks.get(view.digests[i].hex())
-        if stub is not None:
-            env = view.flow.adapter.with_output(conv.envelopes[i], 0, stub)
+        if envs[i].kind is Kind.TOOL_RESULT and (env := _stubbed(view, envs[i], view.digests[i].hex(), record.masks)):
             changed[i] = (env, view.count(env))
     return conv.with_envelopes(changed) if changed else conv
 
@@ -119,13 +128,14 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     cut = view.n_system + record.covered
     changed: dict[int, tuple[Envelope, int]] = {}
     for i in range(cut, len(conv)):
-        d = view.digests[i].hex()
         env = conv.envelopes[i]
-        if d in record.masks:
-            new = view.flow.adapter.with_output(env, 0, record.masks[d])
-        elif d in record.clamped and env.result is not None:
+        if env.kind is not Kind.TOOL_RESULT:
+            continue
+        d = view.digests[i].hex()
+        new = _stubbed(view, env, d, record.masks) if record.masks else None
+        if new is None and d in record.clamped:
             new = _clamped(view, env, record.clamped[d], conv.tokens[i])
-        else:
+        if new is None:
             continue
         changed[i] = (new, view.count(new))
     fwd = conv.with_envelopes(changed) if changed else conv
@@ -147,10 +157,15 @@ def _total(view: View, conv: Conversation) -> int:
     return request.total(conv) + (request.scaled(identity.recall_tokens) if identity.recall else 0)
 
 
-def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope:
-    text = env.items[0].text
-    max_chars = max(200, int(len(text) * max_tokens / max(tokens, 1)))
-    return view.flow.adapter.with_output(env, 0, clamp_middle(text, max_chars))
+def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope | None:
+    """Its tool outputs cut in the middle, each to the share `max_tokens` is of the envelope's
+    `tokens` (one record entry per envelope: every result in it shrinks alike)."""
+    new = None
+    for j, result in env.results:
+        text = result.text
+        max_chars = max(200, int(len(text) * max_tokens / max(tokens, 1)))
+        new = view.flow.adapter.with_output(new or env, j, clamp_middle(text, max_chars))
+    return new
 
 
 def _union(old: list[str], new: list[str]) -> list[str]:

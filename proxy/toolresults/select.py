@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from proxy.escaping import tool_name
-from proxy.model import Envelope, Kind
+from proxy.model import Envelope, Kind, result_tokens
 from proxy.text import clip_hint
 
 BEGIN = "--- BEGIN TOOL OUTPUT ---"
@@ -17,6 +17,7 @@ END = "--- END TOOL OUTPUT ---"
 @dataclass(frozen=True)
 class Candidate:
     index: int  # the envelope holding the tool result
+    item: int  # the result's index among the envelope's items
     tool_call_id: str
     tool_name: str
     text: str
@@ -29,23 +30,28 @@ def is_skipped(tool_name: str, skip: Sequence[str]) -> bool:
 
 
 def select(
-    envelopes: Sequence[Envelope], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str]
+    envelopes: Sequence[Envelope], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str],
+    count_text: Callable[[str], int],
 ) -> list[Candidate]:
-    """Tool results over `threshold` tokens (the envelope's count: the output plus a few tokens of
-    framing), in order, whose output is text only and answers a call id. The tool's name is that
-    of the latest call with the same id before the result (the adapter names results so)."""
+    """Tool results over `threshold` tokens (a result alone in its envelope: the envelope's count,
+    the output plus a few tokens of framing; one of several: its output's), in order, whose output
+    is text only and answers a call id. The tool's name is that of the latest call with the same id
+    before the result (the adapter names results so)."""
     if not tokens or max(tokens) <= threshold:
         return []  # the common case: nothing to do, and no walk over a long history
     out: list[Candidate] = []
     for i, e in enumerate(envelopes):
-        result = e.result
-        if result is None or tokens[i] <= threshold or not result.plain or result.call_id is None:
-            continue  # images or other parts: not ours to rewrite
-        name = result.name or "tool"
-        if is_skipped(name, skip):
-            continue
-        # Skipping matches the name as sent; the prompt and the note's header get it sanitized.
-        out.append(Candidate(i, result.call_id, tool_name(name), result.text, tokens[i], tokens[i] > cap))
+        if tokens[i] <= threshold:
+            continue  # no result inside can be larger than its envelope
+        for j, result in e.results:
+            n = result_tokens(e, tokens[i], result, count_text)
+            if n <= threshold or not result.plain or result.call_id is None:
+                continue  # images or other parts: not ours to rewrite
+            name = result.name or "tool"
+            if is_skipped(name, skip):
+                continue
+            # Skipping matches the name as sent; the prompt and the note's header get it sanitized.
+            out.append(Candidate(i, j, result.call_id, tool_name(name), result.text, n, n > cap))
     return out
 
 

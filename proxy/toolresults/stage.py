@@ -18,6 +18,7 @@ from proxy import identifiers, offload
 from proxy.config import Config
 from proxy.flow import Flow, Stage
 from proxy.hashing import content_digest
+from proxy.model import Envelope
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.singleflight import Busy, SingleFlight
@@ -84,12 +85,14 @@ class ToolResultStage(Stage):
         conv = flow.forwarded
         if not conv.tokens or max(conv.tokens) <= self.tcfg.threshold_tokens:
             return  # the common case: no result that large, and the model is not even built
+        encoding = flow.request.encoding
         cands = sel.select(
             conv.envelopes,
             conv.tokens,
             threshold=self.tcfg.threshold_tokens,
             cap=self.tcfg.max_payload_tokens,
             skip=self.tcfg.skip_tools,
+            count_text=lambda text: self.counter.count_text(text, encoding),
         )
         if not cands:
             return
@@ -104,15 +107,17 @@ class ToolResultStage(Stage):
         if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
             notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok and text else (text, ok)
                      for c, (text, ok) in zip(cands, notes)]
-        changed = {}
+        rewritten: dict[int, Envelope] = {}  # envelope index -> with its notes (several results may share one)
         summarized = 0
         for c, (text, ok) in zip(cands, notes):
             if text is None:
                 continue
-            env = flow.adapter.with_output(conv.envelopes[c.index], 0, text)
-            changed[c.index] = (env, await offload.sized(len(text), flow.adapter.count, env, flow.request.encoding,
-                                                         self.counter))
+            rewritten[c.index] = flow.adapter.with_output(rewritten.get(c.index, conv.envelopes[c.index]), c.item, text)
             summarized += ok
+        changed = {}
+        for i, env in rewritten.items():
+            size = sum(len(it.text) for _, it in env.results)
+            changed[i] = (env, await offload.sized(size, flow.adapter.count, env, encoding, self.counter))
         flow.forwarded = conv.with_envelopes(changed)
         flow.report.tool_results += summarized
         flow.report.wait_ms += (time.perf_counter() - started) * 1000

@@ -67,6 +67,15 @@ def _item(block: Any, role: str) -> Item:
     return Item(Kind.OPAQUE, raw=block)  # thinking, redacted_thinking, server tool results, compaction, unknown
 
 
+def _kind(role: str, items: tuple[Item, ...]) -> Kind:
+    """What a message is to the stages: a user message that answers tool calls is a tool result
+    (whatever else it carries), an assistant message is the assistant's even when its thinking
+    (opaque) comes first."""
+    if role == "user":
+        return Kind.TOOL_RESULT if any(it.kind is Kind.TOOL_RESULT for it in items) else Kind.USER
+    return Kind.ASSISTANT
+
+
 class MessagesAdapter(Adapter):
     protocol = "messages"
     upstream_path = "/v1/messages"  # under anthropic.base_url
@@ -108,7 +117,9 @@ class MessagesAdapter(Adapter):
         result = []
         for e in out:
             n = len(e.items)
-            result.append(Envelope(tuple(named[k:k + n]), e.turn, e.cut_before, e.value))
+            items = tuple(named[k:k + n])
+            result.append(Envelope(items, e.turn, e.cut_before, e.value,
+                                   kind=Kind.SYSTEM if e.kind is Kind.SYSTEM else _kind(e.value["role"], items)))
             k += n
         return result
 
@@ -159,7 +170,7 @@ class MessagesAdapter(Adapter):
         value["content"] = content
         items = list(envelope.items)
         items[item] = replace(items[item], text=text, plain=True, raw=content[item])
-        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value)
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value, kind=envelope.kind)
 
     def inject(self, conv: Conversation, cut: int, summary: str, annotation: str) -> Injected:
         """The system envelope with the annotation as one more block, the summary (with a cache
@@ -180,7 +191,7 @@ class MessagesAdapter(Adapter):
 
     def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
         items = tuple(_item(b, value["role"]) for b in blocks(value.get("content")))
-        return Envelope(items, turn, True, value)
+        return Envelope(items, turn, True, value, kind=_kind(value["role"], items))
 
     def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
         return self._count(envelope, encoding, counter, message_digest(envelope.value))
