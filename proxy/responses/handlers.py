@@ -54,17 +54,19 @@ def socket_prepare(request: web.Request) -> Prepare:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
         p = await route.prepare(state, rt, raw, body, request.headers, ex)
-        if p.data is raw:
-            return WsTurn(message)  # nothing changed: the client's message as it came
+        report = p.headers if state.cfg.responses.websocket_report else None
 
         def as_message(data: bytes) -> str:
             return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
 
-        async def retry() -> str | None:
+        async def retry() -> tuple[str, dict[str, str] | None] | None:
             again = await p.retry() if p.retry is not None else None
-            return as_message(again[0]) if again is not None else None
+            if again is None:
+                return None
+            return as_message(again[0]), (again[1] if report is not None else None)
 
-        return WsTurn(as_message(p.data), retry=retry)
+        # Nothing changed: the client's message as it came (an overflow is still retried compacted).
+        return WsTurn(message if p.data is raw else as_message(p.data), retry=retry, report=report)
 
     return prepare_create
 
