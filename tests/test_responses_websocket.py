@@ -12,7 +12,6 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
-from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
 from proxy.responses.websocket import WsTurn, relay_websocket
@@ -48,9 +47,9 @@ async def turn(ws, event: dict) -> list[dict]:
             return out
 
 
-async def test_openai_clients_websocket_through_the_proxy(fake, proxy):
+async def test_openai_clients_websocket_through_the_proxy(fake, proxy, client_for):
     fake.reply = "over the socket"
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0)
+    client = client_for(proxy, "sk-test")
     async with client.responses.connect() as conn:
         for n in range(2):
             await conn.response.create(model=MODEL, input=f"hello {n}", store=False)
