@@ -21,7 +21,6 @@ from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
 from proxy.adapters.messages import chatview
-from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
 from proxy.adapters.messages.windows import long_context
 from proxy.adapters.chat import ChatAdapter
 from proxy.flow import Flow, Identity, Report, run_overflow, run_request
@@ -33,7 +32,17 @@ from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
-CHAT = ChatAdapter()  # the stages see the blocks through a chat view (chatview.py)
+
+
+class _ChatView(ChatAdapter):
+    """The stages see the blocks through a chat view (chatview.py); their own calls are Messages
+    calls, in the transcript form (a chat view's messages are not the prefix Anthropic cached)."""
+
+    def summarizer(self, cfg: Any) -> MessagesAdapter:
+        return MESSAGES
+
+
+CHAT = _ChatView()
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
@@ -91,7 +100,7 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
         return None
     calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
     return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
-                    request[EXCHANGE].conversation)
+                    request[EXCHANGE].conversation, long_context=long_context(request.headers))
 
 
 @dataclass
@@ -123,16 +132,15 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     compaction covers it) on the chat view of the request; a bug in them forwards the request as
     sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
-    rt = request.app[MESSAGES_RUNTIME]
     req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
     before = req.total()
     identity = _identity(request, state, req)
-    LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
-        over = cfg.compaction.enabled and before > rt.compaction.budget_for(req.model).threshold
+        budget = state.compaction.budget_for(req.model, long_context=long_context(request.headers))
+        over = cfg.compaction.enabled and before > budget.threshold
         return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
 
     def back(flow: Flow) -> Conversation:
@@ -142,7 +150,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     try:
         view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
         flow = Flow.of(CHAT, chat, identity)
-        await run_request(rt.stages, flow)
+        await run_request(state.stages, flow)
         forwarded = await offload.sized(len(raw), back, flow)
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
@@ -152,7 +160,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         """The upstream said the prompt is too long: once, what the stages can make smaller."""
-        if not await run_overflow(rt.stages, flow):
+        if not await run_overflow(state.stages, flow):
             return None
         fwd = await offload.sized(len(raw), back, flow)
         flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
