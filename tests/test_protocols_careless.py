@@ -38,7 +38,9 @@ async def fake(driver):
 
 
 def settings(driver: Driver, fake: Any, window: int = WINDOW, **compaction: Any) -> dict[str, Any]:
-    return driver.settings(fake, window, compaction={"prepare_percent": 0, "learn_token_ratio": True, **compaction})
+    # as the chat originals run: ratio learning and the summary call that rides the prompt cache on
+    return driver.settings(fake, window, compaction={"prepare_percent": 0, "learn_token_ratio": True,
+                                                     "cached_summary_call": True, **compaction})
 
 
 def strings(obj: Any) -> str:
