@@ -54,7 +54,7 @@ def socket_prepare(request: web.Request) -> Prepare:
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, raw, body, request.headers, ex)
+        p = await route.prepare(state, raw, body, request.headers, ex, recall=False)
         report = p.headers if state.cfg.responses.websocket_report else None
 
         def as_message(data: bytes) -> str:
