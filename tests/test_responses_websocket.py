@@ -244,8 +244,9 @@ async def test_each_websocket_turn_reports_what_the_proxy_did_in_response_create
     the `metadata` of its `response.created`: the same values an HTTP request gets, read here by the
     openai client; no event is added (sequence numbers stay whole) and other events are untouched."""
     fake.summarizer = main_summary("ws-report")
+    # recall off: an HTTP request declares the recall tool, a socket's does not (it counts in tokens-after)
     proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 6000}},
-                                             "compaction": {"prepare_percent": 0}})
+                                             "compaction": {"prepare_percent": 0}, "recall": {"enabled": False}})
     small = {"model": MODEL, "input": "hello", "store": False, "metadata": {"run": "7"}}
     long = {"model": MODEL, "input": _history(14), "store": False}
     turns = await _ws_turns(proxy, [small, long, long])
