@@ -169,6 +169,20 @@ def test_each_request_of_a_growing_conversation_reuses_all_of_the_previous_one(s
         assert_same(got, full(raw))
 
 
+def test_conversations_that_share_a_system_prompt_each_reuse_their_own():
+    """One client, several conversations with the same start: a body that shares only the system
+    message with another conversation's must not push that conversation out."""
+    recent = prefix.RecentBodies()
+    system = write({"role": "system", "content": "the same instructions"}, 0)
+    convs = [[system] + [write({"role": "user", "content": f"conversation {c} turn {t}"}, 0) for t in range(6)]
+             for c in range(3)]
+    for n in range(2, 7):
+        for msgs in convs:
+            got, prior = reused(recent, body(['"model":"gpt-4o"'], msgs[:n], []))
+            assert n == 2 or (prior is not None and len(prior) == n - 1)
+    assert len(recent) == 3
+
+
 @pytest.mark.parametrize("before, after, reuse", [
     ('"model":"gpt-4o"', '"model":"gpt-4o"', True),
     ('"model":"gpt-4o"', '"model":"gpt-4"', False),  # a field before the messages changed: nothing shared
