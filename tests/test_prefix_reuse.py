@@ -16,6 +16,7 @@ from proxy.adapters.chat import ChatAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.model import Conversation
+from proxy.recall.keep import parts_of, request_parts
 from proxy.tokens import TokenCounter
 
 CHAT = ChatAdapter()
@@ -73,6 +74,7 @@ def reused(recent: prefix.RecentBodies, raw: bytes, scope: str = "s"):
         return e.message, prior
     # what compaction works out lazily, so that the next request may reuse it
     request.conversation.envelopes, request.digests, request.chain(request.conversation.n_system)
+    request_parts(request)
     return request, prior
 
 
@@ -93,6 +95,7 @@ def assert_same(got, want) -> None:
     assert got.digests == want.digests
     n_sys = want.conversation.n_system
     assert got.chain(n_sys) == want.chain(n_sys) and got.first_digest() == want.first_digest()
+    assert request_parts(got) == parts_of(want.conversation)
     assert CHAT.render(got, got.conversation) == got.raw
     # a forwarded conversation that drops the first message: the same bytes
     shorter = [Conversation(list(r.conversation.envelopes[1:]), r.conversation.tokens[1:]) for r in (got, want)]
@@ -154,6 +157,10 @@ def test_the_shared_messages_are_not_parsed_again():
     assert len(prior.rest) < len(grown) // 3  # what is parsed: the new message and the top level
     assert all(a is b for a, b in zip(two.body["messages"][:3], one.body["messages"]))
     assert two.written[:3] == one.written
+    # what was worked out about them lazily too: envelopes, digests, recall's parts
+    assert all(a is b for a, b in zip(two.conversation.envelopes[:3], one.conversation.envelopes))
+    assert two.digests[:3] == one.digests
+    assert all(a is b for a, b in zip(request_parts(two)[:3], request_parts(one)))
     assert two.stream is True and len(two.body["messages"]) == 4
     assert_same(two, full(grown))
 
