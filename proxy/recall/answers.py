@@ -25,7 +25,7 @@ from aiohttp import web
 
 from proxy import jsonbody
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
-from proxy.recall.keep import parts_of, replacements
+from proxy.recall.keep import parts_of, replacements, request_parts
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
 
@@ -143,7 +143,7 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
     try:
         if keep:
-            carries = await recall.keep(flow.identity.scope, parts_of(flow.original), parts_of(flow.forwarded),
+            carries = await recall.keep(flow.identity.scope, request_parts(flow.request), parts_of(flow.forwarded),
                                         flow.original.n_system)
         else:
             carries = recall_declared(flow.original, flow.forwarded)
