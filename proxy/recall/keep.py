@@ -10,7 +10,7 @@ client's messages by number, written out verbatim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from proxy.recall import handles
 from proxy.recall.originals import Original
@@ -38,19 +38,26 @@ _ROLES = {"system": "system", "user": "user", "assistant": "assistant", "opaque"
 
 def parts_of(conv: Any) -> list[list[Part]]:
     """A neutral conversation (proxy/model.py) as recall's parts, one list per envelope."""
-    out: list[list[Part]] = []
-    for env in conv.envelopes:
-        parts = []
-        for it in env.items:
-            kind = it.kind.value
-            if kind == "tool_call":
-                parts.append(Part("tool_call", "", it.call_id, it.name, it.args))
-            elif kind == "tool_result":
-                parts.append(Part("tool_result", it.text, it.call_id, it.name))
-            else:
-                parts.append(Part(_ROLES.get(kind, "other"), it.text))
-        out.append(parts)
-    return out
+    return [envelope_parts(env) for env in conv.envelopes]
+
+
+def request_parts(request: Any) -> list[list[Part]]:
+    """The parts of a request's own conversation: those of the envelopes the previous request of
+    the conversation shared are not made again (a long history has thousands)."""
+    return request.per_envelope("recall.parts", envelope_parts)
+
+
+def envelope_parts(env: Any) -> list[Part]:
+    parts = []
+    for it in env.items:
+        kind = it.kind.value
+        if kind == "tool_call":
+            parts.append(Part("tool_call", "", it.call_id, it.name, it.args))
+        elif kind == "tool_result":
+            parts.append(Part("tool_result", it.text, it.call_id, it.name))
+        else:
+            parts.append(Part(_ROLES.get(kind, "other"), it.text))
+    return parts
 
 
 def _label(name: str | None, args: str) -> str:
@@ -82,8 +89,11 @@ def span_text(messages: Sequence[Message], first: int, apart: dict[str, Original
     return "\n".join(out)
 
 
-def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int) -> list[Original]:
-    """The originals of every replacement the forwarded request carries, by handle (deduplicated)."""
+def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
+                 known: Callable[[str], bool] = lambda handle: False) -> list[Original]:
+    """The originals of every replacement the forwarded request carries, by handle (deduplicated).
+    A span whose handle is `known` (stored already) is listed without its text: writing out a long
+    history again on every request that reuses its summary would cost more than all the rest."""
     results: dict[str, Part] = {}
     calls: dict[str, Part] = {}
     client_texts: set[str] = set()
@@ -112,5 +122,5 @@ def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_sy
                     if h in found or a < 1 or b < a or n_system + b > len(original):
                         continue
                     found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation",
-                                        span_text(original[n_system + a - 1:n_system + b], a, apart))
+                                        "" if known(h) else span_text(original[n_system + a - 1:n_system + b], a, apart))
     return [*found.values(), *(o for h, o in apart.items() if h not in found)]
