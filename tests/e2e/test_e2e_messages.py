@@ -24,8 +24,9 @@ pytestmark = pytest.mark.e2e
 READ = {"name": "Read", "description": "Read a file of the repository.",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 SYSTEM = "You are a coding agent. Read files with the Read tool and say what they do."
-THRESHOLD = 1400  # tokens (the proxy's count): crossed after ~8 rounds of ~160 tokens; the
-# compacted request (~600: summary with its code-written blocks, newest round) has room for reuses
+THRESHOLD = 1700  # tokens (the proxy's count): crossed after ~10 rounds of ~150 tokens; the
+# compacted request (~1,200: summary with its code-written blocks, the recall tool, the newest
+# round) has room for two reuses
 BIG = 2  # this round's file read is oversized (~720 tokens): above tool_results.threshold_tokens
 AFTER = 2  # requests made after the one that compacts (one plain, one streamed)
 MAX_ROUNDS = 14

@@ -27,7 +27,8 @@ READ = {"type": "function", "name": "read", "description": "Read a file of the r
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 INSTRUCTIONS = "You are a coding agent. Read files with the read tool and say what they do."
 THRESHOLD = 1700  # tokens (the proxy's count): crossed after ~10 rounds of ~150 tokens; the
-# compacted request (~1,250: summary with its code-written blocks, newest round) has room for reuses
+# compacted request (~1,250: summary with its code-written blocks, the recall tool, the newest
+# round) has room for two reuses
 BIG = 2  # this round's output is oversized (~720 tokens): above tool_results.threshold_tokens
 AFTER = 2  # requests made after the one that compacts (one plain, one streamed)
 MAX_ROUNDS = 14
