@@ -38,6 +38,7 @@ from proxy.forward import (
 )
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
+from proxy.recall import chains as recall_chains
 from proxy.recall import relay as recall_relay
 from proxy.recall.responses import RESPONSES as RECALL
 from proxy.recall.responses_stream import Rounds as RecallRounds
@@ -85,7 +86,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     streaming = bool(body.get("stream"))
     ex.model, ex.stream = body["model"], streaming
     if stateful(body) is not None:
-        # The history lives at the upstream: the proxy cannot see it, and changes nothing.
+        # The history lives at the upstream: the proxy cannot see it, and changes nothing (but
+        # the id a streamed recall answer showed for the stored one: recall/chains.py).
+        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw)
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
     parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
@@ -184,8 +187,11 @@ async def _forward(request: web.Request, state: ProxyState, data: bytes, headers
                     sent = await offload.sized(len(data), orjson.loads, data)
                     post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
                                                         timeout=timeout, allow_redirects=False)
-                    result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall,
-                                                      RecallRounds(recall.name), ResponsesEventChecker, state.hooks)
+                    rounds = RecallRounds(recall.name)
+                    result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall, rounds,
+                                                      ResponsesEventChecker, state.hooks)
+                    if recall.rounds:
+                        await recall_chains.remember(state.store, recall.scope, *rounds.ids())
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = responses_usage(result.usage)
                     return result.response
