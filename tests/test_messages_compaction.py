@@ -175,6 +175,63 @@ async def test_an_oversized_tool_result_becomes_a_note_with_its_error_flag(fake,
     assert fake.records("summarizer")[-1].summarizer_kind == "tool"
 
 
+async def test_every_oversized_result_of_one_user_message_becomes_a_note(fake, make_proxy):
+    """Parallel tool calls are answered in one user message: each large tool_result there is a
+    note of its own, its id and error flag kept; the text beside them is the client's."""
+    fake.reply = "ok"
+    proxy = await make_proxy(fake.base_url, settings(fake, 200000))
+    big = ["\n".join(f"line {i}: {tag} at /srv/app/mod{i}.py id=ORD-{1000 + i}" for i in range(900))
+           for tag in ("ERROR timeout", "WARN retry")]
+    msgs = [{"role": "user", "content": "run both"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "Read", "input": {"path": "a.log"}},
+                {"type": "tool_use", "id": "toolu_b", "name": "Read", "input": {"path": "b.log"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "is_error": True, "content": big[0]},
+                {"type": "tool_result", "tool_use_id": "toolu_b", "content": [{"type": "text", "text": big[1]}]},
+                {"type": "text", "text": "what failed?"}]}]
+    headers, _ = await create(proxy, tools=[READ], messages=msgs)
+    assert headers["x-compaction-tool-results"] == "2" and headers["x-compaction-status"] == "none"
+    a, b, said = fake.messages_requests[-1]["messages"][2]["content"]
+    assert (a["tool_use_id"], a["is_error"], b["tool_use_id"]) == ("toolu_a", True, "toolu_b")
+    assert all(len(x["content"][0]["text"]) < len(big[0]) // 4 for x in (a, b)) and said == msgs[2]["content"][2]
+    assert [r.summarizer_kind for r in fake.records("summarizer")] == ["tool", "tool"]
+
+
+async def test_parallel_tool_results_are_masked_each_and_thinking_survives(fake, make_proxy):
+    """A tool-using session with thinking on, two calls a turn: old outputs become stubs, one per
+    tool_result, inside the user messages that carry them; the strict fake checks every
+    signature and pair, and the masked prefix is forwarded the same way on the next request."""
+    fake.reply = {"thinking": "Read both.", "tool_calls": [{"name": "Read", "input": {"path": "a.py"}},
+                                                           {"name": "Read", "input": {"path": "b.py"}}]}
+    fake.summarizer = main_summary("par")
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000, keep_recent_tokens=1500))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py and b.py. " + filler(60, 1)}]
+    statuses, forwarded = [], []
+    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+        for step in range(14):
+            raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, thinking=THINK,
+                                                            tools=[READ], system=SYSTEM, messages=msgs)
+            r = await raw.parse()
+            statuses.append(raw.headers["x-compaction-status"])
+            forwarded.append(fake.messages_requests[-1])
+            turn = [b.model_dump(exclude_none=True) for b in r.content]
+            msgs.append({"role": "assistant", "content": turn})
+            msgs.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": u["id"], "content": f"{u['id']}: " + filler(150, step + k)}
+                for k, u in enumerate(b for b in turn if b["type"] == "tool_use")]})
+    assert all(rec.status == 200 for rec in fake.records("messages"))
+    k = statuses.index("masked")
+    stubbed = [b for m in forwarded[k]["messages"] if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result" and isinstance(b["content"], list)
+               and b["content"][0]["text"].startswith("[tool output elided: Read(")]
+    assert len(stubbed) >= 4 and len({b["tool_use_id"] for b in stubbed}) == len(stubbed)
+    assert set(statuses[k:]) == {"masked"} and len(statuses) - k > 2 and fake.records("summarizer") == []
+    for prev, nxt in zip(forwarded[k:], forwarded[k + 1:]):  # the masked prefix, forwarded the same way
+        n = len(prev["messages"]) - 1  # (the client moves its breakpoint off the newest message)
+        assert nxt["messages"][:n] == prev["messages"][:n]
+
+
 # ---- native compaction steps aside ---------------------------------------------------------------
 
 @pytest.mark.parametrize("native", ["context_management", "compaction_block"])

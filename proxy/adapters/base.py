@@ -48,18 +48,21 @@ class Request:
     stateful: bool = False  # the history lives at the upstream (Responses previous_response_id): untouched
     native_compaction: bool = False  # the client asked the upstream to compact: no history compaction
     extra: dict[str, Any] = field(default_factory=dict)  # anything else the adapter's route needs
+    # where the stable digests come from: an adapter whose digests leave out what is not content
+    # (Messages: the cache breakpoints, which clients move) has a cache of its own
+    digest_cache: DigestCache = DIGESTS
 
     @cached_property
     def digests(self) -> list[bytes]:
         """Stable digests of the client's envelopes: store keys derive only from these, never from a
         rewrite. Computed when compaction needs them, once per distinct envelope."""
-        return DIGESTS.digests(self.conversation.values, self.keys)
+        return self.digest_cache.digests(self.conversation.values, self.keys)
 
     def first_digest(self) -> bytes:
         """The stable digest of the first non-system envelope (or of the last): it names the conversation."""
         conv = self.conversation
         i = min(conv.n_system, len(conv) - 1)
-        return DIGESTS.digest(conv.values[i], self.keys[i])
+        return self.digest_cache.digest(conv.values[i], self.keys[i])
 
     def total(self, conv: Conversation | None = None) -> int:
         """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""

@@ -49,7 +49,7 @@ class ChatAdapter(Adapter):
     def request_of(self, body: dict[str, Any], raw: bytes, counter: TokenCounter, cfg: Config, *,
                    ratio: float | None = None) -> Request:
         """A checked chat body (its messages are checked here, once per distinct message) as the
-        model. Also for a protocol seen through a chat view of its items (Responses)."""
+        model."""
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)

@@ -20,10 +20,8 @@ from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
-from proxy.adapters.messages import chatview
 from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
 from proxy.adapters.messages.windows import long_context
-from proxy.adapters.chat import ChatAdapter
 from proxy.flow import Flow, Identity, Report, run_overflow, run_request
 from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
@@ -33,7 +31,6 @@ from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
-CHAT = ChatAdapter()  # the stages see the blocks through a chat view (chatview.py)
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
@@ -107,56 +104,36 @@ class Prepared:
         return MESSAGES.render(self.request, self.forwarded)
 
 
-def _chat_request(req: Request, counter: Any, cfg: Any, count_only: bool) -> tuple[chatview.ChatView, Request]:
-    """The request as the stages see it: its chat view, counted as Messages blocks count."""
-    view = chatview.to_chat(req, counter)
-    chat = CHAT.request_of({"model": req.model, "messages": view.messages, "tools": req.tools}, b"", counter, cfg,
-                           ratio=req.ratio)
-    chat.conversation = Conversation(chat.conversation.envelopes, list(view.tokens))
-    chat.native_compaction = req.native_compaction
-    chat.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
-    return view, chat
-
-
 async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
     """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
-    compaction covers it) on the chat view of the request; a bug in them forwards the request as
-    sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
+    compaction covers it) on the request's flow; a bug in them forwards the request as sent.
+    `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
     rt = request.app[MESSAGES_RUNTIME]
     req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
-    before = req.total()
     identity = _identity(request, state, req)
     if identity is None:
-        return Prepared(req, req.conversation, Report(before))
+        return Prepared(req, req.conversation, Report(req.total()))
     LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
-
-    def back(flow: Flow) -> Conversation:
-        return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
-            else req.conversation
-
+    req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
+    flow = Flow.of(MESSAGES, req, identity)
     try:
-        view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
-        flow = Flow.of(CHAT, chat, identity)
         await run_request(rt.stages, flow)
-        forwarded = await offload.sized(len(raw), back, flow)
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        return Prepared(req, req.conversation, Report(before))
-    report = flow.report
-    report.tokens_before, report.tokens_after = before, req.total(forwarded)
+        return Prepared(req, req.conversation, Report(flow.report.tokens_before))
+    if flow.report.tokens_after is None:
+        flow.report.tokens_after = flow.total()
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         """The upstream said the prompt is too long: once, what the stages can make smaller."""
         if not await run_overflow(rt.stages, flow):
             return None
-        fwd = await offload.sized(len(raw), back, flow)
-        flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
-        return await offload.sized(len(raw), MESSAGES.render, req, fwd), flow.report.headers()
+        return await offload.sized(len(raw), flow.body), flow.report.headers()
 
-    return Prepared(req, forwarded, report, None if count_only else retry)
+    return Prepared(req, flow.forwarded, flow.report, None if count_only else retry)
 
 
 @anthropic_route
