@@ -280,6 +280,68 @@ async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summ
     assert made > 0 and len(fake.records("summarizer")) == made
 
 
+def tool_session(output: str, *, error: bool = False) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "read the log"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "Read",
+                                               "input": {"path": "app.log"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "is_error": error,
+                                          "content": output}]}]
+
+
+async def count_then_send(proxy: Any, fake: FakeMessages, **body: Any) -> tuple[int, int]:
+    """count_tokens for a body, then the body itself: (the count answered, the upstream's count of
+    what was forwarded)."""
+    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+        counted = await c.messages.count_tokens(model=MODEL, **body)
+        await c.messages.create(model=MODEL, max_tokens=100, **body)
+    return counted.input_tokens, fake.records("messages")[-1].prompt_tokens
+
+
+async def test_count_tokens_counts_an_output_over_the_size_cap_as_it_is_forwarded(fake, make_proxy):
+    """Over tool_results.max_payload_tokens no summarizer is asked: the output goes clamped, with a
+    notice, on every request; the count (made before any request) is of that."""
+    proxy = await make_proxy(fake.base_url, {**settings(fake, 200000),
+                                             "tool_results": {"threshold_tokens": 300, "max_payload_tokens": 2000}})
+    log = "\n".join(f"line {i}: GET /api/orders/{i} 200 in {i % 97} ms" for i in range(1500))
+    counted, forwarded = await count_then_send(proxy, fake, tools=[READ], messages=tool_session(log))
+    assert counted == forwarded < fake.count_input_tokens({"model": MODEL, "tools": [READ], "messages": tool_session(log)})
+    assert fake.records("summarizer") == []
+
+
+async def test_count_tokens_counts_a_failed_note_as_its_notice(fake, make_proxy):
+    """A note that failed is not tried again before its cool-down: each request meanwhile forwards
+    the output with the failure's notice, and so does the count."""
+    fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error")
+    proxy = await make_proxy(fake.base_url, {**settings(fake, 200000), "tool_results": {"threshold_tokens": 300}})
+    log = "\n".join(f"line {i}: worker-{i % 4} ERROR job {i} failed" for i in range(300))
+    await create(proxy, tools=[READ], messages=tool_session(log, error=True))
+    assert "unavailable" in fake.messages_requests[-1]["messages"][2]["content"][0]["content"][0]["text"]
+    counted, forwarded = await count_then_send(proxy, fake, tools=[READ], messages=tool_session(log, error=True))
+    assert counted == forwarded and len(fake.records("summarizer")) == 1
+
+
+async def test_count_tokens_counts_the_masking_a_request_would_make_before_any_is_stored(fake, make_proxy):
+    """Over the threshold, masking old tool outputs is enough (tier 1, no summarizer): a count made
+    before any request is of the masked request the next one forwards, and makes no record."""
+    fake.reply = "ok"
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000, keep_recent_tokens=1500))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
+    for t in range(10):
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
+                                                    "input": {"path": f"m{t}.py"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
+                                               "content": f"m{t}.py: " + filler(350, t)}]}]
+    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+        counted = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
+        again = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
+        raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=100, system=SYSTEM, tools=[READ],
+                                                        messages=msgs)
+    assert raw.headers["x-compaction-status"] == "masked" and fake.records("summarizer") == []
+    forwarded = fake.records("messages")[-1].prompt_tokens
+    full = fake.count_input_tokens({"model": MODEL, "system": SYSTEM, "tools": [READ], "messages": msgs})
+    assert counted.input_tokens == again.input_tokens == forwarded < full
+
+
 async def test_summarizer_failure_forwards_the_original(fake, make_proxy):
     fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error")
     proxy = await make_proxy(fake.base_url, settings(fake, 6000))
