@@ -10,7 +10,6 @@ from aiohttp import web
 
 from proxy import errors, logsafe
 from proxy.adapters.messages import routes as messages
-from proxy.adapters.messages.runtime import messages_runtime
 from proxy.chat import handle_chat
 from proxy.config import Config
 from proxy.forward import BodyPace, passthrough
@@ -19,7 +18,7 @@ from proxy.ops.exchange import PROTOCOLS
 from proxy.ops.observe import observe, on_prepare
 from proxy.responses.handlers import handle_compact, handle_responses_get
 from proxy.responses.route import handle_responses
-from proxy.responses.runtime import responses_runtime
+from proxy.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.serve import INFLIGHT, track_inflight
 from proxy.state import STATE, ProxyState
 
@@ -94,8 +93,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
 
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
-    app.cleanup_ctx.append(messages_runtime)  # after the state it builds on
-    app.cleanup_ctx.append(responses_runtime)
+    app[RESPONSES] = ResponsesRuntime()
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")

@@ -30,6 +30,7 @@ class Identity:
     # 13): notes and summaries then name their originals, and compaction leaves room for the tool
     recall: bool = False
     recall_tokens: int = 0  # what the tool's declaration adds to a request that carries a replacement
+    long_context: bool = False  # the request opted into its model's longer window (Claude's 1M beta)
 
 
 @dataclass

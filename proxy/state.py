@@ -33,7 +33,7 @@ from proxy.store.base import Store
 from proxy.store.resilient import ResilientStore
 from proxy.tokens import TokenCounter
 from proxy.toolresults.stage import ToolResultStage
-from proxy.upstream import UpstreamCaller
+from proxy.upstream import SummaryCaller
 
 log = logging.getLogger("proxy")
 
@@ -62,7 +62,7 @@ class ProxyState:
     series: Series | None = None
     recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
     max_body: int = field(init=False)
-    stages: list[Stage] = field(init=False)  # every chat request's, in order (spec 10.1)
+    stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -87,12 +87,13 @@ class ProxyState:
     @classmethod
     async def create(
         cls, cfg: Config, *, store: Store | None = None, counter: TokenCounter | None = None,
-        make_caller: Callable[[aiohttp.ClientSession, str], UpstreamCaller] | None = None,
+        make_caller: Callable[[aiohttp.ClientSession], SummaryCaller] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> "ProxyState":
-        """`make_caller(session, base_url)` makes the summarizers' upstream callers (inspect's dry
-        run passes one that answers placeholders); by default the real ones. `clock` is the stages'
-        wall clock (cool-downs, idle conversations): tests pass one that moves only when told."""
+        """`make_caller(session)` makes the stages' one caller of the summarizer, for every protocol
+        (inspect's dry run passes one that answers placeholders); by default the real one. `clock`
+        is the stages' wall clock (cool-downs, idle conversations): tests pass one that moves only
+        when told."""
         prompts = Prompts()
         if counter is None:
             counter = TokenCounter()
@@ -114,11 +115,7 @@ class ProxyState:
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
         )
-        if make_caller is None:
-            make_caller = lambda s, url: UpstreamCaller(s, url, cfg.upstream.connect_timeout_s)  # noqa: E731
-        caller = make_caller(session, cfg.upstream.base_url)
-        summarizer_url = cfg.compaction.summarizer.base_url
-        summarizer_caller = make_caller(session, summarizer_url) if summarizer_url else caller
+        caller = make_caller(session) if make_caller is not None else SummaryCaller(session, cfg)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
         bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
@@ -126,7 +123,9 @@ class ProxyState:
         access = AccessLog(os.getpid() if cfg.server.worker_count() > 1 else None) if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
         hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
-        summarizer = HistorySummarizer(summarizer_caller, prompts, count, tuple(cfg.compaction.required_headings),
+        # One summarizer, engine and tool stage for every protocol: one limit on summaries in
+        # flight, one cool-down, one single-flight (the adapter of each flow says how to ask).
+        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
                                        hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
         compaction.start()
@@ -153,22 +152,6 @@ class ProxyState:
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
         )
-
-    def protocol_stages(
-        self, caller: object, summarizer_caller: object, engine: type[CompactionEngine] = CompactionEngine
-    ) -> tuple[HistorySummarizer, CompactionEngine, ToolResultStage]:
-        """A protocol's own stages: the chat path's store, counter, prompts and hooks (so the same
-        records, locks and metrics) with callers that ask in that protocol. The summary call that
-        rides the conversation's cache resends chat messages, so it is off for them (the
-        transcript form). The caller starts the engine and stops both."""
-        cfg, chat = self.cfg, self.compaction.summarizer
-        summarizer = HistorySummarizer(summarizer_caller, self.prompts, chat.count, chat.required,  # type: ignore[arg-type]
-                                       hooks=chat.hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
-        no_riding = cfg.model_copy(update={"compaction": cfg.compaction.model_copy(update={"cached_summary_call": False})})
-        compaction = engine(no_riding, self.store, summarizer, self.counter, self.prompts, hooks=chat.hooks)
-        tool_results = ToolResultStage(cfg, self.store, caller, self.prompts, self.counter,  # type: ignore[arg-type]
-                                       hooks=chat.hooks)
-        return summarizer, compaction, tool_results
 
     async def close(self) -> None:
         if self._secret_task is not None:

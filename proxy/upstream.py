@@ -1,29 +1,26 @@
-"""The proxy's own calls to the upstream (summaries): non-streaming chat completions.
-
-Used by the history summarizer and the tool-result summarizer alike. Upstreams disagree on the
-output-cap parameter: OpenAI wants `max_completion_tokens` (its newer models reject `max_tokens`,
-and it rejects both at once), while several compatible servers (llama.cpp's among them) silently
-ignore `max_completion_tokens` and honour only `max_tokens`. So OpenAI's own hosts get the former,
-other servers the latter, either falls back to the other when rejected, and the choice is
-remembered per model.
+"""The proxy's own calls to the upstream (summaries, tool-result notes), in whatever protocol the
+conversation speaks: one caller for every route. The adapters make the requests and read the
+answers (proxy/adapters/base.py: `summary_request`, `summary_retry`, `summary_text`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
+
+if TYPE_CHECKING:  # the adapters import this module
+    from proxy.adapters.base import Adapter, SummaryCall
 
 _OVERFLOW_RE = re.compile(
     r"context[ _-]?length|maximum context|context window|too many tokens|prompt is too long|"
     r"exceeds? the (?:model'?s? )?(?:context|maximum)|reduce the length",
     re.IGNORECASE,
 )
-_CAP_PARAMS = ("max_completion_tokens", "max_tokens")
 MAX_ANSWER_BYTES = 8 << 20  # of one summarizer answer
 
 
@@ -51,68 +48,46 @@ def is_context_overflow(status: int, body: bytes) -> bool:
     return bool(_OVERFLOW_RE.search(body[:2000].decode("utf-8", "replace")))
 
 
-def _rejects_param(body: bytes, param: str) -> bool:
-    text = body[:4000].decode("utf-8", "replace")
-    return param in text and re.search(r"unsupported|not supported|unrecognized|unknown|extra|invalid", text, re.I) is not None
+class SummaryCaller:
+    """Sends an adapter's summarizer request to that protocol's upstream (or to
+    `compaction.summarizer.base_url` for a call that asks the configured summarizer: `separate`)
+    and reads its answer with the same adapter."""
 
+    def __init__(self, session: aiohttp.ClientSession, cfg: Any) -> None:
+        self.session = session
+        self.cfg = cfg
 
-@dataclass
-class UpstreamCaller:
-    session: aiohttp.ClientSession
-    base_url: str
-    connect_timeout_s: float
-
-    def __post_init__(self) -> None:
-        self._cap_param: dict[str, str] = {}
-        host = self.base_url.split("://", 1)[-1].split("/", 1)[0].lower()
-        openai_hosted = host.endswith("openai.com") or host.endswith("openai.azure.com")
-        self._default_param = _CAP_PARAMS[0] if openai_hosted else _CAP_PARAMS[1]
-
-    async def complete(
-        self,
-        *,
-        headers: dict[str, str],
-        model: str,
-        messages: list[dict[str, Any]],
-        max_output_tokens: int,
-        timeout_s: float,
-        usage: dict[str, Any] | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> str:
-        """One non-streaming completion; returns the assistant's text or raises SummarizerError.
-        `usage`, when given, receives the answer's `usage` object (for the bill); `extra` adds
-        fields to the body (the conversation's own tools, for a call that rides its cache)."""
-        param = self._cap_param.get(model, self._default_param)
+    async def complete(self, adapter: "Adapter", call: "SummaryCall", *, headers: dict[str, str], timeout_s: float,
+                       usage: dict[str, Any] | None = None, separate: bool = False) -> str:
+        """One non-streaming call: the answer's text, or SummarizerError. `usage`, when given,
+        receives the answer's usage (for the bill)."""
+        upstream = adapter.upstream(self.cfg)
+        base_url = (self.cfg.compaction.summarizer.base_url if separate else None) or upstream.base_url
+        req = adapter.summary_request(call, base_url)
         for attempt in range(2):
-            body = {"model": model, "messages": messages, **(extra or {}), "stream": False, param: max_output_tokens}
-            status, raw = await self._post(headers, body, timeout_s)
+            send = CIMultiDict(req.headers)
+            send.update(headers)  # the client's (anthropic-version too) win over the protocol's defaults
+            status, raw = await post_json(self.session, base_url + req.path, send, req.body, timeout_s,
+                                          upstream.connect_timeout_s)
             if status == 200:
-                self._cap_param[model] = param
-                return _extract_text(raw, usage)
-            if status == 400 and attempt == 0 and _rejects_param(raw, param):
-                param = _CAP_PARAMS[1] if param == _CAP_PARAMS[0] else _CAP_PARAMS[0]
-                continue
-            if is_context_overflow(status, raw):
-                raise SummarizerError("overflow", "the summarizer's input exceeded the upstream context window")
-            raise SummarizerError("http", f"upstream answered HTTP {status}")
-        raise SummarizerError("http", "upstream rejected both max_completion_tokens and max_tokens")
-
-    async def _post(self, headers: dict[str, str], body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
-        return await post_json(self.session, self.base_url + "/chat/completions", headers, body, timeout_s,
-                               self.connect_timeout_s)
+                return adapter.summary_text(status, raw, usage)
+            again = adapter.summary_retry(req, status, raw) if attempt == 0 else None
+            if again is None:
+                raise adapter.summary_failure(status, raw)
+            req = again
+        raise AssertionError("unreachable")
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any],
+async def post_json(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], body: bytes,
                     timeout_s: float, connect_timeout_s: float) -> tuple[int, bytes]:
     """One of the proxy's own calls: (status, bounded body), or SummarizerError."""
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
-    data = orjson.dumps(body)
     for attempt in range(2):
         try:
             async with session.post(
                 url,
-                data=data,
-                headers={**headers, "Content-Type": "application/json", "Accept-Encoding": "identity"},
+                data=body,
+                headers={**dict(headers.items()), "Content-Type": "application/json", "Accept-Encoding": "identity"},
                 timeout=timeout,
             ) as resp:
                 return resp.status, await _read_bounded(resp.content, MAX_ANSWER_BYTES)
@@ -137,22 +112,3 @@ async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
     while len(raw) < limit and (chunk := await content.read(limit - len(raw))):
         raw += chunk
     return bytes(raw)
-
-
-def _extract_text(raw: bytes, usage: dict[str, Any] | None = None) -> str:
-    try:
-        data = orjson.loads(raw)
-        if usage is not None and isinstance(data.get("usage"), dict):
-            usage.update(data["usage"])
-        message = data["choices"][0]["message"]
-        content = message.get("content")
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        raise SummarizerError("invalid", "the upstream's answer is not a chat completion") from None
-    if message.get("tool_calls"):
-        # The model carried the conversation on instead of summarizing it.
-        raise SummarizerError("invalid", "the answer is a tool call, not a summary", reason="tool_call")
-    if isinstance(content, list):  # some servers answer with content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        raise SummarizerError("invalid", "the upstream's answer has no text content")
-    return content

@@ -131,7 +131,7 @@ async def test_a_compacting_request_writes_each_message_once_when_seen_before(mo
     from support.compaction_helpers import chat_history, counter, main_summary
 
     class Summaries:
-        async def complete(self, **_: Any) -> str:
+        async def complete(self, *_: Any, **__: Any) -> str:
             return main_summary("x")
 
     cfg = Config.model_validate({"models": {"gpt-4": {"context_window": 6000}},

@@ -4,9 +4,9 @@ in one message with several `tool_result` blocks. Notes, masking stubs and clamp
 result through `adapter.with_output(envelope, item, text)`, keep ids, error flags, the other
 blocks and the other messages' bytes, and give the same bytes on every request.
 
-Flows are built in the test (no proxy); summarizer calls go to the fake upstream on loopback
-through the real UpstreamCaller; every rendered body is checked by the strict Messages fake's
-validation."""
+Flows are built in the test (no proxy); summarizer calls go to the strict Messages fake on
+loopback through the real SummaryCaller (Messages calls: the flow's adapter makes them); every
+rendered body is checked by the strict Messages fake's validation."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.store.memory import MemoryStore
 from proxy.toolresults.stage import ToolResultStage
-from proxy.upstream import UpstreamCaller
+from proxy.upstream import SummaryCaller
 from support.compaction_helpers import counter, filler
 from support.flows import make_flow
 
@@ -84,6 +84,17 @@ def strict(rendered: bytes) -> dict[str, Any]:
 
 
 @pytest.fixture
+async def upstream():
+    """The Messages upstream: the stages' own calls for a Messages flow go there."""
+    async with FakeMessages() as fake:
+        yield fake
+
+
+def tool_calls(fake: FakeMessages) -> list[Any]:
+    return [r for r in fake.requests if r.summarizer_kind == "tool"]
+
+
+@pytest.fixture
 async def session():
     async with aiohttp.ClientSession() as s:
         yield s
@@ -91,19 +102,22 @@ async def session():
 
 def config(upstream: Any, **compaction: Any) -> Config:
     return Config.model_validate({
-        "upstream": {"base_url": upstream.base_url}, "store": {"url": "memory://"},
+        "anthropic": {"base_url": upstream.origin}, "store": {"url": "memory://"},
         "tool_results": {"threshold_tokens": 300}, "models": {MODEL: {"context_window": 6000}},
         "compaction": {"prepare_percent": 0, "cached_summary_call": False, **compaction}})
 
 
 async def test_every_oversized_result_of_one_message_becomes_a_note(upstream, session):
     cfg = config(upstream)
-    stage = ToolResultStage(cfg, MemoryStore(ttl_s=3600, max_records=1000), UpstreamCaller(session, upstream.base_url, 5),
+    stage = ToolResultStage(cfg, MemoryStore(ttl_s=3600, max_records=1000), SummaryCaller(session, cfg),
                             Prompts(), counter())
     raw = body(1, 80)
     flow = flow_of(raw, cfg)
     await stage.request(flow)
-    assert flow.report.tool_results == 2 and len(upstream.tool_summarizer_requests) == 2
+    assert flow.report.tool_results == 2 and len(tool_calls(upstream)) == 2
+    # the notes were asked as Messages calls, with the client's key
+    assert {(r.path, r.headers["x-api-key"]) for r in tool_calls(upstream)} == {("/v1/messages", "sk-ant")}
+    assert all(r.json["system"].startswith(Prompts().text("tool-result-summarizer")[:20]) for r in tool_calls(upstream))
     out = strict(flow.body())
     sent = orjson.loads(raw)
     first, second, said = out["messages"][2]["content"]
@@ -118,14 +132,14 @@ async def test_every_oversized_result_of_one_message_becomes_a_note(upstream, se
 
     again = flow_of(raw, cfg)
     await stage.request(again)
-    assert again.body() == flow.body() and len(upstream.tool_summarizer_requests) == 2  # the stored notes
+    assert again.body() == flow.body() and len(tool_calls(upstream)) == 2  # the stored notes
 
 
 async def test_only_the_result_over_the_threshold_is_noted(upstream, session):
     """A result's own size decides, not its message's: two results of 200 tokens (a 400-token
     message) stay; of one large and one small result only the large one becomes a note."""
     cfg = config(upstream)
-    stage = ToolResultStage(cfg, MemoryStore(ttl_s=3600, max_records=1000), UpstreamCaller(session, upstream.base_url, 5),
+    stage = ToolResultStage(cfg, MemoryStore(ttl_s=3600, max_records=1000), SummaryCaller(session, cfg),
                             Prompts(), counter())
     small = flow_of(body(1, 14), cfg)
     assert small.forwarded.tokens[-1] > 300
@@ -133,7 +147,7 @@ async def test_only_the_result_over_the_threshold_is_noted(upstream, session):
     assert not small.changed and upstream.summarizer_requests == []
     mixed = flow_of(raw := body(1, 80, lines_b=14), cfg)
     await stage.request(mixed)
-    assert mixed.report.tool_results == 1 and len(upstream.tool_summarizer_requests) == 1
+    assert mixed.report.tool_results == 1 and len(tool_calls(upstream)) == 1
     first, second, _ = strict(mixed.body())["messages"][2]["content"]
     assert text_of(first).startswith(NOTE) and second == orjson.loads(raw)["messages"][2]["content"][1]
 
@@ -145,7 +159,7 @@ async def test_old_results_are_masked_one_stub_each_and_reused_byte_for_byte(ups
     cfg = config(upstream, keep_recent_tokens=1500)
     cfg.tool_results.enabled = False
     store, prompts = MemoryStore(ttl_s=3600, max_records=1000), Prompts()
-    summarizer = HistorySummarizer(UpstreamCaller(session, upstream.base_url, 5), prompts,
+    summarizer = HistorySummarizer(SummaryCaller(session, cfg), prompts,
                                    lambda t: counter().count_text(t, "cl100k_base"))
     stage = CompactionStage(CompactionEngine(cfg, store, summarizer, counter(), prompts), Hooks())
 

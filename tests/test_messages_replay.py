@@ -8,25 +8,14 @@ count_tokens answers what was forwarded."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from proxy.fakes.messages import FakeMessages
-from support.messages_replay import replay
+from support.messages_replay import replay, unmarked
 from support.sessions import FIXTURE_SIGNING_KEY
 
 MODEL = "claude-sonnet-4-6"
 WINDOW = 4000  # the session reaches ~17k tokens; ~3k once its 14k-token file read is a note
-
-
-def unmarked(value: Any) -> Any:
-    """Without cache_control: Claude Code moves its breakpoints to the newest messages."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The tool-result stage on a flow built in the test (support.flows), with no proxy and no client
 HTTP: the stage is made as the proxy makes it, with its clock given at construction, and its
-summarizer calls go to the fake upstream on loopback through the real UpstreamCaller."""
+summarizer calls go to the fake upstream on loopback through the real SummaryCaller."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from proxy.config import Config
 from proxy.prompts import Prompts
 from proxy.store.memory import MemoryStore
 from proxy.toolresults.stage import ToolResultStage
-from proxy.upstream import UpstreamCaller
+from proxy.upstream import SummaryCaller
 from support.clock import FakeClock
 from support.compaction_helpers import counter, tool_call
 from support.flows import make_flow
@@ -39,7 +39,7 @@ async def stage_for(upstream):
             cfg = Config.model_validate({"upstream": {"base_url": upstream.base_url}, "store": {"url": "memory://"},
                                          "tool_results": {"threshold_tokens": 300}})
             return ToolResultStage(cfg, MemoryStore(ttl_s=3600, max_records=1000),
-                                   UpstreamCaller(session, upstream.base_url, 5), Prompts(), counter(), clock=clock)
+                                   SummaryCaller(session, cfg), Prompts(), counter(), clock=clock)
 
         yield make
 

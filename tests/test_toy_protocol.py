@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.base import Adapter, Request
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
@@ -63,18 +63,29 @@ class ToyLog(Adapter):
     def is_overflow(self, status: int, body: bytes) -> bool:
         return status == 400 and b"too long" in body
 
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        log = [*(call.prefix or [["sys", call.system]]), ["ask", call.prompt]]
+        return SummaryRequest(call, base_url, self.upstream_path, orjson.dumps({"model": call.model, "log": log}))
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        return orjson.loads(answer)["log"][-1][1]
+
 
 class Scripted:
-    """The upstream's summarizer calls: a short note for a tool result, a valid summary for the history."""
+    """The upstream's summarizer calls, asked in toylog (the adapter renders them, and reads the
+    answer): a short note for a tool result, a valid summary for the history."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def complete(self, *, messages: list[dict[str, Any]], **_: Any) -> str:
-        self.calls.append(messages[0]["content"][:40])
-        if "--- BEGIN TOOL OUTPUT ---" in messages[-1]["content"]:
-            return "[Summary of grep output]\nthree matches in src/app.py"
-        return main_summary(str(len(self.calls)))
+    async def complete(self, adapter: Adapter, call: SummaryCall, **_: Any) -> str:
+        log = orjson.loads(adapter.summary_request(call, "http://toy").body)["log"]
+        self.calls.append(log[0][1][:40])
+        if "--- BEGIN TOOL OUTPUT ---" in log[-1][1]:
+            text = "[Summary of grep output]\nthree matches in src/app.py"
+        else:
+            text = main_summary(str(len(self.calls)))
+        return adapter.summary_text(200, orjson.dumps({"log": [["say", text]]}))
 
 
 def toy_log(turns: int) -> list[list[Any]]:

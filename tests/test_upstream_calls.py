@@ -1,18 +1,109 @@
-"""The proxy's own summarizer calls: output-cap parameter choice and fallback, error mapping."""
+"""The proxy's own summarizer calls (proxy/upstream.py SummaryCaller + each adapter's
+summary_request / summary_text), against the strict fakes on loopback: the request each protocol
+sends (its shape, its path, the client's credentials), the chat output-cap parameter choice and
+fallback, and how answers and errors are read."""
 
 from __future__ import annotations
 
 import aiohttp
 import pytest
 
-from proxy.upstream import SummarizerError, UpstreamCaller, is_context_overflow
+from proxy.adapters.base import SummaryCall
+from proxy.adapters.chat import ChatAdapter
+from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.adapters.messages.summary import summary_body
+from proxy.adapters.responses import ResponsesAdapter
+from proxy.config import Config
+from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.common import FakeError
+from proxy.fakes.messages import FakeMessages
+from proxy.fakes.responses import FakeResponses
+from proxy.prompts import Prompts
+from proxy.upstream import SummarizerError, SummaryCaller, is_context_overflow
+
+SYSTEM = Prompts().text("summarization-system")
+CLAUDE = "claude-sonnet-4-6"
 
 
-async def _call(caller, model="gpt-4"):
-    return await caller.complete(
-        headers={"Authorization": "Bearer sk-x"}, model=model,
-        messages=[{"role": "user", "content": "hello"}], max_output_tokens=50, timeout_s=5,
-    )
+def cfg_for(base_url: str, anthropic: str | None = None, **compaction) -> Config:
+    return Config.model_validate({"upstream": {"base_url": base_url},
+                                  "anthropic": {"base_url": anthropic or "http://127.0.0.1:9"},
+                                  "compaction": compaction})
+
+
+async def call(adapter, cfg, headers, *, model="gpt-4", prompt="<conversation>\n[User]: hi\n</conversation>",
+               usage=None, separate=False):
+    async with aiohttp.ClientSession() as s:
+        return await SummaryCaller(s, cfg).complete(
+            adapter, SummaryCall(model, prompt, 50, system=SYSTEM), headers=headers, timeout_s=5, usage=usage,
+            separate=separate)
+
+
+# -- each protocol's request ---------------------------------------------------------------------
+
+
+async def test_chat_summary_call_is_a_chat_completion_with_the_clients_key(upstream):
+    usage: dict = {}
+    assert await call(ChatAdapter(), cfg_for(upstream.base_url), {"Authorization": "Bearer sk-client"}, usage=usage)
+    (got,) = upstream.records("summarizer")
+    assert got.path == "/v1/chat/completions" and got.headers["authorization"] == "Bearer sk-client"
+    assert got.json["messages"][0] == {"role": "system", "content": SYSTEM}
+    assert got.json["messages"][1]["role"] == "user" and got.json["stream"] is False
+    assert usage["prompt_tokens"] == got.prompt_tokens
+
+
+async def test_responses_summary_call_is_a_responses_call_with_the_clients_key():
+    async with FakeResponses(require_api_key="sk-client") as fake:
+        usage: dict = {}
+        text = await call(ResponsesAdapter(), cfg_for(fake.base_url), {"Authorization": "Bearer sk-client"},
+                          usage=usage)
+        assert "## " in text
+        (got,) = fake.records("summarizer")
+    assert got.path == "/v1/responses" and got.headers["authorization"] == "Bearer sk-client"
+    assert got.json["instructions"] == SYSTEM and got.json["store"] is False and got.json["stream"] is False
+    assert got.json["input"] == [{"type": "message", "role": "user", "content": "<conversation>\n[User]: hi\n"
+                                                                                 "</conversation>"}]
+    assert got.json["max_output_tokens"] == 50 and "messages" not in got.json
+    assert usage["prompt_tokens"] == got.prompt_tokens and usage["completion_tokens"] > 0
+
+
+async def test_responses_route_summarizes_in_chat_when_told():
+    chat_only = Config.model_validate({"responses": {"summarizer_api": "chat"}})
+    assert isinstance(ResponsesAdapter().summarizer(chat_only), ChatAdapter)
+    adapter = ResponsesAdapter()
+    assert adapter.summarizer(Config()) is adapter
+
+
+async def test_messages_summary_call_goes_to_anthropic_with_its_key_and_version():
+    async with FakeMessages() as fake:
+        usage: dict = {}
+        # The OpenAI upstream is unreachable: a Messages call must go to anthropic.base_url.
+        text = await call(MessagesAdapter(), cfg_for("http://127.0.0.1:9/v1", fake.origin),
+                          {"x-api-key": "sk-ant-c"}, model=CLAUDE, usage=usage)
+        assert "## " in text
+        (got,) = fake.records("summarizer")
+    assert got.path == "/v1/messages" and got.headers["x-api-key"] == "sk-ant-c"
+    assert got.headers["anthropic-version"] == "2023-06-01"  # required: the default when the client sent none
+    assert got.json["system"] == SYSTEM and got.json["max_tokens"] == 50 and got.json["stream"] is False
+    assert usage["prompt_tokens"] == got.prompt_tokens and usage["completion_tokens"] > 0
+
+
+async def test_the_clients_anthropic_version_wins_over_the_default():
+    async with FakeMessages() as fake:
+        await call(MessagesAdapter(), cfg_for("http://127.0.0.1:9/v1", fake.origin),
+                   {"x-api-key": "k", "Anthropic-Version": "2023-01-01"}, model=CLAUDE)
+        (got,) = fake.records("summarizer")
+    assert got.headers["anthropic-version"] == "2023-01-01"
+
+
+async def test_a_separate_summarizer_gets_history_summaries_in_the_routes_protocol(upstream):
+    async with FakeMessages() as fake:
+        cfg = cfg_for(upstream.base_url, "http://127.0.0.1:9", summarizer={"base_url": fake.origin})
+        await call(MessagesAdapter(), cfg, {"x-api-key": "k"}, model=CLAUDE, separate=True)
+        assert len(fake.records("summarizer")) == 1 and not upstream.requests
+
+
+# -- chat's output-cap parameter -----------------------------------------------------------------
 
 
 def _caps(upstream):
@@ -20,42 +111,52 @@ def _caps(upstream):
 
 
 async def test_compatible_servers_get_max_tokens_and_openai_gets_max_completion_tokens(upstream):
-    async with aiohttp.ClientSession() as s:
-        assert await _call(UpstreamCaller(s, upstream.base_url, 5))
-        assert _caps(upstream) == [("max_tokens",)]
-        openai_like = UpstreamCaller(s, "https://api.openai.com/v1", 5)
-        assert openai_like._default_param == "max_completion_tokens"
+    assert await call(ChatAdapter(), cfg_for(upstream.base_url), {})
+    assert _caps(upstream) == [("max_tokens",)]
+    body = ChatAdapter().summary_request(SummaryCall("gpt-4", "p", 50, system="s"), "https://api.openai.com/v1").body
+    assert b'"max_completion_tokens":50' in body and b'"max_tokens"' not in body
 
 
 @pytest.mark.parametrize("rejected, used", [("max_tokens", "max_completion_tokens")])
 async def test_rejected_cap_parameter_falls_back_and_is_remembered(upstream, rejected, used):
     upstream.reject_param = rejected
-    async with aiohttp.ClientSession() as s:
-        caller = UpstreamCaller(s, upstream.base_url, 5)
-        assert await _call(caller)
-        assert await _call(caller)
+    adapter = ChatAdapter()
+    assert await call(adapter, cfg_for(upstream.base_url), {})
+    assert await call(adapter, cfg_for(upstream.base_url), {})
     # first call: rejected then retried with the other; second call: straight to the one that worked
     assert _caps(upstream) == [(rejected,), (used,), (used,)]
 
 
-async def test_overflow_and_http_errors_are_told_apart(upstream):
-    upstream.window = 5
-    async with aiohttp.ClientSession() as s:
-        caller = UpstreamCaller(s, upstream.base_url, 5)
+# -- answers and errors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_overflow_http_errors_and_tool_calls_are_told_apart(protocol):
+    fakes = {"chat": FakeUpstream, "responses": FakeResponses, "messages": FakeMessages}
+    adapters = {"chat": ChatAdapter, "responses": ResponsesAdapter, "messages": MessagesAdapter}
+    async with fakes[protocol]() as fake:
+        cfg = cfg_for(fake.base_url, fake.origin)
+        model = CLAUDE if protocol == "messages" else "gpt-4"
+        headers = {"x-api-key": "k"} if protocol == "messages" else {"Authorization": "Bearer k"}
+        fake.window = 20
         with pytest.raises(SummarizerError) as e:
-            await _call(caller)
+            await call(adapters[protocol](), cfg, headers, model=model, prompt="x " * 400)
         assert e.value.kind == "overflow"
-        upstream.window = 128000
-        upstream.fail_status = 500
+        fake.window = 128000
+        fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error") if protocol == "messages" \
+            else FakeError.openai(500, "boom", "server_error")
         with pytest.raises(SummarizerError) as e:
-            await _call(caller)
+            await call(adapters[protocol](), cfg, headers, model=model)
         assert e.value.kind == "http"
+        fake.summarizer = {"tool_calls": [{"name": "Read", "arguments": '{"path": "a"}', "input": {"path": "a"}}]}
+        with pytest.raises(SummarizerError) as e:
+            await call(adapters[protocol](), cfg, headers, model=model)
+        assert e.value.reason == "tool_call"
 
 
 async def test_unreachable_upstream_is_a_network_error():
-    async with aiohttp.ClientSession() as s:
-        with pytest.raises(SummarizerError) as e:
-            await _call(UpstreamCaller(s, "http://127.0.0.1:9/v1", 2))
+    with pytest.raises(SummarizerError) as e:
+        await call(ChatAdapter(), cfg_for("http://127.0.0.1:9/v1"), {})
     assert e.value.kind == "network"
 
 
@@ -65,3 +166,34 @@ def test_overflow_detection_shapes():
     assert is_context_overflow(413, b"prompt is too long")
     assert not is_context_overflow(400, b'{"error": {"message": "Invalid value for temperature"}}')
     assert not is_context_overflow(500, b'{"error": {"code": "context_length_exceeded"}}')
+
+
+# -- the cache-riding form, as each protocol renders it (pure) -------------------------------------
+
+
+def test_messages_riding_body_merges_into_a_last_user_message_and_marks_the_prefix_end():
+    prefix = [{"system": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]},
+              {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]},
+              {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+              {"role": "user", "content": "more"}]
+    body = summary_body(CLAUDE, "Summarize.", 100, prefix=prefix, tools=[{"name": "t", "input_schema": {}}])
+    assert body["system"] == prefix[0]["system"] and body["tool_choice"] == {"type": "none"}
+    assert body["messages"][:2] == prefix[1:3]
+    assert body["messages"][2] == {"role": "user", "content": [
+        {"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}, {"type": "text", "text": "Summarize."}]}
+    assert prefix[3] == {"role": "user", "content": "more"}  # the client's objects are left as they are
+
+
+def test_messages_riding_body_stays_within_four_breakpoints_and_keeps_thinking():
+    marked = {"type": "ephemeral"}
+    prefix = [{"system": [{"type": "text", "text": f"S{i}", "cache_control": marked} for i in range(3)]},
+              {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": marked}]},
+              {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "sig"},
+                                                {"type": "text", "text": "a"}]}]
+    body = summary_body(CLAUDE, "Summarize.", 100, prefix=prefix,
+                        request_body={"thinking": {"type": "enabled", "budget_tokens": 2048}})
+    from proxy.adapters.messages import breakpoints
+    assert breakpoints.count(body) == 4
+    assert body["messages"][1]["content"][1].get("cache_control") == marked  # the prefix's end: read from cache
+    assert "cache_control" not in body["system"][0]  # the oldest of the client's gave way
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048} and body["max_tokens"] == 2148

@@ -4,8 +4,11 @@ An adapter is the only code that knows a protocol's field names. It parses and c
 the neutral model (proxy/model.py), makes the edits the stages ask for (a tool result's output
 replaced, the start of the history replaced by a summary), counts an envelope, renders the
 forwarded body (unchanged envelopes keep their bytes; nothing changed: the client's raw body), and
-knows the protocol's overflow errors, error shape and credentials. A new protocol is one module
-under proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flow.handle`.
+knows the protocol's overflow errors, error shape and credentials. It also speaks the proxy's own
+summarizer calls in its protocol: a `SummaryCall` (protocol-neutral: instructions, prompt, model,
+cap; or the conversation's own forwarded prefix for the call that rides its cache, spec 9.4) in,
+a request to send out, its answer read back as text. A new protocol is one module under
+proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flow.handle`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from proxy.model import Conversation, Envelope, Injected
 from proxy.ops.events import completion_usage
 from proxy.ops.exchange import Usage
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter
+from proxy.upstream import SummarizerError
 
 # Stable digests of envelopes by in-process key, shared by every protocol (a digest is over the
 # envelope's canonical JSON, so one value has one digest whatever protocol carried it).
@@ -71,6 +75,37 @@ class Request:
 
     def scaled(self, n: int) -> int:
         return n if self.ratio == 1.0 else int(n * self.ratio)
+
+
+@dataclass(frozen=True)
+class SummaryCall:
+    """One of the proxy's own summarizer calls, said without a protocol. Transcript form: `system`
+    (the summarizer's instructions) and `prompt` (the transcript and the task) as two messages.
+    Cache-riding form (spec 9.4), when `prefix` is given: the conversation's envelopes exactly as
+    they were last forwarded (their values: system, messages, in order), the tools that request
+    declared (`tools`, the model told not to call them), then `prompt` as one more user message;
+    `request` is that conversation's request (fields the protocol must repeat to hit its cache)."""
+
+    model: str
+    prompt: str
+    output_cap: int
+    system: str = ""
+    prefix: list[Any] | None = None
+    tools: Any = None
+    request: "Request | None" = None
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    """A summarizer call as this protocol sends it: POST `body` to `base_url + path`, with
+    `headers` under the caller's credentials (the client's win over these defaults)."""
+
+    call: SummaryCall
+    base_url: str
+    path: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    form: Any = None  # the adapter's own note of the form it chose (chat: the output-cap parameter)
 
 
 class Adapter(ABC):
@@ -129,3 +164,42 @@ class Adapter(ABC):
     def stream_usage(self, checker: EventChecker) -> Usage | None:
         """The usage a relayed stream reported."""
         return Usage.from_openai(checker.usage)
+
+    # -- the proxy's own summarizer calls -------------------------------------------------------
+    def upstream(self, cfg: Config) -> Any:
+        """The config section of this protocol's upstream (`base_url`, `connect_timeout_s`)."""
+        return cfg.upstream
+
+    def summarizer(self, cfg: Config) -> "Adapter":
+        """The adapter whose protocol this route's summarizer calls speak: its own by default. A
+        call rides the conversation's cache only when this is the conversation's own adapter."""
+        return self
+
+    def riding_end(self, values: list[Any], first_kept: int) -> int:
+        """How many of the envelopes as last forwarded (`values`) the call that rides the cache
+        repeats, at least `first_kept` (the part it summarizes). By default just that part: a
+        prefix of what the upstream saw is cached wherever it ends (OpenAI's cache)."""
+        return first_kept
+
+    @abstractmethod
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        """`call` as this protocol's non-streaming request to `base_url` (pure but for what the
+        adapter learned of that upstream, e.g. which output-cap parameter it takes)."""
+
+    def summary_retry(self, sent: SummaryRequest, status: int, answer: bytes) -> SummaryRequest | None:
+        """Another form of `sent` to try once when the upstream refused it for its form (not its
+        content), else None."""
+        return None
+
+    @abstractmethod
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        """The text of a summarizer answer, or SummarizerError: "overflow" (the input was over the
+        window: is_overflow), "http" (another error status), "invalid" (not this protocol's answer,
+        no text, or a tool call: reason "tool_call"). `usage`, when given, receives the answer's
+        usage in chat's names (prompt_tokens, completion_tokens, prompt_tokens_details)."""
+
+    def summary_failure(self, status: int, answer: bytes) -> SummarizerError:
+        """The error of a summarizer answer that is not a 200."""
+        if self.is_overflow(status, answer):
+            return SummarizerError("overflow", "the summarizer's input exceeded the upstream context window")
+        return SummarizerError("http", f"upstream answered HTTP {status}")

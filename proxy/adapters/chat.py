@@ -12,6 +12,7 @@ rendered body carries for every message the stages left alone.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import replace
 from functools import partial
@@ -20,14 +21,14 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
-from proxy.upstream import is_context_overflow
+from proxy.upstream import SummarizerError, is_context_overflow
 
 _KIND_OF_ROLE = {
     "system": Kind.SYSTEM, "developer": Kind.SYSTEM, "user": Kind.USER, "assistant": Kind.ASSISTANT,
@@ -35,12 +36,24 @@ _KIND_OF_ROLE = {
 }
 # Where the rendered body's messages go: a token no client can know, so no string it sent matches.
 _SPLICE = "splice-" + secrets.token_hex(16)
+# The output cap of a summarizer call: OpenAI wants `max_completion_tokens` (its newer models reject
+# `max_tokens`, and it rejects both at once), while several compatible servers (llama.cpp's among
+# them) silently ignore `max_completion_tokens` and honour only `max_tokens`. So OpenAI's own hosts
+# get the former, other servers the latter, either falls back to the other when refused, and what
+# an upstream took is remembered per model.
+CAP_PARAMS = ("max_completion_tokens", "max_tokens")
+_REFUSAL = re.compile(r"unsupported|not supported|unrecognized|unknown|extra|invalid", re.I)
+MAX_CAPS_KNOWN = 1024
 
 
 class ChatAdapter(Adapter):
     protocol = "chat"
     upstream_path = "/chat/completions"
     credential_headers = OPENAI_HEADERS
+
+    def __init__(self) -> None:
+        # What each upstream took as a summarizer call's output cap: (base URL, model) -> parameter.
+        self._caps: dict[tuple[str, str], str] = {}
 
     # -- the body ------------------------------------------------------------------------------
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
@@ -155,6 +168,58 @@ class ChatAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_context_overflow(status, body)
+
+    # -- the proxy's own summarizer calls -------------------------------------------------------
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        """A chat completion: the instructions and the prompt as two messages; riding the cache,
+        the forwarded messages as they were, then the prompt (tools declared, tool_choice none)."""
+        return self._summary(call, base_url, self._caps.get((base_url, call.model)) or default_cap_param(base_url))
+
+    def _summary(self, call: SummaryCall, base_url: str, param: str) -> SummaryRequest:
+        prompt = {"role": "user", "content": call.prompt}
+        if call.prefix is not None:
+            body: dict[str, Any] = {"model": call.model, "messages": [*call.prefix, prompt]}
+            if call.tools:
+                body.update(tools=call.tools, tool_choice="none")
+        else:
+            body = {"model": call.model, "messages": [{"role": "system", "content": call.system}, prompt]}
+        body.update({"stream": False, param: call.output_cap})
+        return SummaryRequest(call, base_url, self.upstream_path, jsonbody.dumps(body), form=param)
+
+    def summary_retry(self, sent: SummaryRequest, status: int, answer: bytes) -> SummaryRequest | None:
+        """Refused for its output-cap parameter: the other one (and remembered for this upstream)."""
+        param = sent.form
+        text = answer[:4000].decode("utf-8", "replace")
+        if status != 400 or param not in text or not _REFUSAL.search(text):
+            return None
+        other = CAP_PARAMS[1] if param == CAP_PARAMS[0] else CAP_PARAMS[0]
+        if len(self._caps) >= MAX_CAPS_KNOWN:  # model names come from clients
+            self._caps.clear()
+        self._caps[(sent.base_url, sent.call.model)] = other
+        return self._summary(sent.call, sent.base_url, other)
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        try:
+            data = orjson.loads(answer)
+            if usage is not None and isinstance(data.get("usage"), dict):
+                usage.update(data["usage"])
+            message = data["choices"][0]["message"]
+            content = message.get("content")
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+            raise SummarizerError("invalid", "the upstream's answer is not a chat completion") from None
+        if message.get("tool_calls"):
+            # The model carried the conversation on instead of summarizing it.
+            raise SummarizerError("invalid", "the answer is a tool call, not a summary", reason="tool_call")
+        if isinstance(content, list):  # some servers answer with content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise SummarizerError("invalid", "the upstream's answer has no text content")
+        return content
+
+
+def default_cap_param(base_url: str) -> str:
+    host = base_url.split("://", 1)[-1].split("/", 1)[0].lower()
+    return CAP_PARAMS[0] if host.endswith("openai.com") or host.endswith("openai.azure.com") else CAP_PARAMS[1]
 
 
 def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:

@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapters.chat import ChatAdapter
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.forward import EventChecker
@@ -34,9 +35,10 @@ from proxy.responses import items as ri
 from proxy.responses.body import parse_responses_body
 from proxy.responses.stream import ResponsesEventChecker, answer_usage, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
-from proxy.upstream import is_context_overflow
+from proxy.upstream import SummarizerError, is_context_overflow
 
 ITEM_OVERHEAD = 4  # framing per input item, like a chat message's
+MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
 _SPLICE = "splice-" + secrets.token_hex(16)
 _KINDS = {ri.SYSTEM: Kind.SYSTEM, ri.USER: Kind.USER, ri.ASSISTANT: Kind.ASSISTANT, ri.TOOL_CALL: Kind.TOOL_CALL,
           ri.TOOL_RESULT: Kind.TOOL_RESULT, ri.OPAQUE: Kind.OPAQUE}
@@ -202,6 +204,68 @@ class ResponsesAdapter(Adapter):
 
     def stream_usage(self, checker: EventChecker) -> Usage | None:
         return responses_usage(checker.usage)
+
+    # -- the proxy's own summarizer calls -------------------------------------------------------
+    def summarizer(self, cfg: Config) -> Adapter:
+        """Chat completions when the upstream offers only those (`responses.summarizer_api`)."""
+        return CHAT if cfg.responses.summarizer_api == "chat" else self
+
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        """A Responses call, non-streaming with `store: false` (nothing of it kept upstream): the
+        instructions as `instructions`, the prompt as a user message item; riding the cache, the
+        forwarded items as they were (the instructions envelope as `instructions`), the tools
+        declared with tool_choice none, then the prompt."""
+        prompt = {"type": "message", "role": "user", "content": call.prompt}
+        body: dict[str, Any] = {"model": call.model}
+        if call.prefix is not None:
+            items = list(call.prefix)
+            if items and _is_instructions(items[0]):
+                body["instructions"] = items.pop(0)["instructions"]
+            body["input"] = [*items, prompt]
+            if call.tools:
+                body.update(tools=call.tools, tool_choice="none")
+        else:
+            body.update(instructions=call.system, input=[prompt])
+        body.update(store=False, stream=False, max_output_tokens=max(MIN_OUTPUT_TOKENS, call.output_cap))
+        return SummaryRequest(call, base_url, self.upstream_path, jsonbody.dumps(body))
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        """The text of the answer's message items (output_text parts)."""
+        try:
+            data = orjson.loads(answer)
+            output = data["output"]
+            if not isinstance(output, list):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise SummarizerError("invalid", "the upstream's answer is not a Responses response") from None
+        u = data.get("usage")
+        if usage is not None and isinstance(u, dict):
+            # Both spellings: the bill and the metrics read the chat names.
+            usage.update(u)
+            usage.setdefault("prompt_tokens", u.get("input_tokens"))
+            usage.setdefault("completion_tokens", u.get("output_tokens"))
+            details = u.get("input_tokens_details")
+            if isinstance(details, dict) and "prompt_tokens_details" not in usage:
+                usage["prompt_tokens_details"] = {"cached_tokens": details.get("cached_tokens") or 0}
+        texts = []
+        calls = False
+        for item in output:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "message":
+                for part in item.get("content") or []:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        texts.append(part["text"])
+            elif item.get("type") in ("function_call", "custom_tool_call"):
+                calls = True
+        if not texts and calls:
+            raise SummarizerError("invalid", "the answer is a tool call, not a summary", reason="tool_call")
+        if not texts:
+            raise SummarizerError("invalid", "the upstream's answer has no text")
+        return "".join(texts)
+
+
+CHAT = ChatAdapter()  # the summarizer calls' protocol when the upstream speaks only chat
 
 
 def _prepend_parts(content: Any, text: str) -> Any:

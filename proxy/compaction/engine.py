@@ -98,15 +98,20 @@ class CompactionEngine:
         return self.clock()
 
     # -- budgets -------------------------------------------------------------------------------
-    def budget_for(self, model: str) -> Budget:
+    def budget_for(self, model: str, *, long_context: bool = False) -> Budget:
+        """The budgets of `model`'s window (`long_context`: the longer one the request opted into,
+        Claude's 1M beta)."""
         c = self.cfg.compaction
         return Budget.for_model(
-            self.cfg.context_window(model),
+            self.cfg.context_window(model, long_context=long_context),
             threshold_tokens=c.threshold_tokens,
             threshold_percent=c.threshold_percent,
             reserve_tokens=c.reserve_tokens,
             keep_recent_tokens=c.keep_recent_tokens,
         )
+
+    def budget(self, flow: Flow) -> Budget:
+        return self.budget_for(flow.model, long_context=flow.identity.long_context)
 
     def view(self, flow: Flow, conv: Conversation) -> View:
         return View(flow, conv, self.counter)
@@ -131,7 +136,7 @@ class CompactionEngine:
         """Compact `conv` (the flow's conversation after the tool-result notes) when the request
         exceeds its threshold, or `budget` is forced after an overflow."""
         forced = budget is not None
-        budget = budget or self.budget_for(flow.model)
+        budget = budget or self.budget(flow)
         total = flow.total(conv)
         if not forced and total <= budget.threshold:
             self.preparer.maybe(flow, conv, budget, total)

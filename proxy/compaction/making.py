@@ -122,6 +122,7 @@ class RecordMaker:
         shown = (work or conv).envelopes  # what the summarizer reads: old outputs masked
         model = self.cfg.compaction.summarizer.model or request.model
         job = SummaryJob(
+            adapter=view.flow.adapter.summarizer(self.cfg),
             headers=summarizer_headers(self.cfg.compaction.summarizer, identity.upstream_headers),
             model=model,
             # The summarizer model's own window when configured: its input budget depends on it.
@@ -141,7 +142,7 @@ class RecordMaker:
         riding = self._cache_riding(view, plan, carried, job, model)
         if riding is not None:
             try:
-                model_text = await self.summarizer.summarize_cached(job, *riding)
+                model_text = await self.summarizer.summarize_cached(job, *riding, request)
                 return await offload.sized(size, self.finish, view, parts, model_text, None, budget, prepared=prepared)
             except SummarizerError as e:
                 if e.kind not in ("invalid", "overflow"):
@@ -168,12 +169,15 @@ class RecordMaker:
         """(envelope values, tools, point) of a summary call that rides the upstream's prompt cache
         (spec 9.4): the request as the conversation forwarded it last, so its prefix is the one the
         upstream has cached. None when the transcript form is the one to use: another model or
-        upstream writes summaries, the conversation's request would not fit the window with the
-        summary's room, or what was forwarded last is not known here."""
+        upstream writes summaries (or another protocol: Adapter.summarizer), the conversation's
+        request would not fit the window with the summary's room, or what was forwarded last is
+        not known here."""
         c = self.cfg.compaction
         conv, request = view.conv, view.flow.request
         if not c.cached_summary_call or model != request.model or c.summarizer.base_url:
             return None
+        if job.adapter is not view.flow.adapter:
+            return None  # the summarizer speaks another protocol: it cannot repeat this one's prefix
         if carried is not None and carried.prepared:
             return None  # made ahead and never forwarded: the upstream has not seen those bytes
         if carried is None:
@@ -183,10 +187,12 @@ class RecordMaker:
             if out.conversation is None or out.tokens_after is None:
                 return None
             last, tokens = out.conversation, out.tokens_after
-        # Only the part to summarize: a prefix of what the upstream saw last is still cached, and
-        # the kept messages stay out of the call (a valid cut keeps tool calls with their results).
+        # Only the part to summarize where a prefix of what the upstream saw last is still cached
+        # (a valid cut keeps tool calls with their results); more where the protocol's cache is
+        # read only where the last request put its breakpoint (Adapter.riding_end).
         first_kept = len(last) - (len(conv) - plan.cut)
-        tokens -= request.scaled(sum(conv.tokens[plan.cut:]))
+        end = view.flow.adapter.riding_end(last.values, first_kept)
+        tokens -= request.scaled(sum(last.tokens[end:]))
         instruction = self.counter.count_text(
             self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), request.encoding) + 64
         if first_kept <= view.n_system or tokens + instruction + job.output_cap > job.window:
@@ -195,7 +201,7 @@ class RecordMaker:
         tools = request.tools
         if view.flow.identity.recall and recall_declared(request.conversation, last):
             tools = declared_tools(self.cfg.recall, tools, self.prompts)
-        return last.values[:first_kept], tools, _point_text(first_kept - view.n_system)
+        return last.values[:end], tools, _point_text(first_kept - view.n_system, end - first_kept)
 
     def finish(self, view: View, d: Draft, model_text: str, turn_text: str | None, budget: Budget, *,
                prepared: bool) -> SummaryRecord:
@@ -302,8 +308,11 @@ class RecordMaker:
         )
 
 
-def _point_text(n: int) -> str:
-    """The part to summarize, named for the model."""
+def _point_text(n: int, after: int = 0) -> str:
+    """The part to summarize, named for the model (`after`: messages shown after it, not to summarize)."""
+    if after:
+        return (f"the first {n} messages of the conversation above, after the system prompt (the {after} "
+                "messages after those stay word for word: leave them out of the summary)")
     return f"the conversation above (the {n} messages after the system prompt)"
 
 

@@ -44,7 +44,7 @@ class CompactionStage(Stage):
         """Compact as if the threshold were half, from what this stage started with."""
         if not self.enabled or flow.request.stateful or flow.request.native_compaction:
             return False
-        budget = self.engine.budget_for(flow.model).halved()
+        budget = self.engine.budget(flow).halved()
         outcome = not_larger(await self.engine.process(flow, flow.marks.get(MARK, flow.forwarded), budget=budget),
                              flow.report.tokens_before)
         if outcome.conversation is None:

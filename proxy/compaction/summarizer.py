@@ -17,11 +17,12 @@ from typing import Any, Callable, NoReturn
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.config import SummarizerConfig
-from proxy.escaping import escape_client_text
+from proxy.escaping import escape_client_text, escape_untrusted
 from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.text import clamp_middle
-from proxy.upstream import SummarizerError, UpstreamCaller
+from proxy.adapters.base import Adapter, Request, SummaryCall
+from proxy.upstream import SummarizerError, SummaryCaller
 
 MAIN_HEADINGS = SUMMARY_HEADINGS
 _THINK = re.compile(r"^\s*<think(?:ing)?>.*?</think(?:ing)?>\s*", re.DOTALL | re.IGNORECASE)
@@ -35,6 +36,7 @@ log = logging.getLogger("proxy.compaction")
 class SummaryJob:
     """What one summary needs; the engine fills it in."""
 
+    adapter: Adapter  # the protocol the calls speak (the route's summarizer: Adapter.summarizer)
     headers: dict[str, str]
     model: str
     window: int
@@ -68,7 +70,7 @@ def clean_output(text: str) -> str:
 class HistorySummarizer:
     def __init__(
         self,
-        caller: UpstreamCaller,
+        caller: SummaryCaller,
         prompts: Prompts,
         count: CountFn,
         required_headings: tuple[str, ...] = (),
@@ -138,48 +140,37 @@ class HistorySummarizer:
         return summary
 
     async def _call(self, job: SummaryJob, system: str, blocks: list[str], previous: str | None, kind: str) -> str:
-        messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": self.user_message(blocks, previous, job.focus, kind)},
-        ]
-        return await self._complete(job, messages, kind)
+        prompt = self.user_message(blocks, previous, job.focus, kind)
+        return await self._complete(job, SummaryCall(job.model, prompt, job.output_cap, system=system), kind)
 
-    async def _complete(self, job: SummaryJob, messages: list[dict[str, Any]], kind: str,
-                        extra: dict[str, Any] | None = None) -> str:
-        """One summarizer call, bounded and reported, its answer judged (`accept`)."""
+    async def _complete(self, job: SummaryJob, summary_call: SummaryCall, kind: str) -> str:
+        """One summarizer call, bounded and reported, its answer judged (`accept`). History
+        summaries go to the configured summarizer (compaction.summarizer.base_url), if any."""
         self.calls += 1
         async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
             try:
-                text = await self.caller.complete(
-                    headers=job.headers,
-                    model=job.model,
-                    messages=messages,
-                    max_output_tokens=job.output_cap,
-                    timeout_s=job.timeout_s,
-                    usage=call.usage,
-                    extra=extra,
-                )
+                text = await self.caller.complete(job.adapter, summary_call, headers=job.headers,
+                                                  timeout_s=job.timeout_s, usage=call.usage, separate=True)
             except SummarizerError as e:
                 if e.reason:  # an answer, but not a summary (a tool call)
                     self.reject(e.reason, str(e))
                 raise
             return self.accept(clean_output(text), job.output_cap, kind)
 
-    async def summarize_cached(
-        self, job: SummaryJob, messages: list[dict[str, Any]], tools: list[Any] | None, point: str
-    ) -> str:
-        """The summary asked inside the conversation itself (spec 9.4): `messages` are exactly the
-        prefix the upstream saw last (system, tools, messages, same bytes), so it bills them at its
-        cached rate; one user message is appended asking for the summary of everything before
-        `point`. Tools are declared as they were, with tool_choice "none": the model must answer
-        in text."""
+    async def summarize_cached(self, job: SummaryJob, prefix: list[Any], tools: Any, point: str,
+                               request: Request | None = None) -> str:
+        """The summary asked inside the conversation itself (spec 9.4): `prefix` is exactly the
+        part of the request the upstream saw last (its envelopes' values: system, messages, same
+        order and bytes; `tools` as declared), so it bills them at its cached rate; one user
+        message is appended asking for the summary of everything before `point`. The adapter
+        renders it (tools declared, the model told not to call them: it must answer in text)."""
         parts = [self.prompts["compaction-cached-summary"].render(point=point)]
         if job.focus:
             parts.append("Keep everything about this topic in full detail and compress the rest harder: "
                          + escape_untrusted(job.focus))
         parts.append(self.prompts.text("compaction-summary"))
-        extra: dict[str, Any] = {"tools": tools, "tool_choice": "none"} if tools else {}
-        return await self._complete(job, [*messages, {"role": "user", "content": "\n\n".join(parts)}], "main", extra)
+        call = SummaryCall(job.model, "\n\n".join(parts), job.output_cap, prefix=prefix, tools=tools, request=request)
+        return await self._complete(job, call, "main")
 
     def accept(self, text: str, output_cap: int, kind: str) -> str:
         """The answer as a summary with the full structure, or SummarizerError (counted and

@@ -27,7 +27,7 @@ class SummarizerCall:
     # Why it failed: a rejected answer's reason (acceptance.Verdict.reason), else SummarizerError.kind
     # (overflow, http, timeout, network, invalid), or "cancelled".
     error: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)  # the answer's `usage`, filled by UpstreamCaller
+    usage: dict[str, Any] = field(default_factory=dict)  # the answer's `usage`, filled by SummaryCaller (chat names)
 
     @property
     def tokens(self) -> Usage | None:

@@ -30,7 +30,7 @@ from proxy.store import open_store
 from proxy.store.base import Store
 from proxy.store.memory import MemoryStore
 from proxy.toolresults.select import BEGIN as TOOL_OUTPUT_BEGIN
-from proxy.upstream import UpstreamCaller
+from proxy.upstream import SummaryCaller
 
 CHAT = ChatAdapter()
 
@@ -90,34 +90,34 @@ class CallLog:
     tool: int = 0
 
 
-class DryRunCaller(UpstreamCaller):
+class DryRunCaller(SummaryCaller):
     """Answers every summarizer call with a placeholder that passes the proxy's checks."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, log: CallLog) -> None:
-        super().__init__(session, base_url, 1.0)
+    def __init__(self, session: aiohttp.ClientSession, cfg: Config, log: CallLog) -> None:
+        super().__init__(session, cfg)
         self.log = log
 
-    async def complete(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> str:  # type: ignore[override]
-        if TOOL_OUTPUT_BEGIN in str(messages[-1].get("content")):
+    async def complete(self, adapter: Any, call: Any, **kwargs: Any) -> str:
+        if TOOL_OUTPUT_BEGIN in call.prompt:
             self.log.tool += 1
             return NOTE_PLACEHOLDER
         self.log.history += 1
         return PLACEHOLDER
 
 
-class CountingCaller(UpstreamCaller):
+class CountingCaller(SummaryCaller):
     """The real caller, counting its calls (for the report of --summarize)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, connect_timeout_s: float, log: CallLog) -> None:
-        super().__init__(session, base_url, connect_timeout_s)
+    def __init__(self, session: aiohttp.ClientSession, cfg: Config, log: CallLog) -> None:
+        super().__init__(session, cfg)
         self.log = log
 
-    async def complete(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> str:  # type: ignore[override]
-        if TOOL_OUTPUT_BEGIN in str(messages[-1].get("content")):
+    async def complete(self, adapter: Any, call: Any, **kwargs: Any) -> str:
+        if TOOL_OUTPUT_BEGIN in call.prompt:
             self.log.tool += 1
         else:
             self.log.history += 1
-        return await super().complete(messages=messages, **kwargs)
+        return await super().complete(adapter, call, **kwargs)
 
 
 @dataclass
@@ -161,10 +161,8 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
 
-    def make_caller(session: aiohttp.ClientSession, base_url: str) -> UpstreamCaller:
-        if summarize:
-            return CountingCaller(session, base_url, cfg.upstream.connect_timeout_s, log)
-        return DryRunCaller(session, base_url, log)
+    def make_caller(session: aiohttp.ClientSession) -> SummaryCaller:
+        return (CountingCaller if summarize else DryRunCaller)(session, cfg, log)
 
     state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
     try:

@@ -27,7 +27,7 @@ from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact, route
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import input_items, item_type, parse_items, system_count
-from proxy.responses.runtime import RESPONSES, ResponsesRuntime
+from proxy.responses.runtime import RESPONSES
 from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
@@ -47,13 +47,12 @@ def socket_prepare(request: web.Request) -> Prepare:
     """Each `response.create` on this socket through the same stages as an HTTP body (the
     handshake's headers carry the credential, the focus, the session)."""
     state = request.app[STATE]
-    rt = request.app[RESPONSES]
     ex = request[EXCHANGE]
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, rt, raw, body, request.headers, ex)
+        p = await route.prepare(state, raw, body, request.headers, ex)
         if p.data is raw:
             return WsTurn(message)  # nothing changed: the client's message as it came
 
@@ -121,7 +120,7 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
             raise map_client_error(e) from None
         log.info("the upstream does not serve /responses/compact (HTTP %d); serving it here", upstream.status)
         rt.upstream_compact = False
-    return web.json_response(await serve_compact(state, rt, body, creds, request.headers.get("x-compaction-focus")))
+    return web.json_response(await serve_compact(state, body, creds, request.headers.get("x-compaction-focus")))
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -142,7 +141,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def serve_compact(state: Any, rt: ResponsesRuntime, body: dict[str, Any], creds: credentials.Credentials,
+async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Credentials,
                         focus: str | None) -> dict[str, Any]:
     """The compaction made here: the span after our last compaction item summarized (updating
     that item's summary), stored, and named by a signed token."""
@@ -159,13 +158,15 @@ async def serve_compact(state: Any, rt: ResponsesRuntime, body: dict[str, Any], 
     blocks = compact.transcript([e for e in entries[start:] if not compact.is_own(e.raw)])
     users = [it for it in items if item_type(it) == "message" and it.get("role") == "user"]
     model = cfg.compaction.summarizer.model or cfg.compaction.summarizer_model or body["model"]
-    counted = sum(rt.summarizer.count(b) for b in blocks)
+    summarizer = state.compaction.summarizer
+    counted = sum(summarizer.count(b) for b in blocks)
     if not blocks:
         if previous is None:
             raise errors.bad_request("Nothing to compact: the input has no conversation items.", param="input")
         summary = previous
     else:
         job = SummaryJob(
+            adapter=route.ADAPTER.summarizer(cfg),
             headers=summarizer_headers(cfg.compaction.summarizer, creds.headers),
             model=model,
             window=cfg.context_window(model),
@@ -176,14 +177,14 @@ async def serve_compact(state: Any, rt: ResponsesRuntime, body: dict[str, Any], 
             purpose="compact",
         )
         try:
-            summary = await rt.summarizer.summarize(job, blocks, previous)
+            summary = await summarizer.summarize(job, blocks, previous)
         except SummarizerError as e:
             raise errors.ProxyError(502, f"Compaction failed: {e}", type="upstream_error",
                                     code="compaction_failed") from None
     rid = compact.record_id(creds.scope, body)
     record = compact.CompactRecord(summary=summary, model=model, created=time.time())
     await state.store.put(compact.record_key(creds.scope, rid), record.to_bytes())
-    out_tokens = rt.summarizer.count(summary)
+    out_tokens = summarizer.count(summary)
     usage = {"input_tokens": counted, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": counted + out_tokens}
     return compact.compacted_response(rid, compact.sign(state.scope_secret, creds.scope, rid), users, usage)

@@ -40,7 +40,6 @@ from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import stateful
-from proxy.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
 from proxy.state import STATE, ProxyState
 from proxy.upstream import is_context_overflow
@@ -65,8 +64,7 @@ class Prepared:
     retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
 
 
-async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dict[str, Any], incoming: Any,
-                  ex: Any) -> Prepared:
+async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming: Any, ex: Any) -> Prepared:
     """The stages for one Responses body (HTTP or a socket's response.create)."""
     cfg = state.cfg
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
@@ -86,12 +84,12 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
     if creds.scope is None:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it (as on the chat path).
-        over = cfg.compaction.enabled and before > rt.compaction.budget_for(parsed.model).threshold
+        over = cfg.compaction.enabled and before > state.compaction.budget_for(parsed.model).threshold
         return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
                                           ex.conversation))
     try:
-        await run_request(rt.stages, flow)
+        await run_request(state.stages, flow)
         data = flow.body()
     except Exception:
         # A bug in our own stages (or a message the view cannot map back) must never cost the
@@ -102,7 +100,7 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
         flow.report.tokens_after = flow.total()
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
-        if not await run_overflow(rt.stages, flow):
+        if not await run_overflow(state.stages, flow):
             return None
         return flow.body(), flow.report.headers()
 
@@ -112,7 +110,6 @@ async def prepare(state: ProxyState, rt: ResponsesRuntime, raw: bytes, body: dic
 async def handle_responses(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
-    rt = request.app[RESPONSES]
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
@@ -121,7 +118,7 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
         return await _forward(request, state, raw, up_headers, b'"stream":true' in raw.replace(b" ", b""),
                               _headers("bypassed", 0, 0, 0, 0))
     body = await offload.sized(len(raw), parse_responses_body, raw)
-    p = await prepare(state, rt, raw, body, request.headers, ex)
+    p = await prepare(state, raw, body, request.headers, ex)
     return await _forward(request, state, p.data, up_headers, p.stream, p.headers, p.retry)
 
 

@@ -29,7 +29,8 @@ from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
 from proxy.toolresults.breaker import CircuitBreaker
 from proxy.tokens import TokenCounter
-from proxy.upstream import SummarizerError, UpstreamCaller
+from proxy.adapters.base import Adapter, SummaryCall
+from proxy.upstream import SummarizerError, SummaryCaller
 
 log = logging.getLogger("proxy.toolresults")
 
@@ -42,7 +43,7 @@ class ToolResultStage(Stage):
         self,
         cfg: Config,
         store: Store,
-        caller: UpstreamCaller,
+        caller: SummaryCaller,
         prompts: Prompts,
         counter: TokenCounter,
         *,
@@ -66,8 +67,9 @@ class ToolResultStage(Stage):
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self.calls = 0
 
-    def breaker(self, model: str) -> CircuitBreaker:
-        key = (self.cfg.upstream.base_url, model)
+    def breaker(self, model: str, adapter: Adapter) -> CircuitBreaker:
+        """The breaker of `model` at the upstream the `adapter`'s calls go to."""
+        key = (adapter.upstream(self.cfg).base_url, model)
         b = self._breakers.get(key)
         if b is None:
             b = self._breakers[key] = CircuitBreaker(
@@ -101,10 +103,11 @@ class ToolResultStage(Stage):
         hint = sel.parent_hint(conv.envelopes)
         model = self.tcfg.summarizer_model or flow.model
         headers, scope = flow.identity.upstream_headers, flow.identity.scope
+        adapter = flow.adapter.summarizer(self.cfg)  # the protocol of the notes' calls
         if flow.request.extra.get("count_only"):  # a token count: notes made already apply, none is made
             notes = [await self._stored_note(c, model, scope) for c in cands]
         else:
-            notes = await asyncio.gather(*(self._note(c, hint, model, headers, scope) for c in cands))
+            notes = await asyncio.gather(*(self._note(adapter, c, hint, model, headers, scope) for c in cands))
         if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
             notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok and text else (text, ok)
                      for c, (text, ok) in zip(cands, notes)]
@@ -160,7 +163,7 @@ class ToolResultStage(Stage):
             return rec["text"], True
         return self._raw_with_notice(c, rec.get("reason", "unknown error")), False
 
-    async def _note(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str],
+    async def _note(self, adapter: Adapter, c: sel.Candidate, hint: str, model: str, headers: dict[str, str],
                     scope: str) -> tuple[str | None, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
@@ -168,14 +171,14 @@ class ToolResultStage(Stage):
         key = self._key(c, scope)
 
         async def make() -> dict[str, Any]:
-            breaker = self.breaker(model)
+            breaker = self.breaker(model, adapter)
             if not breaker.allow():
                 # Not stored: while the breaker stays open every request gets this same notice,
                 # and once it lets calls through again the result should be tried.
                 return {"ok": False, "reason": PAUSED}
             try:
                 async with self._limit:
-                    note = await self._summarize(c, hint, model, headers)
+                    note = await self._summarize(adapter, c, hint, model, headers)
             except SummarizerError as e:
                 breaker.failure()
                 log.warning("tool result summary failed (%s): %s", c.tool_name, e)
@@ -193,7 +196,8 @@ class ToolResultStage(Stage):
             return self._raw_with_notice(c, "its summary is still being made"), False
         return self._forwarded(c, rec)
 
-    async def _summarize(self, c: sel.Candidate, hint: str, model: str, headers: dict[str, str]) -> str:
+    async def _summarize(self, adapter: Adapter, c: sel.Candidate, hint: str, model: str,
+                         headers: dict[str, str]) -> str:
         window = self.cfg.context_window(model)
         # One call per result: a payload larger than the summarizer's window is cut head and tail.
         room_tokens = max(1024, int(0.8 * window) - self.tcfg.max_output_tokens - 1500)
@@ -202,17 +206,10 @@ class ToolResultStage(Stage):
             payload = clamp_middle(payload, int(len(payload) * room_tokens / c.tokens * 0.9))
         self.calls += 1
         async with self.hooks.summarizer_call("tool_result", model) as call:
-            text = await self.caller.complete(
-                headers=headers,
-                model=model,
-                messages=[
-                    {"role": "system", "content": self.prompts["tool-result-summarizer"].render(tool_name=c.tool_name)},
-                    {"role": "user", "content": sel.user_message(c.tool_name, hint, payload)},
-                ],
-                max_output_tokens=self.tcfg.max_output_tokens,
-                timeout_s=self.tcfg.timeout_s,
-                usage=call.usage,
-            )
+            ask = SummaryCall(model, sel.user_message(c.tool_name, hint, payload), self.tcfg.max_output_tokens,
+                              system=self.prompts["tool-result-summarizer"].render(tool_name=c.tool_name))
+            text = await self.caller.complete(adapter, ask, headers=headers, timeout_s=self.tcfg.timeout_s,
+                                              usage=call.usage)
             return await self._checked(c, text)
 
     async def _checked(self, c: sel.Candidate, text: str) -> str:

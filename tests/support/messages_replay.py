@@ -14,6 +14,16 @@ from support.sessions import claude_requests
 COUNT_FIELDS = ("model", "system", "tools", "messages", "thinking")
 
 
+def unmarked(value: Any) -> Any:
+    """Without cache_control: Claude Code moves its breakpoints to the newest messages, and a
+    marker is not content (Anthropic's cache ignores it too)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value
+
+
 @dataclass
 class Step:
     status: str

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.body import block_text, blocks, parse_messages_body
 from proxy.adapters.messages.count import count_message, count_system
@@ -30,6 +30,7 @@ from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import CREDENTIAL_HEADERS
 from proxy.adapters.messages.overflow import is_prompt_too_long
 from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
+from proxy.adapters.messages import summary
 from proxy.adapters.messages.turns import (
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
@@ -224,3 +225,19 @@ class MessagesAdapter(Adapter):
 
     def stream_usage(self, checker: Any) -> Usage | None:
         return messages_usage(checker.usage)
+
+    # -- the proxy's own summarizer calls (summary.py) ------------------------------------------
+    def upstream(self, cfg: Config) -> Any:
+        return cfg.anthropic
+
+    def riding_end(self, values: list[Any], first_kept: int) -> int:
+        return summary.riding_end(values, first_kept)
+
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        body = summary.summary_body(call.model, call.prompt, call.output_cap, call.system, call.prefix, call.tools,
+                                    call.request.body if call.request is not None else None)
+        return SummaryRequest(call, base_url, self.upstream_path, jsonbody.dumps(body),
+                              {"anthropic-version": summary.DEFAULT_VERSION})
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        return summary.answer_text(answer, usage)

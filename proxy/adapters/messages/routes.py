@@ -20,7 +20,6 @@ from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import forward_messages, upstream_headers
-from proxy.adapters.messages.runtime import LONG_CONTEXT, MESSAGES_RUNTIME
 from proxy.adapters.messages.windows import long_context
 from proxy.flow import Flow, Identity, Report, run_overflow, run_request
 from proxy.model import Conversation
@@ -88,7 +87,7 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
         return None
     calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
     return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
-                    request[EXCHANGE].conversation)
+                    request[EXCHANGE].conversation, long_context=long_context(request.headers))
 
 
 @dataclass
@@ -109,18 +108,16 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     compaction covers it) on the request's flow; a bug in them forwards the request as sent.
     `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
-    rt = request.app[MESSAGES_RUNTIME]
     req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
     identity = _identity(request, state, req)
     if identity is None:
         return Prepared(req, req.conversation, Report(req.total()))
-    LONG_CONTEXT.set(long_context(request.headers))  # this request's task (and what it starts)
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
     try:
-        await run_request(rt.stages, flow)
+        await run_request(state.stages, flow)
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
         return Prepared(req, req.conversation, Report(flow.report.tokens_before))
@@ -129,7 +126,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         """The upstream said the prompt is too long: once, what the stages can make smaller."""
-        if not await run_overflow(rt.stages, flow):
+        if not await run_overflow(state.stages, flow):
             return None
         return await offload.sized(len(raw), flow.body), flow.report.headers()
 

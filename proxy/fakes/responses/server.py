@@ -57,11 +57,11 @@ from proxy.fake_upstream import _parse_error, status_error
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.responses import events as ev
-from proxy.fakes.responses.items import input_items, item_tokens, item_type, view
+from proxy.fakes.responses.items import input_items, item_tokens, item_type, parts_text, view
 from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
 from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.server import ABORTED_KEY, RESP_KEY
-from proxy.fakes.summarizer_match import summarizer_kind
+from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
 
 
@@ -123,7 +123,12 @@ class FakeResponses(ModelFake):
     def summarizer_kind(self, body: Any) -> str | None:
         if not isinstance(body, dict):
             return None
-        v = view(body, input_items(body))
+        items = input_items(body)
+        last = items[-1] if items else None
+        if isinstance(last, dict) and item_type(last) == "message" and last.get("role") == "user" and \
+                is_cached_history_request(self.prompts_dir, parts_text(last.get("content"))):
+            return "history"  # the summary asked in the conversation's own request: its last item asks
+        v = view(body, items)
         msgs = v["messages"]
         if not msgs or msgs[0]["role"] != "system":
             return None
