@@ -41,6 +41,7 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
+from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
 from proxy.recall.session import RecallSession
@@ -123,9 +124,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         send = _sender(request, state, up_headers, parsed.stream, recall)
         headers["x-compaction-recalls"] = "0"
     resp = await _answer(await _with_overflow_retry(send, flow, data, headers, state, not_an_overflow=small))
-    if recall is not None and recall.rounds:
-        state.hooks.recall_rounds(recall.rounds)
-        log.info("chat %s: %s", parsed.model, recall.summary())
+    recall_answers.finished(state.hooks, "chat", parsed.model, recall)
     _learn_ratio(state, parsed, after, resp, ex.usage)
     return resp
 
@@ -211,7 +210,7 @@ def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bo
                     body = await offload.sized(len(data), orjson.loads, data)
                     post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
                                                         timeout=timeout, allow_redirects=False)
-                    result = await recall_stream.relay(request, upstream, chunk, extra, body, post, recall)
+                    result = await recall_stream.relay(request, upstream, chunk, extra, body, post, recall, state.hooks)
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = Usage.from_openai(result.usage)
                     return result.response

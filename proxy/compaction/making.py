@@ -22,7 +22,8 @@ from proxy.compaction.digest import write_digest
 from proxy.compaction.plan import Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
 from proxy.recall import handles
-from proxy.recall.chat import declared_tools, recall_declared
+from proxy.recall.answers import declared_tools, recall_declared
+from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
@@ -199,8 +200,9 @@ class RecordMaker:
             return None
         # the tools as that request carried them: the recall tool too when it was declared
         tools = request.tools
-        if view.flow.identity.recall and recall_declared(request.conversation, last):
-            tools = declared_tools(self.cfg.recall, tools, self.prompts)
+        dialect = dialect_for(view.flow.adapter.protocol)
+        if view.flow.identity.recall and dialect is not None and recall_declared(request.conversation, last):
+            tools = declared_tools(dialect, self.cfg.recall, tools, self.prompts)
         return last.values[:end], tools, _point_text(first_kept - view.n_system, end - first_kept)
 
     def finish(self, view: View, d: Draft, model_text: str, turn_text: str | None, budget: Budget, *,

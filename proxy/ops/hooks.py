@@ -15,7 +15,7 @@ from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
-          "prepared", "recall", "recall_rounds")
+          "prepared", "recall", "recall_rounds", "recall_after_headers")
 
 
 @dataclass(slots=True)
@@ -74,6 +74,10 @@ class Hooks:
 
     def recall_rounds(self, rounds: int) -> None:
         """A client request whose answer took `rounds` extra upstream rounds for recall (> 0)."""
+
+    def recall_after_headers(self, calls: int) -> None:
+        """A stream's recall calls made after its headers went out (its x-compaction-recalls
+        header did not count them; an SSE comment at its end carries the final count)."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and

@@ -115,6 +115,8 @@ class Metrics(Hooks):
                                "error, unavailable, exhausted)", ["outcome"], registry=r)
         self.recall_rounds_total = Counter(P + "recall_rounds_total", "Extra upstream rounds made to answer recall "
                                            "calls", registry=r)
+        self.recall_late = Counter(P + "recall_calls_after_headers_total", "Recall calls answered in a stream after "
+                                   "its headers went out (not in its x-compaction-recalls header)", registry=r)
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
@@ -220,6 +222,9 @@ class Metrics(Hooks):
 
     def recall_rounds(self, rounds: int) -> None:
         self.recall_rounds_total.inc(rounds)
+
+    def recall_after_headers(self, calls: int) -> None:
+        self.recall_late.inc(calls)
 
     def prepared(self, outcome: str) -> None:
         self.prepared_summaries.labels(outcome).inc()

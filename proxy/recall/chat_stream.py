@@ -7,30 +7,24 @@ the continuation streams into the same response (its chunks carry the first roun
 tool calls are relayed with their indexes renumbered so the recall calls leave no gap. `usage`
 chunks are held and one chunk with the sum of every round goes out before `[DONE]`.
 
-`Rounds` is the pure part (events in, events out); `relay` does the I/O around it.
+`Rounds` is the pure part (events in, events out); proxy/recall/relay.py does the I/O around it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import re
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy import errors
-from proxy.forward import CLIENT_GONE, UPSTREAM_ERRORS, EventChecker, client_response_headers, is_event_stream, map_client_error
+from proxy.recall import relay as recall_relay
 from proxy.recall.chat import add_usage, continuation
+from proxy.recall.relay import StreamResult
 from proxy.recall.session import RecallSession
 
-log = logging.getLogger("proxy.recall")
-
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 DONE = b"data: [DONE]\n\n"
 
 
@@ -175,6 +169,17 @@ class Rounds:
                  for c in self.recall_calls()]
         return {"content": "".join(self.text), "tool_calls": calls}
 
+    def continuation(self, body: dict[str, Any], results: list[str], *, last: bool) -> dict[str, Any]:
+        """The request once more with this round's recall calls and their `results`."""
+        return continuation(body, self.assistant(), [(c.id, a) for c, a in zip(self.recall_calls(), results)], last=last)
+
+    def error_event(self, err: errors.ProxyError) -> bytes:
+        return b"data: " + err.body() + b"\n\n"
+
+    def note(self, text: str) -> bytes:
+        """An SSE comment (clients skip it): what the headers could not say any more."""
+        return b": " + text.encode() + b"\n\n"
+
     def close(self) -> list[bytes]:
         """The last events: the finish chunk, the summed usage, [DONE]."""
         out = self.held
@@ -193,123 +198,10 @@ class Rounds:
         return out
 
 
-Post = Callable[[dict[str, Any]], Awaitable[aiohttp.ClientResponse]]
-
-
-@dataclass
-class StreamResult:
-    response: web.StreamResponse
-    usage: Any  # the sum of every round's usage (None when the upstream sent none)
 
 
 async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, extra: dict[str, str],
-                body: dict[str, Any], post: Post, session: RecallSession) -> StreamResult:
-    """Relay a chat completion stream whose first bytes were read, answering recall rounds inside
-    it (`post` sends a continuation upstream). The response headers go out with the first event
-    the client gets, so `x-compaction-recalls` counts the recalls made before it (usually all of
-    them: a model looks up before it writes)."""
-    rounds = Rounds(session.name)
-    resp: web.StreamResponse | None = None
-    base_headers = client_response_headers(upstream.headers)
-
-    async def write(events: list[bytes]) -> None:
-        nonlocal resp
-        if not events:
-            return
-        if resp is None:
-            headers = base_headers.copy()
-            headers.update(extra)
-            headers["x-compaction-recalls"] = str(session.calls)
-            resp = web.StreamResponse(status=200, headers=headers)
-            await resp.prepare(request)
-        await resp.write(b"".join(events))
-
-    async def fail(err: errors.ProxyError) -> StreamResult:
-        log.warning("upstream stream ended abnormally: %s", err.message)
-        with contextlib.suppress(*CLIENT_GONE):
-            await write([b"data: " + err.body() + b"\n\n"])
-            assert resp is not None
-            await resp.write_eof()
-        return StreamResult(_done(resp), rounds.usage)
-
-    current: aiohttp.ClientResponse = upstream
-    chunk: bytes | None = first
-    try:
-        while True:
-            rounds.start()
-            checker = EventChecker()
-            try:
-                while True:
-                    if chunk is None:
-                        chunk = await current.content.readany()
-                    if not chunk:
-                        good, broken = checker.finish()
-                        await _pass(good, rounds, write)
-                        break
-                    good, broken = checker.feed(chunk)
-                    chunk = None
-                    await _pass(good, rounds, write)
-                    if broken is not None:
-                        break
-            except UPSTREAM_ERRORS as e:
-                if isinstance(e, CLIENT_GONE):
-                    raise
-                current.close()
-                return await fail(map_client_error(e))
-            if broken is not None:
-                current.close()
-                return await fail(errors.upstream_bad_response(broken))
-            if not rounds.continues(over=session.rounds > session.max_rounds):
-                break
-            last = session.exhausted
-            recall = rounds.recall_calls()
-            answers = await session.answer_calls([c.arguments for c in recall])
-            body = continuation(body, rounds.assistant(), [(c.id, a) for c, a in zip(recall, answers)], last=last)
-            if current is not upstream:
-                current.release()
-            try:
-                current = await post(body)
-            except UPSTREAM_ERRORS as e:
-                return await fail(map_client_error(e))
-            if current.status != 200 or not is_event_stream(current):
-                why = await _error_text(current)
-                return await fail(errors.upstream_bad_response(f"the upstream refused the request after a recall ({why})"))
-            chunk = None
-        await write(rounds.close() or [b""])
-        assert resp is not None
-        await resp.write_eof()
-    except CLIENT_GONE:
-        pass
-    finally:
-        if current is not upstream:
-            current.close()
-    return StreamResult(_done(resp), rounds.usage)
-
-
-async def _pass(good: bytes, rounds: Rounds, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
-    if not good:
-        return
-    out: list[bytes] = []
-    pos = 0
-    for m in _EVENT_END.finditer(good):
-        out += rounds.feed(good[pos:m.end()])
-        pos = m.end()
-    if pos < len(good):  # an unterminated last event (from finish())
-        out += rounds.feed(good[pos:])
-    await write(out)
-
-
-async def _error_text(resp: aiohttp.ClientResponse) -> str:
-    try:
-        raw = await asyncio.wait_for(resp.read(), 5)
-    except UPSTREAM_ERRORS:
-        return f"status {resp.status}"
-    try:
-        return f"status {resp.status}: {str(orjson.loads(raw)['error']['message'])[:300]}"
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return f"status {resp.status}"
-
-
-def _done(resp: web.StreamResponse | None) -> web.StreamResponse:
-    # None only when the client left before anything was written: nothing more goes to it.
-    return resp if resp is not None else web.Response(status=499)
+                body: dict[str, Any], post: recall_relay.Post, session: RecallSession, hooks: Any = None) -> StreamResult:
+    """Relay a chat completion stream whose first bytes were read, answering recall rounds inside it."""
+    return await recall_relay.relay(request, upstream, first, extra, body, post, session, Rounds(session.name),
+                                    hooks=hooks)

@@ -52,7 +52,7 @@ def socket_prepare(request: web.Request) -> Prepare:
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, raw, body, request.headers, ex)
+        p = await route.prepare(state, raw, body, request.headers, ex, recall=False)
         if p.data is raw:
             return WsTurn(message)  # nothing changed: the client's message as it came
 

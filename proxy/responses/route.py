@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from proxy import credentials, jsonbody, offload
@@ -36,6 +37,11 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.hashing import conversation_digest
+from proxy.recall import answers as recall_answers
+from proxy.recall import relay as recall_relay
+from proxy.recall.responses import RESPONSES as RECALL
+from proxy.recall.responses_stream import Rounds as RecallRounds
+from proxy.recall.session import RecallSession
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact
 from proxy.responses.body import parse_responses_body
@@ -62,10 +68,13 @@ class Prepared:
     headers: dict[str, str]
     stream: bool
     retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
 
-async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming: Any, ex: Any) -> Prepared:
-    """The stages for one Responses body (HTTP or a socket's response.create)."""
+async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming: Any, ex: Any, *,
+                  recall: bool = True) -> Prepared:
+    """The stages for one Responses body (HTTP or a socket's response.create). `recall`: the
+    route answers the recall tool (a WebSocket turn does not: no handles are written for it)."""
     cfg = state.cfg
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     creds = credentials.resolve(incoming, state.scope_secret, api_key)
@@ -87,9 +96,11 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
         over = cfg.compaction.enabled and before > state.compaction.budget_for(parsed.model).threshold
         return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
-                                          ex.conversation))
+                                          ex.conversation, **recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
     try:
         await run_request(state.stages, flow)
+        session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \
+            if flow.identity.recall else None
         data = flow.body()
     except Exception:
         # A bug in our own stages (or a message the view cannot map back) must never cost the
@@ -104,7 +115,10 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
             return None
         return flow.body(), flow.report.headers()
 
-    return Prepared(data, body, flow.report.headers(), streaming, retry)
+    headers = flow.report.headers()
+    if session is not None:
+        headers["x-compaction-recalls"] = "0"
+    return Prepared(data, body, headers, streaming, retry, session)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
@@ -119,13 +133,16 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
                               _headers("bypassed", 0, 0, 0, 0))
     body = await offload.sized(len(raw), parse_responses_body, raw)
     p = await prepare(state, raw, body, request.headers, ex)
-    return await _forward(request, state, p.data, up_headers, p.stream, p.headers, p.retry)
+    resp = await _forward(request, state, p.data, up_headers, p.stream, p.headers, p.retry, p.recall)
+    recall_answers.finished(state.hooks, "responses", body["model"], p.recall)
+    return resp
 
 
 async def _forward(request: web.Request, state: ProxyState, data: bytes, headers: Any, streaming: bool,
-                   extra: dict[str, str], retry: Any = None) -> web.StreamResponse:
+                   extra: dict[str, str], retry: Any = None, recall: RecallSession | None = None) -> web.StreamResponse:
     """Send upstream and relay; after an overflow (HTTP, or a stream's before any output) once
-    more, compacted by `retry`."""
+    more, compacted by `retry`. With a `recall` session, the model's recall calls are answered
+    inside the answer, whole or streamed (design 13.3)."""
     url = upstream_url(state.cfg.upstream.base_url, request, "/responses")
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(state.cfg.upstream, streaming=streaming)
@@ -149,6 +166,9 @@ async def _forward(request: web.Request, state: ProxyState, data: bytes, headers
                         return web.Response(status=upstream.status, body=err_body,
                                             headers={**client_response_headers(upstream.headers), **extra})
                     resp = await relay_completion(request, upstream, extra)
+                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        resp = await recall_answers.answer_whole(RECALL, state.session, url, headers, timeout, resp,
+                                                                 recall, await offload.sized(len(data), orjson.loads, data))
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response):
                         ex.usage = answer_usage(resp.body)
@@ -160,6 +180,15 @@ async def _forward(request: web.Request, state: ProxyState, data: bytes, headers
                         data, extra = again
                         log.info("upstream failed the Responses stream for length; retrying compacted")
                         continue
+                if recall is not None and held:
+                    sent = await offload.sized(len(data), orjson.loads, data)
+                    post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
+                                                        timeout=timeout, allow_redirects=False)
+                    result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall,
+                                                      RecallRounds(recall.name), ResponsesEventChecker, state.hooks)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = responses_usage(result.usage)
+                    return result.response
                 checker = ResponsesEventChecker()
                 resp = await relay_events(request, upstream, extra, held, checker)
                 ex.upstream_s = time.perf_counter() - t0

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import errors
+from proxy import errors, jsonbody
 from proxy.adapters.messages.overflow import is_prompt_too_long
 from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
 from proxy.forward import (
@@ -29,6 +29,10 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.ops.exchange import EXCHANGE
+from proxy.recall import answers as recall_answers
+from proxy.recall import relay as recall_relay
+from proxy.recall.messages import MESSAGES as RECALL
+from proxy.recall.messages_stream import Rounds as RecallRounds
 
 log = logging.getLogger("proxy.messages")
 
@@ -48,7 +52,9 @@ def upstream_headers(request: web.Request, cfg: Any) -> CIMultiDict[str]:
 
 async def forward_messages(request: web.Request, session: aiohttp.ClientSession, cfg: Any, path: str, data: bytes,
                            headers: CIMultiDict[str], streaming: bool, extra: dict[str, str],
-                           retry: Retry | None = None) -> web.StreamResponse:
+                           retry: Retry | None = None, recall: Any = None, hooks: Any = None) -> web.StreamResponse:
+    """`recall` (a RecallSession): the model's recall calls are answered inside the answer, whole
+    or streamed (design 13.3)."""
     url = upstream_url(cfg.anthropic.base_url, request, path)
     headers["Content-Type"] = "application/json"
     timeout = client_timeout(cfg.anthropic, streaming=streaming)
@@ -72,6 +78,9 @@ async def forward_messages(request: web.Request, session: aiohttp.ClientSession,
                 if not (upstream.status == 200 and is_event_stream(upstream)
                         and not upstream.headers.get("content-encoding")):
                     resp = await relay_completion(request, upstream, extra)
+                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        resp = await recall_answers.answer_whole(RECALL, session, url, headers, timeout, resp, recall,
+                                                                 orjson.loads(data))
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
                         ex.usage = messages_usage(_usage_of(resp.body))
@@ -80,6 +89,14 @@ async def forward_messages(request: web.Request, session: aiohttp.ClientSession,
                 ex.upstream_ttfb_s = time.perf_counter() - t0
                 if not first:
                     return errors.upstream_bad_response(EMPTY_STREAM).response(extra)
+                if recall is not None:
+                    post = lambda b: session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
+                                                  timeout=timeout, allow_redirects=False)
+                    result = await recall_relay.relay(request, upstream, first, extra, orjson.loads(data), post, recall,
+                                                      RecallRounds(recall.name), MessagesEventChecker, hooks)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = messages_usage(result.usage)
+                    return result.response
                 checker = MessagesEventChecker()
                 resp = await relay_events(request, upstream, extra, first, checker)
                 ex.upstream_s = time.perf_counter() - t0

@@ -26,6 +26,9 @@ from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
+from proxy.recall import answers as recall_answers
+from proxy.recall.messages import MESSAGES as RECALL
+from proxy.recall.session import RecallSession
 from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
@@ -87,7 +90,8 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
         return None
     calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
     return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
-                    request[EXCHANGE].conversation, long_context=long_context(request.headers))
+                    request[EXCHANGE].conversation, long_context=long_context(request.headers),
+                    **recall_answers.identity_fields(RECALL, state, req))
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Prepared:
     forwarded: Conversation
     report: Report
     retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
     def body(self) -> bytes:
         return MESSAGES.render(self.request, self.forwarded)
@@ -118,6 +123,11 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     flow = Flow.of(MESSAGES, req, identity)
     try:
         await run_request(state.stages, flow)
+        session = None
+        if identity.recall:  # the originals kept (count_tokens: counted only); the tool declared
+            recall = await recall_answers.prepare(RECALL, state.recall, state.prompts, flow, keep=not count_only)
+            if recall is not None:
+                flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
         return Prepared(req, req.conversation, Report(flow.report.tokens_before))
@@ -130,7 +140,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
             return None
         return await offload.sized(len(raw), flow.body), flow.report.headers()
 
-    return Prepared(req, flow.forwarded, flow.report, None if count_only else retry)
+    return Prepared(flow.request, flow.forwarded, flow.report, None if count_only else retry, session)
 
 
 @anthropic_route
@@ -145,8 +155,13 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
                                       _headers("bypassed", tokens, tokens))
     p = await prepare(request, state, raw, count_only=False)
     body = await offload.sized(len(raw), p.body)
-    return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
-                                  p.request.stream, p.report.headers(), p.retry)
+    extra = p.report.headers()
+    if p.recall is not None:
+        extra["x-compaction-recalls"] = "0"
+    resp = await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
+                                  p.request.stream, extra, p.retry, p.recall, state.hooks)
+    recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
+    return resp
 
 
 @anthropic_route

@@ -81,4 +81,42 @@ def view(body: dict[str, Any]) -> dict[str, Any]:
             turns.append((m["role"], "\n".join(block_text(b) for b in content_blocks(m.get("content"))
                                               if not (isinstance(b, dict) and b.get("type") == "thinking"))))
     names = [str(t.get("name")) for t in body.get("tools") or [] if isinstance(t, dict) and t.get("name")]
-    return chat_view(body.get("model"), system, turns, names, body)
+    v = chat_view(body.get("model"), system, turns, names, body)
+    v["calls"] = calls_view(body)
+    return v
+
+
+def calls_view(body: dict[str, Any]) -> dict[str, Any]:
+    """The request as a Chat Completions body, calls and results kept apart (tool_use blocks as an
+    assistant message's tool_calls, tool_result blocks as `tool` messages, `tool_choice` as chat
+    says it): a reply written for the chat fake reads a Messages request through it unchanged."""
+    messages: list[dict[str, Any]] = []
+    system = "\n\n".join(block_text(b) for b in system_blocks(body))
+    if system:
+        messages.append({"role": "system", "content": system})
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        blocks = content_blocks(m.get("content"))
+        results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        for b in results:
+            messages.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": block_text(b)})
+        uses = [{"id": b.get("id"), "type": "function",
+                 "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()}}
+                for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+        text = "\n".join(block_text(b) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        if text or (not uses and not results):
+            msg: dict[str, Any] = {"role": m.get("role"), "content": text}
+            messages.append(msg)
+        if uses:
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
+                messages[-1]["tool_calls"] = uses
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": uses})
+    tools = [{"type": "function", "function": {"name": t.get("name")}} for t in body.get("tools") or []
+             if isinstance(t, dict) and t.get("name")]
+    out: dict[str, Any] = {"model": body.get("model"), "messages": messages, "tools": tools}
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        out["tool_choice"] = {"none": "none", "auto": "auto"}.get(choice.get("type"), "required")
+    return out

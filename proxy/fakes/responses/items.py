@@ -118,4 +118,36 @@ def view(body: dict[str, Any], items: list[Any]) -> dict[str, Any]:
             turns.append(("user", item_text(item)))
     names = [str(tool.get("name")) for tool in body.get("tools") or []
              if isinstance(tool, dict) and tool.get("type") in ("function", "custom") and tool.get("name")]
-    return chat_view(body.get("model"), "\n\n".join(p for p in system_parts if p) or None, turns, names, body)
+    v = chat_view(body.get("model"), "\n\n".join(p for p in system_parts if p) or None, turns, names, body)
+    v["calls"] = calls_view(body, items)
+    return v
+
+
+def calls_view(body: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+    """The request as a Chat Completions body, calls and outputs kept apart (function calls as an
+    assistant message's tool_calls, their outputs as `tool` messages, `tool_choice` as chat says
+    it): a reply written for the chat fake reads a Responses request through it unchanged."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    for item in items:
+        t = item_type(item)
+        if t == "message":
+            role = item.get("role")
+            messages.append({"role": "system" if role == "developer" else role, "content": parts_text(item.get("content"))})
+        elif t in ("function_call", "custom_tool_call"):
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", item.get("input", ""))}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif t in ("function_call_output", "custom_tool_call_output"):
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item_text(item)})
+    tools = [{"type": "function", "function": {"name": t.get("name")}} for t in body.get("tools") or []
+             if isinstance(t, dict) and t.get("type") in ("function", "custom")]
+    out: dict[str, Any] = {"model": body.get("model"), "messages": messages, "tools": tools}
+    if body.get("tool_choice") is not None:
+        out["tool_choice"] = body["tool_choice"] if isinstance(body["tool_choice"], str) else "required"
+    return out

@@ -1,0 +1,205 @@
+"""Recall inside an event stream, whatever the protocol (design 13.3): the client gets one stream;
+round after round, the upstream's events go through the protocol's filter (`Rounds`: chat_stream,
+responses_stream, messages_stream), which relays what the client may see at once (text stays),
+holds a recall call's events back, and keeps the round's end for the end of the last round. A
+round of recall calls only is answered here and its continuation streams into the same response.
+
+The response headers go out with the first event the client gets, so `x-compaction-recalls`
+counts the lookups made before it (usually all of them: a model looks up before it writes). When
+lookups come after that, the final count goes in an SSE comment before the stream's last events
+(`: x-compaction-recalls: N`; every SSE client skips comments), in the log line and in the
+`recall_calls_after_headers_total` metric: a header cannot change once sent, and a trailer has no
+place in an event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy import errors
+from proxy.forward import CLIENT_GONE, UPSTREAM_ERRORS, EventChecker, client_response_headers, is_event_stream, map_client_error
+from proxy.recall.answers import Call
+from proxy.recall.session import RecallSession
+
+log = logging.getLogger("proxy.recall")
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+RECALLS = "x-compaction-recalls"
+
+
+class Rounds(Protocol):
+    """One protocol's filter over one client request's upstream streams, round after round."""
+
+    usage: Any  # the sum of every round's usage (None when the upstream sent none)
+
+    def start(self) -> None:
+        """A round begins (its upstream stream follows)."""
+
+    def feed(self, event: bytes) -> list[bytes]:
+        """Events for the client now (possibly none) for one whole upstream event."""
+
+    def continues(self, over: bool) -> bool:
+        """Whether this round is answered here: recall calls only (`over`: no more rounds)."""
+
+    def recall_calls(self) -> list[Any]:
+        """This round's recall calls (each with `.id` and `.arguments`)."""
+
+    def continuation(self, body: dict[str, Any], results: list[str], *, last: bool) -> dict[str, Any]: ...
+
+    def close(self) -> list[bytes]:
+        """The last events of the client's stream (the round's end, summed usage)."""
+
+    def error_event(self, err: errors.ProxyError) -> bytes: ...
+
+    def note(self, text: str) -> bytes: ...
+
+
+Post = Callable[[dict[str, Any]], Awaitable[aiohttp.ClientResponse]]
+
+
+@dataclass
+class StreamResult:
+    response: web.StreamResponse
+    usage: Any  # the sum of every round's usage (None when the upstream sent none)
+
+
+async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, extra: dict[str, str],
+                body: dict[str, Any], post: Post, session: RecallSession, rounds: Rounds,
+                checker: Callable[[], EventChecker] = EventChecker, hooks: Any = None) -> StreamResult:
+    """Relay an event stream whose first bytes were read, answering recall rounds inside it
+    (`post` sends a continuation upstream; `checker` makes the protocol's event checker)."""
+    resp: web.StreamResponse | None = None
+    base_headers = client_response_headers(upstream.headers)
+    headed = 0  # the recall calls the headers counted
+
+    async def write(events: list[bytes]) -> None:
+        nonlocal resp, headed
+        if not events:
+            return
+        if resp is None:
+            headers = base_headers.copy()
+            headers.update(extra)
+            headed = session.calls
+            headers[RECALLS] = str(headed)
+            resp = web.StreamResponse(status=200, headers=headers)
+            await resp.prepare(request)
+        await resp.write(b"".join(events))
+
+    async def fail(err: errors.ProxyError) -> StreamResult:
+        log.warning("upstream stream ended abnormally: %s", err.message)
+        with contextlib.suppress(*CLIENT_GONE):
+            await write([rounds.error_event(err)])
+            assert resp is not None
+            await resp.write_eof()
+        return StreamResult(_done(resp), rounds.usage)
+
+    current: aiohttp.ClientResponse = upstream
+    chunk: bytes | None = first
+    try:
+        while True:
+            rounds.start()
+            check = checker()
+            try:
+                while True:
+                    if chunk is None:
+                        chunk = await current.content.readany()
+                    if not chunk:
+                        good, broken = check.finish()
+                        await _pass(good, rounds, write)
+                        break
+                    good, broken = check.feed(chunk)
+                    chunk = None
+                    await _pass(good, rounds, write)
+                    if broken is not None:
+                        break
+            except UPSTREAM_ERRORS as e:
+                if isinstance(e, CLIENT_GONE):
+                    raise
+                current.close()
+                return await fail(map_client_error(e))
+            if broken is not None:
+                current.close()
+                return await fail(errors.upstream_bad_response(broken))
+            if not rounds.continues(over=session.rounds > session.max_rounds):
+                break
+            last = session.exhausted
+            calls = rounds.recall_calls()
+            results = await session.answer_calls([c.arguments for c in calls])
+            body = rounds.continuation(body, results, last=last)
+            if current is not upstream:
+                current.release()
+            try:
+                current = await post(body)
+            except UPSTREAM_ERRORS as e:
+                return await fail(map_client_error(e))
+            if current.status != 200 or not is_event_stream(current):
+                why = await _error_text(current)
+                return await fail(errors.upstream_bad_response(f"the upstream refused the request after a recall ({why})"))
+            chunk = None
+        end = rounds.close()
+        if resp is not None and session.calls != headed:
+            # the headers went out before these lookups: the final count where a stream can carry it
+            end = [rounds.note(f"{RECALLS}: {session.calls}"), *end]
+            late = session.calls - headed
+            log.info("recall: %d of %d lookup(s) came after the stream's headers (%s: %d there)", late,
+                     session.calls, RECALLS, headed)
+            if hooks is not None:
+                hooks.recall_after_headers(late)
+        await write(end or [b""])
+        assert resp is not None
+        await resp.write_eof()
+    except CLIENT_GONE:
+        pass
+    finally:
+        if current is not upstream:
+            current.close()
+    return StreamResult(_done(resp), rounds.usage)
+
+
+def events_of(good: bytes) -> list[bytes]:
+    """Whole events of checked bytes (an unterminated last one too: what finish() gave)."""
+    out: list[bytes] = []
+    pos = 0
+    for m in _EVENT_END.finditer(good):
+        out.append(good[pos:m.end()])
+        pos = m.end()
+    if pos < len(good):
+        out.append(good[pos:])
+    return out
+
+
+async def _pass(good: bytes, rounds: Rounds, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    if not good:
+        return
+    out: list[bytes] = []
+    for event in events_of(good):
+        out += rounds.feed(event)
+    await write(out)
+
+
+async def _error_text(resp: aiohttp.ClientResponse) -> str:
+    try:
+        raw = await asyncio.wait_for(resp.read(), 5)
+    except UPSTREAM_ERRORS:
+        return f"status {resp.status}"
+    try:
+        return f"status {resp.status}: {str(orjson.loads(raw)['error']['message'])[:300]}"
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return f"status {resp.status}"
+
+
+def _done(resp: web.StreamResponse | None) -> web.StreamResponse:
+    # None only when the client left before anything was written: nothing more goes to it.
+    return resp if resp is not None else web.Response(status=499)
+
+
+__all__ = ["Call", "Rounds", "StreamResult", "events_of", "relay"]
