@@ -157,12 +157,22 @@ class Adapter(ABC):
         `usage`); the default is OpenAI's SSE with its `[DONE]` end marker."""
         return EventChecker()
 
+    # An event stream that ends before its first event: what the client is told, and whether it
+    # says the request was too long (llama.cpp answers a prompt over its window so).
+    empty_stream = "the event stream ended before its first event"
+    empty_stream_overflows = False
+
+    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+        """A stream's first bytes (held: nothing went to the client yet), and whether they say
+        the request was too long, so that it may still be retried compacted."""
+        return await upstream.content.readany(), False
+
     def usage(self, answer: bytes) -> Usage | None:
         """The usage of a non-streaming answer (the bill and the token ratio read it)."""
         return completion_usage(answer)
 
-    def stream_usage(self, checker: EventChecker) -> Usage | None:
-        """The usage a relayed stream reported."""
+    def stream_usage(self, checker: Any) -> Usage | None:
+        """The usage a relayed stream reported (`checker.usage`: what its events said)."""
         return Usage.from_openai(checker.usage)
 
     # -- the proxy's own summarizer calls -------------------------------------------------------

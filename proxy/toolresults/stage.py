@@ -105,7 +105,7 @@ class ToolResultStage(Stage):
         headers, scope = flow.identity.upstream_headers, flow.identity.scope
         adapter = flow.adapter.summarizer(self.cfg)  # the protocol of the notes' calls
         if flow.request.extra.get("count_only"):  # a token count: notes made already apply, none is made
-            notes = [await self._stored_note(c, model, scope) for c in cands]
+            notes = [await self._stored_note(adapter, c, model, scope) for c in cands]
         else:
             notes = await asyncio.gather(*(self._note(adapter, c, hint, model, headers, scope) for c in cands))
         if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
@@ -130,7 +130,7 @@ class ToolResultStage(Stage):
     def _key(c: sel.Candidate, scope: str) -> str:
         return f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
 
-    async def _stored_note(self, c: sel.Candidate, model: str, scope: str) -> tuple[str | None, bool]:
+    async def _stored_note(self, adapter: Adapter, c: sel.Candidate, model: str, scope: str) -> tuple[str | None, bool]:
         """What a request would forward for this output now, with no summarizer call: the note made
         already, the notice of a failure that still holds, of a paused summarizer or of an output
         over the size cap (the raw output clamped), else None (the output stays as it is)."""
@@ -138,7 +138,7 @@ class ToolResultStage(Stage):
             return self._raw_with_notice(c, OVER_CAP), False
         rec = await self._existing(self._key(c, scope))
         if rec is None:
-            paused = self._breakers.get((self.cfg.upstream.base_url, model))  # (a count makes no breaker)
+            paused = self._breakers.get((adapter.upstream(self.cfg).base_url, model))  # (a count makes no breaker)
             return (self._raw_with_notice(c, PAUSED), False) if paused and paused.state == "open" else (None, False)
         return self._forwarded(c, rec)
 

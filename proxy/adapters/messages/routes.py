@@ -19,16 +19,18 @@ from proxy import credentials, errors, offload
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
-from proxy.adapters.messages.forward import forward_messages, upstream_headers
+from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
-from proxy.flow import Flow, Identity, Report, run_overflow, run_request
+from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall.messages import MESSAGES as RECALL
+from proxy.recall.messages_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
+from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
@@ -101,7 +103,7 @@ class Prepared:
     request: Request
     forwarded: Conversation
     report: Report
-    retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    retry: Any = None  # send.Retry: compacted harder after an overflow
     recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
     def body(self) -> bytes:
@@ -133,14 +135,8 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
         return Prepared(req, req.conversation, Report(flow.report.tokens_before))
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
-
-    async def retry() -> tuple[bytes, dict[str, str]] | None:
-        """The upstream said the prompt is too long: once, what the stages can make smaller."""
-        if not await run_overflow(state.stages, flow):
-            return None
-        return await offload.sized(len(raw), flow.body), flow.report.headers()
-
-    return Prepared(flow.request, flow.forwarded, flow.report, None if count_only else retry, session)
+    retry = None if count_only else overflow_retry(state.stages, flow)
+    return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
 
 
 @anthropic_route
@@ -151,15 +147,16 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     headers = upstream_headers(request, cfg)
     if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
-        return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, raw, headers, stream,
-                                      _headers("bypassed", tokens, tokens))
+        return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
+                          _headers("bypassed", tokens, tokens))
     p = await prepare(request, state, raw, count_only=False)
     body = await offload.sized(len(raw), p.body)
     extra = p.report.headers()
     if p.recall is not None:
         extra["x-compaction-recalls"] = "0"
-    resp = await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
-                                  p.request.stream, extra, p.retry, p.recall, state.hooks)
+    recall = Answering(p.recall, RECALL, RecallRounds) if p.recall is not None else None
+    resp = await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, p.request.stream), body,
+                      extra, retry=p.retry, recall=recall, hooks=state.hooks)
     recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
     return resp
 
@@ -172,5 +169,9 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     p = await prepare(request, state, raw, count_only=True)
     body = await offload.sized(len(raw), p.body)
-    return await forward_messages(request, state.session, state.cfg, "/v1/messages/count_tokens", body,
-                                  upstream_headers(request, state.cfg), False, p.report.headers())
+    up = _upstream(request, state.cfg, upstream_headers(request, state.cfg), False, "/v1/messages/count_tokens")
+    return await send(request, state.session, MESSAGES, up, body, p.report.headers())
+
+
+def _upstream(request: web.Request, cfg: Any, headers: Any, streaming: bool, path: str = MESSAGES.upstream_path) -> Upstream:
+    return Upstream.of(request, MESSAGES.upstream(cfg), path, headers, streaming)
