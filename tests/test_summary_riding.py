@@ -8,7 +8,9 @@ unusable is asked again in transcript form and counted. Messages: a flow on the 
 through the proxy's own stages, the forwarded bodies sent to the strict fake as a route sends
 them; the call repeats that prefix (breakpoint markers aside: the repeated prefix's end carries
 one, never more than 4) and reads Anthropic's cache. Chat and Messages compactions at once with
-`max_concurrent_summaries: 1`: the second summary waits for the first."""
+`max_concurrent_summaries: 1`: the second summary waits for the first. The shared budget knows
+Claude's 1M window; `responses.summarizer_api: chat` asks a Responses conversation's summary in
+chat."""
 
 from __future__ import annotations
 
@@ -214,3 +216,35 @@ async def test_one_limit_on_summaries_in_flight_across_protocols(make_proxy):
         answers = await asyncio.gather(chat, claude)
         assert [a.headers["x-compaction-status"] for a in answers] == ["summarized", "summarized"]
         assert messages_fake.records("summarizer")  # asked once the chat summary was done
+
+
+async def test_the_shared_budget_knows_claudes_1m_window_when_the_request_opts_in(make_proxy):
+    """Claude's windows come from the shared lookup (no models: entry): 200k, or 1M with the
+    `context-1m-...` beta. At 10% of the window a 30k-token request is compacted, unless it opted
+    into the 1M window."""
+    async with FakeMessages(window=1_000_000) as fake:
+        proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.origin},
+                                                 "compaction": {"prepare_percent": 0, "threshold_percent": 10}})
+        beta = {**HEADERS, "anthropic-beta": "context-1m-2025-08-07"}
+        statuses = []
+        for headers, tag in ((HEADERS, 1), (beta, 2)):
+            history = chat_history(60, 230, system=None)
+            history[0] = {"role": "user", "content": f"conversation {tag}: " + history[0]["content"]}
+            answer = await post(proxy.root, {"model": M_MODEL, "max_tokens": 500, "messages": history}, headers,
+                                path="/v1/messages", expect=200, timeout=60)
+            assert 20_000 < int(answer.headers["x-compaction-tokens-before"]) < 100_000
+            statuses.append(answer.headers["x-compaction-status"])
+        assert statuses[0] in ("summarized", "masked") and statuses[1] == "none"
+
+
+async def test_a_responses_conversation_summarized_in_chat_when_the_summarizer_speaks_only_chat(make_proxy):
+    """`responses.summarizer_api: chat` with a separate summarizer server that serves only chat
+    completions: the Responses conversation's summary is a chat completion there (transcript form)."""
+    async with FakeResponses(window=6000) as fake, FakeUpstream() as chat_only:
+        proxy = await make_proxy(fake.base_url, {**r_settings(summarizer={"base_url": chat_only.base_url}),
+                                                 "responses": {"summarizer_api": "chat"}})
+        statuses = await responses_session(proxy, 18)
+        assert "summarized" in statuses and not fake.records("summarizer")
+        calls = chat_only.records("summarizer")
+        assert calls and all(r.path == "/v1/chat/completions" and r.json["messages"][0]["role"] == "system"
+                             for r in calls)

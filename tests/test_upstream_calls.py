@@ -197,3 +197,20 @@ def test_messages_riding_body_stays_within_four_breakpoints_and_keeps_thinking()
     assert body["messages"][1]["content"][1].get("cache_control") == marked  # the prefix's end: read from cache
     assert "cache_control" not in body["system"][0]  # the oldest of the client's gave way
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048} and body["max_tokens"] == 2148
+
+
+def test_messages_riding_repeats_the_last_request_up_to_where_it_ended():
+    from proxy.adapters.messages.summary import riding_end
+
+    def msg(role, *types):
+        return {"role": role, "content": [{"type": t, **({"id": "t1", "name": "Read", "input": {}} if t == "tool_use"
+                                                        else {"tool_use_id": "t1"} if t == "tool_result"
+                                                        else {"text": "x"})} for t in types]}
+    talk = [msg("user", "text"), msg("assistant", "text"), msg("user", "text"), msg("assistant", "text"),
+            msg("user", "text")]
+    # the newest user turn is what this request added: the last one ended with the answer before it
+    assert riding_end(talk, 2) == 4
+    tools = [*talk[:4], msg("user", "text"), msg("assistant", "text", "tool_use"), msg("user", "tool_result")]
+    # the newest message answers the call before it: that call is left out too (a call is answered next)
+    assert riding_end(tools, 2) == 5
+    assert riding_end(talk, 4) == 4 and riding_end(talk[:3], 2) == 2  # never less than the part to summarize
