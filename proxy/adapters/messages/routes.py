@@ -120,7 +120,11 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     ex.model, ex.stream = req.model, req.stream
     identity = _identity(request, state, req)
     if identity is None:
-        return Prepared(req, req.conversation, Report(req.total()))
+        # No records kept or read (see _identity): compaction was needed and not done, as on chat.
+        before = req.total()
+        budget = state.compaction.budget_for(req.model, long_context=long_context(request.headers))
+        over = cfg.compaction.enabled and before > budget.threshold
+        return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
     try:
