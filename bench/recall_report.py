@@ -2,14 +2,16 @@
 added latency of a recall round, and the store's size per 100k tokens of compacted history.
 
 Plays the planted-facts session of tests/support/recall_facts.py through the real proxy (SQLite
-store in a temporary directory) and a fake upstream on loopback, with the real `openai` client,
-then asks about every fact, streaming and not. Run from the repository root:
+store in a temporary directory) and the strict fake of each protocol on loopback, with its real
+client (`openai` chat.completions / responses, `anthropic` messages), then asks about every fact,
+streaming and not. Run from the repository root:
 
-    .venv/bin/python bench/recall_report.py
+    .venv/bin/python bench/recall_report.py [--protocol chat|responses|messages|all]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sqlite3
 import statistics
@@ -18,19 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import openai
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from proxy.fake_upstream import FakeUpstream  # noqa: E402
-from support.proxy_server import start_proxy  # noqa: E402
-from support.recall_facts import NOT_FOUND, TOOLS, build_session, model_reply  # noqa: E402
-
-WINDOW = 24000
-SETTINGS = {
-    "models": {"default": {"context_window": WINDOW}},
-    "compaction": {"threshold_tokens": 12000, "keep_recent_tokens": 3000, "prepare_percent": 0},
-}
+from support.recall_facts import NOT_FOUND, build_session  # noqa: E402
+from support.recall_protocols import PROTOCOLS, driver  # noqa: E402
 
 
 def originals_bytes(db: Path) -> int:
@@ -48,62 +41,57 @@ def originals_bytes(db: Path) -> int:
     return kv_orig + index
 
 
-async def main() -> None:
+async def report(protocol: str) -> None:
     history, facts = build_session()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "store.db"
-        async with FakeUpstream(reply=model_reply, window=WINDOW) as fake:
-            proxy = await start_proxy(fake.base_url, {**SETTINGS, "store": {"url": f"sqlite:///{db}"}})
-            client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-bench", max_retries=0)
-            last = None
-            for i in range(2, len(history) + 1):
-                if history[i - 1]["role"] == "tool":
-                    last = await client.chat.completions.with_raw_response.create(model="m", messages=history[:i], tools=TOOLS)
-            assert last is not None
+        async with driver(protocol, {"store": {"url": f"sqlite:///{db}"}}, key="sk-bench") as d:
+            for i in range(2, len(history) + 1):  # the session, keeping the last answer's headers
+                if history[i - 1]["role"] == "tool" and (i == len(history) or history[i]["role"] != "tool"):
+                    last = await d.send(history[:i])
             compacted = int(last.headers["x-compaction-tokens-before"]) - int(last.headers["x-compaction-tokens-after"])
-            stats = dict(proxy.state.compaction.stats)
-            # a plain request on the same history: the baseline a recall round adds to
-            plain = []
-            for _ in range(10):
-                t0 = time.perf_counter()
-                await client.chat.completions.create(model="m", messages=[*history, {"role": "user", "content": "go on"}], tools=TOOLS)
-                plain.append(time.perf_counter() - t0)
+            stats = dict(d.stats)
+            # Each question is timed against a plain request on the same history sent right before it
+            # (paired, so the machine's load drifts out): a question answered through recall takes
+            # one extra round, one answered from the context none (the control).
+            plain_msgs = [*history, {"role": "user", "content": "go on"}]
             for stream in (False, True):
                 right = via = 0
-                extra_rounds, recall_s, direct_s = [], [], []
+                extra_rounds, recall_d, direct_d = [], [], []
                 for f in facts:
-                    n0 = len(fake.chat_requests)
-                    msgs = [*history, {"role": "user", "content": f.question()}]
                     t0 = time.perf_counter()
-                    if stream:
-                        s = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, stream=True)
-                        answer = "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
-                    else:
-                        r = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
-                        answer = r.choices[0].message.content or ""
+                    await d.send(plain_msgs, stream=stream)
+                    plain = time.perf_counter() - t0
+                    n0 = len(d.requests)
+                    t0 = time.perf_counter()
+                    answer = await d.ask(history, f.question(), stream=stream)
                     dt = time.perf_counter() - t0
-                    rounds = len(fake.chat_requests) - n0 - 1
+                    rounds = len(d.requests) - n0 - 1
                     right += f.text in answer and answer != NOT_FOUND
                     if rounds > 0:
                         via += 1
                         extra_rounds.append(rounds)
-                        recall_s.append(dt)
+                        recall_d.append((dt - plain) / rounds)
                     else:
-                        direct_s.append(dt)  # answered from the context: the same request without a round
+                        direct_d.append(dt - plain)
                 mode = "streaming" if stream else "non-streaming"
-                print(f"{mode}: {right}/{len(facts)} facts answered exactly ({via} through the recall tool); "
+                print(f"{protocol} {mode}: {right}/{len(facts)} facts answered exactly ({via} through the recall tool); "
                       f"extra upstream rounds per recall: {statistics.mean(extra_rounds):.2f}; "
-                      f"a question answered through recall {statistics.median(recall_s) * 1000:.1f} ms median vs "
-                      f"{statistics.median(direct_s) * 1000:.1f} ms for one answered from the context "
-                      f"(+{(statistics.median(recall_s) - statistics.median(direct_s)) * 1000:.1f} ms a round); "
-                      f"a plain request {statistics.median(plain) * 1000:.1f} ms")
-            await client.close()
-            await proxy.close()
+                      f"added time per recall round {statistics.median(recall_d) * 1000:+.1f} ms median "
+                      f"(control, answered from the context: {statistics.median(direct_d) * 1000:+.1f} ms)")
         size = originals_bytes(db)
-        print(f"compaction events: {stats}")
-        print(f"originals: {size / 1e6:.2f} MB for {compacted} tokens of compacted history "
+        print(f"{protocol} compaction events: {stats}")
+        print(f"{protocol} originals: {size / 1e6:.2f} MB for {compacted} tokens of compacted history "
               f"= {size / compacted * 100_000 / 1e6:.2f} MB per 100k tokens")
 
 
+async def main(protocols: list[str]) -> None:
+    for protocol in protocols:
+        await report(protocol)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--protocol", choices=[*PROTOCOLS, "all"], default="all")
+    args = parser.parse_args()
+    asyncio.run(main(list(PROTOCOLS) if args.protocol == "all" else [args.protocol]))

@@ -73,6 +73,8 @@ class Answering:
     session: RecallSession
     dialect: Any
     rounds: Callable[[str], recall_relay.Rounds]
+    # after a stream that answered recall rounds: what the protocol keeps of them (its filter given)
+    streamed: Callable[[Any], Awaitable[None]] | None = None
 
 
 def overflow_retry(stages: Sequence[Stage], flow: Flow) -> Retry:
@@ -137,8 +139,11 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     sent = await offload.sized(len(data), orjson.loads, data)
                     post = lambda b: http.post(up.url, data=jsonbody.dumps(b), headers=up.headers,  # noqa: E731
                                                timeout=up.timeout, allow_redirects=False)
+                    rounds = recall.rounds(recall.session.name)
                     result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall.session,
-                                                      recall.rounds(recall.session.name), adapter.event_checker, hooks)
+                                                      rounds, adapter.event_checker, hooks)
+                    if recall.streamed is not None and recall.session.rounds:
+                        await recall.streamed(rounds)
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = adapter.stream_usage(result)
                     return result.response

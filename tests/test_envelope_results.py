@@ -28,7 +28,9 @@ from proxy.config import Config
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.messages.validate import Context, check_request
 from proxy.flow import run_request
-from proxy.model import calls_by_id
+from proxy.model import Kind, calls_by_id
+from proxy.recall.handles import in_text
+from proxy.recall.keep import parts_of, replacements
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
 from proxy.store.memory import MemoryStore
@@ -223,3 +225,22 @@ def test_the_summarizer_reads_each_result_of_a_message_with_its_tool():
     heads = [line.split("]:")[0] for line in text.split("\n") if line.startswith(("[Tool result", "[User"))]
     assert heads == ["[Tool result: fetch_logs", "[Tool result: fetch_logs", "[User"]
     assert "[0b] worker-1 INFO job 1" in text.split("[Tool result")[2] and text.endswith("\n[User]: which one failed?")
+
+
+async def test_each_masked_result_of_a_message_names_its_own_original(upstream, session):
+    """Recall (design 13.1): the two results of one message, masked, name two recall handles, and
+    each handle keeps that result's own output (not the first result's twice)."""
+    cfg = config(upstream, keep_recent_tokens=1500)
+    cfg.tool_results.enabled = False
+    store, prompts = MemoryStore(ttl_s=3600, max_records=1000), Prompts()
+    summarizer = HistorySummarizer(SummaryCaller(session, cfg), prompts, lambda t: counter().count_text(t, "cl100k_base"))
+    stage = CompactionStage(CompactionEngine(cfg, store, summarizer, counter(), prompts), Hooks())
+    flow = flow_of(body(8, 25), cfg)
+    await run_request([stage], flow)
+    assert flow.report.status == "masked"
+    kept = {o.handle: o.text for o in replacements(parts_of(flow.original), parts_of(flow.forwarded), flow.original.n_system)}
+    outputs = {it.call_id: it.text for e in flow.original.envelopes for it in e.items if it.kind is Kind.TOOL_RESULT}
+    stubs = [(it.call_id, in_text(it.text)[-1]) for e in flow.forwarded.envelopes for it in e.items
+             if it.kind is Kind.TOOL_RESULT and it.text.startswith("[tool output elided")]
+    assert len(stubs) >= 4 and len({h for _, h in stubs}) == len(stubs)
+    assert all(kept[h] == outputs[call_id] for call_id, h in stubs)

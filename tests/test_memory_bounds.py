@@ -129,6 +129,7 @@ def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
     from proxy.adapters import prefix
     from proxy.adapters.chat import ChatAdapter
     from proxy.config import Config
+    from proxy.recall.keep import request_parts
 
     counter, cfg, chat = TokenCounter(), Config(), ChatAdapter()
     assert counter.load(["o200k_base"])
@@ -157,7 +158,7 @@ def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
             scope = f"s{i // 3 % 7}"
             req = prefix.parse_seen(chat, raw, counter, cfg, scope, recent.prior(scope, raw), recent=recent)
             # what compaction works out lazily is kept with the request: its envelopes, digests, chain
-            [e.items for e in req.conversation.envelopes], req.digests, req.chain(1)
+            [e.items for e in req.conversation.envelopes], req.digests, req.chain(1), request_parts(req)
             del req
         measured = tracemalloc.get_traced_memory()[0] - before
 

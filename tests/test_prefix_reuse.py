@@ -16,6 +16,7 @@ from proxy.adapters.chat import ChatAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.model import Conversation
+from proxy.recall.keep import parts_of, request_parts
 from proxy.tokens import TokenCounter
 
 CHAT = ChatAdapter()
@@ -73,6 +74,7 @@ def reused(recent: prefix.RecentBodies, raw: bytes, scope: str = "s"):
         return e.message, prior
     # what compaction works out lazily, so that the next request may reuse it
     request.conversation.envelopes, request.digests, request.chain(request.conversation.n_system)
+    request_parts(request)
     return request, prior
 
 
@@ -93,6 +95,7 @@ def assert_same(got, want) -> None:
     assert got.digests == want.digests
     n_sys = want.conversation.n_system
     assert got.chain(n_sys) == want.chain(n_sys) and got.first_digest() == want.first_digest()
+    assert request_parts(got) == parts_of(want.conversation)
     assert CHAT.render(got, got.conversation) == got.raw
     # a forwarded conversation that drops the first message: the same bytes
     shorter = [Conversation(list(r.conversation.envelopes[1:]), r.conversation.tokens[1:]) for r in (got, want)]
@@ -154,6 +157,10 @@ def test_the_shared_messages_are_not_parsed_again():
     assert len(prior.rest) < len(grown) // 3  # what is parsed: the new message and the top level
     assert all(a is b for a, b in zip(two.body["messages"][:3], one.body["messages"]))
     assert two.written[:3] == one.written
+    # what was worked out about them lazily too: envelopes, digests, recall's parts
+    assert all(a is b for a, b in zip(two.conversation.envelopes[:3], one.conversation.envelopes))
+    assert two.digests[:3] == one.digests
+    assert all(a is b for a, b in zip(request_parts(two)[:3], request_parts(one)))
     assert two.stream is True and len(two.body["messages"]) == 4
     assert_same(two, full(grown))
 
@@ -167,6 +174,20 @@ def test_each_request_of_a_growing_conversation_reuses_all_of_the_previous_one(s
         got, prior = reused(recent, raw)
         assert n == 2 or (prior is not None and len(prior) == {4: 2, 5: 4, 8: 5, 12: 8}[n])
         assert_same(got, full(raw))
+
+
+def test_conversations_that_share_a_system_prompt_each_reuse_their_own():
+    """One client, several conversations with the same start: a body that shares only the system
+    message with another conversation's must not push that conversation out."""
+    recent = prefix.RecentBodies()
+    system = write({"role": "system", "content": "the same instructions"}, 0)
+    convs = [[system] + [write({"role": "user", "content": f"conversation {c} turn {t}"}, 0) for t in range(6)]
+             for c in range(3)]
+    for n in range(2, 7):
+        for msgs in convs:
+            got, prior = reused(recent, body(['"model":"gpt-4o"'], msgs[:n], []))
+            assert n == 2 or (prior is not None and len(prior) == n - 1)
+    assert len(recent) == 3
 
 
 @pytest.mark.parametrize("before, after, reuse", [

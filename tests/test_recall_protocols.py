@@ -14,7 +14,7 @@ import pytest
 
 from proxy.recall.handles import in_text
 from support.recall_facts import NOT_FOUND, build_session
-from support.recall_protocols import Driver, driver
+from support.recall_protocols import Driver, driver, other_client
 
 ADAPTERS = ("responses", "messages")
 ALL = ("chat", "responses", "messages")
@@ -60,6 +60,10 @@ async def test_the_tool_is_declared_with_the_same_bytes_once_compacted_and_never
         # the client's own tools keep their bytes, in front
         client_tools = d.requests[0]["tools"]
         assert all(b["tools"][:len(client_tools)] == client_tools for b in d.requests)
+        # an answer that calls no recall shows no trace of the tool either (Responses echoes `tools`)
+        for stream in (False, True):
+            a = await d.send([*history, {"role": "user", "content": "go on"}], stream=stream)
+            assert d.recall_tools(d.requests[-1]) and b"context_recall" not in orjson.dumps(a.raw.model_dump())
 
 
 @pytest.mark.parametrize("protocol", ADAPTERS)
@@ -132,7 +136,7 @@ async def test_a_turn_with_recall_and_a_client_call_gives_the_client_its_calls_o
         assert [c["name"] for c in a.calls] == ["read_file"] and a.calls[0]["arguments"] == {"path": "a.py"}
         assert a.text == "Looking." and len(d.requests) == 1  # the recall call was not answered
         assert a.stop == ("completed" if protocol == "responses" else "tool_use")
-        assert b"context_recall" not in orjson.dumps(a.raw.model_dump(exclude={"tools"}))
+        assert b"context_recall" not in orjson.dumps(a.raw.model_dump())
         # the client answers its own call and goes on: a valid conversation for the strict upstream
         follow = await d.send_after(messages, a, "print('a')")
         assert follow.text == "read it: print('a')"
@@ -148,3 +152,46 @@ async def test_each_protocols_declaration_has_its_shape() -> None:
             tool = next(d.recall_tools(b) for b in d.requests if d.recall_tools(b))[0]
             assert set(tool) == keys and tool["name"] == "context_recall", tool
 
+
+
+async def test_a_response_chained_from_a_streamed_recall_answer_is_a_valid_conversation() -> None:
+    """The streamed answer shows the first round's id; the response stored with the whole turn is
+    the last round's. A request chaining from the shown id goes on from the stored one."""
+    async with driver("responses") as d:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.fake.clear_requests()
+        fact = facts[0]
+        a = await d.send([*history, {"role": "user", "content": fact.question()}], stream=True)
+        assert len(d.requests) == 2 and fact.text in a.text  # answered through one recall round
+        shown = a.raw.id
+        r = await d.client.responses.create(model="m", previous_response_id=shown,
+                                            input=[{"role": "user", "content": "thanks"}])
+        assert r.status == "completed"
+        assert d.requests[-1]["previous_response_id"] != shown  # chained from the stored turn
+
+
+@pytest.mark.parametrize("protocol", ADAPTERS)
+async def test_one_credential_never_recalls_anothers_originals(protocol: str) -> None:
+    """Bob's model guesses every handle of Alice's and searches for her fact: it finds nothing."""
+    async with driver(protocol, key="sk-alice") as alice, other_client(alice, "sk-bob") as bob:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await alice.play(history)
+        handles = sorted({h for b in alice.requests for m in alice.chat_form(b)["messages"]
+                          for h in in_text(str(m.get("content") or ""))})
+        assert handles
+        fact = next(f for f in facts if f.kind == "error")
+        bob_history, _ = build_session(turns=40, seed=99, facts_per_kind=(3, 3, 3, 3))
+        await bob.play(bob_history)  # bob's own compacted conversation: the tool is declared for him
+
+        def guesses(body: dict[str, Any]) -> Any:
+            if body["messages"][-1]["role"] == "tool":
+                return "done: " + "\n".join(str(m["content"]) for m in body["messages"] if m["role"] == "tool")
+            name = recall_name(body)
+            return {"content": None, "tool_calls": [{"name": name, "arguments": {"handle": h}} for h in handles]
+                    + [{"name": name, "arguments": {"query": fact.key}}]}
+
+        bob.set_reply(guesses)
+        out = (await bob.send([*bob_history, {"role": "user", "content": "go"}])).text
+        assert out.startswith("done:") and fact.text not in out
+        assert out.count("No original has the recall id") == len(handles)

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.prompts import Prompts
+from proxy.recall.originals import Original, Originals
+from proxy.recall.tool import answer as tool_answer
 from proxy.store import Store, StoreUnavailable, open_store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -306,6 +309,27 @@ async def test_originals_are_found_by_identifier_and_by_words(store: Store) -> N
     assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 10) == [
         ORIG_A + "h2", ORIG_A + "h1"]
     assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 1) == [ORIG_A + "h2"]
+
+
+async def test_an_identifier_query_finds_its_original_not_the_ones_sharing_its_words(store: Store) -> None:
+    """Searching a key like seg_1a2b3c finds the original that carries it, not every text with the
+    word "seg" in it (the words of an identifier are indexed as words too); words still find what
+    no identifier names, and an identifier nobody carries falls back to its words."""
+    originals = Originals(store)
+    fact = Original("aaaaaaaaaaaa", "tool output", "run_tests()",
+                    "line 1 ok\nValueError: checksum mismatch in segment seg_1a2b3c (expected 0x12ab, got 0x99ff)\n"
+                    "line 3: seg 7 of the upload ok")
+    noise = [Original(f"bbbbbbbbbb{i:02d}", "tool output", "read_file()", f"seg {i} of the upload: 1a2b3c seg ok")
+             for i in range(6)]
+    for o in [*noise, fact]:
+        await originals.save("s1", o)
+    assert [o.handle for o in await originals.search("s1", "seg_1a2b3c")] == ["aaaaaaaaaaaa"]
+    assert {o.handle for o in await originals.search("s1", "upload")} == {o.handle for o in [*noise, fact]}
+    assert len(await originals.search("s1", "seg_999999")) == 7  # no exact hit: the words, as before
+    # the tool's excerpts are cut around the identifier, not around its parts elsewhere in the text
+    answer = await tool_answer('{"query": "seg_1a2b3c"}', originals, "s1", max_tokens=4000, count=lambda t: len(t) // 4,
+                               prompts=Prompts())
+    assert answer.outcome == "hit" and "seg_1a2b3c" in answer.text and "bbbbbbbbbb" not in answer.text
 
 
 async def test_originals_are_found_only_in_their_own_scope(store: Store) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from proxy.config import Config
 from proxy.errors import ProxyError
@@ -75,6 +75,17 @@ class Request:
         cache = self.digest_cache
         return known + cache.digests(self.conversation.values[n:], self.keys[n:]) if n else \
             cache.digests(self.conversation.values, self.keys)
+
+    def per_envelope(self, name: str, fn: Callable[[Envelope], Any]) -> list[Any]:
+        """`fn` of each of the client's envelopes, made once for this request and, for the
+        envelopes it shares with the previous one, taken from that request's (an envelope is made
+        from what precedes it, which is the same there). `name` tells the results apart."""
+        done = self.__dict__.get(name)
+        if done is None:
+            known = self._known(name)
+            envelopes = self.conversation.envelopes
+            done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
+        return done
 
     def chain(self, n_system: int) -> list[bytes]:
         """hash_chain over the digests after the leading system envelopes (the store keys of the

@@ -37,6 +37,7 @@ from proxy import jsonbody, offload
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _WS = b" \t\r\n"
 
+MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept
 PER_SCOPE = 16  # bodies kept per scope: conversations one client runs at once
 MAX_BYTES = 32 << 20  # estimated bytes held by all kept bodies (raw, written JSON, parsed values)
 
@@ -222,7 +223,8 @@ class RecentBodies:
     def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
              written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
         """Remember a body that parsed, with its array's elements' parse (the last `len(ends)` of
-        the lists given) and its Request. Replaces the body it grew from."""
+        the lists given) and its Request. Replaces the body it grew from (all of whose envelopes
+        it starts with)."""
         if scope is None:
             return
         if prior is not None:
@@ -257,8 +259,8 @@ class RecentBodies:
         entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
                        _estimate(raw, n), request)
         with self._lock:
-            if prior is not None:
-                self._drop(prior.entry)
+            if prior is not None and len(prior) == len(prior.entry.ends):
+                self._drop(prior.entry)  # it grew from that body; another that shares only a start is another conversation
             if entry.size > self._max_bytes:
                 return
             same = self._scopes.setdefault(scope, [])
@@ -326,7 +328,7 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
     """The route's parse: the earlier body found here (comparing bytes is cheap), the rest parsed
     off the event loop when what is left to parse is large (offload's rule)."""
     field = getattr(adapter, "envelope_field", None)
-    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None else None
+    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None and len(raw) >= MIN_BYTES else None
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)

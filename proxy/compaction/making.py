@@ -270,7 +270,9 @@ class RecordMaker:
             d = view.digests[m.index].hex()
             output = m.result.text
             name, args = calls.get(m.result.call_id or "", (m.result.name or "tool", ""))
-            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, d[:12])
+            # the stub's recall handle: the envelope's digest, or of its key for a later result of it
+            handle = d[:12] if m.item == 0 else handles.of_text(mask.key(d, m.item))
+            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, handle)
             # what the stub had no room for is listed for recall, never silently gone
             recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
                        if x not in stub and x not in recall]

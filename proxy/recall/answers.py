@@ -25,7 +25,7 @@ from aiohttp import web
 
 from proxy import jsonbody
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
-from proxy.recall.keep import parts_of, replacements
+from proxy.recall.keep import parts_of, replacements, request_parts
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
 
@@ -71,6 +71,10 @@ class Dialect(Protocol):
     def merged(self, answers: list[dict[str, Any]], name: str) -> dict[str, Any]:
         """The answer the client gets from every round's answer: what earlier rounds said kept,
         no call of the tool `name`, usage summed, a valid turn."""
+
+    def cleaned(self, answer: dict[str, Any], name: str) -> dict[str, Any] | None:
+        """An answer with no recall call, without any other trace of the tool (a protocol that
+        echoes the request's tools); None: nothing to take out."""
 
 
 def add_usage(a: Any, b: Any) -> Any:
@@ -139,7 +143,7 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
     try:
         if keep:
-            carries = await recall.keep(flow.identity.scope, parts_of(flow.original), parts_of(flow.forwarded),
+            carries = await recall.keep(flow.identity.scope, request_parts(flow.request), parts_of(flow.forwarded),
                                         flow.original.n_system)
         else:
             carries = recall_declared(flow.original, flow.forwarded)
@@ -192,8 +196,9 @@ async def complete(dialect: Dialect, body: dict[str, Any], send: Callable[[dict[
             return reply  # an error after a recall round: the upstream's own answer
         answers.append(data)
         split = dialect.split(data, session.name)
-        if not split.recall and not session.calls:
-            return reply  # no recall at all: the upstream's bytes as they came
+        if not split.recall and not session.calls:  # no recall at all: the upstream's answer as it came
+            cleaned = dialect.cleaned(data, session.name)
+            return reply if cleaned is None else Reply(reply.status, jsonbody.dumps(cleaned), reply.extra)
         if not split.recall or split.client or session.rounds > session.max_rounds:
             # the end; or a mixed turn (or a model that ignores the "no tool" turn): the client's calls only
             return Reply(reply.status, jsonbody.dumps(dialect.merged(answers, session.name)), reply.extra)

@@ -36,6 +36,9 @@ class ChatDialect:
     def tool_names(self, tools: Any) -> list[str]:
         return client_tool_names(tools)
 
+    def cleaned(self, answer: dict[str, Any], name: str) -> dict[str, Any] | None:
+        return None  # no echo of the request's tools
+
     def answerable(self, body: Any) -> bool:
         return (body.get("n") or 1) == 1
 

@@ -38,19 +38,26 @@ _ROLES = {"system": "system", "user": "user", "assistant": "assistant", "opaque"
 
 def parts_of(conv: Any) -> list[list[Part]]:
     """A neutral conversation (proxy/model.py) as recall's parts, one list per envelope."""
-    out: list[list[Part]] = []
-    for env in conv.envelopes:
-        parts = []
-        for it in env.items:
-            kind = it.kind.value
-            if kind == "tool_call":
-                parts.append(Part("tool_call", "", it.call_id, it.name, it.args))
-            elif kind == "tool_result":
-                parts.append(Part("tool_result", it.text, it.call_id, it.name))
-            else:
-                parts.append(Part(_ROLES.get(kind, "other"), it.text))
-        out.append(parts)
-    return out
+    return [envelope_parts(env) for env in conv.envelopes]
+
+
+def request_parts(request: Any) -> list[list[Part]]:
+    """The parts of a request's own conversation: those of the envelopes the previous request of
+    the conversation shared are not made again (a long history has thousands)."""
+    return request.per_envelope("recall.parts", envelope_parts)
+
+
+def envelope_parts(env: Any) -> list[Part]:
+    parts = []
+    for it in env.items:
+        kind = it.kind.value
+        if kind == "tool_call":
+            parts.append(Part("tool_call", "", it.call_id, it.name, it.args))
+        elif kind == "tool_result":
+            parts.append(Part("tool_result", it.text, it.call_id, it.name))
+        else:
+            parts.append(Part(_ROLES.get(kind, "other"), it.text))
+    return parts
 
 
 def _label(name: str | None, args: str) -> str:

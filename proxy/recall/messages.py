@@ -61,6 +61,9 @@ class MessagesDialect:
         return [t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)] \
             if isinstance(tools, list) else []
 
+    def cleaned(self, answer: dict[str, Any], name: str) -> dict[str, Any] | None:
+        return None  # no echo of the request's tools
+
     def answerable(self, body: Any) -> bool:
         return True
 

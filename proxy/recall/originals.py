@@ -103,12 +103,22 @@ class Originals:
         return decode(handle, raw) if raw is not None else None
 
     async def search(self, scope: str, query: str, limit: int = 8) -> list[Original]:
+        return (await self.find(scope, query, limit)).originals
+
+    async def find(self, scope: str, query: str, limit: int = 8) -> "Found":
+        """The originals a search finds, best first. The query and the identifiers in it are looked
+        up exactly first; its words only when no original carries one of them: an identifier's
+        parts are words too ("seg" of seg_1a2b3c), and would find unrelated texts beside it."""
         words, idents = query_terms(query)
         if not words and not idents:
-            return []
+            return Found([], False)
         prefix = self.prefix(scope)
-        keys = await self.store.find_originals(prefix, words, idents, limit)
+        keys = await self.store.find_originals(prefix, [], idents, limit) if idents else []
         self._check()
+        exact = bool(keys)
+        if not exact and words:
+            keys = await self.store.find_originals(prefix, words, idents, limit)
+            self._check()
         found = await self.store.get_many(keys) if keys else {}
         self._check()
         out = []
@@ -116,4 +126,10 @@ class Originals:
             o = decode(k[len(prefix):], found[k]) if k in found else None
             if o is not None:
                 out.append(o)
-        return out
+        return Found(out, exact)
+
+
+@dataclass(frozen=True)
+class Found:
+    originals: list[Original]
+    exact: bool  # found by an identifier (the excerpts are cut around it, not around its words)

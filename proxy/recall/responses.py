@@ -6,7 +6,9 @@ its `function_call` output items; the continuation appends the round's output it
 (reasoning items in place, right before the item they belong to) and one `function_call_output`
 input item per recall call. The client's answer is every round's output without the recall calls
 and without a reasoning item whose following item was a recall call (sent back alone it would be
-refused: a reasoning item must come with the item it preceded), usage summed.
+refused: a reasoning item must come with the item it preceded), usage summed; the response
+object's echo of the request's `tools` leaves the recall tool out (on every answer to a request
+that declared it).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ def resent(body: dict[str, Any], items: list[Any]) -> list[Any]:
                                        and not it.get("encrypted_content"))]
 
 
+def without_tool(response: Any, name: str) -> Any:
+    """A response object without the recall tool in its echo of the request's `tools`."""
+    tools = response.get("tools") if isinstance(response, dict) else None
+    if not isinstance(tools, list) or not any(isinstance(t, dict) and t.get("name") == name for t in tools):
+        return response
+    return {**response, "tools": [t for t in tools if not (isinstance(t, dict) and t.get("name") == name)]}
+
+
 def continuation(body: dict[str, Any], output: list[Any], calls: list[Call], results: list[str], *,
                  last: bool) -> dict[str, Any]:
     inp = body.get("input")
@@ -75,6 +85,10 @@ class ResponsesDialect:
         return [t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)] \
             if isinstance(tools, list) else []
 
+    def cleaned(self, answer: dict[str, Any], name: str) -> dict[str, Any] | None:
+        out = without_tool(answer, name)
+        return None if out is answer else out
+
     def answerable(self, body: Any) -> bool:
         # a background response comes back queued: its calls are read later, by the client
         return not body.get("background")
@@ -92,7 +106,7 @@ class ResponsesDialect:
         return continuation(body, answer["output"], calls, results, last=last)
 
     def merged(self, answers: list[dict[str, Any]], name: str) -> dict[str, Any]:
-        data = dict(answers[-1])
+        data = dict(without_tool(answers[-1], name))
         data["output"] = [it for a in answers for it in visible(a["output"], name)]
         usage = summed_usage(answers)
         if usage is not None:

@@ -22,7 +22,7 @@ import orjson
 from proxy import errors
 from proxy.forward import event_fields
 from proxy.recall.answers import Call, add_usage
-from proxy.recall.responses import continuation, is_client_call, is_recall
+from proxy.recall.responses import continuation, is_client_call, is_recall, without_tool
 from proxy.responses.stream import END_EVENTS, PREAMBLE, error_event
 
 SHOWN, HELD, HIDDEN = "shown", "held", "hidden"
@@ -91,7 +91,7 @@ class Rounds:
                 return []
             if self.first is None:
                 self.first = {k: response[k] for k in ("id", "created_at") if k in response}
-            self.preamble.append(payload)  # until something follows: a round that only looks up shows nothing
+            self.preamble.append({**payload, "response": without_tool(response, self.name)} if response else payload)  # until something follows: a round that only looks up shows nothing
             return []
         if t in END_EVENTS:
             self.end = payload
@@ -172,6 +172,11 @@ class Rounds:
     def note(self, text: str) -> bytes:
         return b": " + text.encode() + b"\n\n"
 
+    def ids(self) -> tuple[str | None, str | None]:
+        """(the id the client was shown, the id of the response the upstream stored last)."""
+        last = (self.end or {}).get("response") or {}
+        return (self.first or {}).get("id"), last.get("id") if isinstance(last, dict) else None
+
     def close(self) -> list[bytes]:
         """Held reasoning shown (nothing followed it), then the one end event."""
         out: list[bytes] = []
@@ -180,7 +185,7 @@ class Rounds:
                 out += self._show(self.items[i])
         if self.end is not None:
             end = self.end
-            response = dict(end.get("response") or {})
+            response = dict(without_tool(end.get("response") or {}, self.name))
             response.update(self.first or {})
             response["output"] = [self.shown[k] for k in sorted(self.shown)]
             if self.usage is not None:

@@ -114,11 +114,11 @@ async def answer(
                 return Answer(f"No original has the recall id {req.handle[:64]!r} in this conversation.", "miss")
         assert req.query is not None or req.handle is not None
         query = req.query or req.handle or ""
-        found = await originals.search(scope, query)
+        found = await originals.find(scope, query)
     except RecallUnavailable:
         return Answer(prompts.text("recall-unavailable"), "unavailable")
-    text = _search(found, query, req.page, max_tokens, count)
-    return Answer(text, "hit" if found else "miss")
+    text = _search(found.originals, query, req.page, max_tokens, count, exact=found.exact)
+    return Answer(text, "hit" if found.originals else "miss")
 
 
 def _where(o: Original, start: int, end: int) -> str:
@@ -133,8 +133,11 @@ def _read(o: Original, page: int, max_tokens: int, count: Callable[[str], int]) 
     return f"{_where(o, start, end)}\n{o.text[start:end]}{tail}"
 
 
-def _search(found: list[Original], query: str, page: int, max_tokens: int, count: Callable[[str], int]) -> str:
+def _search(found: list[Original], query: str, page: int, max_tokens: int, count: Callable[[str], int], *,
+            exact: bool = False) -> str:
     words, idents = query_terms(query)
+    if exact:
+        words = []  # found by an identifier: the excerpts are around it, not around its parts
     parts: list[str] = []  # one excerpt each, with its position line, in order of preference
     for o in found:
         wins = excerpts.windows(o.text, words, idents)

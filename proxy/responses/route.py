@@ -24,6 +24,7 @@ from proxy.flow import Flow, Identity, Report, run_request
 from proxy.forward import BodyPace, read_body, upstream_request_headers
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
+from proxy.recall import chains as recall_chains
 from proxy.recall.responses import RESPONSES as RECALL
 from proxy.recall.responses_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
@@ -69,7 +70,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     streaming = bool(body.get("stream"))
     ex.model, ex.stream = body["model"], streaming
     if stateful(body) is not None:
-        # The history lives at the upstream: the proxy cannot see it, and changes nothing.
+        # The history lives at the upstream: the proxy cannot see it, and changes nothing (but
+        # the id a streamed recall answer showed for the stored one: recall/chains.py).
+        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw)
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
     parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
@@ -113,7 +116,11 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
                           _headers("bypassed", 0, 0, 0, 0))
     body = await offload.sized(len(raw), parse_responses_body, raw)
     p = await prepare(state, raw, body, request.headers, ex)
-    recall = Answering(p.recall, RECALL, RecallRounds) if p.recall is not None else None
+    recall = None
+    if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
+        session = p.recall
+        recall = Answering(session, RECALL, RecallRounds,
+                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids()))
     resp = await send(request, state.session, ADAPTER, _upstream(request, state, up_headers, p.stream), p.data,
                       p.headers, retry=p.retry, recall=recall, hooks=state.hooks)
     recall_answers.finished(state.hooks, "responses", body["model"], p.recall)

@@ -257,6 +257,22 @@ class Driver:
         return resp.headers if resp is not None else {}
 
 
+def client_for(protocol: str, proxy: ProxyHandle, key: str) -> Any:
+    if protocol == "messages":
+        return anthropic.AsyncAnthropic(base_url=proxy.root, api_key=key, max_retries=0)
+    return openai.AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
+
+
+@contextlib.asynccontextmanager
+async def other_client(d: Driver, key: str) -> AsyncIterator[Driver]:
+    """The same proxy and upstream, another credential."""
+    other = Driver(d.protocol, d.fake, d.proxy, client_for(d.protocol, d.proxy, key))
+    try:
+        yield other
+    finally:
+        await other.client.close()
+
+
 @contextlib.asynccontextmanager
 async def driver(protocol: str, settings: dict[str, Any] | None = None, *, key: str = "sk-recall",
                  reply: Callable[[dict[str, Any]], Any] = model_reply) -> AsyncIterator[Driver]:
@@ -267,17 +283,13 @@ async def driver(protocol: str, settings: dict[str, Any] | None = None, *, key: 
         if protocol == "messages":
             cfg = {**cfg, "anthropic": {"base_url": fake.base_url}}
         proxy = await start_proxy(fake.base_url, cfg)
-        if protocol == "messages":
-            client: Any = anthropic.AsyncAnthropic(base_url=proxy.root, api_key=key, max_retries=0)
-        else:
-            client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
-        d = Driver(protocol, fake, proxy, client)
+        d = Driver(protocol, fake, proxy, client_for(protocol, proxy, key))
         d.set_reply(reply)
         try:
             yield d
         finally:
-            await client.close()
+            await d.client.close()
             await proxy.close()
 
 
-__all__ = ["PROTOCOLS", "Answer", "Driver", "build_session", "driver"]
+__all__ = ["PROTOCOLS", "Answer", "Driver", "build_session", "driver", "other_client"]

@@ -1,0 +1,151 @@
+"""A recall round inside an event stream, read as raw SSE (design 13.3), on every protocol: one
+response (Responses: one response.created and one response.completed, sequence numbers 0..n-1,
+output indexes from 0 with no gap, the completed output as the client saw it; Messages: one
+message_start and one message_stop, block indexes from 0 with no gap; chat: one id, one [DONE]),
+no trace of the recall call, text relayed before the call kept; and the count of lookups made after
+the headers went out: in an SSE comment at the end, in the log and in /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.recall_facts import build_session
+from support.recall_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, TOOLS, driver, messages_body, responses_input
+
+
+def recall_name(body: dict[str, Any]) -> str | None:
+    return next((t["function"]["name"] for t in body.get("tools") or ()
+                 if t["function"]["name"].startswith("context_recall")), None)
+
+
+def writes_then_looks_up(body: dict[str, Any]) -> Any:
+    """Says something, then looks up (so the headers go out before the lookup), then answers."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return "Found it."
+    name = recall_name(body)
+    return {"content": "Let me check.", "tool_calls": [{"name": name, "arguments": {"query": "segment"}}]} if name \
+        else "no tool"
+
+
+def request(protocol: str, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any], dict[str, str]]:
+    if protocol == "chat":
+        return "/v1/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS, "stream": True,
+                                        "stream_options": {"include_usage": True}}, {"Authorization": "Bearer sk-recall"}
+    if protocol == "responses":
+        instructions, items = responses_input(messages)
+        return "/v1/responses", {"model": "m", "instructions": instructions, "input": items, "tools": RESPONSES_TOOLS,
+                                 "stream": True}, {"Authorization": "Bearer sk-recall"}
+    system, msgs = messages_body(messages)
+    return "/v1/messages", {"model": "m", "max_tokens": 4096, "system": system, "messages": msgs,
+                            "tools": MESSAGES_TOOLS, "stream": True}, {"x-api-key": "sk-recall",
+                                                                        "anthropic-version": "2023-06-01"}
+
+
+def events(raw: bytes) -> tuple[list[Any], list[bytes]]:
+    """(data payloads, comment lines) of an SSE body."""
+    data, comments = [], []
+    for block in raw.split(b"\n\n"):
+        for line in block.splitlines():
+            if line.startswith(b":"):
+                comments.append(line)
+            elif line.startswith(b"data:"):
+                payload = line[5:].strip()
+                data.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return data, comments
+
+
+def check_one_response(protocol: str, data: list[Any]) -> str:
+    """The stream is one well-formed response of its protocol; returns the text it carries."""
+    if protocol == "chat":
+        assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+        chunks = data[:-1]
+        assert len({c["id"] for c in chunks}) == 1
+        assert not any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] \
+            == ["stop"]
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    if protocol == "responses":
+        types = [e["type"] for e in data]
+        assert types.count("response.created") == 1 and types.count("response.completed") == 1
+        assert types[0] == "response.created" and types[-1] == "response.completed"
+        assert [e["sequence_number"] for e in data] == list(range(len(data)))
+        ids = {e["response"]["id"] for e in data if "response" in e}
+        assert len(ids) == 1
+        added = [e["output_index"] for e in data if e["type"] == "response.output_item.added"]
+        assert added == list(range(len(added)))
+        assert not any(e.get("item", {}).get("type") == "function_call" for e in data)
+        done = [e["item"] for e in data if e["type"] == "response.output_item.done"]
+        assert data[-1]["response"]["output"] == done
+        return "".join(e["delta"] for e in data if e["type"] == "response.output_text.delta")
+    types = [e["type"] for e in data]
+    assert types.count("message_start") == 1 and types.count("message_stop") == 1
+    assert types[0] == "message_start" and types[-1] == "message_stop"
+    starts = [e["index"] for e in data if e["type"] == "content_block_start"]
+    assert starts == list(range(len(starts)))
+    assert not any(e.get("content_block", {}).get("type") == "tool_use" for e in data)
+    (delta,) = [e for e in data if e["type"] == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "end_turn"
+    return "".join(e["delta"].get("text", "") for e in data if e["type"] == "content_block_delta")
+
+
+async def metric(root: str, name: str) -> float:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(root + "/metrics") as r:
+            text = await r.text()
+    return sum(x.value for f in text_string_to_metric_families(text) for x in f.samples if x.name == name)
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_a_lookup_after_the_first_event_streams_into_the_same_response_and_is_counted(protocol: str,
+                                                                                            caplog) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.recall")
+    async with driver(protocol) as d:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.set_reply(writes_then_looks_up)
+        d.fake.clear_requests()
+        path, body, headers = request(protocol, [*history, {"role": "user", "content": "check it"}])
+        async with aiohttp.ClientSession() as s:
+            async with s.post(d.proxy.root + path, json=body, headers=headers) as r:
+                assert r.status == 200
+                raw = await r.read()
+                header = r.headers["x-compaction-recalls"]
+        data, comments = events(raw)
+        text = check_one_response(protocol, data)
+        assert text.startswith("Let me check.") and text.endswith("Found it.")  # what went out first stays
+        assert len(d.requests) == 2 and b"context_recall" not in raw
+        # the headers went out with "Let me check.": the lookup after it is counted where a stream can say it
+        assert header == "0"
+        assert comments == [b": x-compaction-recalls: 1"]
+        assert await metric(d.proxy.root, "compaction_proxy_recall_calls_after_headers_total") == 1
+        assert "1 of 1 lookup(s) came after the stream's headers" in caplog.text
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_a_lookup_before_any_output_is_in_the_header_and_no_comment_is_added(protocol: str) -> None:
+    def looks_up_first(body: dict[str, Any]) -> Any:
+        if body["messages"][-1]["role"] == "tool":
+            return "Found it."
+        name = recall_name(body)
+        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": "segment"}}]} if name else "no"
+
+    async with driver(protocol) as d:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.set_reply(looks_up_first)
+        path, body, headers = request(protocol, [*history, {"role": "user", "content": "check it"}])
+        async with aiohttp.ClientSession() as s:
+            async with s.post(d.proxy.root + path, json=body, headers=headers) as r:
+                raw = await r.read()
+                header = r.headers["x-compaction-recalls"]
+        data, comments = events(raw)
+        assert check_one_response(protocol, data) == "Found it."
+        assert header == "1" and comments == []
