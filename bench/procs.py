@@ -157,13 +157,14 @@ def proxy_command() -> list[str]:
 
 def start_proxy(
     workdir: Path, upstream_port: int, *, models: dict[str, int], store: str, extra_env: dict[str, str] | None = None,
-    name: str = "proxy",
+    name: str = "proxy", command: list[str] | None = None,
 ) -> Server:
     """The real `compaction-proxy` console script with a config written to `workdir`.
 
     `models` maps model names to context windows; `store` is `memory` or `sqlite` (a file in workdir);
     `extra_env` is added to its environment (experiments such as allocator settings, or
-    COMPACTION_PROXY_METRICS__ENABLED=false); `name` tells several proxies of one run apart.
+    COMPACTION_PROXY_METRICS__ENABLED=false); `name` tells several proxies of one run apart;
+    `command` runs another build of the proxy (another worktree's console script).
     """
     port = free_port()
     config = {
@@ -181,7 +182,7 @@ def start_proxy(
     cfg.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     env.update(extra_env or {})
-    server = spawn(name, proxy_command() + ["--config", str(cfg)], port, workdir, env)
+    server = spawn(name, (command or proxy_command()) + ["--config", str(cfg)], port, workdir, env)
     wait_ready(server, path="/healthz", timeout_s=60)
     return server
 

@@ -64,7 +64,8 @@ async def run(window: int, http: int) -> None:
               "instructions + summary prefix byte for byte")
         print(f"largest forwarded request: {max(r.prompt_tokens for r in forwarded)} tokens (the fake's count) against "
               f"a {window}-token window; the session's own largest: {max(own)} tokens")
-        print(f"HTTP statuses seen by the client: {[t.compaction for t in result.turns if t.transport == 'http']}")
+        print(f"statuses seen by the client (HTTP headers, then response.created on the socket): "
+              f"{[t.compaction for t in result.turns]}")
 
 
 def main() -> None:

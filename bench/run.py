@@ -405,7 +405,8 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
 
 
 def start_servers(
-    workdir: Path, sizes: Sizes, *, store: str, nginx: bool, proxy_env: dict[str, str], compare_metrics: bool = False
+    workdir: Path, sizes: Sizes, *, store: str, nginx: bool, proxy_env: dict[str, str], compare_metrics: bool = False,
+    also: dict[str, Path] | None = None,
 ) -> tuple[procs.Server, list[Target]]:
     upstream = procs.start_fake_upstream(workdir, chunks=sizes.stream_chunks, chunk_delay_ms=sizes.stream_delay_ms)
     started = [upstream]
@@ -422,6 +423,11 @@ def start_servers(
         proxy = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env)
         started.append(proxy)
         targets.append(Target(PROXY, proxy.port, proxy))
+        for name, tree in (also or {}).items():  # another build, measured in the same rounds
+            other = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env, name=name,
+                                      command=[str(tree / ".venv" / "bin" / "compaction-proxy")])
+            started.append(other)
+            targets.append(Target(name, other.port, other))
         if compare_metrics:
             off = {"COMPACTION_PROXY_METRICS__ENABLED": "false"}
             for name, env in ((NO_METRICS, off), (NO_OPS, {**off, "COMPACTION_PROXY_SERVER__ACCESS_LOG": "false"})):
@@ -492,6 +498,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compare-metrics", action="store_true",
                    help=f"also run the proxy with metrics.enabled false (target {NO_METRICS!r}) and with the access "
                         f"log off too ({NO_OPS!r}): the cost of metrics and of the access log")
+    p.add_argument("--also", action="append", default=[], metavar="NAME=WORKTREE",
+                   help="also run the proxy built in WORKTREE (its .venv's console script) as target NAME, in the "
+                        "same interleaved rounds: a before/after comparison of two commits on one machine load")
     p.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for the proxy process (repeatable)")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/<time>.json)")
@@ -503,6 +512,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad := [e for e in args.proxy_env if "=" not in e]:
         p.error(f"--proxy-env needs NAME=VALUE, got {bad[0]!r}")
     args.proxy_env = dict(e.split("=", 1) for e in args.proxy_env)
+    if bad := [e for e in args.also if "=" not in e or not (Path(e.split("=", 1)[1]) / ".venv" / "bin" / "compaction-proxy").exists()]:
+        p.error(f"--also needs NAME=WORKTREE with a .venv/bin/compaction-proxy in it, got {bad[0]!r}")
+    args.also = {n: Path(t) for n, t in (e.split("=", 1) for e in args.also)}
     return args
 
 
@@ -517,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(workdir, 0o755)  # nginx workers run as another user
         try:
             upstream, targets = start_servers(workdir, sizes, store=args.store, nginx=not args.no_nginx,
-                                              proxy_env=args.proxy_env, compare_metrics=args.compare_metrics)
+                                              proxy_env=args.proxy_env, compare_metrics=args.compare_metrics,
+                                              also=args.also)
         except procs.StartError as e:
             print(f"bench: {e}", file=sys.stderr)
             return 1

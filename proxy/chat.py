@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from proxy import credentials, errors, jsonbody, offload
+from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
 from proxy.chat_request import latest_user_index, message_text
@@ -73,13 +74,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
     if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
         return await _bypass(request, state, raw, up_headers)
-    # Parsing, keying and counting grow with the body: off the event loop when it is large.
-    parsed = await offload.sized(len(raw), CHAT.parse, raw, state.counter, cfg)
+    creds = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers)
+    # What the conversation's previous body shared is reused; the rest is parsed off the event
+    # loop when it is large.
+    parsed = await prefix.parse(CHAT, raw, state.counter, cfg, creds.scope)
     if cfg.compaction.learn_token_ratio and state.ratios is not None:
         parsed.ratio = await state.ratios.ratio(parsed.model, parsed.ratio)  # learned from the upstream's usage
     ex.model, ex.stream = parsed.model, parsed.stream
     before = parsed.total()
-    creds = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers)
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
     ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
     ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # the original's, for the bill

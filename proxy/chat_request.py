@@ -17,8 +17,9 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """Parse and validate; raises ProxyError(400) naming the offending field."""
+def parse_chat_body(raw: bytes, *, before: list[Any] | None = None) -> dict[str, Any]:
+    """Parse and validate; raises ProxyError(400) naming the offending field. `before`: messages
+    parsed already, cut out of the front of `raw`'s array (proxy/adapters/prefix.py)."""
     if not raw.strip():
         raise bad_request("Request body is empty; expected a JSON object.")
     try:
@@ -30,6 +31,8 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         # value while the upstream reads the other.
         names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
         raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
+    if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
+        body["messages"] = [*before, *body["messages"]]
     validate_chat_body(body, messages=False)
     # The messages are checked by the chat adapter's parse, once per distinct message.
     _check_writable({k: v for k, v in body.items() if k != "messages"})

@@ -261,6 +261,9 @@ class ResponsesConfig(_Section):
     # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
     # chat completion for an upstream that serves both and is better at chat.
     summarizer_api: Literal["responses", "chat"] = "responses"
+    # A WebSocket turn has no headers of its own: its x-compaction-* report goes into the
+    # `response.metadata` of the turn's `response.created` event (false: events relayed untouched).
+    websocket_report: bool = True
 
 
 class Config(_Section):

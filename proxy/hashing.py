@@ -77,8 +77,16 @@ def content_digest(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_DIGEST_SIZE).hexdigest()
 
 
-def hash_chain(digests: Sequence[bytes]) -> list[bytes]:
-    """chain[0] is the empty prefix; chain[i] identifies digests[0:i]."""
+def hash_chain(digests: Sequence[bytes], known: Sequence[bytes] | None = None) -> list[bytes]:
+    """chain[0] is the empty prefix; chain[i] identifies digests[0:i]. `known`: the chain of
+    digests this list starts with (chain[0:len(known)]), continued instead of made again."""
+    if known:
+        out = list(known[:len(digests) + 1])
+        h = out[-1]
+        for d in digests[len(out) - 1:]:
+            h = hashlib.sha256(h + d).digest()[:_DIGEST_SIZE]
+            out.append(h)
+        return out
     out = [b"\x00" * _DIGEST_SIZE]
     h = out[0]
     for d in digests:

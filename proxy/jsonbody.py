@@ -55,7 +55,7 @@ def _exact(raw: bytes) -> Any:
 def loads(raw: bytes) -> Any:
     """Parse a request body (orjson.JSONDecodeError for what is not JSON; DuplicateKeys)."""
     value = orjson.loads(raw)
-    if _has_long_digits(raw):
+    if has_long_digits(raw):
         return _exact(raw)
     if _KEY_END in raw:
         try:
@@ -77,7 +77,7 @@ def _search(pattern: re.Pattern[bytes], raw: bytes, overlap: int) -> bool:
     return any(pattern.search(raw, i, i + _PIECE + overlap) for i in range(0, len(raw), _PIECE))
 
 
-def _has_long_digits(raw: bytes) -> bool:
+def has_long_digits(raw: bytes) -> bool:
     return any(
         raw[i : i + _PIECE + 19].translate(_DIGITS_AS_ZEROS).find(_TWENTY) >= 0 for i in range(0, len(raw), _PIECE)
     )

@@ -26,7 +26,7 @@ from bench.stats import Tally, summarize
 from bench.workloads import agent_conversation, agent_tools, small_body
 from proxy.compaction.acceptance import missing_headings
 from proxy.compaction.summarizer import MAIN_HEADINGS
-from support.client import openai_client
+from support.client import anthropic_client, openai_client
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARIZER_SYSTEM = (REPO / "prompts" / "summarization-system.md").read_text(encoding="utf-8")
@@ -75,11 +75,9 @@ async def test_fake_streams_the_configured_number_of_events(oai):
 
 
 async def test_fake_answers_and_streams_the_anthropic_and_responses_clients(fake, oai):
-    from anthropic import AsyncAnthropic
-
     from bench.workloads import agent_protocol_body, small_protocol_body
 
-    async with AsyncAnthropic(base_url=f"http://127.0.0.1:{fake.port}", api_key="sk-ant", max_retries=0) as ant:
+    async with anthropic_client(f"http://127.0.0.1:{fake.port}", "sk-ant") as ant:
         msg = await ant.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
         assert msg.content[0].text == "Hello from the bench upstream."
         async with ant.messages.stream(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}],

@@ -17,7 +17,7 @@ from proxy.fake_upstream import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer
 from support.client import chat, openai_client
-from support.coding_session import CONTINUE, KINDS, coding_session
+from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
 from support.invariants import check_forwarded, text_of
 from support.transcripts import enlarge_tool_outputs, swe_agent_messages
 
@@ -169,37 +169,8 @@ def _outside_summary(text: str) -> str:
     return re.sub(r"<summary>.*?</summary>", "", text, flags=re.DOTALL)
 
 
-def _request_then_continue(turns: int = 8):
-    """A coding session that ends with a long substantive request, long tool work, a question from
-    the agent, "OK, continue.", and more tool work after it: with a small kept part, the request
-    falls in the summarized span while the continuation is kept."""
-    s = coding_session(turns)
-    msgs = s.messages[:-1]  # without the closing "Thanks. Summarize ..."
-    request = ("Now migrate every ledger module to the new posting API (LED-9001): replace post(entries) with "
-               "post(entries, quantize=True) everywhere under ledger/, keep the public signatures, run the full "
-               "test suite after each module, and commit once per module with the ticket in the message.")
-    msgs.append({"role": "user", "content": request})
-    passed = "\n".join(f"tests/test_mod_{j}.py::test_posting_{j} PASSED" for j in range(120))
-    for k in range(3):
-        cid = f"call_tail_{k}"
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed})
-    # a long plan: the request that ends with "OK, continue." is the one that crosses the threshold
-    plan = "\n".join(f"{j}. ledger/mod_{j}/posting.py: replace post(entries), then run tests/test_mod_{j}.py" for j in range(500))
-    msgs.append({"role": "assistant", "content": f"The plan, module by module:\n{plan}\nShall I start with the first one?"})
-    msgs.append({"role": "user", "content": CONTINUE})
-    for k in range(3, 5):
-        cid = f"call_tail_{k}"
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
-        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed[:600]})
-    msgs.append({"role": "assistant", "content": "Migrated the first module."})
-    return msgs, s.tools, request
-
-
 async def test_latest_substantive_request_is_verbatim_in_every_forwarded_request(upstream, make_proxy):
-    msgs, tools, request = _request_then_continue()
+    msgs, tools, request = request_then_continue()
     upstream.window = 12000
     upstream.summarizer = CarelessSummarizer(reply_every=0)  # it paraphrases, and always answers a summary
     # a kept part so short that the request before "OK, continue." is summarized; no masking, so

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from anthropic import Anthropic, APIStatusError, AsyncAnthropic, AuthenticationError, BadRequestError
+from anthropic import APIStatusError, AuthenticationError, BadRequestError
 
 from proxy.fakes.messages import FakeMessages
 from proxy.prompts import Prompts
-from support.client import post
+from support.client import anthropic_client, post, sync_anthropic_client
 
 MODEL = "claude-sonnet-4-6"
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}
@@ -29,7 +29,7 @@ async def fake():
 
 @pytest.fixture
 async def client(fake):
-    async with AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0) as c:
+    async with anthropic_client(fake, "sk-ant-test") as c:
         yield c  # closed inside the loop
 
 
@@ -74,8 +74,7 @@ async def test_async_client_text_and_usage(fake, client):
 
 
 def test_sync_client():
-    with FakeMessages(reply="fine") as fake, Anthropic(base_url=fake.base_url, api_key="sk-ant-test",
-                                                       max_retries=0) as c:
+    with FakeMessages(reply="fine") as fake, sync_anthropic_client(fake, "sk-ant-test") as c:
         r = c.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}])
         assert r.content[0].text == "fine"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+import orjson
+
 from proxy.compaction.record import RecordCache, SummaryRecord, record_bytes
 from proxy.hashing import DIGEST_CACHE_SIZE, DigestCache, message_keys
 from proxy.store.memory import MemoryStore
@@ -119,3 +121,48 @@ async def test_model_names_that_never_repeat_do_not_grow_the_ratio_learner():
     # a model learned before the bound keeps learning
     learner.observe("client-made-name-0", 1000, 1300)
     assert await learner.ratio("client-made-name-0", 1.0) > 1.0
+
+
+def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
+    """Bodies that grow (proxy/adapters/prefix.py): the kept bodies, their written JSON and parsed
+    values, measured, stay within the byte bound however many conversations come."""
+    from proxy.adapters import prefix
+    from proxy.adapters.chat import ChatAdapter
+    from proxy.config import Config
+
+    counter, cfg, chat = TokenCounter(), Config(), ChatAdapter()
+    assert counter.load(["o200k_base"])
+
+    def conversation(i: int, turns: int) -> bytes:
+        msgs = [{"role": "system", "content": "be brief"}]
+        for t in range(turns):
+            msgs += [{"role": "user", "content": f"conversation {i} turn {t} " + "word " * 150},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": f"c{t}", "type": "function", "function": {"name": "read", "arguments": '{"p":"x"}'}}]},
+                     {"role": "tool", "tool_call_id": f"c{t}", "content": "line of output\n" * 60}]
+        return orjson.dumps({"model": "gpt-4o", "messages": msgs, "stream": False})
+
+    # 120 conversations of ~60 KiB, each sent as it grows over its last two turns
+    bodies = [conversation(i, t) for i in range(120) for t in (18, 19, 20)]
+    # counted and digested before measuring, so the token-count and digest caches do not grow
+    # inside the measurement
+    for raw in bodies:
+        chat.parse(raw, counter, cfg).digests
+    bound = 3 * MiB
+    recent = prefix.RecentBodies(max_bytes=bound)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, raw in enumerate(bodies):
+            scope = f"s{i // 3 % 7}"
+            req = prefix.parse_seen(chat, raw, counter, cfg, scope, recent.prior(scope, raw), recent=recent)
+            # what compaction works out lazily is kept with the request: its envelopes, digests, chain
+            [e.items for e in req.conversation.envelopes], req.digests, req.chain(1)
+            del req
+        measured = tracemalloc.get_traced_memory()[0] - before
+
+    finally:
+        tracemalloc.stop()
+    assert 0 < len(recent) < len(bodies) and recent.bytes <= bound
+    # the estimate does not undercount what is really held
+    assert measured <= recent.bytes + 64 * 1024, (measured, recent.bytes, len(recent))

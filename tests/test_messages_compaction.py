@@ -1,18 +1,17 @@
 """Compaction on the Messages API (issue 15 items 2-6): the real `anthropic` client through the
 proxy to the strict fake Messages upstream, which rejects what Anthropic rejects (alternation, a
-tool_use without its result, an edited thinking signature, a fifth breakpoint)."""
+tool_use without its result, an edited thinking signature, a fifth breakpoint). The overflow retry,
+a failing summarizer, reuse and isolation run for every protocol in tests/test_protocols_shared.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import aiohttp
 import pytest
-from anthropic import AsyncAnthropic
 
-from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
+from support.client import anthropic_client, post
 from support.compaction_helpers import filler, main_summary
 
 MODEL = "claude-sonnet-4-6"
@@ -47,16 +46,9 @@ def history(turns: int, words: int = 120) -> list[dict[str, Any]]:
 
 
 async def create(proxy: Any, key: str = KEY, headers: dict[str, str] | None = None, **body: Any):
-    async with AsyncAnthropic(base_url=proxy.root, api_key=key, max_retries=0, default_headers=headers or {}) as c:
+    async with anthropic_client(proxy, key, default_headers=headers or {}) as c:
         raw = await c.messages.with_raw_response.create(**{"model": MODEL, "max_tokens": 2000, **body})
         return raw.headers, await raw.parse()
-
-
-async def post(proxy: Any, body: dict[str, Any], path: str = "/v1/messages") -> tuple[int, dict, bytes]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.root + path, data=json.dumps(body).encode(),
-                          headers={**HEADERS, "Content-Type": "application/json"}) as r:
-            return r.status, dict(r.headers), await r.read()
 
 
 def breakpoints_in(body: dict[str, Any]) -> int:
@@ -127,8 +119,9 @@ async def test_the_oldest_client_breakpoints_give_way_past_four(fake, make_proxy
               {"type": "text", "text": "Rules B. " + filler(30, 3), "cache_control": EPH}]
     msgs = history(14)
     msgs[-3]["content"][0]["cache_control"] = EPH  # Claude Code marks the last two user messages
-    status, headers, _ = await post(proxy, {"model": MODEL, "max_tokens": 100, "system": system, "messages": msgs})
-    assert status == 200 and headers["x-compaction-status"] == "summarized"
+    answer = await post(proxy, {"model": MODEL, "max_tokens": 100, "system": system, "messages": msgs}, HEADERS,
+                        path="/messages")
+    assert answer.status == 200 and answer.headers["x-compaction-status"] == "summarized"
     fwd = fake.messages_requests[-1]
     assert breakpoints_in(fwd) == 4
     assert "cache_control" not in fwd["system"][0] and fwd["system"][1]["cache_control"] == EPH
@@ -141,7 +134,7 @@ async def test_signed_thinking_and_tool_pairs_survive_a_compaction(fake, make_pr
     fake.reply = {"thinking": "Read it.", "tool_calls": [{"name": "Read", "input": {"path": "a.py"}}]}
     proxy = await make_proxy(fake.base_url, settings(fake, 6000, mask_tool_outputs=False))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(60, 1)}]
-    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+    async with anthropic_client(proxy, KEY) as c:
         statuses = []
         for step in range(16):
             raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, thinking=THINK,
@@ -189,22 +182,9 @@ async def test_native_compaction_passes_through_untouched(fake, make_proxy, nati
         msgs.insert(1, {"role": "assistant", "content": [{"type": "compaction", "content": "earlier work"}]})
         msgs.insert(2, {"role": "user", "content": "go on"})
     raw = json.dumps(body).encode()
-    async with aiohttp.ClientSession() as s:
-        async with s.post(proxy.root + "/v1/messages", data=raw, headers={**HEADERS, "Content-Type": "application/json"}) as r:
-            assert r.status == 200
-            assert r.headers["x-compaction-status"] == "none"
+    answer = await post(proxy, raw, {**HEADERS, "Content-Type": "application/json"}, path="/messages", expect=200)
+    assert answer.headers["x-compaction-status"] == "none"
     assert fake.records("messages")[-1].body == raw and fake.records("summarizer") == []
-
-
-# ---- overflow ----------------------------------------------------------------------------------------
-
-async def test_prompt_too_long_is_compacted_and_retried_once(fake, make_proxy):
-    proxy = await make_proxy(fake.base_url, settings(fake, 20000))
-    fake.window = 4000  # the upstream's real window is smaller than the proxy was told
-    msgs = history(14)
-    headers, answer = await create(proxy, system=SYSTEM, messages=msgs)
-    assert headers["x-compaction-status"] == "summarized"
-    assert [r.status for r in fake.records("messages")] == [400, 200]
 
 
 # ---- count_tokens ----------------------------------------------------------------------------------
@@ -212,7 +192,7 @@ async def test_prompt_too_long_is_compacted_and_retried_once(fake, make_proxy):
 async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summary(fake, make_proxy):
     proxy = await make_proxy(fake.base_url, settings(fake, 6000))
     msgs = history(14)
-    async with AsyncAnthropic(base_url=proxy.root, api_key=KEY, max_retries=0) as c:
+    async with anthropic_client(proxy, KEY) as c:
         before = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=msgs)
         assert fake.records("summarizer") == []  # a count makes no summary
         assert before.input_tokens == fake.count_input_tokens({"model": MODEL, "system": SYSTEM, "messages": msgs})
@@ -221,12 +201,3 @@ async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summ
         after = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=msgs)
     assert after.input_tokens == fake.records("messages")[-1].prompt_tokens < before.input_tokens
     assert made > 0 and len(fake.records("summarizer")) == made
-
-
-async def test_summarizer_failure_forwards_the_original(fake, make_proxy):
-    fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error")
-    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
-    body = {"model": MODEL, "max_tokens": 100, "system": SYSTEM, "messages": history(14)}
-    status, headers, _ = await post(proxy, body)
-    assert status == 200 and headers["x-compaction-status"] == "failed-open"
-    assert json.loads(fake.records("messages")[-1].body) == body

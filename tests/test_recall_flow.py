@@ -15,6 +15,7 @@ import pytest
 from proxy.fake_upstream import FakeUpstream, content_text
 from proxy.prompts import Prompts
 from proxy.recall.handles import in_text
+from support.client import openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import RedisServer, redis_server_fixture
 from support.recall_facts import NOT_FOUND, TOOLS, build_session, model_reply, shape
@@ -61,7 +62,7 @@ async def fake():
 
 async def test_planted_facts_from_compacted_spans_are_answered_exactly(fake: FakeUpstream, tmp_path) -> None:
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "store": {"url": f"sqlite:///{tmp_path}/store.db"}})
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-recall")
+    client = openai_client(proxy, "sk-recall")
     try:
         history, facts = build_session()
         await play(client, history)
@@ -86,7 +87,7 @@ async def test_planted_facts_from_compacted_spans_are_answered_exactly(fake: Fak
 
 async def test_the_tool_is_declared_with_the_same_bytes_once_compacted_and_never_before(fake: FakeUpstream) -> None:
     proxy = await start_proxy(fake.base_url, SETTINGS)
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-decl")
+    client = openai_client(proxy, "sk-decl")
     try:
         history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history[:13])  # a few turns: nothing compacted yet
@@ -108,7 +109,7 @@ async def test_the_tool_is_declared_with_the_same_bytes_once_compacted_and_never
 
 async def test_recall_disabled_declares_nothing(fake: FakeUpstream) -> None:
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "recall": {"enabled": False}})
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-off")
+    client = openai_client(proxy, "sk-off")
     try:
         history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history)
@@ -121,8 +122,8 @@ async def test_recall_disabled_declares_nothing(fake: FakeUpstream) -> None:
 
 async def test_one_credential_never_recalls_anothers_originals(fake: FakeUpstream) -> None:
     proxy = await start_proxy(fake.base_url, SETTINGS)
-    alice = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-alice")
-    bob = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-bob")
+    alice = openai_client(proxy, "sk-alice")
+    bob = openai_client(proxy, "sk-bob")
     try:
         history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(alice, history)
@@ -168,7 +169,7 @@ def forever(body: dict[str, Any]) -> Any:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_max_rounds_holds_against_a_model_that_calls_forever(fake: FakeUpstream, stream: bool) -> None:
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "recall": {"max_rounds": 2}})
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-forever")
+    client = openai_client(proxy, "sk-forever")
     try:
         history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history)
@@ -204,7 +205,7 @@ outage_redis = redis_server_fixture("outage_redis")
 async def test_a_store_outage_makes_the_tool_answer_unavailable(fake: FakeUpstream, outage_redis: RedisServer,
                                                                stream: bool) -> None:
     proxy = await start_proxy(fake.base_url, {**SETTINGS, "store": {"url": outage_redis.url}})
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-outage", max_retries=0)
+    client = openai_client(proxy, "sk-outage")
     try:
         history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await play(client, history)
@@ -224,7 +225,7 @@ async def test_a_store_outage_makes_the_tool_answer_unavailable(fake: FakeUpstre
 async def test_a_turn_with_recall_and_a_client_call_gives_the_client_its_calls_only(fake: FakeUpstream,
                                                                                      stream: bool) -> None:
     proxy = await start_proxy(fake.base_url, SETTINGS)
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-mixed", max_retries=0)
+    client = openai_client(proxy, "sk-mixed")
 
     def mixed(body: dict[str, Any]) -> Any:
         last = body["messages"][-1]

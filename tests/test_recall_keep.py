@@ -44,6 +44,18 @@ def test_a_stub_and_a_summary_name_their_originals() -> None:
     assert len(BIG) > SPAN_OUTPUT_CHARS and found[big].text == BIG and f"recall id {big}" in doc and BIG not in doc
 
 
+def test_a_span_stored_already_is_not_written_out_again() -> None:
+    """A request that reuses a summary names the same spans each time: once stored, their text is
+    not made again (on a long history that was most of a reused request's cost)."""
+    span = handles.of_span("cd" * 20)
+    forwarded = [ORIGINAL[0], {"role": "user", "content": "## Active Task\nx\n\n" + handles.recall_block([(span, 1, 3)])},
+                 ORIGINAL[4]]
+    fresh = {o.handle: o for o in replacements(chat_parts(ORIGINAL), chat_parts(forwarded), 1)}
+    known = {o.handle: o for o in replacements(chat_parts(ORIGINAL), chat_parts(forwarded), 1, known=lambda h: h == span)}
+    assert "first request, said early" in fresh[span].text
+    assert set(known) == {span} and known[span].text == "" and known[span].label == fresh[span].label
+
+
 def test_nothing_replaced_means_nothing_kept() -> None:
     assert replacements(chat_parts(ORIGINAL), chat_parts(ORIGINAL), 1) == []
 

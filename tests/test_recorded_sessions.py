@@ -9,13 +9,12 @@ import json
 
 import aiohttp
 import pytest
-from anthropic import AsyncAnthropic
 from openai import BadRequestError
 
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.fakes.responses.items import input_items, item_type
-from support.client import openai_client
+from support.client import anthropic_client, openai_client
 from support.sessions import FIXTURE_SIGNING_KEY, claude_requests, codex_requests
 
 THRESHOLD = 8000  # a small compaction threshold the tests of issues 14 and 15 can use
@@ -80,7 +79,7 @@ async def test_codex_session_fails_under_another_key():
 async def test_claude_session_replays_against_the_messages_fake():
     async with FakeMessages(signing_key=FIXTURE_SIGNING_KEY, reply="ok") as fake:
         usages = []
-        async with AsyncAnthropic(base_url=fake.base_url, api_key="sk-ant-test", max_retries=0) as client:
+        async with anthropic_client(fake, "sk-ant-test") as client:
             for body in claude_requests():
                 body.pop("stream")
                 async with client.messages.stream(**body) as s:

@@ -10,9 +10,9 @@ import json
 import pytest
 from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
 from agents.models import get_default_model
-from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
+from support.client import openai_client
 from support.codex_replay import summary_items
 
 WINDOW = 8000
@@ -49,8 +49,7 @@ async def test_an_agent_session_compacts_twice_and_finishes(make_proxy):
         proxy = await make_proxy(fake.base_url, {"models": {"default": {"context_window": WINDOW}},
                                                  "compaction": {"keep_recent_tokens": 1500, "prepare_percent": 0},
                                                  "tool_results": {"enabled": False}})
-        set_default_openai_client(AsyncOpenAI(base_url=proxy.base_url, api_key="sk-agent", max_retries=0),
-                                  use_for_tracing=False)
+        set_default_openai_client(openai_client(proxy, "sk-agent"), use_for_tracing=False)
         agent = Agent(name="reader", instructions="You read the project's files and report.", tools=[read_file])
         result = await Runner.run(agent, "Read every file under src/ and tell me the last one.", max_turns=FILES + 5)
     assert result.final_output == f"Read {FILES} files; the last was src/mod_{FILES - 1}.py."

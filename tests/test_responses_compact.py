@@ -11,6 +11,7 @@ from openai import BadRequestError
 
 from proxy.fakes.responses import FakeResponses
 from proxy.responses import compact
+from support.compaction_helpers import main_summary
 
 MODEL = "gpt-5"
 
@@ -106,3 +107,50 @@ async def test_serve_compact_setting_serves_it_here_regardless(make_proxy, clien
         out = await client_for(proxy, "sk-test").responses.compact(model=MODEL, input=HISTORY)
         assert out.output[-1].encrypted_content.startswith("cpx1.")
         assert fake.compact_requests == [] and len(fake.summarizer_requests) == 1
+
+
+SESSION = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+    user("Fix the rounding bug (LEDGER-4211)."),
+    {"type": "function_call", "call_id": "call_r", "name": "read_file", "arguments": '{"path": "src/ledger/posting.py"}'},
+    {"type": "function_call_output", "call_id": "call_r", "output": "def split_posting(entries): ...  # 0.01 lost here"},
+    {"type": "function_call", "call_id": "call_t", "name": "shell", "arguments": '{"cmd": "pytest -q tests/test_posting.py"}'},
+    {"type": "function_call_output", "call_id": "call_t", "output":
+        "Traceback (most recent call last):\n  File \"/repo/src/ledger/posting.py\", line 41, in split_posting\n"
+        "ledger.errors.PostingError: unbalanced posting 7f3a2c in journal J2417\n"
+        "CI run: https://ci.example.com/ledger/pipelines/40213/jobs/9c1d2e"},
+    {"type": "function_call", "call_id": "call_e", "name": "edit_file",
+     "arguments": '{"path": "src/ledger/rounding.py", "old": "round(x, 2)", "new": "quantize(x)"}'},
+    {"type": "function_call_output", "call_id": "call_e", "output": "Edited src/ledger/rounding.py."},
+    assistant("Fixed; committed as 5e0c9a1b7d42."),
+]
+PLANTED = ["src/ledger/posting.py", "src/ledger/rounding.py", "ledger.errors.PostingError: unbalanced posting 7f3a2c",
+           "https://ci.example.com/ledger/pipelines/40213/jobs/9c1d2e", "5e0c9a1b7d42"]
+
+
+async def test_a_summary_served_here_carries_the_blocks_code_writes(make_proxy, client_for):
+    """What a history summary has beside the model's text (spec 9.3), also in a compaction item
+    served here: the files touched, and the identifiers and error lines the model's text dropped,
+    carried over into the next compaction of the same conversation."""
+    async with FakeResponses(serve_compact=False) as fake:
+        fake.summarizer = main_summary("compact")  # a model that names no file, identifier or error
+        proxy = await make_proxy(fake.base_url)
+        c = client_for(proxy, "sk-test")
+        out = await c.responses.compact(model=MODEL, input=SESSION)
+        carried = [o.model_dump(exclude_none=True) for o in out.output]
+        # the item comes back in a request: the upstream gets the summary message it stands for
+        await c.responses.create(model=MODEL, input=[*carried, user("Go on.")])
+        summary = fake.responses_requests[-1]["input"][1]["content"][0]["text"]
+        assert "summary-marker-compact" in summary and "## Files Touched" in summary
+        assert "src/ledger/rounding.py" in summary.split("## Files Touched", 1)[1]
+        for planted in PLANTED:
+            assert planted in summary, planted
+        # a second compaction, over a span that names none of them, still carries them
+        more = [*carried, user("Now the docs."), assistant("Docs updated.")]
+        again = await c.responses.compact(model=MODEL, input=more)
+        await c.responses.create(model=MODEL, input=[*[o.model_dump(exclude_none=True) for o in again.output],
+                                                     user("Thanks.")])
+        summary2 = next(it["content"][0]["text"] for it in fake.responses_requests[-1]["input"]
+                        if "<summary>" in it["content"][0]["text"])
+        for planted in PLANTED:
+            assert planted in summary2, planted

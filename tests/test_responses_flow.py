@@ -14,9 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
+from support.client import sync_openai_client
 
 MODEL = "gpt-5"
 WINDOW = 6000
@@ -71,10 +72,6 @@ async def proxy(fake, make_proxy):
     return await make_proxy(fake.base_url, settings())
 
 
-def aclient(proxy, key: str = "sk-test") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
-
-
 async def create(client: AsyncOpenAI, **kw: Any) -> tuple[dict[str, str], Any]:
     raw = await client.responses.with_raw_response.create(model=MODEL, **kw)
     return dict(raw.headers), raw.parse()
@@ -83,9 +80,9 @@ async def create(client: AsyncOpenAI, **kw: Any) -> tuple[dict[str, str], Any]:
 # ---- plain requests, every form of the client ---------------------------------------------------
 
 
-async def test_small_requests_in_every_form_pass_unchanged(fake, proxy):
+async def test_small_requests_in_every_form_pass_unchanged(fake, proxy, client_for):
     fake.reply = "ok then"
-    c = aclient(proxy)
+    c = client_for(proxy, "sk-test")
     headers, r = await create(c, input="hello")
     assert r.output_text == "ok then" and headers["x-compaction-status"] == "none"
     raw_sent = fake.requests[-1].body
@@ -97,14 +94,14 @@ async def test_small_requests_in_every_form_pass_unchanged(fake, proxy):
     assert r.output[0].type == "function_call" and r.output[0].name == "shell"
     # sync client (in a thread: the proxy runs on this loop)
     fake.reply = "from sync"
-    sync = OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0)
+    sync = sync_openai_client(proxy, "sk-test")
     r = await asyncio.to_thread(sync.responses.create, model=MODEL, input="hi")
     assert r.output_text == "from sync"
 
 
-async def test_streaming_is_relayed_event_by_event(fake, proxy):
+async def test_streaming_is_relayed_event_by_event(fake, proxy, client_for):
     fake.reply = "one two three four"
-    stream = await aclient(proxy).responses.create(model=MODEL, input=[user("count")], stream=True)
+    stream = await client_for(proxy, "sk-test").responses.create(model=MODEL, input=[user("count")], stream=True)
     events = [e async for e in stream]
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "one two three four"
@@ -125,8 +122,8 @@ async def test_a_cut_stream_ends_with_an_error_event(fake, proxy):
 # ---- history compaction ------------------------------------------------------------------------
 
 
-async def test_history_is_summarized_then_reused_byte_for_byte(fake, proxy):
-    c = aclient(proxy)
+async def test_history_is_summarized_then_reused_byte_for_byte(fake, proxy, client_for):
+    c = client_for(proxy, "sk-test")
     items = history(14)
     headers, _ = await create(c, input=items, instructions="You are a careful agent.", tools=[SHELL])
     assert headers["x-compaction-status"] == "summarized"
@@ -150,9 +147,9 @@ async def test_history_is_summarized_then_reused_byte_for_byte(fake, proxy):
     assert all(r.status == 200 for r in fake.requests)  # every forwarded request kept its pairs
 
 
-async def test_stateful_requests_are_forwarded_untouched(fake, proxy):
+async def test_stateful_requests_are_forwarded_untouched(fake, proxy, client_for):
     fake.window = 100_000  # the upstream's own history handling is its business: it answers
-    c = aclient(proxy)
+    c = client_for(proxy, "sk-test")
     _, first = await create(c, input=[user("hello")])
     items = history(14)
     headers, _ = await create(c, input=items, previous_response_id=first.id)
@@ -161,13 +158,13 @@ async def test_stateful_requests_are_forwarded_untouched(fake, proxy):
     assert fake.records("summarizer") == []
 
 
-async def test_context_management_steps_history_compaction_aside_but_notes_apply(fake, make_proxy):
+async def test_context_management_steps_history_compaction_aside_but_notes_apply(fake, make_proxy, client_for):
     fake.window = 100_000
     proxy = await make_proxy(fake.base_url, {**settings(), "tool_results": {"enabled": True, "threshold_tokens": 200}})
     items = history(14)
     items.insert(-1, call("call_big", "cat big.log"))
     items.insert(-1, output("call_big", "\n".join(f"line {i}: ERROR E{i:04d} in worker_{i % 7}" for i in range(400))))
-    headers, _ = await create(aclient(proxy), input=items,
+    headers, _ = await create(client_for(proxy, "sk-test"), input=items,
                               context_management=[{"type": "compaction", "compact_threshold": 100000}])
     assert headers["x-compaction-status"] == "none"
     assert int(headers["x-compaction-tool-results"]) >= 1
@@ -177,16 +174,16 @@ async def test_context_management_steps_history_compaction_aside_but_notes_apply
         r.summarizer_kind == "tool" for r in fake.records("summarizer"))
 
 
-async def test_an_overflow_is_retried_compacted_over_http_and_in_the_stream(fake, make_proxy):
+async def test_an_overflow_is_retried_compacted_over_http_and_in_the_stream(fake, make_proxy, client_for):
     # The proxy believes the window is large; the upstream's is small: its 400 is the signal.
     proxy = await make_proxy(fake.base_url, {**settings(), "models": {MODEL: {"context_window": 12000}}})
     items = history(14)
-    headers, r = await create(aclient(proxy), input=items)
+    headers, r = await create(client_for(proxy, "sk-test"), input=items)
     assert r.status == "completed" and headers["x-compaction-status"] == "summarized"
     assert [x.status for x in fake.records("responses")][:1] == [400]
     fake.overflow_as_failed_event = True
     items2 = history(15)
-    stream = await aclient(proxy).responses.create(model=MODEL, input=items2, stream=True)
+    stream = await client_for(proxy, "sk-test").responses.create(model=MODEL, input=items2, stream=True)
     events = [e async for e in stream]
     assert [e.type for e in events if e.type.startswith("response.")][0] == "response.created"
     assert events[-1].type == "response.completed"  # the failed attempt never reached the client
@@ -196,10 +193,10 @@ async def test_an_overflow_is_retried_compacted_over_http_and_in_the_stream(fake
 # ---- compaction items --------------------------------------------------------------------------
 
 
-async def test_our_compaction_item_is_expanded_and_a_foreign_one_passes(make_proxy):
+async def test_our_compaction_item_is_expanded_and_a_foreign_one_passes(make_proxy, client_for):
     async with FakeResponses(window=WINDOW, serve_compact=False) as fake:
         proxy = await make_proxy(fake.base_url, settings())
-        c = aclient(proxy)
+        c = client_for(proxy, "sk-test")
         compacted = await c.responses.compact(model=MODEL, input=history(3))
         carried = [o.model_dump(exclude_none=True) for o in compacted.output]
         headers, r = await create(c, input=[*carried, user("go on")])
@@ -212,7 +209,7 @@ async def test_our_compaction_item_is_expanded_and_a_foreign_one_passes(make_pro
         assert fake.requests[-1].body == fake.records("responses")[-2].body
     async with FakeResponses(window=WINDOW) as openai_like:
         proxy = await make_proxy(openai_like.base_url, settings())
-        c = aclient(proxy)
+        c = client_for(proxy, "sk-test")
         theirs = await c.responses.compact(model=MODEL, input=history(3))
         carried = [o.model_dump(exclude_none=True) for o in theirs.output]
         _, r = await create(c, input=[*carried, user("go on")])

@@ -63,5 +63,9 @@ async def test_codex_session_over_http_and_websocket(fake, make_proxy):
     at = fake.requests.index(forwarded[first])
     prev = fake.requests.index(forwarded[first - 1])
     assert history_calls and all(prev < i < at for i in history_calls)  # all made for that one request
+    # and the client was told so on the socket, turn by turn (response.created's metadata)
+    told = [t.compaction for t in result.turns]
+    assert told[first] == "summarized" and set(told[first + 1:]) == {"reused"}, told
+    assert None not in told
     # the large file read became a note (a tool summary) before the history needed compacting
     assert [r.summarizer_kind for r in fake.records("summarizer")].count("tool") == 1

@@ -12,10 +12,11 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
-from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
 from proxy.responses.websocket import WsTurn, relay_websocket
+from support.client import openai_client, post
+from support.compaction_helpers import filler, main_summary
 
 MODEL = "gpt-5"
 
@@ -46,9 +47,9 @@ async def turn(ws, event: dict) -> list[dict]:
             return out
 
 
-async def test_openai_clients_websocket_through_the_proxy(fake, proxy):
+async def test_openai_clients_websocket_through_the_proxy(fake, proxy, client_for):
     fake.reply = "over the socket"
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0)
+    client = client_for(proxy, "sk-test")
     async with client.responses.connect() as conn:
         for n in range(2):
             await conn.response.create(model=MODEL, input=f"hello {n}", store=False)
@@ -176,10 +177,10 @@ async def test_an_overflow_before_output_is_retried_with_the_compacted_message(f
     retries: list[str] = []
 
     async def prepare(event: dict, raw: str) -> WsTurn:
-        async def retry() -> str:
+        async def retry() -> tuple[str, dict[str, str]]:
             retries.append(raw)
-            return json.dumps({**event, "input": "short"})
-        return WsTurn(raw, retry=retry)
+            return json.dumps({**event, "input": "short"}), {"x-compaction-status": "summarized"}
+        return WsTurn(raw, retry=retry, report={"x-compaction-status": "none"})
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await relay_websocket(request, session, ws_url(fake.base_url), {}, prepare, 1 << 20)
@@ -194,6 +195,8 @@ async def test_an_overflow_before_output_is_retried_with_the_compacted_message(f
                 events = await turn(ws, {"type": "response.create", "model": MODEL, "input": "word " * 200})
                 assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
                 assert events[-1]["response"]["output"][0]["content"][0]["text"] == "answered after the retry"
+                # the report the client gets is the retry's, not the refused attempt's
+                assert events[0]["response"]["metadata"] == {"x-compaction-status": "summarized"}
                 assert all(e["type"] != "error" for e in events)
                 # a second overflow in a later request is retried again (once per request)
                 events = await turn(ws, {"type": "response.create", "model": MODEL, "input": "more " * 200})
@@ -203,3 +206,77 @@ async def test_an_overflow_before_output_is_retried_with_the_compacted_message(f
     assert len(retries) == 2
     inputs = [r.json["input"] for r in fake.requests if r.transport == "websocket"]
     assert inputs == ["word " * 200, "short", "more " * 200, "short"]
+
+
+# ---- the x-compaction-* report of a WebSocket turn ------------------------------------------------
+
+REPORT = ("x-compaction-status", "x-compaction-tokens-before", "x-compaction-tokens-after",
+          "x-compaction-tool-results", "x-compaction-wait-ms")
+
+
+def _history(turns: int) -> list[dict]:
+    out = []
+    for t in range(turns):
+        out.append({"type": "message", "role": "user", "content": f"question {t}: " + filler(150, t)})
+        out.append({"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": f"answer {t}: " + filler(150, t + 3)}]})
+    return out + [{"type": "message", "role": "user", "content": "What next?"}]
+
+
+async def _ws_turns(proxy, bodies: list[dict], key: str = "sk-ws-report") -> list[list]:
+    client = openai_client(proxy, key)
+    out = []
+    async with client.responses.connect() as conn:
+        for body in bodies:
+            await conn.response.create(**body)
+            events = []
+            async for e in conn:
+                events.append(e)
+                if e.type in ("response.completed", "response.failed", "error"):
+                    break
+            out.append(events)
+    await client.close()
+    return out
+
+
+async def test_each_websocket_turn_reports_what_the_proxy_did_in_response_created(fake, make_proxy):
+    """Spec 11.3: a socket has no per-message headers, so each turn's x-compaction-* report goes in
+    the `metadata` of its `response.created`: the same values an HTTP request gets, read here by the
+    openai client; no event is added (sequence numbers stay whole) and other events are untouched."""
+    fake.summarizer = main_summary("ws-report")
+    # recall off: an HTTP request declares the recall tool, a socket's does not (it counts in tokens-after)
+    proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 6000}},
+                                             "compaction": {"prepare_percent": 0}, "recall": {"enabled": False}})
+    small = {"model": MODEL, "input": "hello", "store": False, "metadata": {"run": "7"}}
+    long = {"model": MODEL, "input": _history(14), "store": False}
+    turns = await _ws_turns(proxy, [small, long, long])
+    reports = []
+    for events in turns:
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        meta = events[0].response.metadata
+        reports.append({k: meta[k] for k in REPORT})
+        assert not any(k.startswith("x-compaction-") for k in events[-1].response.metadata or {})
+    assert turns[0][0].response.metadata["run"] == "7"  # the client's own metadata kept beside ours
+    assert [r["x-compaction-status"] for r in reports] == ["none", "summarized", "reused"]
+    assert int(reports[1]["x-compaction-tokens-after"]) < int(reports[1]["x-compaction-tokens-before"])
+    # the same body over HTTP gets the same report in its headers
+    answer = await post(proxy, long, {"Authorization": "Bearer sk-ws-report"}, path="/responses", expect=200)
+    assert {k: answer.headers[k] for k in REPORT if k != "x-compaction-wait-ms"} == {
+        k: v for k, v in reports[2].items() if k != "x-compaction-wait-ms"}
+
+
+async def test_an_overflow_retried_on_the_socket_reports_the_retry(fake, make_proxy):
+    fake.window = 4000  # smaller than the proxy believes: the first attempt overflows
+    proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 12000}},
+                                             "compaction": {"prepare_percent": 0}})
+    [events] = await _ws_turns(proxy, [{"model": MODEL, "input": _history(14), "store": False}])
+    assert events[-1].type == "response.completed", (events[-1], [(r.status, r.prompt_tokens) for r in fake.records()])
+    assert events[0].response.metadata["x-compaction-status"] == "summarized"
+    assert [r.status for r in fake.records("responses")] == [400, 200]
+
+
+async def test_the_websocket_report_can_be_turned_off(fake, make_proxy):
+    proxy = await make_proxy(fake.base_url, {"responses": {"websocket_report": False}})
+    [events] = await _ws_turns(proxy, [{"model": MODEL, "input": "hello", "store": False}])
+    assert not events[0].response.metadata

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.forward import EventChecker
-from proxy.hashing import DigestCache
+from proxy.hashing import DigestCache, hash_chain
 from proxy.model import Conversation, Envelope, Injected
 from proxy.ops.events import completion_usage
 from proxy.ops.exchange import Usage
@@ -52,12 +52,38 @@ class Request:
     stateful: bool = False  # the history lives at the upstream (Responses previous_response_id): untouched
     native_compaction: bool = False  # the client asked the upstream to compact: no history compaction
     extra: dict[str, Any] = field(default_factory=dict)  # anything else the adapter's route needs
+    # The conversation's previous request when its first `shared` envelopes are this one's
+    # (proxy/adapters/prefix.py): what it worked out about them lazily is not worked out again.
+    previous: "Request | None" = field(default=None, repr=False, compare=False)
+    shared: int = 0
+
+    def _known(self, name: str) -> list[Any]:
+        """The previous request's lazily computed `name` for the shared envelopes ([] when it has none)."""
+        prev = self.previous
+        done = prev.__dict__.get(name) if prev is not None else None
+        return done[:self.shared] if done is not None and len(done) >= self.shared else []
 
     @cached_property
     def digests(self) -> list[bytes]:
         """Stable digests of the client's envelopes: store keys derive only from these, never from a
         rewrite. Computed when compaction needs them, once per distinct envelope."""
-        return DIGESTS.digests(self.conversation.values, self.keys)
+        known = self._known("digests")
+        n = len(known)
+        return known + DIGESTS.digests(self.conversation.values[n:], self.keys[n:]) if n else \
+            DIGESTS.digests(self.conversation.values, self.keys)
+
+    def chain(self, n_system: int) -> list[bytes]:
+        """hash_chain over the digests after the leading system envelopes (the store keys of the
+        prefixes), continued from the previous request's for the shared envelopes."""
+        done = self.__dict__.get("_chain")
+        if done is not None and done[0] == n_system:
+            return done[1]
+        prev, known = self.previous, None
+        if prev is not None and (theirs := prev.__dict__.get("_chain")) is not None and theirs[0] == n_system:
+            known = theirs[1][:max(1, self.shared - n_system + 1)]
+        chain = hash_chain(self.digests[n_system:], known)
+        self.__dict__["_chain"] = (n_system, chain)
+        return chain
 
     def first_digest(self) -> bytes:
         """The stable digest of the first non-system envelope (or of the last): it names the conversation."""

@@ -22,9 +22,11 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapters.prefix import Prior
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
+from proxy.errors import ProxyError
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
@@ -56,24 +58,37 @@ class ChatAdapter(Adapter):
         self._caps: dict[tuple[str, str], str] = {}
 
     # -- the body ------------------------------------------------------------------------------
-    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
-        return self.request_of(parse_chat_body(raw), raw, counter, cfg, ratio=ratio)
+    envelope_field = "messages"
+
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Prior | None = None) -> Request:
+        body = None
+        if prior is not None:
+            try:
+                body = parse_chat_body(prior.rest, before=prior.values)
+            except ProxyError:
+                prior = None  # the whole body parsed says what is wrong, as it would have anyway
+        return self.request_of(body if body is not None else parse_chat_body(raw), raw, counter, cfg, ratio=ratio,
+                               prior=prior)
 
     def request_of(self, body: dict[str, Any], raw: bytes, counter: TokenCounter, cfg: Config, *,
-                   ratio: float | None = None) -> Request:
+                   ratio: float | None = None, prior: Prior | None = None) -> Request:
         """A checked chat body (its messages are checked here, once per distinct message) as the
-        model. Also for a protocol seen through a chat view of its items (Responses)."""
+        model; the first messages as `prior` had them."""
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
         messages = body["messages"]
+        known = len(prior) if prior is not None else 0
         try:
-            written = [jsonbody.dumps(m) for m in messages]
+            written = [*prior.written, *(jsonbody.dumps(m) for m in messages[known:])] if prior is not None else [
+                jsonbody.dumps(m) for m in messages]
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        keys = [hash(w) for w in written]
-        tokens = []
-        for i, (m, k) in enumerate(zip(messages, keys)):
+        keys = [*prior.keys, *(hash(w) for w in written[known:])] if prior is not None else [hash(w) for w in written]
+        tokens = list(prior.tokens_for(encoding) or ()) if prior is not None else []
+        for i in range(len(tokens), len(messages)):
+            m, k = messages[i], keys[i]
             n = counter.cached(encoding, k)
             if n is None:  # a message not seen before: checked once, then counted
                 validate_message(m, f"messages[{i}]")
@@ -82,21 +97,28 @@ class ChatAdapter(Adapter):
         n_system = 0
         while n_system < len(messages) and messages[n_system].get("role") in SYSTEM_ROLES:
             n_system += 1
-        conv = Conversation(build=lambda: self.envelopes(messages), tokens=tokens, values=messages, n_system=n_system)
+        built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
+        after = _built_before(prior)
+        conv = Conversation(build=lambda: self.envelopes(messages, after=after, built=built), tokens=tokens,
+                            values=messages, n_system=n_system)
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
             written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
             tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            extra={_BUILT: built},
         )
 
-    def envelopes(self, messages: list[dict[str, Any]]) -> list[Envelope]:
+    def envelopes(self, messages: list[dict[str, Any]], *, after: _Built | None = None,
+                  built: dict[str, Any] | None = None) -> list[Envelope]:
         """The messages as envelopes, their items made when first read; a tool result is named
         (and given the arguments of) the latest call with its id before it, as
-        model.name_results does."""
-        out: list[Envelope] = []
-        calls: dict[str, dict[str, Any]] = {}  # call id -> the latest call so far (its JSON)
-        turn = 0
-        for m in messages:
+        model.name_results does. `after`: the envelopes of the first messages and the state their
+        making ended in (the previous request's, for the messages it shared); `built` gets this
+        making's."""
+        out: list[Envelope] = list(after[0]) if after is not None else []
+        calls: dict[str, dict[str, Any]] = dict(after[2]) if after is not None else {}  # call id -> its latest call
+        turn = after[1] if after is not None else 0
+        for m in messages[len(out):]:
             role = m.get("role")
             kind = _KIND_OF_ROLE.get(role, Kind.OPAQUE)  # type: ignore[arg-type]
             if kind is Kind.USER:
@@ -112,6 +134,8 @@ class ChatAdapter(Adapter):
                         calls[c["id"]] = c
             out.append(Envelope(None, turn, kind is Kind.USER or kind is Kind.ASSISTANT, m, kind=kind,
                                 make=partial(_items, m, kind)))
+        if built is not None:
+            built["state"] = (out, turn, calls)
         return out
 
     def envelope(self, m: dict[str, Any], turn: int) -> Envelope:
@@ -220,6 +244,17 @@ class ChatAdapter(Adapter):
 def default_cap_param(base_url: str) -> str:
     host = base_url.split("://", 1)[-1].split("/", 1)[0].lower()
     return CAP_PARAMS[0] if host.endswith("openai.com") or host.endswith("openai.azure.com") else CAP_PARAMS[1]
+
+
+_BUILT = "chat.envelopes"
+_Built = tuple[list[Envelope], int, dict[str, dict[str, Any]]]  # envelopes, the turn and the calls after them
+
+
+def _built_before(prior: Prior | None) -> _Built | None:
+    """The previous request's envelopes of the shared messages, when it made them for exactly those."""
+    prev = prior.request if prior is not None else None
+    state = prev.extra.get(_BUILT, {}).get("state") if prev is not None else None
+    return state if state is not None and len(state[0]) == len(prior) else None  # type: ignore[arg-type]
 
 
 def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:

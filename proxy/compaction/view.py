@@ -20,7 +20,6 @@ from proxy.compaction.record import SummaryRecord, render_summary
 from proxy.recall import handles
 from proxy.compaction.records import key
 from proxy.flow import Flow
-from proxy.hashing import hash_chain
 from proxy.model import Conversation, Envelope, Kind
 from proxy.prompts import Prompts
 from proxy.text import clamp_middle
@@ -63,7 +62,7 @@ class View:
     chain: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.chain = hash_chain(self.flow.request.digests[self.conv.n_system:])
+        self.chain = self.flow.request.chain(self.conv.n_system)
 
     @property
     def n_system(self) -> int:

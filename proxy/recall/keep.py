@@ -10,7 +10,7 @@ client's messages by number, written out verbatim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from proxy.recall import handles
 from proxy.recall.originals import Original
@@ -82,8 +82,11 @@ def span_text(messages: Sequence[Message], first: int, apart: dict[str, Original
     return "\n".join(out)
 
 
-def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int) -> list[Original]:
-    """The originals of every replacement the forwarded request carries, by handle (deduplicated)."""
+def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
+                 known: Callable[[str], bool] = lambda handle: False) -> list[Original]:
+    """The originals of every replacement the forwarded request carries, by handle (deduplicated).
+    A span whose handle is `known` (stored already) is listed without its text: writing out a long
+    history again on every request that reuses its summary would cost more than all the rest."""
     results: dict[str, Part] = {}
     calls: dict[str, Part] = {}
     client_texts: set[str] = set()
@@ -112,5 +115,5 @@ def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_sy
                     if h in found or a < 1 or b < a or n_system + b > len(original):
                         continue
                     found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation",
-                                        span_text(original[n_system + a - 1:n_system + b], a, apart))
+                                        "" if known(h) else span_text(original[n_system + a - 1:n_system + b], a, apart))
     return [*found.values(), *(o for h, o in apart.items() if h not in found)]

@@ -45,7 +45,7 @@ class Recall:
     async def keep(self, scope: str, original: Sequence[Message], forwarded: Sequence[Message], n_system: int) -> bool:
         """Store the originals the forwarded request stands in for (those not stored yet). True when
         it carries any replacement: then the recall tool is declared."""
-        found = replacements(original, forwarded, n_system)
+        found = replacements(original, forwarded, n_system, known=lambda h: f"{scope}:{h}" in self._saved)
         if not found:
             return False
         await self._save(scope, found)

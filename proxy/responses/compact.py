@@ -19,14 +19,18 @@ import base64
 import hashlib
 import hmac
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
 
 from proxy import errors
+from proxy.compaction import extract
 from proxy.compaction.inject import summary_message_text
+from proxy.compaction.making import MAX_KNOWN_IDENTIFIERS
+from proxy.compaction.record import identifier_lines, render_summary
 from proxy.escaping import escape_client_text, tool_name
+from proxy.model import Envelope
 from proxy.prompts import Prompts
 from proxy.responses.items import ASSISTANT, COMPACTION, OPAQUE, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Entry
 from proxy.store.base import Store
@@ -73,9 +77,14 @@ def record_key(scope: str, rid: bytes) -> str:
 
 @dataclass
 class CompactRecord:
-    summary: str
+    summary: str  # what the item expands into: the model's text and the blocks code wrote
     model: str
     created: float
+    # What the code-written blocks were made of, carried into the next compaction of the same
+    # conversation (a record stored before these fields existed has none).
+    files: dict[str, str] = field(default_factory=dict)
+    identifiers: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -149,6 +158,30 @@ def transcript(entries: list[Entry]) -> list[str]:
         elif e.kind == OPAQUE and e.type not in ("reasoning", COMPACTION, "item_reference"):
             blocks.append(f"[Tool item: {tool_name(e.type)}]: {clamp_middle(text, TOOL_RESULT_CHARS)}")
     return blocks
+
+
+def _union(old: list[str], new: list[str]) -> list[str]:
+    return old + [x for x in new if x not in old]
+
+
+def finish(model_text: str, span: list[Envelope], kept_text: str, previous: CompactRecord | None, *, model: str,
+           created: float, files_chars: int, identifier_chars: int) -> CompactRecord:
+    """The record around the model's text, with the blocks code writes, as a history summary has
+    them (spec 9.3): the files the span's tool calls touched, and its identifiers and error lines
+    that neither the model's text nor the returned user messages (`kept_text`) carry verbatim,
+    within `identifier_chars`; each carried over from the previous compaction. The user's requests
+    and constraints need no block: the compacted output returns every user message as it was."""
+    text = extract.span_text(span)
+    files = extract.merge_files(previous.files if previous else {}, extract.files_touched(span))
+    identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(text))
+    errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+    present = "\n".join([model_text, kept_text, extract.render_files(files, files_chars)])
+    lines, _ = identifier_lines(identifiers, errors, present=present, budget_chars=identifier_chars,
+                                user_text=kept_text, text=text)
+    summary = render_summary(model_text, turn_prefix=None, files=files, files_chars=files_chars,
+                             identifier_lines=lines, constraints=[], latest_requests=[])
+    return CompactRecord(summary=summary, model=model, created=created, files=files,
+                         identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:])
 
 
 def record_id(scope: str, body: dict[str, Any]) -> bytes:

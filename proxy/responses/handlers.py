@@ -11,7 +11,9 @@ from aiohttp import web
 from yarl import URL
 
 from proxy import credentials, errors, jsonbody, offload
+from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
+from proxy.compaction.view import files_chars, identifier_budget
 from proxy.forward import (
     UPSTREAM_ERRORS,
     BodyPace,
@@ -53,17 +55,19 @@ def socket_prepare(request: web.Request) -> Prepare:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
         p = await route.prepare(state, raw, body, request.headers, ex, recall=False)
-        if p.data is raw:
-            return WsTurn(message)  # nothing changed: the client's message as it came
+        report = p.headers if state.cfg.responses.websocket_report else None
 
         def as_message(data: bytes) -> str:
             return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
 
-        async def retry() -> str | None:
+        async def retry() -> tuple[str, dict[str, str] | None] | None:
             again = await p.retry() if p.retry is not None else None
-            return as_message(again[0]) if again is not None else None
+            if again is None:
+                return None
+            return as_message(again[0]), (again[1] if report is not None else None)
 
-        return WsTurn(as_message(p.data), retry=retry)
+        # Nothing changed: the client's message as it came (an overflow is still retried compacted).
+        return WsTurn(message if p.data is raw else as_message(p.data), retry=retry, report=report)
 
     return prepare_create
 
@@ -152,7 +156,8 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
     items = input_items(body)
     records = await compact.own_records(items, state.store, state.scope_secret, creds.scope)
     last = max(records) if records else -1
-    previous = records[last].summary if records else None
+    before = records[last] if records else None
+    previous = before.summary if before else None
     entries = parse_items(items)
     start = max(last + 1, system_count(entries))
     blocks = compact.transcript([e for e in entries[start:] if not compact.is_own(e.raw)])
@@ -160,31 +165,37 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
     model = cfg.compaction.summarizer.model or cfg.compaction.summarizer_model or body["model"]
     summarizer = state.compaction.summarizer
     counted = sum(summarizer.count(b) for b in blocks)
+    budget = state.compaction.budget_for(model)
     if not blocks:
-        if previous is None:
+        if before is None:
             raise errors.bad_request("Nothing to compact: the input has no conversation items.", param="input")
-        summary = previous
+        record = before
     else:
         job = SummaryJob(
             adapter=route.ADAPTER.summarizer(cfg),
             headers=summarizer_headers(cfg.compaction.summarizer, creds.headers),
             model=model,
             window=cfg.context_window(model),
-            output_cap=state.compaction.budget_for(model).output_cap,
+            output_cap=budget.output_cap,
             timeout_s=cfg.compaction.summarizer_timeout_s,
             focus=focus or cfg.compaction.focus,
             max_calls=cfg.compaction.max_fold_calls,
             purpose="compact",
         )
         try:
-            summary = await summarizer.summarize(job, blocks, previous)
+            model_text = await summarizer.summarize(job, blocks, previous)
         except SummarizerError as e:
             raise errors.ProxyError(502, f"Compaction failed: {e}", type="upstream_error",
                                     code="compaction_failed") from None
+        span = [e for e in route.ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
+        kept = "\n".join(e.text for e in parse_items(users))  # returned to the client as they are
+        record = compact.finish(
+            model_text, span, kept, before, model=model, created=time.time(), files_chars=files_chars(budget),
+            identifier_chars=CHARS_PER_IDENTIFIER_TOKEN * identifier_budget(
+                budget.target, cfg.compaction.identifiers_share, counted))
     rid = compact.record_id(creds.scope, body)
-    record = compact.CompactRecord(summary=summary, model=model, created=time.time())
     await state.store.put(compact.record_key(creds.scope, rid), record.to_bytes())
-    out_tokens = summarizer.count(summary)
+    out_tokens = summarizer.count(record.summary)
     usage = {"input_tokens": counted, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": counted + out_tokens}
     return compact.compacted_response(rid, compact.sign(state.scope_secret, creds.scope, rid), users, usage)

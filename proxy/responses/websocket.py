@@ -46,9 +46,11 @@ class WsTurn:
     """One client message on its way upstream."""
 
     message: str  # what goes upstream
-    retry: Callable[[], Awaitable[str | None]] | None = None  # the compacted message after an overflow
+    # the compacted message after an overflow, and its report
+    retry: Callable[[], Awaitable[tuple[str, dict[str, str] | None] | None]] | None = None
     done: Callable[[dict[str, Any] | None], None] | None = None  # told the final event (usage)
     expects_reply: bool = True  # a response.create (or an unknown message the upstream answers with an error)
+    report: dict[str, str] | None = None  # the x-compaction-* report, put in its response.created
     held: list[str] = field(default_factory=list)  # opening events not yet relayed
     output_started: bool = False
     retried: bool = False
@@ -70,6 +72,18 @@ def ws_error(err: errors.ProxyError) -> str:
     """OpenAI's WebSocket error event: the HTTP status it stands for and the error object."""
     return orjson.dumps({"type": "error", "status": err.status, "error": {
         "type": err.type, "code": err.code, "message": err.message, "param": err.param}}).decode()
+
+
+def with_report(ev: dict[str, Any], data: str, report: dict[str, str] | None) -> str:
+    """A `response.created` event with the turn's x-compaction-* report added to its response's
+    `metadata` (a string map every client parses; Codex reads nothing of that event's body).
+    Any other event, or no report: the upstream's bytes as they came."""
+    response = ev.get("response")
+    if not report or ev["type"] != "response.created" or not isinstance(response, dict):
+        return data
+    metadata = response.get("metadata")
+    metadata = {**metadata, **report} if isinstance(metadata, dict) else dict(report)
+    return orjson.dumps({**ev, "response": {**response, "metadata": metadata}}).decode()
 
 
 def _event(data: str) -> dict[str, Any] | None:
@@ -238,10 +252,11 @@ class _Relay:
             if again is not None:
                 log.info("upstream rejected a WebSocket request for length; retrying compacted")
                 turn.held.clear()
-                turn.message = again
+                turn.message, turn.report = again
                 async with self.send_lock:
-                    await self.upstream.send_str(again)
+                    await self.upstream.send_str(turn.message)
                 return True
+        data = with_report(ev, data, turn.report)
         if not turn.output_started and etype in PREAMBLE and not end:
             turn.held.append(data)
             return True

@@ -26,7 +26,7 @@ HEADERS = {"Authorization": "Bearer sk-codex", "OpenAI-Beta": "responses=experim
 class Turn:
     transport: str  # "http" | "websocket"
     status: int | None  # HTTP status (None over the socket)
-    compaction: str | None  # x-compaction-status (HTTP only)
+    compaction: str | None  # x-compaction-status: the header, or on the socket response.created's metadata
     end: str  # the last event's type
     events: int
 
@@ -53,14 +53,17 @@ async def _ws(ws: aiohttp.ClientWebSocketResponse, body: dict[str, Any]) -> Turn
     event = {"type": "response.create", **{k: v for k, v in body.items() if k != "stream"}}
     await ws.send_str(json.dumps(event))
     n = 0
+    status = None
     while True:
         msg = await ws.receive()
         if msg.type != aiohttp.WSMsgType.TEXT:
-            return Turn("websocket", None, None, f"socket {msg.type.name}", n)
+            return Turn("websocket", None, status, f"socket {msg.type.name}", n)
         n += 1
         ev = json.loads(msg.data)
+        if ev["type"] == "response.created":
+            status = ((ev.get("response") or {}).get("metadata") or {}).get("x-compaction-status")
         if ev["type"] in END:
-            return Turn("websocket", None, None, ev["type"], n)
+            return Turn("websocket", None, status, ev["type"], n)
 
 
 async def replay_codex(base_url: str, *, http_requests: int) -> ReplayResult:

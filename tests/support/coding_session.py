@@ -144,3 +144,32 @@ def coding_session(turns: int = 30, *, continue_every: int = 5, file_lines: int 
         planted["error"].append(error)
     msgs.append({"role": "user", "content": "Thanks. Summarize what changed today, ticket by ticket."})
     return Session(msgs, TOOLS, planted, constraints)
+
+
+def request_then_continue(turns: int = 8) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """A coding session that ends with a long substantive request, long tool work, a question from
+    the agent, "OK, continue.", and more tool work after it: with a small kept part, the request
+    falls in the summarized span while the continuation is kept."""
+    s = coding_session(turns)
+    msgs = s.messages[:-1]  # without the closing "Thanks. Summarize ..."
+    request = ("Now migrate every ledger module to the new posting API (LED-9001): replace post(entries) with "
+               "post(entries, quantize=True) everywhere under ledger/, keep the public signatures, run the full "
+               "test suite after each module, and commit once per module with the ticket in the message.")
+    msgs.append({"role": "user", "content": request})
+    passed = "\n".join(f"tests/test_mod_{j}.py::test_posting_{j} PASSED" for j in range(120))
+    for k in range(3):
+        cid = f"call_tail_{k}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed})
+    # a long plan: the request that ends with "OK, continue." is the one that crosses the threshold
+    plan = "\n".join(f"{j}. ledger/mod_{j}/posting.py: replace post(entries), then run tests/test_mod_{j}.py" for j in range(500))
+    msgs.append({"role": "assistant", "content": f"The plan, module by module:\n{plan}\nShall I start with the first one?"})
+    msgs.append({"role": "user", "content": CONTINUE})
+    for k in range(3, 5):
+        cid = f"call_tail_{k}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "run_tests", "arguments": json.dumps({"target": f"tests/part{k}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": passed[:600]})
+    msgs.append({"role": "assistant", "content": "Migrated the first module."})
+    return msgs, s.tools, request

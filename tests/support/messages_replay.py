@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from anthropic import AsyncAnthropic
-
+from support.client import anthropic_client
 from support.sessions import claude_requests
 
 COUNT_FIELDS = ("model", "system", "tools", "messages", "thinking")
@@ -49,8 +48,7 @@ class Replay:
 async def replay(proxy: Any, fake: Any, key: str = "sk-ant-replay", requests: list[dict[str, Any]] | None = None,
                  headers: dict[str, str] | None = None) -> Replay:
     out = Replay()
-    async with AsyncAnthropic(base_url=proxy.root, api_key=key, max_retries=0,
-                              default_headers=headers or {}) as client:
+    async with anthropic_client(proxy, key, default_headers=headers or {}) as client:
         for body in requests if requests is not None else claude_requests():
             raw = await client.messages.with_raw_response.create(**body)
             stream = await raw.parse()

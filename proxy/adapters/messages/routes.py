@@ -143,7 +143,10 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     before = req.total()
     identity = _identity(request, state, req)
     if identity is None:
-        return Prepared(req, req.conversation, Report(before))
+        # No records kept or read (see _identity): compaction was needed and not done, as on chat.
+        budget = state.compaction.budget_for(req.model, long_context=long_context(request.headers))
+        over = cfg.compaction.enabled and before > budget.threshold
+        return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
 
     def back(flow: Flow) -> Conversation:
         return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \

@@ -1,0 +1,332 @@
+"""Bodies that grow (spec 15): what the previous body of a conversation shared with this one is
+not parsed, checked, written, keyed or counted again.
+
+An agent resends its whole history on every turn, plus a turn. When the new body's bytes equal
+the previous one's up to the end of some envelope of its array (`messages`, `input`), those
+envelopes parse to the same values, are written to the same JSON, key and count the same: the
+previous request's results for them are reused, and only the rest of the body is parsed. The rest
+is the body with the matched envelopes cut out of its array (`Prior.rest`); it goes through the
+adapter's ordinary parse, so every byte the previous body did not have is checked as usual.
+
+Exact by construction (tests/test_prefix_reuse.py compares it with a full parse):
+- the matched bytes sit at the same place in both bodies, so they are the same envelopes at the
+  same depth, and whatever comes before the array (fields, `model`) is part of them;
+- the top-level object and everything after the matched envelopes is in `rest`: its keys are
+  checked for duplicates there, the envelopes themselves were checked with the previous body;
+- a body with a run of 20 digits anywhere is parsed whole (jsonbody's exact parser changes how
+  the whole body reads), and any error in `rest` sends the body through the full parse, so the
+  client gets the same error message as without this;
+- counts are reused only for the same tokenizer.
+
+Kept per credential scope (one conversation's body never serves another client), a few bodies a
+scope, bounded in total by an estimate of the bytes they hold (tests/test_memory_bounds.py).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import jsonbody, offload
+
+# A JSON string (escapes skipped) or a bracket: enough to find where the array's elements end in
+# a body that is valid JSON (a bracket inside a string is part of the string's match).
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_WS = b" \t\r\n"
+
+PER_SCOPE = 16  # bodies kept per scope: conversations one client runs at once
+MAX_BYTES = 32 << 20  # estimated bytes held by all kept bodies (raw, written JSON, parsed values)
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """The first `len(values)` envelopes of the array, as the previous body had them."""
+
+    values: list[Any]
+    written: list[bytes]
+    keys: list[int]
+    tokens: list[int]
+    encoding: str
+    rest: bytes  # the body with those envelopes cut out of its array
+    # where they were: for recording this body in turn
+    entry: "_Entry"
+    request: Any  # the Request the previous body made (what it worked out lazily can be reused)
+    start: int  # just after the array's `[` (the same offset in the body and in `rest`)
+    resume: int  # where `rest[start:]` begins in the body
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def tokens_for(self, encoding: str) -> list[int] | None:
+        return self.tokens if encoding == self.encoding else None
+
+
+@dataclass(slots=True)
+class _Entry:
+    scope: str
+    raw: bytes
+    start: int
+    ends: list[int]  # after each element of the array
+    values: list[Any]
+    written: list[bytes]
+    keys: list[int]
+    tokens: list[int]
+    encoding: str
+    size: int
+    request: Any = None
+
+    def matched(self, raw: bytes) -> int:
+        """How many of this body's envelopes `raw` starts with, byte for byte."""
+        ends = self.ends
+        if not ends:
+            return 0
+        view = memoryview(self.raw)
+        if raw.startswith(view[:ends[-1]]):
+            return len(ends)
+        lo, hi = 0, len(ends) - 1  # raw matches the first lo envelopes; not the first hi + 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if raw.startswith(view[:ends[mid - 1]]):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def _skip_ws(buf: bytes, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in _WS:
+        i += 1
+    return i
+
+
+def array_start(raw: bytes, field: str) -> int | None:
+    """The offset just after the `[` of the top-level `"field": [...]` of a valid JSON object."""
+    i = _skip_ws(raw, 0)
+    if raw[i:i + 1] != b"{":
+        return None
+    key = ('"' + field + '"').encode()
+    depth = 0
+    for m in _TOKEN.finditer(raw, i):
+        s = m.start()
+        c = raw[s]
+        if c == 0x22:  # a string
+            if depth == 1 and m.end() - s == len(key) and raw.startswith(key, s):
+                j = _skip_ws(raw, m.end())
+                if raw[j:j + 1] == b":":
+                    j = _skip_ws(raw, j + 1)
+                    return j + 1 if raw[j:j + 1] == b"[" else None
+        elif c == 0x7B or c == 0x5B:  # { [
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return None
+    return None
+
+
+def elements(buf: bytes, start: int) -> list[int] | None:
+    """Where each element of the array opened just before `start` ends (valid JSON); None when
+    an element is not an object or an array."""
+    ends: list[int] = []
+    i = _skip_ws(buf, start)
+    if buf[i:i + 1] == b"]":
+        return ends
+    depth = 0
+    pos = i
+    for m in _TOKEN.finditer(buf, i):
+        s = m.start()
+        c = buf[s]
+        if depth == 0:
+            if _skip_ws(buf, pos) != s:
+                return None  # a scalar element before this
+            if c == 0x5D:  # ] the array's own end
+                return ends
+            if c != 0x7B and c != 0x5B:
+                return None  # a string element
+        if c == 0x22:
+            continue
+        if c == 0x7B or c == 0x5B:
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                ends.append(m.end())
+                pos = _skip_ws(buf, m.end())
+                if buf[pos:pos + 1] == b",":
+                    pos += 1
+    return None
+
+
+def _estimate(raw: bytes, n: int) -> int:
+    """Bytes an entry holds: the raw body, the envelopes' written JSON (about as long), their
+    parsed values (measured: about as much again), and per envelope its objects, digest, chain
+    link and items (for the Request kept with it)."""
+    return 3 * len(raw) + 1000 * n
+
+
+class RecentBodies:
+    """The last bodies of each scope with their envelopes' parse, bounded (oldest out first).
+    Shared by parses running in worker threads: changes hold a lock."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES, per_scope: int = PER_SCOPE) -> None:
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry, oldest first
+        self._scopes: dict[str, list[_Entry]] = {}
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._per_scope = per_scope
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def prior(self, scope: str | None, raw: bytes) -> Prior | None:
+        """What an earlier body of this scope shares with `raw`, or None."""
+        if scope is None:
+            return None
+        with self._lock:
+            candidates = list(self._scopes.get(scope, ()))
+        best, n = None, 0
+        for e in candidates:
+            k = e.matched(raw)
+            if k > n:
+                best, n = e, k
+                if k == len(e.ends):
+                    break
+        if best is None:
+            return None
+        end = best.ends[n - 1]
+        i = _skip_ws(raw, end)
+        c = raw[i:i + 1]
+        if c == b",":
+            resume = _skip_ws(raw, i + 1)
+            if raw[resume:resume + 1] == b"]":
+                return None  # a trailing comma: the full parse says why it is not JSON
+        elif c == b"]":
+            resume = i
+        else:
+            return None
+        rest = raw[:best.start] + raw[resume:]
+        if jsonbody.has_long_digits(rest):
+            return None  # the body reads through the exact parser, which reads every value anew
+        return Prior(best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n], best.encoding, rest,
+                     best, best.request, best.start, resume)
+
+    def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
+             written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
+        """Remember a body that parsed, with its array's elements' parse (the last `len(ends)` of
+        the lists given) and its Request. Replaces the body it grew from."""
+        if scope is None:
+            return
+        if prior is not None:
+            if len(prior) == len(prior.entry.ends) and prior.entry.raw == raw:
+                with self._lock:  # the same body again: the entry stays as it is
+                    if id(prior.entry) in self._lru:
+                        self._lru.move_to_end(id(prior.entry))
+                return
+            tail = elements(prior.rest, prior.start)
+            if tail is None:
+                return
+            shift = prior.resume - prior.start
+            ends = prior.entry.ends[:len(prior)] + [e + shift for e in tail]
+            start = prior.start
+        else:
+            if jsonbody.has_long_digits(raw):
+                return
+            start = array_start(raw, field)
+            ends = elements(raw, start) if start is not None else None
+            if start is None or ends is None:
+                return
+        n = len(ends)
+        if n > len(values) or n == 0:
+            return
+        lead = len(values) - n
+        known = len(prior) if prior is not None else 0
+        # orjson's bytes keep the buffer they were written in (several KiB for a short message):
+        # the kept ones are copied to their size, once
+        kept = [*written[lead:lead + known], *(bytes(memoryview(w)) for w in written[lead + known:])]
+        if request is not None and request.written is written:
+            written[lead:] = kept  # the same bytes, in the kept request too
+        entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
+                       _estimate(raw, n), request)
+        with self._lock:
+            if prior is not None:
+                self._drop(prior.entry)
+            if entry.size > self._max_bytes:
+                return
+            same = self._scopes.setdefault(scope, [])
+            same.insert(0, entry)
+            self._lru[id(entry)] = entry
+            self._bytes += entry.size
+            while len(same) > self._per_scope:
+                self._drop(same[-1])
+            while self._bytes > self._max_bytes:
+                self._drop(next(iter(self._lru.values())))
+
+    def _drop(self, entry: _Entry) -> None:
+        if self._lru.pop(id(entry), None) is None:
+            return
+        self._bytes -= entry.size
+        same = self._scopes.get(entry.scope)
+        if same is not None:
+            same.remove(entry)
+            if not same:
+                del self._scopes[entry.scope]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lru.clear()
+            self._scopes.clear()
+            self._bytes = 0
+
+
+RECENT = RecentBodies()
+
+
+def parse_seen(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, prior: Prior | None,
+               ratio: float | None = None, recent: RecentBodies | None = None) -> Any:
+    """`adapter.parse` given what the scope's earlier body shares with `raw`, and `raw` remembered
+    for the next request. Pure apart from the cache: may run in a worker thread."""
+    request = adapter.parse(raw, counter, cfg, ratio=ratio, prior=prior)
+    if prior is not None and prior.request is not None:
+        shared = _shared(request, prior.request, prior)
+        if shared:
+            request.previous, request.shared = prior.request, shared
+        prior.request.previous = None  # one request back is all that is used: no chain of them is kept
+    (recent if recent is not None else RECENT).keep(scope, raw, adapter.envelope_field, prior, request.conversation.values, request.written,
+                            request.keys, request.conversation.tokens, request.encoding, request)
+    return request
+
+
+def _lead(values: list[Any], first: Any) -> int | None:
+    """Where the array's first envelope sits among a request's (after a system or instructions one)."""
+    return next((i for i in range(min(3, len(values))) if values[i] is first), None)
+
+
+def _shared(request: Any, previous: Any, prior: Prior) -> int:
+    """How many leading envelopes `request` has in common with `previous`: the shared array
+    envelopes, and those before them (a system envelope from another field) when they are the same."""
+    if not prior.values:
+        return 0
+    lead = _lead(request.conversation.values, prior.values[0])
+    if lead is None or lead != _lead(previous.conversation.values, prior.values[0]) or request.keys[:lead] != previous.keys[:lead]:
+        return 0
+    return lead + len(prior)
+
+
+async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, *,
+                ratio: float | None = None) -> Any:
+    """The route's parse: the earlier body found here (comparing bytes is cheap), the rest parsed
+    off the event loop when what is left to parse is large (offload's rule)."""
+    field = getattr(adapter, "envelope_field", None)
+    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None else None
+    prior = RECENT.prior(scope, raw)
+    size = len(prior.rest) if prior is not None else len(raw)
+    return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)

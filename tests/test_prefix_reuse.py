@@ -1,0 +1,249 @@
+"""Bodies that grow (proxy/adapters/prefix.py): a body parsed with what the previous body of the
+conversation shared gives the same Request as a full parse (values, written JSON, keys, counts,
+forwarded bytes), or the same error; and the shared part is really not parsed again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import jsonbody
+from proxy.adapters import prefix
+from proxy.adapters.chat import ChatAdapter
+from proxy.config import Config
+from proxy.errors import ProxyError
+from proxy.model import Conversation
+from proxy.tokens import TokenCounter
+
+CHAT = ChatAdapter()
+CFG = Config()
+COUNTER = TokenCounter()
+COUNTER.load()
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+@st.composite
+def message(draw):
+    role = draw(st.sampled_from(["system", "user", "assistant", "tool"]))
+    m: dict = {"role": role}
+    if role == "tool":
+        m["tool_call_id"] = draw(st.sampled_from(["c1", "c2", "c\u00e9"]))
+    if role == "assistant" and draw(st.booleans()):
+        m["tool_calls"] = [{"id": "c1", "type": "function",
+                            "function": {"name": "f", "arguments": draw(text)}}]
+        m["content"] = None
+    else:
+        m["content"] = draw(st.one_of(text, st.lists(st.builds(lambda t: {"type": "text", "text": t}, text),
+                                                     min_size=1, max_size=2)))
+    if draw(st.integers(0, 5)) == 0:
+        m["n"] = draw(st.sampled_from([7, -9223372036854775809, 1.5, 10**25, "x"]))
+    return m
+
+
+def write(value, style: int) -> str:
+    """The same JSON as clients write it: compact, spaced (Python's default), or ASCII-escaped."""
+    if style == 0:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if style == 1:
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def body(before: list[str], messages: list[str], after: list[str], sep: str = ",") -> bytes:
+    fields = [*before, '"messages":[' + sep.join(messages) + "]", *after]
+    return ("{" + ",".join(fields) + "}").encode()
+
+
+def full(raw: bytes):
+    try:
+        return CHAT.parse(raw, COUNTER, CFG)
+    except ProxyError as e:
+        return e.message
+
+
+def reused(recent: prefix.RecentBodies, raw: bytes, scope: str = "s"):
+    prior = recent.prior(scope, raw)
+    try:
+        request = prefix.parse_seen(CHAT, raw, COUNTER, CFG, scope, prior, recent=recent)
+    except ProxyError as e:
+        return e.message, prior
+    # what compaction works out lazily, so that the next request may reuse it
+    request.conversation.envelopes, request.digests, request.chain(request.conversation.n_system)
+    return request, prior
+
+
+def assert_same(got, want) -> None:
+    if isinstance(want, str) or isinstance(got, str):
+        assert got == want
+        return
+    assert got.raw == want.raw
+    assert got.body == want.body
+    assert got.model == want.model and got.stream == want.stream and got.encoding == want.encoding
+    assert got.keys == want.keys
+    assert got.written == want.written
+    assert got.conversation.tokens == want.conversation.tokens
+    assert got.tools_tokens == want.tools_tokens
+    assert got.conversation.n_system == want.conversation.n_system
+    assert [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in got.conversation.envelopes] == \
+        [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in want.conversation.envelopes]
+    assert got.digests == want.digests
+    n_sys = want.conversation.n_system
+    assert got.chain(n_sys) == want.chain(n_sys) and got.first_digest() == want.first_digest()
+    assert CHAT.render(got, got.conversation) == got.raw
+    # a forwarded conversation that drops the first message: the same bytes
+    shorter = [Conversation(list(r.conversation.envelopes[1:]), r.conversation.tokens[1:]) for r in (got, want)]
+    assert CHAT.render(got, shorter[0]) == CHAT.render(want, shorter[1])
+
+
+top_before = st.lists(st.sampled_from(['"model":"gpt-4o"', '"model":"gpt-4"', '"temperature":0.5', '"seed":7',
+                                       '"seed":123456789012345678901234567890', '"user":"\\u00e9"']),
+                      max_size=3)
+top_after = st.lists(st.sampled_from(['"stream":true', '"stream":false', '"tools":[{"type":"function","function":{"name":"f"}}]',
+                                      '"model":"gpt-4o"', '"model":"gpt-4"', '"messages":[]', '"max_tokens":1e400',
+                                      '"metadata":{"a":1,"a":2}', '"n":99999999999999999999']), max_size=2)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared=st.lists(message(), min_size=1, max_size=6), old_tail=st.lists(message(), max_size=3),
+       new_tail=st.lists(message(), max_size=3), newer_tail=st.lists(message(), min_size=1, max_size=2), before1=top_before, before2=top_before, after1=top_after,
+       after2=top_after, style=st.integers(0, 2), restyle=st.booleans(), sep=st.sampled_from([",", ", ", ",\n "]),
+       junk=st.sampled_from(["", ",", '{"role":"user","content":"a","content":"b"}', "7", '"x"']))
+def test_a_body_that_grows_parses_as_a_full_parse_does(shared, old_tail, new_tail, before1, before2, after1, after2,
+                                                      newer_tail, style, restyle, sep, junk):
+    recent = prefix.RecentBodies()
+    if not any('"model"' in f for f in before1 + after1):
+        before1 = ['"model":"gpt-4o"', *before1]
+    if not any('"model"' in f for f in before2 + after2):
+        before2 = ['"model":"gpt-4o"', *before2]
+    first = body(before1, [write(m, style) for m in shared + old_tail], after1, sep)
+    got, _ = reused(recent, first)
+    assert_same(got, full(first))
+    second_msgs = [write(m, (style + restyle) % 3) for m in shared] + [write(m, style) for m in new_tail]
+    if junk:
+        second_msgs.append(junk)
+    second = body(before2, second_msgs, after2, sep)
+    got, prior = reused(recent, second)
+    assert_same(got, full(second))
+    second_ok = not isinstance(got, str)
+    # the same body once more: all of it known
+    again, _ = reused(recent, second)
+    assert_same(again, full(second))
+    # and a third that grows from the second (found through the second's recorded layout)
+    third = body(before2, second_msgs + [write(m, style) for m in newer_tail], after2, sep)
+    got, prior = reused(recent, third)
+    assert_same(got, full(third))
+    if second_ok and not junk and not jsonbody.has_long_digits(third):
+        assert prior is not None and len(prior) == len(second_msgs)  # all of the second's messages reused
+
+
+def test_the_shared_messages_are_not_parsed_again():
+    """The reused path must skip the work: the previous request's parsed objects themselves come back."""
+    recent = prefix.RecentBodies()
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "caf\u00e9 " * 50},
+            {"role": "assistant", "content": "ok"}]
+    first = body(['"model":"gpt-4o"'], [write(m, 1) for m in msgs], ['"stream":false'])
+    one, _ = reused(recent, first)
+    grown = body(['"model":"gpt-4o"'], [write(m, 1) for m in msgs + [{"role": "user", "content": "more"}]],
+                 ['"stream":true'])
+    two, prior = reused(recent, grown)
+    assert prior is not None and len(prior) == 3
+    assert len(prior.rest) < len(grown) // 3  # what is parsed: the new message and the top level
+    assert all(a is b for a, b in zip(two.body["messages"][:3], one.body["messages"]))
+    assert two.written[:3] == one.written
+    assert two.stream is True and len(two.body["messages"]) == 4
+    assert_same(two, full(grown))
+
+
+@pytest.mark.parametrize("sep", [",", ", ", " ,\n\t"])
+def test_each_request_of_a_growing_conversation_reuses_all_of_the_previous_one(sep):
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user" if i % 2 else "assistant", "content": f"m{i} \u00e9"}, 1) for i in range(12)]
+    for n in (2, 4, 5, 8, 12):
+        raw = body(['"model":"gpt-4o"'], msgs[:n], ['"stream":false'], sep)
+        got, prior = reused(recent, raw)
+        assert n == 2 or (prior is not None and len(prior) == {4: 2, 5: 4, 8: 5, 12: 8}[n])
+        assert_same(got, full(raw))
+
+
+@pytest.mark.parametrize("before, after, reuse", [
+    ('"model":"gpt-4o"', '"model":"gpt-4o"', True),
+    ('"model":"gpt-4o"', '"model":"gpt-4"', False),  # a field before the messages changed: nothing shared
+])
+def test_a_field_before_the_messages_decides_whether_anything_is_shared(before, after, reuse):
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user", "content": f"m{i}"}, 0) for i in range(4)]
+    reused(recent, body([before], msgs, []))
+    got, prior = reused(recent, body([after], msgs + [write({"role": "assistant", "content": "x"}, 0)], []))
+    assert (prior is not None) is reuse
+    assert_same(got, full(body([after], msgs + [write({"role": "assistant", "content": "x"}, 0)], [])))
+
+
+def test_a_model_after_the_messages_counts_with_its_own_tokenizer():
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user", "content": "\u8fd9\u662f\u4e00\u4e2a\u6d4b\u8bd5 " * 20}, 0)]
+    reused(recent, body([], msgs, ['"model":"gpt-4o"']))
+    got, prior = reused(recent, body([], msgs, ['"model":"gpt-4"']))
+    assert prior is not None and prior.encoding == "o200k_base" and got.encoding == "cl100k_base"
+    assert_same(got, full(body([], msgs, ['"model":"gpt-4"'])))
+
+
+def test_a_trailing_comma_after_the_shared_messages_is_refused_as_without_reuse():
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user", "content": f"m{i}"}, 0) for i in range(3)]
+    reused(recent, body(['"model":"gpt-4o"'], msgs, []))
+    bad = body(['"model":"gpt-4o"'], msgs, []).replace(b"]}", b",]}")
+    got, _ = reused(recent, bad)
+    assert isinstance(got, str) and got == full(bad)
+
+
+def test_a_big_integer_anywhere_sends_the_whole_body_through_the_exact_parser():
+    """-9223372036854775809 reads as a float through orjson but as an integer through the exact
+    parser, which a 20-digit run elsewhere in the body selects: the shared part is parsed again."""
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user", "content": "a", "n": -9223372036854775809}, 0)]
+    reused(recent, body(['"model":"gpt-4o"'], msgs, []))
+    grown = body(['"model":"gpt-4o"'], msgs, ['"seed":123456789012345678901234567890'])
+    got, prior = reused(recent, grown)
+    assert prior is None
+    assert got.body["messages"][0]["n"] == -9223372036854775809
+    assert_same(got, full(grown))
+
+
+def test_scopes_do_not_share_and_memory_is_bounded():
+    recent = prefix.RecentBodies(max_bytes=200_000, per_scope=2)
+    msgs = [write({"role": "user", "content": "x" * 1000}, 0)] * 3
+    raw = body(['"model":"gpt-4o"'], msgs, [])
+    reused(recent, raw, "a")
+    assert recent.prior("b", raw) is None and recent.prior("a", raw) is not None
+    for i in range(40):
+        reused(recent, body(['"model":"gpt-4o"'], [write({"role": "user", "content": f"{i}" * 1000}, 0)] * 3, []),
+               f"s{i % 3}")
+    assert recent.bytes <= 200_000 and len(recent) <= 6
+
+
+@given(st.lists(st.one_of(st.dictionaries(text, st.one_of(text, st.integers(), st.lists(text, max_size=2)), max_size=3),
+                          st.lists(text, max_size=3)), max_size=5),
+       st.sampled_from([0, 1, 2]))
+def test_element_ends_are_where_each_value_ends(values, style):
+    raw = ('{"a":[1,"]"],"messages":' + (json.dumps(values, ensure_ascii=style == 2, separators=None if style == 1 else
+                                                    (",", ":"))) + ',"z":{"messages":[]}}').encode()
+    start = prefix.array_start(raw, "messages")
+    assert start is not None and raw[start - 1:start] == b"["
+    ends = prefix.elements(raw, start)
+    decoder = json.JSONDecoder()
+    text_ = raw.decode()
+    assert text_.isascii() or style != 2
+    pos, want = start, []
+    for _ in values:
+        while raw[pos:pos + 1] in (b" ", b","):
+            pos += 1
+        # the offsets are bytes: decode from the byte offset of a prefix
+        consumed = len(raw[:pos].decode())
+        _, end = decoder.raw_decode(text_, consumed)
+        pos = len(text_[:end].encode())
+        want.append(pos)
+    assert ends == want
