@@ -2,8 +2,8 @@
 
 The handler is the shape every protocol's route has (spec 10.1): the adapter parses the body into
 the neutral model, the stages (tool-result notes, then history compaction) work on the flow, and
-the forwarding is layered: one upstream call (`send`), and around it the overflow layer that asks
-the stages to compact harder and sends once more. When the stages change nothing, the client's
+the forwarding is layered (proxy/send.py, shared by every route): one upstream call, and around it
+the overflow layer that asks the stages to compact harder and sends once more. When the stages change nothing, the client's
 original bytes go upstream. Whatever happens, the client gets the upstream's answer or an
 OpenAI-shaped error, with the x-compaction-* headers.
 """
@@ -12,42 +12,26 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-import aiohttp
-import orjson
 from aiohttp import web
 
-from proxy import credentials, errors, jsonbody, offload
+from proxy import credentials, offload
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
 from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.view import Outcome
-from proxy.flow import Flow, Identity, Report, run_overflow, run_request
-from proxy.forward import (
-    UPSTREAM_ERRORS,
-    BodyPace,
-    client_response_headers,
-    client_timeout,
-    is_event_stream,
-    map_client_error,
-    read_body,
-    relay_completion,
-    relay_events,
-    upstream_request_headers,
-    upstream_url,
-)
+from proxy.flow import Flow, Identity, Report, run_request
+from proxy.forward import BodyPace, read_body, upstream_request_headers
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
-from proxy.recall.session import RecallSession
 from proxy.ops.events import compaction_event
-from proxy.ops.exchange import EXCHANGE, Prefix, Usage
+from proxy.ops.exchange import EXCHANGE, Prefix
+from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
 
@@ -55,7 +39,6 @@ log = logging.getLogger("proxy.chat")
 
 CHAT = ChatAdapter()
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
-EMPTY_STREAM = "the event stream ended before its first event (llama.cpp does this for a prompt over its context window)"
 EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
                       "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
                       "this for a request it rejects, such as a message it cannot template)")
@@ -85,7 +68,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
     ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
     ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # the original's, for the bill
-    send = _sender(request, state, up_headers, parsed.stream)
+    up = Upstream.of(request, CHAT.upstream(cfg), CHAT.upstream_path, up_headers, parsed.stream)
 
     if cfg.server.log_content:
         _log_content(parsed.body)
@@ -94,7 +77,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # this one's records, so none are kept or read for it.
         _warn_anonymous()
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
-        return await _answer(await send(raw, _headers(status, before, before)))
+        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, request.headers.get("x-compaction-focus") or None,
                                           ex.conversation, recall=state.recall is not None,
                                           recall_tokens=recall_chat.declaration_tokens(state.recall, state.prompts, state.counter,
@@ -112,7 +95,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         if status != "none":
             state.hooks.compaction(compaction_event(ex, creds.scope, parsed.conversation,
                                                     Outcome(status, reason="internal error"), before, before))
-        return await _answer(await send(raw, _headers(status, before, before)))
+        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     report = flow.report
     if report.tokens_after is None:
         report.tokens_after = flow.total()
@@ -123,118 +106,14 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
     headers = report.headers()
     if recall is not None:
-        send = _sender(request, state, up_headers, parsed.stream, recall)
         headers["x-compaction-recalls"] = "0"
-    resp = await _answer(await _with_overflow_retry(send, flow, data, headers, state, not_an_overflow=small))
+    resp = await send(request, state.session, CHAT, up, data, headers,
+                      retry=overflow_retry(state.stages, flow) if cfg.compaction.enabled else None,
+                      recall=Answering(recall, recall_chat.CHAT, recall_stream.Rounds) if recall is not None else None,
+                      hooks=state.hooks, not_an_overflow=small)
     recall_answers.finished(state.hooks, "chat", parsed.model, recall)
     _learn_ratio(state, parsed, after, resp, ex.usage)
     return resp
-
-
-# -- forwarding, in layers -------------------------------------------------------------------------
-@dataclass
-class Overflow:
-    """The upstream said the request was too long, and nothing went to the client yet: `fallback`
-    is what the client gets if no smaller request can be made."""
-
-    fallback: web.StreamResponse
-    why: str  # for the log line
-
-
-# (data, headers, *, may_retry=False, not_an_overflow=None) -> the relayed answer, or an Overflow
-Send = Callable[..., Awaitable[Any]]
-
-
-async def _answer(sent: Any) -> web.StreamResponse:
-    return sent.fallback if isinstance(sent, Overflow) else sent
-
-
-async def _with_overflow_retry(send: Send, flow: Flow, data: bytes, headers: dict[str, str], state: ProxyState, *,
-                               not_an_overflow: str | None) -> Any:
-    """One forward; when the upstream says it was too long, the stages compact harder (once) and
-    it is sent again. (Recall, issue 16, is one more layer around `send`.)"""
-    may_retry = state.cfg.compaction.enabled
-    sent = await send(data, headers, may_retry=may_retry, not_an_overflow=not_an_overflow)
-    if not isinstance(sent, Overflow):
-        return sent
-    try:
-        smaller = await run_overflow(state.stages, flow)
-        again = (await offload.sized(len(data), flow.body), flow.report.headers()) if smaller else None
-    except Exception:
-        log.exception("compacting for the overflow retry failed unexpectedly")
-        again = None
-    if again is None:
-        return sent
-    log.info("%s; retrying compacted", sent.why)
-    return await send(*again, may_retry=False)
-
-
-def _sender(request: web.Request, state: ProxyState, headers: Any, streaming: bool,
-            recall: RecallSession | None = None) -> Send:
-    """A single upstream call that relays the answer, or reports an overflow it did not relay.
-    With a `recall` session, the recall layer: the model's recall calls are answered inside the
-    answer, whole or streamed (design 13.3)."""
-    url = upstream_url(state.cfg.upstream.base_url, request, CHAT.upstream_path)
-    headers["Content-Type"] = "application/json"
-    timeout = client_timeout(state.cfg.upstream, streaming=streaming)
-    ex = request[EXCHANGE]
-    first_call = True
-
-    async def send(data: bytes, extra: dict[str, str], *, may_retry: bool = False,
-                   not_an_overflow: str | None = None) -> Any:
-        nonlocal first_call
-        first, first_call = first_call, False
-        t0 = time.perf_counter()
-        try:
-            async with state.session.post(url, data=data, headers=headers, timeout=timeout, allow_redirects=False) as upstream:
-                ex.upstream_ttfb_s = time.perf_counter() - t0
-                if may_retry and upstream.status in (400, 413, 422):
-                    # Nothing has gone to the client yet: an overflow can still be compacted and retried.
-                    err_body = await upstream.read()
-                    rejected = web.Response(status=upstream.status, body=err_body,
-                                            headers={**_passthrough_headers(upstream), **extra})
-                    if CHAT.is_overflow(upstream.status, err_body):
-                        return Overflow(rejected, "upstream rejected the request for length")
-                    return rejected
-                if not _checkable_stream(upstream):
-                    resp = await relay_completion(request, upstream, extra)
-                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
-                        body = await offload.sized(len(data), orjson.loads, data)
-                        resp = await recall_chat.answer_whole(state.session, url, headers, timeout, resp, recall, body)
-                    ex.upstream_s = time.perf_counter() - t0
-                    if resp.status == 200 and isinstance(resp, web.Response):
-                        ex.usage = CHAT.usage(resp.body)
-                    return resp
-                # Headers wait for the first bytes: until then an empty stream can still be retried.
-                chunk = await upstream.content.readany()
-                ex.upstream_ttfb_s = time.perf_counter() - t0
-                if chunk and recall is not None:
-                    body = await offload.sized(len(data), orjson.loads, data)
-                    post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
-                                                        timeout=timeout, allow_redirects=False)
-                    result = await recall_stream.relay(request, upstream, chunk, extra, body, post, recall, state.hooks)
-                    ex.upstream_s = time.perf_counter() - t0
-                    ex.usage = Usage.from_openai(result.usage)
-                    return result.response
-                if chunk:
-                    checker = CHAT.event_checker()
-                    resp = await relay_events(request, upstream, extra, chunk, checker)
-                    ex.upstream_s = time.perf_counter() - t0
-                    ex.usage = CHAT.stream_usage(checker)
-                    return resp
-                # llama.cpp answers a prompt over its window with 200 and an empty event stream; also
-                # a request it rejects for other reasons, which no compaction can fix.
-                if first and not_an_overflow is not None:
-                    log.warning("upstream sent an empty event stream for a request well under its window")
-                    return errors.upstream_bad_response(not_an_overflow).response(extra)
-                empty = errors.upstream_bad_response(EMPTY_STREAM).response(extra)
-                return Overflow(empty, "upstream sent an empty event stream") if may_retry else empty
-        except UPSTREAM_ERRORS as e:
-            err = map_client_error(e)
-            log.warning("upstream request failed after %.0f ms: %s", (time.perf_counter() - t0) * 1000, err.message)
-            return err.response(extra)
-
-    return send
 
 
 # -- the rest of the request -------------------------------------------------------------------
@@ -287,14 +166,5 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # billed: direct and proxied alike
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
-    send = _sender(request, state, up_headers, streaming)
-    return await _answer(await send(raw, _headers("bypassed", tokens, tokens)))
-
-
-def _checkable_stream(upstream: aiohttp.ClientResponse) -> bool:
-    """A successful, uncompressed event stream: one we can read event by event."""
-    return upstream.status == 200 and is_event_stream(upstream) and not upstream.headers.get("content-encoding")
-
-
-def _passthrough_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
-    return dict(client_response_headers(upstream.headers))
+    up = Upstream.of(request, CHAT.upstream(state.cfg), CHAT.upstream_path, up_headers, streaming)
+    return await send(request, state.session, CHAT, up, raw, _headers("bypassed", tokens, tokens))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from proxy import jsonbody
 
@@ -44,18 +44,21 @@ DIGEST_CACHE_SIZE = 32_768
 
 class DigestCache:
     """Stable digests by in-process key, bounded (the oldest entry evicted first: a hit does not
-    refresh it, which would cost the hot path a reordering per message)."""
+    refresh it, which would cost the hot path a reordering per message). `canonical` leaves out
+    what is not content before digesting (a protocol's cache markers); a cache with one has keys
+    of its own."""
 
-    def __init__(self, size: int = DIGEST_CACHE_SIZE) -> None:
+    def __init__(self, size: int = DIGEST_CACHE_SIZE, canonical: Callable[[Any], Any] | None = None) -> None:
         self._d: OrderedDict[int, bytes] = OrderedDict()
         self._size = size
+        self._digest = message_digest if canonical is None else (lambda msg: message_digest(canonical(msg)))
 
     def digest(self, msg: Any, key: int) -> bytes:
         """One message's digest (the conversation's first: it names the conversation); a
         message seen before costs a lookup."""
         digest = self._d.get(key)
         if digest is None:
-            digest = self._d[key] = message_digest(msg)
+            digest = self._d[key] = self._digest(msg)
             if len(self._d) > self._size:
                 self._d.popitem(last=False)
         return digest
@@ -66,7 +69,7 @@ class DigestCache:
         for msg, key in zip(messages, keys):
             digest = d.get(key)
             if digest is None:
-                digest = d[key] = message_digest(msg)
+                digest = d[key] = self._digest(msg)
                 if len(d) > self._size:
                     d.popitem(last=False)
             out.append(digest)

@@ -125,3 +125,24 @@ def test_native_compaction_and_the_protocol_pieces():
                                      b'"message":"prompt is too long: 210000 tokens > 200000 maximum"}}')
     usage = MESSAGES.usage(b'{"usage":{"input_tokens":3,"cache_read_input_tokens":10,"output_tokens":2}}')
     assert (usage.prompt, usage.cached, usage.completion) == (13, 10, 2)
+
+
+def test_the_summarizer_reads_each_message_by_its_role_and_never_its_thinking():
+    """An assistant message that starts with signed thinking is still the assistant's (its text and
+    calls are read, the thinking is not); a user message answering calls reads as its results."""
+    from proxy.compaction.serialize import serialize_envelopes
+
+    body = claude_requests()[-1]
+    conv = flow_of(body)[0].forwarded
+    blocks = serialize_envelopes(conv.envelopes[conv.n_system:])
+    roles = [m["role"] for m in body["messages"]]
+    assert len(blocks) == len(roles) and not any("[Opaque item]" in b for b in blocks)
+    for block, m in zip(blocks, body["messages"]):
+        types = {b["type"] for b in m["content"]} if isinstance(m["content"], list) else {"text"}
+        head = block.split(":", 1)[0]
+        assert head == ("[Assistant]" if m["role"] == "assistant" and "text" in types else
+                        "[Tool call]" if m["role"] == "assistant" else
+                        "[Tool result" if "tool_result" in types else "[User]")
+    thinking = [b["thinking"] for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
+                if b["type"] == "thinking"]
+    assert thinking and not any(t[:40] in "\n".join(blocks) for t in thinking)

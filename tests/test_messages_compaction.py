@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from support.client import anthropic_client, post
 from support.compaction_helpers import filler, main_summary
@@ -168,6 +169,63 @@ async def test_an_oversized_tool_result_becomes_a_note_with_its_error_flag(fake,
     assert fake.records("summarizer")[-1].summarizer_kind == "tool"
 
 
+async def test_every_oversized_result_of_one_user_message_becomes_a_note(fake, make_proxy):
+    """Parallel tool calls are answered in one user message: each large tool_result there is a
+    note of its own, its id and error flag kept; the text beside them is the client's."""
+    fake.reply = "ok"
+    proxy = await make_proxy(fake.base_url, settings(fake, 200000))
+    big = ["\n".join(f"line {i}: {tag} at /srv/app/mod{i}.py id=ORD-{1000 + i}" for i in range(900))
+           for tag in ("ERROR timeout", "WARN retry")]
+    msgs = [{"role": "user", "content": "run both"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "Read", "input": {"path": "a.log"}},
+                {"type": "tool_use", "id": "toolu_b", "name": "Read", "input": {"path": "b.log"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "is_error": True, "content": big[0]},
+                {"type": "tool_result", "tool_use_id": "toolu_b", "content": [{"type": "text", "text": big[1]}]},
+                {"type": "text", "text": "what failed?"}]}]
+    headers, _ = await create(proxy, tools=[READ], messages=msgs)
+    assert headers["x-compaction-tool-results"] == "2" and headers["x-compaction-status"] == "none"
+    a, b, said = fake.messages_requests[-1]["messages"][2]["content"]
+    assert (a["tool_use_id"], a["is_error"], b["tool_use_id"]) == ("toolu_a", True, "toolu_b")
+    assert all(len(x["content"][0]["text"]) < len(big[0]) // 4 for x in (a, b)) and said == msgs[2]["content"][2]
+    assert [r.summarizer_kind for r in fake.records("summarizer")] == ["tool", "tool"]
+
+
+async def test_parallel_tool_results_are_masked_each_and_thinking_survives(fake, make_proxy):
+    """A tool-using session with thinking on, two calls a turn: old outputs become stubs, one per
+    tool_result, inside the user messages that carry them; the strict fake checks every
+    signature and pair, and the masked prefix is forwarded the same way on the next request."""
+    fake.reply = {"thinking": "Read both.", "tool_calls": [{"name": "Read", "input": {"path": "a.py"}},
+                                                           {"name": "Read", "input": {"path": "b.py"}}]}
+    fake.summarizer = main_summary("par")
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000, keep_recent_tokens=1500))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py and b.py. " + filler(60, 1)}]
+    statuses, forwarded = [], []
+    async with anthropic_client(proxy, KEY) as c:
+        for step in range(14):
+            raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, thinking=THINK,
+                                                            tools=[READ], system=SYSTEM, messages=msgs)
+            r = await raw.parse()
+            statuses.append(raw.headers["x-compaction-status"])
+            forwarded.append(fake.messages_requests[-1])
+            turn = [b.model_dump(exclude_none=True) for b in r.content]
+            msgs.append({"role": "assistant", "content": turn})
+            msgs.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": u["id"], "content": f"{u['id']}: " + filler(150, step + k)}
+                for k, u in enumerate(b for b in turn if b["type"] == "tool_use")]})
+    assert all(rec.status == 200 for rec in fake.records("messages"))
+    k = statuses.index("masked")
+    stubbed = [b for m in forwarded[k]["messages"] if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result" and isinstance(b["content"], list)
+               and b["content"][0]["text"].startswith("[tool output elided: Read(")]
+    assert len(stubbed) >= 4 and len({b["tool_use_id"] for b in stubbed}) == len(stubbed)
+    assert set(statuses[k:]) == {"masked"} and len(statuses) - k > 2 and fake.records("summarizer") == []
+    for prev, nxt in zip(forwarded[k:], forwarded[k + 1:]):  # the masked prefix, forwarded the same way
+        n = len(prev["messages"]) - 1  # (the client moves its breakpoint off the newest message)
+        assert nxt["messages"][:n] == prev["messages"][:n]
+
+
 # ---- native compaction steps aside ---------------------------------------------------------------
 
 @pytest.mark.parametrize("native", ["context_management", "compaction_block"])
@@ -201,3 +259,66 @@ async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summ
         after = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=msgs)
     assert after.input_tokens == fake.records("messages")[-1].prompt_tokens < before.input_tokens
     assert made > 0 and len(fake.records("summarizer")) == made
+
+
+def tool_session(output: str, *, error: bool = False) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "read the log"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "Read",
+                                               "input": {"path": "app.log"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "is_error": error,
+                                          "content": output}]}]
+
+
+async def count_then_send(proxy: Any, fake: FakeMessages, **body: Any) -> tuple[int, int]:
+    """count_tokens for a body, then the body itself: (the count answered, the upstream's count of
+    what was forwarded)."""
+    async with anthropic_client(proxy, KEY) as c:
+        counted = await c.messages.count_tokens(model=MODEL, **body)
+        await c.messages.create(model=MODEL, max_tokens=100, **body)
+    return counted.input_tokens, fake.records("messages")[-1].prompt_tokens
+
+
+async def test_count_tokens_counts_an_output_over_the_size_cap_as_it_is_forwarded(fake, make_proxy):
+    """Over tool_results.max_payload_tokens no summarizer is asked: the output goes clamped, with a
+    notice, on every request; the count (made before any request) is of that."""
+    proxy = await make_proxy(fake.base_url, {**settings(fake, 200000),
+                                             "tool_results": {"threshold_tokens": 300, "max_payload_tokens": 2000}})
+    log = "\n".join(f"line {i}: GET /api/orders/{i} 200 in {i % 97} ms" for i in range(1500))
+    counted, forwarded = await count_then_send(proxy, fake, tools=[READ], messages=tool_session(log))
+    assert counted == forwarded < fake.count_input_tokens({"model": MODEL, "tools": [READ], "messages": tool_session(log)})
+    assert fake.records("summarizer") == []
+
+
+async def test_count_tokens_counts_a_failed_note_as_its_notice(fake, make_proxy):
+    """A note that failed is not tried again before its cool-down: each request meanwhile forwards
+    the output with the failure's notice, and so does the count."""
+    fake.summarizer = FakeError.anthropic(529, "Overloaded", "overloaded_error")
+    proxy = await make_proxy(fake.base_url, {**settings(fake, 200000), "tool_results": {"threshold_tokens": 300}})
+    log = "\n".join(f"line {i}: worker-{i % 4} ERROR job {i} failed" for i in range(300))
+    await create(proxy, tools=[READ], messages=tool_session(log, error=True))
+    assert "unavailable" in fake.messages_requests[-1]["messages"][2]["content"][0]["content"][0]["text"]
+    counted, forwarded = await count_then_send(proxy, fake, tools=[READ], messages=tool_session(log, error=True))
+    assert counted == forwarded and len(fake.records("summarizer")) == 1
+
+
+async def test_count_tokens_counts_the_masking_a_request_would_make_before_any_is_stored(fake, make_proxy):
+    """Over the threshold, masking old tool outputs is enough (tier 1, no summarizer): a count made
+    before any request is of the masked request the next one forwards, and makes no record."""
+    fake.reply = "ok"
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000, keep_recent_tokens=1500))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
+    for t in range(10):
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
+                                                    "input": {"path": f"m{t}.py"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
+                                               "content": f"m{t}.py: " + filler(350, t)}]}]
+    async with anthropic_client(proxy, KEY) as c:
+        counted = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
+        again = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
+        raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=100, system=SYSTEM, tools=[READ],
+                                                        messages=msgs)
+    assert raw.headers["x-compaction-status"] == "masked" and fake.records("summarizer") == []
+    forwarded = fake.records("messages")[-1].prompt_tokens
+    full = fake.count_input_tokens({"model": MODEL, "system": SYSTEM, "tools": [READ], "messages": msgs})
+    assert counted.input_tokens == again.input_tokens == forwarded < full
+

@@ -55,3 +55,9 @@ async def test_the_claude_code_session_is_compacted_once_and_reused(upstream, fa
         assert s.cache_read >= prev.prompt_tokens * 0.9, (s.cache_read, prev.prompt_tokens)
     # count_tokens is the count of what went upstream
     assert [s.counted for s in steps] == [s.prompt_tokens for s in steps]
+    shares = [s.cache_read / s.prompt_tokens for s in steps[k + 1:]]
+    print(f"\nMessages replay (window {WINDOW}): {len(steps)} requests, statuses {statuses}; "
+          f"history summarizer calls {sum(1 for kind, sk in order if sk == 'history')}; "
+          f"cache hit share after the compaction {min(shares):.0%}-{max(shares):.0%}; "
+          f"largest forwarded {max(s.prompt_tokens for s in steps)} of {WINDOW} "
+          f"(the session itself reaches {max(s.before for s in steps)}); count_tokens equal on all {len(steps)}")

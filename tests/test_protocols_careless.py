@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -164,9 +165,12 @@ async def test_an_answer_that_is_no_summary_is_refused(driver, fake, make_proxy,
     assert forwarded == driver.body(convo)
 
 
+@pytest.mark.parametrize("driver", [RESPONSES, MESSAGES, replace(RESPONSES, model="gpt-4")], ids=[
+    "responses", "messages", "responses-other-tokenizer"])
 async def test_summarizer_down_for_a_whole_session(driver, fake, make_proxy):
     """Every request still succeeds: once the history passes the window, the digest written by
-    code takes the summary's place (`degraded`), and each forwarded request fits."""
+    code takes the summary's place (`degraded`), and each forwarded request fits, also when the
+    upstream counts with another tokenizer than the proxy's (gpt-4: cl100k here, o200k there)."""
     s = coding_session(24)
     fake.fault_target = "summarizer"
     fake.fail_status = 500

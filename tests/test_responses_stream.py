@@ -44,6 +44,21 @@ def test_a_whole_stream_passes_in_any_chunking() -> None:
         assert checker.usage["input_tokens"] == 120 and not checker.overflow
 
 
+def test_a_data_only_stream_ending_with_done_passes_as_litellm_sends_it() -> None:
+    # LiteLLM's /v1/responses stream: no `event:` lines, then chat's `data: [DONE]` after the end.
+    data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in ev.numbered(ev.stream_events(completed())))
+    data += b"data: [DONE]\n\n"
+    checker = ResponsesEventChecker()
+    good, why = checker.feed(data)
+    rest, why_end = checker.finish()
+    assert why is None and why_end is None and bytes(good + rest) == data
+    assert checker.end == "response.completed"
+    # [DONE] is no end by itself: a stream that stops there without its end event is broken
+    early = ResponsesEventChecker()
+    early.feed(ev.sse({"type": "response.created", "sequence_number": 0, "response": {}}) + b"data: [DONE]\n\n")
+    assert early.finish()[1] == "the stream ended before the response did (no response.completed)"
+
+
 def test_broken_streams_are_named() -> None:
     good = ev.sse({"type": "response.created", "sequence_number": 0, "response": {}})
     cases = {

@@ -266,14 +266,20 @@ async def test_each_websocket_turn_reports_what_the_proxy_did_in_response_create
         k: v for k, v in reports[2].items() if k != "x-compaction-wait-ms"}
 
 
-async def test_an_overflow_retried_on_the_socket_reports_the_retry(fake, make_proxy):
+@pytest.mark.parametrize("overflow", ["error", "response.failed"])
+async def test_an_overflow_retried_on_the_socket_reports_the_retry(fake, make_proxy, overflow):
+    """Through the real proxy: the upstream's overflow on the socket (an `error` event, or a
+    `response.failed` before any output) is compacted and retried once, and the turn reports the retry."""
     fake.window = 4000  # smaller than the proxy believes: the first attempt overflows
+    fake.overflow_as_failed_event = overflow == "response.failed"
     proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 12000}},
                                              "compaction": {"prepare_percent": 0}})
     [events] = await _ws_turns(proxy, [{"model": MODEL, "input": _history(14), "store": False}])
     assert events[-1].type == "response.completed", (events[-1], [(r.status, r.prompt_tokens) for r in fake.records()])
     assert events[0].response.metadata["x-compaction-status"] == "summarized"
-    assert [r.status for r in fake.records("responses")] == [400, 200]
+    assert all(e.type != "response.failed" for e in events)  # the refused attempt never reached the client
+    calls = fake.records("responses")
+    assert len(calls) == 2 and calls[0].prompt_tokens > 4000 >= calls[1].prompt_tokens
 
 
 async def test_the_websocket_report_can_be_turned_off(fake, make_proxy):

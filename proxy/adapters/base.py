@@ -52,6 +52,9 @@ class Request:
     stateful: bool = False  # the history lives at the upstream (Responses previous_response_id): untouched
     native_compaction: bool = False  # the client asked the upstream to compact: no history compaction
     extra: dict[str, Any] = field(default_factory=dict)  # anything else the adapter's route needs
+    # where the stable digests come from: an adapter whose digests leave out what is not content
+    # (Messages: the cache breakpoints, which clients move) has a cache of its own
+    digest_cache: DigestCache = DIGESTS
     # The conversation's previous request when its first `shared` envelopes are this one's
     # (proxy/adapters/prefix.py): what it worked out about them lazily is not worked out again.
     previous: "Request | None" = field(default=None, repr=False, compare=False)
@@ -69,8 +72,9 @@ class Request:
         rewrite. Computed when compaction needs them, once per distinct envelope."""
         known = self._known("digests")
         n = len(known)
-        return known + DIGESTS.digests(self.conversation.values[n:], self.keys[n:]) if n else \
-            DIGESTS.digests(self.conversation.values, self.keys)
+        cache = self.digest_cache
+        return known + cache.digests(self.conversation.values[n:], self.keys[n:]) if n else \
+            cache.digests(self.conversation.values, self.keys)
 
     def per_envelope(self, name: str, fn: Callable[[Envelope], Any]) -> list[Any]:
         """`fn` of each of the client's envelopes, made once for this request and, for the
@@ -100,7 +104,7 @@ class Request:
         """The stable digest of the first non-system envelope (or of the last): it names the conversation."""
         conv = self.conversation
         i = min(conv.n_system, len(conv) - 1)
-        return DIGESTS.digest(conv.values[i], self.keys[i])
+        return self.digest_cache.digest(conv.values[i], self.keys[i])
 
     def total(self, conv: Conversation | None = None) -> int:
         """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""
@@ -191,12 +195,22 @@ class Adapter(ABC):
         `usage`); the default is OpenAI's SSE with its `[DONE]` end marker."""
         return EventChecker()
 
+    # An event stream that ends before its first event: what the client is told, and whether it
+    # says the request was too long (llama.cpp answers a prompt over its window so).
+    empty_stream = "the event stream ended before its first event"
+    empty_stream_overflows = False
+
+    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+        """A stream's first bytes (held: nothing went to the client yet), and whether they say
+        the request was too long, so that it may still be retried compacted."""
+        return await upstream.content.readany(), False
+
     def usage(self, answer: bytes) -> Usage | None:
         """The usage of a non-streaming answer (the bill and the token ratio read it)."""
         return completion_usage(answer)
 
-    def stream_usage(self, checker: EventChecker) -> Usage | None:
-        """The usage a relayed stream reported."""
+    def stream_usage(self, checker: Any) -> Usage | None:
+        """The usage a relayed stream reported (`checker.usage`: what its events said)."""
         return Usage.from_openai(checker.usage)
 
     # -- the proxy's own summarizer calls -------------------------------------------------------

@@ -52,6 +52,9 @@ class ChatAdapter(Adapter):
     protocol = "chat"
     upstream_path = "/chat/completions"
     credential_headers = OPENAI_HEADERS
+    empty_stream = ("the event stream ended before its first event (llama.cpp does this for a prompt over its "
+                    "context window)")
+    empty_stream_overflows = True
 
     def __init__(self) -> None:
         # What each upstream took as a summarizer call's output cap: (base URL, model) -> parameter.

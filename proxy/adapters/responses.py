@@ -33,7 +33,7 @@ from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_resul
 from proxy.ops.exchange import Usage
 from proxy.responses import items as ri
 from proxy.responses.body import parse_responses_body
-from proxy.responses.stream import ResponsesEventChecker, answer_usage, responses_usage
+from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
 
@@ -198,6 +198,12 @@ class ResponsesAdapter(Adapter):
 
     def event_checker(self) -> EventChecker:
         return ResponsesEventChecker()
+
+    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+        """Up to the first event past the preamble: a stream that fails for length before any
+        output may still be retried."""
+        held, seen = await read_preamble(upstream)
+        return held, seen.overflow
 
     def usage(self, answer: bytes) -> Usage | None:
         return answer_usage(answer)

@@ -35,6 +35,9 @@ from proxy.tokens import TokenCounter
 from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.compaction")
+# The share of the window the floor fills at most: an upstream counting with another tokenizer was
+# seen 0.3% over the proxy's estimate of a request the floor forwarded at the window's edge.
+FLOOR_MARGIN = 0.98
 
 __all__ = ["CompactionEngine", "Outcome"]
 
@@ -143,32 +146,20 @@ class CompactionEngine:
             return Outcome("none")
         view = await offload.sized(4 * total, self.view, flow, conv)  # digests of a long history: off the loop
         scope = flow.identity.scope
-        limit_for = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
-        # Local records first (no I/O on the common reuse path); the shared store only when no
-        # local record fits, since another replica may have made a longer one.
-        record = self.records.local(view.lazy_keys())
-        applied = self.apply(view, record) if record is not None else None
-        if applied is None or applied.tokens_after is None or applied.tokens_after > limit_for(record):
-            stored = await self.stored_record(view, longer_than=record)
-            if stored is not None:
-                record, applied = stored, None
-        if record is not None and record.prepared and not forced:
-            carried = await self._carried(view, record, budget)
-            if carried is not None:
-                return carried
-        if record is not None:
-            out = applied or self.apply(view, record)
-            if out.tokens_after is not None and out.tokens_after <= limit_for(record):
-                if record.prepared:
-                    out.record, first = await self.records.carry(scope, record)
-                    if first:
-                        out.status = "summarized"
-                        self.hooks.prepared("used")
-                elif not forced:
-                    self.preparer.maybe(flow, conv, budget, out.tokens_after)
-                return out
+        record, out, carried = await self._serving(view, budget, forced)
+        if carried:
+            return out  # type: ignore[return-value]
+        if record is not None and out is not None:
             if record.prepared:
-                self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
+                out.record, first = await self.records.carry(scope, record)
+                if first:
+                    out.status = "summarized"
+                    self.hooks.prepared("used")
+            elif not forced:
+                self.preparer.maybe(flow, conv, budget, out.tokens_after)
+            return out
+        if record is not None and record.prepared:
+            self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
         # Tier 1: old tool outputs become stubs; no model call.
         mask_rec = await offload.sized(4 * total, self.maker.mask_record, view, budget, record)
         if mask_rec is not None:
@@ -231,9 +222,11 @@ class CompactionEngine:
         else the masked history when that fits; else a digest written by code replaces the oldest
         part (tier 3, `degraded`). Over the window only when even that cannot fit (logged).
         After the upstream's own overflow (`forced`) the original is known not to fit, whatever
-        window we believed: what fits is then the halved budget's threshold."""
+        window we believed: what fits is then the halved budget's threshold. "Fits" keeps a
+        margin (FLOOR_MARGIN): the proxy's count only estimates the upstream's (another tokenizer,
+        a learned ratio), and these requests sit right at the window."""
         total = view.flow.total(view.conv)
-        window = budget.threshold if forced else budget.window
+        window = budget.threshold if forced else int(budget.window * FLOOR_MARGIN)
         if not forced and total <= window:
             return Outcome("failed-open", wait_ms=wait_ms, reason=why)
         if base is not None:
@@ -265,13 +258,49 @@ class CompactionEngine:
         log.info("compaction degraded to a digest written by code: %s", why)
         return out
 
-    # -- records -------------------------------------------------------------------------------
+    async def _serving(self, view: View, budget: Budget,
+                       forced: bool) -> tuple[SummaryRecord | None, Outcome | None, bool]:
+        """The longest record made for the request, what it makes of the request when that is
+        within its limit (else None), and whether that outcome is instead the summary the
+        conversation carries now (a record made ahead waits for the request that crosses the
+        threshold)."""
+        limit = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
+        # Local records first (no I/O on the common reuse path); the shared store only when no
+        # local record fits, since another replica may have made a longer one.
+        record = self.records.local(view.lazy_keys())
+        applied = self.apply(view, record) if record is not None else None
+        if applied is None or applied.tokens_after is None or applied.tokens_after > limit(record):
+            stored = await self.stored_record(view, longer_than=record)
+            if stored is not None:
+                record, applied = stored, None
+        if record is None:
+            return None, None, False
+        if record.prepared and not forced:
+            carried = await self._carried(view, record, budget)
+            if carried is not None:
+                return record, carried, True
+        out = applied or self.apply(view, record)
+        return record, out if out.tokens_after is not None and out.tokens_after <= limit(record) else None, False
+
+    # -- what a request would forward now --------------------------------------------------------
     async def stored(self, flow: Flow, conv: Conversation) -> Outcome:
-        """The longest stored (or prepared) record applied, when there is one; none is made and
-        none is marked carried (Messages count_tokens: what would be forwarded now)."""
-        view = await offload.sized(4 * flow.total(conv), self.view, flow, conv)
-        record = self.records.local(view.lazy_keys()) or await self.stored_record(view, longer_than=None)
-        return self.apply(view, record) if record is not None else Outcome("none")
+        """What `process` would forward now if it made no summary (Messages count_tokens, spec
+        12.4), with nothing written, carried, joined or prepared: nothing under the threshold; the
+        record that serves the request; else the masking tier 1 would make; else the record or
+        masking it has (a summary would come on top, so this is an upper bound)."""
+        budget = self.budget_for(flow.model)
+        total = flow.total(conv)
+        if total <= budget.threshold:
+            return Outcome("none")
+        view = await offload.sized(4 * total, self.view, flow, conv)
+        record, out, _ = await self._serving(view, budget, False)
+        if out is not None:
+            return out
+        mask_rec = await offload.sized(4 * total, self.maker.mask_record, view, budget, record)
+        base = mask_rec or record
+        return self.apply(view, base) if base is not None else Outcome("none")
+
+    # -- records -------------------------------------------------------------------------------
 
     async def stored_record(self, view: View, longer_than: SummaryRecord | None) -> SummaryRecord | None:
         """The longest record the store holds for this conversation, longer than `longer_than`."""

@@ -36,7 +36,7 @@ class CompactionStage(Stage):
             return
         flow.marks[MARK] = flow.forwarded
         if flow.request.extra.get("count_only"):  # a token count: records made already apply, none is made
-            self._report(flow, await self.engine.stored(flow, flow.forwarded))
+            self._report(flow, await self.engine.stored(flow, flow.forwarded), event=False)
             return
         self._report(flow, await self.engine.process(flow, flow.forwarded))
 
@@ -52,7 +52,7 @@ class CompactionStage(Stage):
         self._report(flow, outcome)
         return True
 
-    def _report(self, flow: Flow, outcome: Outcome) -> None:
+    def _report(self, flow: Flow, outcome: Outcome, *, event: bool = True) -> None:
         outcome = not_larger(outcome, flow.report.tokens_before)
         if outcome.conversation is not None:
             flow.forwarded = outcome.conversation
@@ -61,7 +61,7 @@ class CompactionStage(Stage):
         report.tokens_after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
         report.wait_ms += outcome.wait_ms
         ex = CURRENT.get()
-        if ex is not None and is_event(ex, outcome):
+        if event and ex is not None and is_event(ex, outcome):  # (a count is no compaction)
             self.hooks.compaction(compaction_event(ex, flow.identity.scope, flow.original, outcome,
                                                    report.tokens_before, report.tokens_after))
 

@@ -13,33 +13,18 @@ compacted with half the budget and retried once, before anything reached the cli
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy import credentials, jsonbody, offload
 from proxy.adapters.responses import ResponsesAdapter
-from proxy.flow import Flow, Identity, Report, run_overflow, run_request
-from proxy.forward import (
-    UPSTREAM_ERRORS,
-    BodyPace,
-    client_response_headers,
-    client_timeout,
-    is_event_stream,
-    map_client_error,
-    read_body,
-    relay_completion,
-    relay_events,
-    upstream_request_headers,
-    upstream_url,
-)
+from proxy.flow import Flow, Identity, Report, run_request
+from proxy.forward import BodyPace, read_body, upstream_request_headers
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
-from proxy.recall import relay as recall_relay
 from proxy.recall.responses import RESPONSES as RECALL
 from proxy.recall.responses_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
@@ -47,9 +32,8 @@ from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import stateful
-from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
+from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
-from proxy.upstream import is_context_overflow
 
 log = logging.getLogger("proxy.responses")
 BYPASS = ("1", "true", "yes")
@@ -68,7 +52,7 @@ class Prepared:
     body: dict[str, Any]
     headers: dict[str, str]
     stream: bool
-    retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    retry: Any = None  # send.Retry: compacted harder after an overflow
     recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
 
@@ -113,15 +97,10 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
 
-    async def retry() -> tuple[bytes, dict[str, str]] | None:
-        if not await run_overflow(state.stages, flow):
-            return None
-        return flow.body(), flow.report.headers()
-
     headers = flow.report.headers()
     if session is not None:
         headers["x-compaction-recalls"] = "0"
-    return Prepared(data, body, headers, streaming, retry, session)
+    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow), session)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
@@ -132,84 +111,21 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
     if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
-        return await _forward(request, state, raw, up_headers, b'"stream":true' in raw.replace(b" ", b""),
-                              _headers("bypassed", 0, 0, 0, 0))
+        return await send(request, state.session, ADAPTER,
+                          _upstream(request, state, up_headers, b'"stream":true' in raw.replace(b" ", b"")), raw,
+                          _headers("bypassed", 0, 0, 0, 0))
     body = await offload.sized(len(raw), parse_responses_body, raw)
     p = await prepare(state, raw, body, request.headers, ex)
-    resp = await _forward(request, state, p.data, up_headers, p.stream, p.headers, p.retry, p.recall)
+    recall = None
+    if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
+        session = p.recall
+        recall = Answering(session, RECALL, RecallRounds,
+                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids()))
+    resp = await send(request, state.session, ADAPTER, _upstream(request, state, up_headers, p.stream), p.data,
+                      p.headers, retry=p.retry, recall=recall, hooks=state.hooks)
     recall_answers.finished(state.hooks, "responses", body["model"], p.recall)
     return resp
 
 
-async def _forward(request: web.Request, state: ProxyState, data: bytes, headers: Any, streaming: bool,
-                   extra: dict[str, str], retry: Any = None, recall: RecallSession | None = None) -> web.StreamResponse:
-    """Send upstream and relay; after an overflow (HTTP, or a stream's before any output) once
-    more, compacted by `retry`. With a `recall` session, the model's recall calls are answered
-    inside the answer, whole or streamed (design 13.3)."""
-    url = upstream_url(state.cfg.upstream.base_url, request, "/responses")
-    headers["Content-Type"] = "application/json"
-    timeout = client_timeout(state.cfg.upstream, streaming=streaming)
-    ex = request[EXCHANGE]
-    for attempt in range(2):
-        can_retry = attempt == 0 and retry is not None
-        t0 = time.perf_counter()
-        try:
-            async with state.session.post(url, data=data, headers=headers, timeout=timeout,
-                                          allow_redirects=False) as upstream:
-                ex.upstream_ttfb_s = time.perf_counter() - t0
-                if upstream.status != 200 or not is_event_stream(upstream) or upstream.headers.get("content-encoding"):
-                    if can_retry and upstream.status in (400, 413, 422):
-                        err_body = await upstream.read()
-                        if is_context_overflow(upstream.status, err_body):
-                            again = await _compacted(retry)
-                            if again is not None:
-                                data, extra = again
-                                log.info("upstream rejected the Responses request for length; retrying compacted")
-                                continue
-                        return web.Response(status=upstream.status, body=err_body,
-                                            headers={**client_response_headers(upstream.headers), **extra})
-                    resp = await relay_completion(request, upstream, extra)
-                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
-                        resp = await recall_answers.answer_whole(RECALL, state.session, url, headers, timeout, resp,
-                                                                 recall, await offload.sized(len(data), orjson.loads, data))
-                    ex.upstream_s = time.perf_counter() - t0
-                    if resp.status == 200 and isinstance(resp, web.Response):
-                        ex.usage = answer_usage(resp.body)
-                    return resp
-                held, seen = await read_preamble(upstream)
-                if seen.overflow and can_retry:
-                    again = await _compacted(retry)
-                    if again is not None:
-                        data, extra = again
-                        log.info("upstream failed the Responses stream for length; retrying compacted")
-                        continue
-                if recall is not None and held:
-                    sent = await offload.sized(len(data), orjson.loads, data)
-                    post = lambda b: state.session.post(url, data=jsonbody.dumps(b), headers=headers,  # noqa: E731
-                                                        timeout=timeout, allow_redirects=False)
-                    rounds = RecallRounds(recall.name)
-                    result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall, rounds,
-                                                      ResponsesEventChecker, state.hooks)
-                    if recall.rounds:
-                        await recall_chains.remember(state.store, recall.scope, *rounds.ids())
-                    ex.upstream_s = time.perf_counter() - t0
-                    ex.usage = responses_usage(result.usage)
-                    return result.response
-                checker = ResponsesEventChecker()
-                resp = await relay_events(request, upstream, extra, held, checker)
-                ex.upstream_s = time.perf_counter() - t0
-                ex.usage = responses_usage(checker.usage)
-                return resp
-        except UPSTREAM_ERRORS as e:
-            err = map_client_error(e)
-            log.warning("upstream Responses request failed: %s", err.message)
-            return err.response(extra)
-    raise AssertionError("unreachable")
-
-
-async def _compacted(retry: Any) -> tuple[bytes, dict[str, str]] | None:
-    try:
-        return await retry()
-    except Exception:
-        log.exception("compacting for the overflow retry failed unexpectedly")
-        return None
+def _upstream(request: web.Request, state: ProxyState, headers: Any, streaming: bool) -> Upstream:
+    return Upstream.of(request, ADAPTER.upstream(state.cfg), "/responses", headers, streaming)

@@ -3,7 +3,9 @@ an overflow shows before any output, and how the proxy writes an error event.
 
 OpenAI's stream: `event: <type>` and `data: <JSON object whose "type" is that name>`, each with a
 `sequence_number`; no `[DONE]`; the end is `response.completed`, `response.failed` or
-`response.incomplete`; an `error` event reports a failure mid-stream. A model server that cannot
+`response.incomplete`; an `error` event reports a failure mid-stream. Servers that reuse chat's
+framing (LiteLLM) send data-only events and end with `data: [DONE]`: accepted, and relayed (the
+SDKs stop at it). A model server that cannot
 fit the prompt may still answer 200 and fail the response (`response.failed` whose error code is
 `context_length_exceeded`) before any output item: that is an overflow, retried compacted like an
 HTTP 400, as long as nothing has gone to the client.
@@ -57,6 +59,8 @@ class ResponsesEventChecker(EventChecker):
         name, data = event_fields(event)
         if data is None:
             return None  # a comment (keep-alive) or a lone field
+        if data.strip() == b"[DONE]" and name is None:
+            return None  # chat's end marker; whether the response ended is the end event's to say
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:

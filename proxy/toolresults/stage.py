@@ -35,6 +35,7 @@ from proxy.upstream import SummarizerError, SummaryCaller
 log = logging.getLogger("proxy.toolresults")
 
 PAUSED = "the summarizer failed repeatedly and is paused"
+OVER_CAP = "the output is larger than the proxy's size cap"
 
 
 class ToolResultStage(Stage):
@@ -104,7 +105,7 @@ class ToolResultStage(Stage):
         headers, scope = flow.identity.upstream_headers, flow.identity.scope
         adapter = flow.adapter.summarizer(self.cfg)  # the protocol of the notes' calls
         if flow.request.extra.get("count_only"):  # a token count: notes made already apply, none is made
-            notes = [await self._stored_note(c, scope) for c in cands]
+            notes = [await self._stored_note(adapter, c, model, scope) for c in cands]
         else:
             notes = await asyncio.gather(*(self._note(adapter, c, hint, model, headers, scope) for c in cands))
         if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
@@ -129,35 +130,45 @@ class ToolResultStage(Stage):
     def _key(c: sel.Candidate, scope: str) -> str:
         return f"note:{scope}:{c.tool_call_id}:{content_digest(c.text)}"
 
-    async def _stored_note(self, c: sel.Candidate, scope: str) -> tuple[str | None, bool]:
-        """A note made already, or None (the output stays as it is)."""
-        raw = None if c.over_cap else await self.store.get(self._key(c, scope))
+    async def _stored_note(self, adapter: Adapter, c: sel.Candidate, model: str, scope: str) -> tuple[str | None, bool]:
+        """What a request would forward for this output now, with no summarizer call: the note made
+        already, the notice of a failure that still holds, of a paused summarizer or of an output
+        over the size cap (the raw output clamped), else None (the output stays as it is)."""
+        if c.over_cap:
+            return self._raw_with_notice(c, OVER_CAP), False
+        rec = await self._existing(self._key(c, scope))
+        if rec is None:
+            paused = self._breakers.get((adapter.upstream(self.cfg).base_url, model))  # (a count makes no breaker)
+            return (self._raw_with_notice(c, PAUSED), False) if paused and paused.state == "open" else (None, False)
+        return self._forwarded(c, rec)
+
+    async def _existing(self, key: str) -> dict[str, Any] | None:
+        """The note stored for `key`, or the failure stored there while its cool-down holds."""
+        raw = await self.store.get(key)
+        if raw is None:
+            return None
         try:
-            rec = orjson.loads(raw) if raw is not None else {}
+            rec = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            rec = {}
-        return (rec["text"], True) if rec.get("ok") else (None, False)
+            return None
+        # A failure holds until its cool-down ends (reads refresh the store's TTL, so the
+        # record's own expiry decides); then the result is tried again.
+        if not rec.get("ok") and rec.get("until", 0) <= self.clock():
+            return None
+        return rec
+
+    def _forwarded(self, c: sel.Candidate, rec: dict[str, Any]) -> tuple[str, bool]:
+        """(text to forward, whether it is a summary) for a note's record."""
+        if rec.get("ok"):
+            return rec["text"], True
+        return self._raw_with_notice(c, rec.get("reason", "unknown error")), False
 
     async def _note(self, adapter: Adapter, c: sel.Candidate, hint: str, model: str, headers: dict[str, str],
                     scope: str) -> tuple[str | None, bool]:
         """(text to forward, whether it is a summary)."""
         if c.over_cap:
-            return self._raw_with_notice(c, "the output is larger than the proxy's size cap"), False
+            return self._raw_with_notice(c, OVER_CAP), False
         key = self._key(c, scope)
-
-        async def existing() -> dict[str, Any] | None:
-            raw = await self.store.get(key)
-            if raw is None:
-                return None
-            try:
-                rec = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                return None
-            # A failure holds until its cool-down ends (reads refresh the store's TTL, so the
-            # record's own expiry decides); then the result is tried again.
-            if not rec.get("ok") and rec.get("until", 0) <= self.clock():
-                return None
-            return rec
 
         async def make() -> dict[str, Any]:
             breaker = self.breaker(model, adapter)
@@ -180,12 +191,10 @@ class ToolResultStage(Stage):
             return rec
 
         try:
-            rec = await self.flight.run(key, make, existing)
+            rec = await self.flight.run(key, make, lambda: self._existing(key))
         except Busy:  # another request's note for this output is late: the raw output, this once
             return self._raw_with_notice(c, "its summary is still being made"), False
-        if rec.get("ok"):
-            return rec["text"], True
-        return self._raw_with_notice(c, rec.get("reason", "unknown error")), False
+        return self._forwarded(c, rec)
 
     async def _summarize(self, adapter: Adapter, c: sel.Candidate, hint: str, model: str,
                          headers: dict[str, str]) -> str:

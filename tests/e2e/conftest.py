@@ -7,9 +7,13 @@ environment variable CI is set, in which case it fails.
 Fixtures
   llama_server        session; SmolLM2 on 127.0.0.1:$E2E_PORT (8788), n_ctx 8192
   llama_server_small  session; same model on 127.0.0.1:$E2E_SMALL_PORT (8789), n_ctx 2048
+  litellm_server      session; LiteLLM's proxy on 127.0.0.1:$E2E_LITELLM_PORT (8790) speaking
+                      Anthropic Messages and OpenAI Responses, bridged to llama_server's chat
+                      (needs scripts/e2e-upstream install-litellm; skipped without, failed under CI)
   start_proxy         factory; start_proxy(llama=None, **config_overrides) -> Proxy
-  tap                 factory; tap(llama) -> Tap, a recording pass-through to that server (tap.py):
+  tap                 factory; tap(server) -> Tap, a recording pass-through to that server (tap.py):
                       start_proxy(llama, upstream={"base_url": t.base_url}) puts it in between
+                      (for LiteLLM's Messages side: anthropic={"base_url": t.url})
 A server already started by hand with scripts/e2e-upstream on the same port is reused and left
 running at the end.
 """
@@ -62,6 +66,25 @@ class Upstream:
 
     def client(self, **kw: Any):
         return _client(self.base_url, **kw)
+
+
+@dataclass
+class LiteLLM:
+    port: int
+    upstream: Upstream  # the llama server it bridges to
+    key: str = "sk-e2e-litellm-master"  # its master key (scripts/e2e-upstream); the clients send it
+
+    @property
+    def model(self) -> str:
+        return self.upstream.model
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return ROOT / ".e2e" / f"litellm-{self.port}.log"
 
 
 @dataclass
@@ -133,6 +156,27 @@ def llama_server():
 @pytest.fixture(scope="session")
 def llama_server_small():
     yield from _llama(int(os.environ.get("E2E_SMALL_PORT", 8789)), 2048)
+
+
+@pytest.fixture(scope="session")
+def litellm_server(llama_server):
+    if _script("litellm-path").returncode != 0:
+        reason = "LiteLLM venv not installed (run scripts/e2e-upstream install-litellm)"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " -- CI is set, so this is an error", pytrace=False)
+        pytest.skip(reason)
+    port = int(os.environ.get("E2E_LITELLM_PORT", 8790))
+    already = (ROOT / ".e2e" / f"litellm-{port}.pid").exists()
+    started = time.monotonic()
+    r = _script("start-litellm", "--port", str(port), "--llama-port", str(llama_server.port),
+                "--alias", llama_server.model)
+    if r.returncode != 0:
+        pytest.fail(f"LiteLLM on port {port} did not start:\n{r.stdout}{r.stderr}", pytrace=False)
+    print(f"\nLiteLLM ready in {time.monotonic() - started:.1f} s")
+    reused = already and r.stdout.startswith("LiteLLM already running")
+    yield LiteLLM(port=port, upstream=llama_server)
+    if not reused:
+        _script("stop-litellm", "--port", str(port))
 
 
 def _free_port() -> int:
@@ -226,11 +270,12 @@ def start_proxy(request, tmp_path):
 
 @pytest.fixture
 def tap():
-    """Factory: tap(llama) -> a started Tap relaying to that server; all are stopped at teardown."""
+    """Factory: tap(server) -> a started Tap relaying to that server (an Upstream or LiteLLM); all
+    are stopped at teardown."""
     started: list[Tap] = []
 
-    def start(llama: Upstream) -> Tap:
-        t = Tap(f"http://127.0.0.1:{llama.port}").start()
+    def start(server: Upstream | LiteLLM) -> Tap:
+        t = Tap(f"http://127.0.0.1:{server.port}").start()
         started.append(t)
         return t
 

@@ -1,11 +1,11 @@
-"""A recording pass-through between the proxy and the real llama.cpp server.
+"""A recording pass-through between the proxy and a real server (llama.cpp, or LiteLLM in front of it).
 
 The proxy runs as a subprocess, so the tests cannot see what it forwards. The tap is a plain
 aiohttp reverse proxy on 127.0.0.1 (in its own thread and event loop) that relays every request
 to the real server byte for byte, streams the answer back chunk by chunk, and records each
-exchange: the parsed request body, its kind (chat / history summarizer / tool summarizer, told
-apart by the proxy's own prompts, as the fake upstream does), the real server's status, and the
-response body.
+exchange: the raw and parsed request body, its kind (the agent's request, the history or tool
+summarizer, told apart by the proxy's own prompts as each protocol's fake upstream does), the real
+server's status, and the response body.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import aiohttp
 from aiohttp import web
 
 from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.messages import FakeMessages
+from proxy.fakes.responses import FakeResponses
 
 # Hop-by-hop headers and the ones aiohttp recomputes; everything else goes through unchanged.
 _DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -27,9 +29,12 @@ _DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-aliv
 
 @dataclass
 class Exchange:
-    kind: str  # "chat" | "history" (history summarizer) | "tool" (tool-result summarizer) | "other"
+    # The agent's request: "chat" | "messages" | "responses"; the proxy's summarizer calls in any
+    # protocol: "history" | "tool"; "count_tokens" | "compact" | "other".
+    kind: str
     path: str
     body: Any  # the parsed JSON request body (None when not JSON)
+    raw: bytes = b""  # the request body as the proxy sent it
     status: int = 0
     # Filled chunk by chunk *before* each chunk goes on: complete once the proxy has all of it.
     response: bytearray = field(default_factory=bytearray)
@@ -42,7 +47,8 @@ class Tap:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")  # e.g. http://127.0.0.1:8788 (no /v1)
         self.exchanges: list[Exchange] = []
-        self._classifier = FakeUpstream()  # only its summarizer_kind(): reads prompts/*.md
+        # Only their summarizer_kind(): each reads prompts/*.md as its protocol's fake upstream does.
+        self._classifiers = {"chat": FakeUpstream(), "messages": FakeMessages(), "responses": FakeResponses()}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -50,16 +56,24 @@ class Tap:
         self.port: int | None = None
 
     @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def url(self) -> str:  # what anthropic.base_url wants
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:  # what upstream.base_url (an OpenAI base URL) wants
+        return f"{self.url}/v1"
 
     def of_kind(self, kind: str) -> list[Exchange]:
         return [e for e in self.exchanges if e.kind == kind]
 
     def _kind(self, path: str, body: Any) -> str:
-        if not path.endswith("/chat/completions"):
-            return "other"
-        return self._classifier.summarizer_kind(body) or "chat"
+        for suffix, kind in (("/messages/count_tokens", "count_tokens"), ("/responses/compact", "compact")):
+            if path.endswith(suffix):
+                return kind
+        for suffix, kind in (("/chat/completions", "chat"), ("/messages", "messages"), ("/responses", "responses")):
+            if path.endswith(suffix):
+                return self._classifiers[kind].summarizer_kind(body) or kind
+        return "other"
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
@@ -68,7 +82,7 @@ class Tap:
             body = json.loads(data) if data else None
         except ValueError:
             body = None
-        ex = Exchange(self._kind(request.path, body), request.path, body)
+        ex = Exchange(self._kind(request.path, body), request.path, body, data)
         self.exchanges.append(ex)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         async with self._session.request(

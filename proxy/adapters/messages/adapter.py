@@ -35,7 +35,7 @@ from proxy.adapters.messages.turns import (
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
 from proxy.errors import ProxyError
-from proxy.hashing import message_digest
+from proxy.hashing import DigestCache, message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.ops.exchange import Usage
 from proxy.tokens import TokenCounter, encoding_name_for
@@ -45,6 +45,8 @@ log = logging.getLogger("proxy.messages")
 _ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
 _SPLICE = "splice-" + secrets.token_hex(16)  # where the rendered messages go: no client can know it
 _SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
+# Stable digests without the cache breakpoints: clients move them, and they are not content.
+UNMARKED = DigestCache(canonical=breakpoints.unmarked)
 
 
 def _item(block: Any, role: str) -> Item:
@@ -98,7 +100,7 @@ class MessagesAdapter(Adapter):
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=Conversation(envelopes, tokens),
             keys=keys, written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
             tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
-            native_compaction=native_compaction(body) is not None,
+            native_compaction=native_compaction(body) is not None, digest_cache=UNMARKED,
         )
 
     def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:

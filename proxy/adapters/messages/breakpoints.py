@@ -94,6 +94,17 @@ def _strip(body: dict[str, Any], path: tuple[Any, ...]) -> None:
     node[key] = {k: v for k, v in node[key].items() if k != "cache_control"}
 
 
+def unmarked(value: Any) -> Any:
+    """`value` without its cache breakpoints: what a stable digest is over (Claude Code moves its
+    breakpoints to the newest messages on every request, and a marker is not content to the
+    upstream's cache either)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value
+
+
 def count(body: dict[str, Any]) -> int:
     return len(slots(body)) + (body.get("cache_control") is not None)
 

@@ -19,33 +19,22 @@ from proxy import credentials, errors, offload
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
-from proxy.adapters.messages.forward import forward_messages, upstream_headers
-from proxy.adapters.messages import chatview
+from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
-from proxy.adapters.chat import ChatAdapter
-from proxy.flow import Flow, Identity, Report, run_overflow, run_request
+from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
 from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall.messages import MESSAGES as RECALL
+from proxy.recall.messages_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
+from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
-
-
-class _ChatView(ChatAdapter):
-    """The stages see the blocks through a chat view (chatview.py); their own calls are Messages
-    calls, in the transcript form (a chat view's messages are not the prefix Anthropic cached)."""
-
-    def summarizer(self, cfg: Any) -> MessagesAdapter:
-        return MESSAGES
-
-
-CHAT = _ChatView()
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
@@ -114,69 +103,44 @@ class Prepared:
     request: Request
     forwarded: Conversation
     report: Report
-    retry: Any = None  # async () -> (bytes, headers) | None: compacted harder after an overflow
+    retry: Any = None  # send.Retry: compacted harder after an overflow
     recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
 
     def body(self) -> bytes:
         return MESSAGES.render(self.request, self.forwarded)
 
 
-def _chat_request(req: Request, counter: Any, cfg: Any, count_only: bool) -> tuple[chatview.ChatView, Request]:
-    """The request as the stages see it: its chat view, counted as Messages blocks count."""
-    view = chatview.to_chat(req, counter)
-    chat = CHAT.request_of({"model": req.model, "messages": view.messages, "tools": req.tools}, b"", counter, cfg,
-                           ratio=req.ratio)
-    chat.conversation = Conversation(chat.conversation.envelopes, list(view.tokens))
-    chat.native_compaction = req.native_compaction
-    chat.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
-    return view, chat
-
-
 async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
     """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
-    compaction covers it) on the chat view of the request; a bug in them forwards the request as
-    sent. `count_only` (count_tokens): stored records and notes apply, none is made."""
+    compaction covers it) on the request's flow; a bug in them forwards the request as sent.
+    `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
     req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
-    before = req.total()
     identity = _identity(request, state, req)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
+        before = req.total()
         budget = state.compaction.budget_for(req.model, long_context=long_context(request.headers))
         over = cfg.compaction.enabled and before > budget.threshold
         return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
-
-    def back(flow: Flow) -> Conversation:
-        return chatview.from_chat(view, flow.forwarded.values, req, MESSAGES, state.counter) if flow.changed \
-            else req.conversation
-
+    req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
+    flow = Flow.of(MESSAGES, req, identity)
     try:
-        view, chat = await offload.sized(len(raw), _chat_request, req, state.counter, cfg, count_only)
-        flow = Flow.of(CHAT, chat, identity)
         await run_request(state.stages, flow)
-        forwarded = await offload.sized(len(raw), back, flow)
-        recall = await recall_answers.prepare(RECALL, state.recall, state.prompts, flow, req, keep=not count_only) \
-            if identity.recall else None
         session = None
-        if recall is not None:  # the originals kept (count_tokens: counted only); the tool declared
-            req, session = recall
+        if identity.recall:  # the originals kept (count_tokens: counted only); the tool declared
+            recall = await recall_answers.prepare(RECALL, state.recall, state.prompts, flow, keep=not count_only)
+            if recall is not None:
+                flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        return Prepared(req, req.conversation, Report(before))
-    report = flow.report
-    report.tokens_before, report.tokens_after = before, req.total(forwarded)
-
-    async def retry() -> tuple[bytes, dict[str, str]] | None:
-        """The upstream said the prompt is too long: once, what the stages can make smaller."""
-        if not await run_overflow(state.stages, flow):
-            return None
-        fwd = await offload.sized(len(raw), back, flow)
-        flow.report.tokens_before, flow.report.tokens_after = before, req.total(fwd)
-        return await offload.sized(len(raw), MESSAGES.render, req, fwd), flow.report.headers()
-
-    return Prepared(req, forwarded, report, None if count_only else retry, session)
+        return Prepared(req, req.conversation, Report(flow.report.tokens_before))
+    if flow.report.tokens_after is None:
+        flow.report.tokens_after = flow.total()
+    retry = None if count_only else overflow_retry(state.stages, flow)
+    return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
 
 
 @anthropic_route
@@ -187,15 +151,16 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     headers = upstream_headers(request, cfg)
     if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
-        return await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, raw, headers, stream,
-                                      _headers("bypassed", tokens, tokens))
+        return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
+                          _headers("bypassed", tokens, tokens))
     p = await prepare(request, state, raw, count_only=False)
     body = await offload.sized(len(raw), p.body)
     extra = p.report.headers()
     if p.recall is not None:
         extra["x-compaction-recalls"] = "0"
-    resp = await forward_messages(request, state.session, cfg, MESSAGES.upstream_path, body, headers,
-                                  p.request.stream, extra, p.retry, p.recall, state.hooks)
+    recall = Answering(p.recall, RECALL, RecallRounds) if p.recall is not None else None
+    resp = await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, p.request.stream), body,
+                      extra, retry=p.retry, recall=recall, hooks=state.hooks)
     recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
     return resp
 
@@ -208,5 +173,9 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     p = await prepare(request, state, raw, count_only=True)
     body = await offload.sized(len(raw), p.body)
-    return await forward_messages(request, state.session, state.cfg, "/v1/messages/count_tokens", body,
-                                  upstream_headers(request, state.cfg), False, p.report.headers())
+    up = _upstream(request, state.cfg, upstream_headers(request, state.cfg), False, "/v1/messages/count_tokens")
+    return await send(request, state.session, MESSAGES, up, body, p.report.headers())
+
+
+def _upstream(request: web.Request, cfg: Any, headers: Any, streaming: bool, path: str = MESSAGES.upstream_path) -> Upstream:
+    return Upstream.of(request, MESSAGES.upstream(cfg), path, headers, streaming)

@@ -1,0 +1,174 @@
+"""One upstream call for every route, layered (spec 10.1), whatever the protocol: the adapter says
+what an overflow looks like (an error answer, or a stream's first events), how its events are
+checked and what its usage says.
+
+`send` forwards a body and relays the answer with its checks (a JSON answer must parse, a stream
+must be whole and valid; what is not becomes an error in the route's shape). Around that single
+call, the overflow layer: when the upstream says the request was too long before anything went
+to the client, `retry` (the stages compacting harder: `overflow_retry`) makes a smaller body and
+it is sent once more. Around the relay, the recall layer when the route answers the recall tool
+(design 13.3): the model's recall calls are answered inside the answer, whole or streamed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy import errors, jsonbody, offload
+from proxy.adapters.base import Adapter
+from proxy.flow import Flow, Stage, run_overflow
+from proxy.forward import (
+    UPSTREAM_ERRORS,
+    client_response_headers,
+    client_timeout,
+    is_event_stream,
+    map_client_error,
+    relay_completion,
+    relay_events,
+    upstream_url,
+)
+from proxy.ops.exchange import EXCHANGE
+from proxy.recall import answers as recall_answers
+from proxy.recall import relay as recall_relay
+from proxy.recall.session import RecallSession
+
+log = logging.getLogger("proxy.send")
+
+OVERFLOW_STATUSES = (400, 413, 422)  # an answer that may say the request was too long
+
+# After an overflow: the body to send instead and its x-compaction-* headers, or None.
+Retry = Callable[[], Awaitable["tuple[bytes, dict[str, str]] | None"]]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a request goes: the URL, the headers sent along and the timeouts."""
+
+    url: URL
+    headers: CIMultiDict[str]
+    timeout: aiohttp.ClientTimeout
+
+    @classmethod
+    def of(cls, request: web.Request, section: Any, path: str, headers: CIMultiDict[str], streaming: bool) -> "Upstream":
+        """`section`: the config's upstream (base_url and timeouts) for this route."""
+        headers["Content-Type"] = "application/json"
+        return cls(upstream_url(section.base_url, request, path), headers,
+                   client_timeout(section, streaming=streaming))
+
+
+@dataclass(frozen=True)
+class Answering:
+    """The recall tool answered in this request's answer: its session, and its protocol's dialect
+    and stream filter (proxy/recall)."""
+
+    session: RecallSession
+    dialect: Any
+    rounds: Callable[[str], recall_relay.Rounds]
+    # after a stream that answered recall rounds: what the protocol keeps of them (its filter given)
+    streamed: Callable[[Any], Awaitable[None]] | None = None
+
+
+def overflow_retry(stages: Sequence[Stage], flow: Flow) -> Retry:
+    """The stages make the request smaller (once), or say they cannot (None)."""
+
+    async def retry() -> tuple[bytes, dict[str, str]] | None:
+        if not await run_overflow(stages, flow):
+            return None
+        return await offload.sized(len(flow.request.raw), flow.body), flow.report.headers()
+
+    return retry
+
+
+async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapter, up: Upstream, data: bytes,
+               extra: dict[str, str], *, retry: Retry | None = None, recall: Answering | None = None,
+               hooks: Any = None, not_an_overflow: str | None = None) -> web.StreamResponse:
+    """Forward `data`, relay the answer with `extra` headers. `not_an_overflow`: the error for an
+    empty stream when the request cannot be over the window (so no retry)."""
+    ex = request[EXCHANGE]
+    for attempt in range(2):
+        can_retry = attempt == 0 and retry is not None
+        t0 = time.perf_counter()
+        try:
+            async with http.post(up.url, data=data, headers=up.headers, timeout=up.timeout,
+                                 allow_redirects=False) as upstream:
+                ex.upstream_ttfb_s = time.perf_counter() - t0
+                if can_retry and upstream.status in OVERFLOW_STATUSES:
+                    # Nothing has gone to the client yet: an overflow can still be compacted and retried.
+                    err_body = await upstream.read()
+                    if adapter.is_overflow(upstream.status, err_body) and (again := await _compacted(retry)):
+                        data, extra = again
+                        log.info("upstream rejected the request for length; retrying compacted")
+                        continue
+                    return web.Response(status=upstream.status, body=err_body,
+                                        headers={**client_response_headers(upstream.headers), **extra})
+                if not _checkable_stream(upstream):
+                    resp = await relay_completion(request, upstream, extra)
+                    if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        resp = await recall_answers.answer_whole(
+                            recall.dialect, http, up.url, up.headers, up.timeout, resp, recall.session,
+                            await offload.sized(len(data), orjson.loads, data))
+                    ex.upstream_s = time.perf_counter() - t0
+                    if resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
+                        ex.usage = adapter.usage(resp.body)
+                    return resp
+                # Headers wait for the first events: until then an overflow can still be retried.
+                held, overflow = await adapter.stream_preamble(upstream)
+                ex.upstream_ttfb_s = time.perf_counter() - t0
+                if not held and attempt == 0 and not_an_overflow is not None:
+                    log.warning("upstream sent an empty event stream for a request well under its window")
+                    return errors.upstream_bad_response(not_an_overflow).response(extra)
+                # (llama.cpp answers a prompt over its window with 200 and an empty event stream)
+                why = "the stream failed for length" if overflow else \
+                    "upstream sent an empty event stream" if not held and adapter.empty_stream_overflows else None
+                if why is not None and can_retry and (again := await _compacted(retry)):
+                    data, extra = again
+                    log.info("%s; retrying compacted", why)
+                    continue
+                if not held:
+                    return errors.upstream_bad_response(adapter.empty_stream).response(extra)
+                if recall is not None:
+                    sent = await offload.sized(len(data), orjson.loads, data)
+                    post = lambda b: http.post(up.url, data=jsonbody.dumps(b), headers=up.headers,  # noqa: E731
+                                               timeout=up.timeout, allow_redirects=False)
+                    rounds = recall.rounds(recall.session.name)
+                    result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall.session,
+                                                      rounds, adapter.event_checker, hooks)
+                    if recall.streamed is not None and recall.session.rounds:
+                        await recall.streamed(rounds)
+                    ex.upstream_s = time.perf_counter() - t0
+                    ex.usage = adapter.stream_usage(result)
+                    return result.response
+                checker = adapter.event_checker()
+                resp = await relay_events(request, upstream, extra, held, checker)
+                ex.upstream_s = time.perf_counter() - t0
+                ex.usage = adapter.stream_usage(checker)
+                return resp
+        except UPSTREAM_ERRORS as e:
+            err = map_client_error(e)
+            log.warning("upstream %s request failed after %.0f ms: %s", adapter.protocol,
+                        (time.perf_counter() - t0) * 1000, err.message)
+            return err.response(extra)
+    raise AssertionError("unreachable")
+
+
+async def _compacted(retry: Retry | None) -> tuple[bytes, dict[str, str]] | None:
+    """The overflow retry's request, or None; a bug in it leaves the upstream's answer."""
+    try:
+        return await retry() if retry is not None else None
+    except Exception:
+        log.exception("compacting for the overflow retry failed unexpectedly")
+        return None
+
+
+def _checkable_stream(upstream: aiohttp.ClientResponse) -> bool:
+    """A successful, uncompressed event stream: one we can read event by event."""
+    return upstream.status == 200 and is_event_stream(upstream) and not upstream.headers.get("content-encoding")

@@ -1,0 +1,125 @@
+"""The one send layer (proxy/send.py) is the adapter's: what an overflow looks like, in an error
+answer or in a stream's first events, is asked of the flow's adapter, and the relay checks the
+adapter's events and reads its usage. A made-up protocol's adapter (a few overrides of the chat
+one) behind a real aiohttp route, against a real upstream on loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.adapters.chat import ChatAdapter
+from proxy.forward import EventChecker
+from proxy.ops.exchange import EXCHANGE, Exchange, Usage
+from proxy.send import Upstream, send
+
+TOO_LONG = b"event: toy\ndata: {\"failed\": \"too long\"}\n\n"
+OK = b"data: {\"say\": \"hi\", \"used\": 7}\n\ndata: [DONE]\n\n"
+
+
+class Toy(ChatAdapter):
+    """A made-up protocol: its upstream says "too long" in its stream's first event, or as a 409."""
+
+    protocol = "toy"
+
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        return b"too long" in body
+
+    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+        held = await upstream.content.readany()
+        return held, held.startswith(b"event: toy")
+
+    def stream_usage(self, checker: Any) -> Usage | None:
+        return Usage(prompt=checker.seen_used, cached=0, completion=1)
+
+    def event_checker(self) -> EventChecker:
+        return Counting()
+
+
+class Counting(EventChecker):
+    seen_used = 0
+
+    def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
+        if b'"used": 7' in chunk:
+            self.seen_used = 7
+        return super().feed(chunk)
+
+
+@pytest.fixture
+async def toy_upstream():
+    """Answers by body: b"big" fails (in the stream, or as 400 when the body says so), anything else streams OK."""
+    bodies: list[bytes] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        bodies.append(body)
+        if body == b"big-400":
+            return web.Response(status=400, body=b'{"error": "too long"}', content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(TOO_LONG if body.startswith(b"big") else OK)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/toy", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", bodies
+    await runner.cleanup()
+
+
+async def through_proxy(base: str, first: bytes, retries: list[int]) -> tuple[int, bytes, Exchange]:
+    """A route that sends `first` with the toy adapter; its retry sends b"small" (and counts)."""
+    seen: dict[str, Exchange] = {}
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        request[EXCHANGE] = seen["ex"] = Exchange("r", "POST", "/", "toy", "toy")
+
+        async def retry() -> tuple[bytes, dict[str, str]]:
+            retries.append(1)
+            return b"small", {"x-compaction-status": "summarized"}
+
+        async with aiohttp.ClientSession() as http:
+            up = Upstream(URL(base + "/toy"), CIMultiDict(), aiohttp.ClientTimeout(total=10))
+            return await send(request, http, Toy(), up, first, {"x-compaction-status": "none"}, retry=retry)
+
+    app = web.Application()
+    app.router.add_post("/", route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as c:
+            async with c.post(f"http://127.0.0.1:{port}/", data=b"x") as r:
+                out = r.status, await r.read(), r.headers.get("x-compaction-status")
+    finally:
+        await runner.cleanup()
+    return out[0], out[1] + b"|" + (out[2] or "").encode(), seen["ex"]
+
+
+@pytest.mark.parametrize("first", [b"big", b"big-400"], ids=["in-the-stream", "error-answer"])
+async def test_the_adapter_says_what_an_overflow_is_and_the_layer_retries_once(toy_upstream, first):
+    base, bodies = toy_upstream
+    retries: list[int] = []
+    status, body, ex = await through_proxy(base, first, retries)
+    assert status == 200 and body == OK + b"|summarized"  # the stream the retry got, with its headers
+    assert bodies == [first, b"small"] and retries == [1]
+    assert ex.usage is not None and ex.usage.prompt == 7  # the adapter's checker and usage read the relay
+
+
+async def test_what_the_adapter_does_not_call_an_overflow_is_relayed_as_it_came(toy_upstream):
+    base, bodies = toy_upstream
+    retries: list[int] = []
+    status, body, _ = await through_proxy(base, b"fine", retries)
+    assert (status, body) == (200, OK + b"|none") and retries == [] and bodies == [b"fine"]
