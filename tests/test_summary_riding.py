@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from anthropic import AsyncAnthropic
 
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.adapter import MessagesAdapter
@@ -138,52 +139,84 @@ def last_block_text(record: Any) -> str:
     return last.get("text", "") if isinstance(last, dict) else ""
 
 
+M_SETTINGS: dict[str, Any] = {
+    # the whole last request and the summary's room fit the window (the call repeats it all)
+    "models": {M_MODEL: {"context_window": 12000}}, "tool_results": {"enabled": False},
+    "compaction": {"prepare_percent": 0, "cached_summary_call": True, "mask_tool_outputs": False,
+                   "threshold_tokens": 4000}}
+
+
+async def claude_session(send: Any, turns: int = 26) -> list[str]:
+    """A Claude Code-like session: `send(body)` -> its x-compaction-status, turn by turn, with the
+    breakpoints Claude Code sets (the system prompt, the newest user message)."""
+    msgs: list[dict[str, Any]] = []
+    statuses = []
+    for t in range(turns):
+        msgs = [unmarked(m) for m in msgs]
+        msgs.append({"role": "user", "content": [
+            {"type": "text", "text": f"step {t}: " + filler(120, t), "cache_control": EPH}]})
+        statuses.append(await send({"model": M_MODEL, "max_tokens": 1000, "system": SYSTEM, "tools": [READ],
+                                    "messages": msgs}))
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"done {t}: " + filler(120, t + 7)}]})
+    return statuses
+
+
+def check_messages_riding(fake: FakeMessages, statuses: list[str], credential: tuple[str, str]) -> None:
+    """Each cache-riding call repeats what was forwarded last, with the client's `credential`
+    (header, value) as it sent it, and reads Anthropic's cache."""
+    calls = [r for r in fake.requests if riding(r, last_block_text(r))]
+    assert statuses.count("summarized") >= 2 and len(calls) >= 2, statuses
+    for r in calls:
+        prev = last_before(fake.requests, r, "messages")
+        body, was = r.json, prev.json
+        n, m = len(body["messages"]) - 1, len(was["messages"])
+        assert body["messages"][-1]["role"] == "user" and body["messages"][-1]["content"][-1]["text"].startswith(ASK)
+        # the request forwarded last, every message as it was (markers are not content), then
+        # the answer it got, then our ask: Anthropic has it cached up to that request's breakpoint
+        assert n == m + 1 and unmarked(body["messages"][:m]) == unmarked(was["messages"])
+        assert body["system"] == was["system"] and body["tools"] == was["tools"]
+        assert was["tools"][0] == READ and [t["name"] for t in was["tools"][1:]] in ([], ["context_recall"])
+        assert body["tool_choice"] == {"type": "none"} and r.headers[credential[0]] == credential[1]
+        assert body["messages"][n - 1]["content"][-1]["cache_control"] == EPH  # ours: read up to the prefix's end
+        assert breakpoints.count(body) <= breakpoints.MAX_BREAKPOINTS
+        assert r.cached_tokens > 0.5 * r.prompt_tokens  # Anthropic's cache read
+    assert "<summary>" in json.dumps(calls[-1].json["messages"])  # the second one repeats the first summary
+
+
 async def test_a_messages_summary_rides_anthropics_cache_within_four_breakpoints():
+    """On a flow of the Messages adapter through the proxy's stages, each body sent as a route sends it."""
     async with FakeMessages() as fake:
-        cfg = Config.model_validate({
-            "anthropic": {"base_url": fake.origin}, "store": {"url": "memory://"},
-            # the whole last request and the summary's room fit the window (the call repeats it all)
-            "models": {M_MODEL: {"context_window": 12000}}, "tool_results": {"enabled": False},
-            "compaction": {"prepare_percent": 0, "cached_summary_call": True, "mask_tool_outputs": False,
-                           "threshold_tokens": 4000}})
+        cfg = Config.model_validate({"anthropic": {"base_url": fake.origin}, "store": {"url": "memory://"}, **M_SETTINGS})
         state = await ProxyState.create(cfg, store=MemoryStore(ttl_s=3600, max_records=1000))
-        msgs: list[dict[str, Any]] = []
-        statuses = []
         try:
             async with aiohttp.ClientSession() as s:
-                for t in range(26):
-                    # Claude Code's breakpoints: the system prompt and the newest user message
-                    msgs = [unmarked(m) for m in msgs]
-                    msgs.append({"role": "user", "content": [
-                        {"type": "text", "text": f"step {t}: " + filler(120, t), "cache_control": EPH}]})
-                    raw = orjson.dumps({"model": M_MODEL, "max_tokens": 1000, "system": SYSTEM, "tools": [READ],
-                                        "messages": msgs})
-                    flow = make_flow(raw=raw, adapter=MESSAGES, cfg=cfg, headers=HEADERS)
+
+                async def send(body: dict[str, Any]) -> str:
+                    flow = make_flow(raw=orjson.dumps(body), adapter=MESSAGES, cfg=cfg, headers=HEADERS)
                     await run_request(state.stages, flow)
-                    statuses.append(flow.report.status)
-                    async with s.post(fake.origin + "/v1/messages", data=flow.body(),  # as the route sends it
+                    async with s.post(fake.origin + "/v1/messages", data=flow.body(),
                                       headers={**HEADERS, "Content-Type": "application/json"}) as r:
                         assert r.status == 200, await r.text()
-                    msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"done {t}: " + filler(120, t + 7)}]})
+                    return flow.report.status
+
+                statuses = await claude_session(send)
         finally:
             await state.close()
-        calls = [r for r in fake.requests if riding(r, last_block_text(r))]
-        assert statuses.count("summarized") >= 2 and len(calls) >= 2, (statuses, [(r.kind, r.status) for r in fake.requests if r.kind != "messages"])
-        for r in calls:
-            prev = last_before(fake.requests, r, "messages")
-            body, was = r.json, prev.json
-            n, m = len(body["messages"]) - 1, len(was["messages"])
-            assert body["messages"][-1]["role"] == "user" and body["messages"][-1]["content"][-1]["text"].startswith(ASK)
-            # the request forwarded last, every message as it was (markers are not content), then
-            # the answer it got, then our ask: Anthropic has it cached up to that request's breakpoint
-            assert n == m + 1 and unmarked(body["messages"][:m]) == unmarked(was["messages"])
-            assert body["system"] == was["system"] and body["tools"] == was["tools"]
-            assert was["tools"][0] == READ and [t["name"] for t in was["tools"][1:]] in ([], ["context_recall"])
-            assert body["tool_choice"] == {"type": "none"} and r.headers["x-api-key"] == HEADERS["x-api-key"]
-            assert body["messages"][n - 1]["content"][-1]["cache_control"] == EPH  # ours: read up to the prefix's end
-            assert breakpoints.count(body) <= breakpoints.MAX_BREAKPOINTS
-            assert r.cached_tokens > 0.5 * r.prompt_tokens  # Anthropic's cache read
-        assert "<summary>" in json.dumps(calls[-1].json["messages"])  # the second one repeats the first summary
+        check_messages_riding(fake, statuses, ("x-api-key", HEADERS["x-api-key"]))
+
+
+async def test_the_messages_route_rides_anthropics_cache(make_proxy):
+    """The same through the proxy's Messages route, with the real `anthropic` client."""
+    async with FakeMessages() as fake:
+        proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.origin}, **M_SETTINGS})
+        async with AsyncAnthropic(base_url=proxy.root, api_key=HEADERS["x-api-key"], max_retries=0) as client:
+
+            async def send(body: dict[str, Any]) -> str:
+                raw = await client.messages.with_raw_response.create(**body)
+                return raw.headers["x-compaction-status"]
+
+            statuses = await claude_session(send)
+        check_messages_riding(fake, statuses, ("authorization", f"Bearer {HEADERS['x-api-key']}"))  # as this SDK sends it
 
 
 # -- one summarizer for every protocol ---------------------------------------------------------
