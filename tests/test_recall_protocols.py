@@ -12,9 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.prompts import Prompts
 from proxy.recall.handles import in_text
 from support.recall_facts import NOT_FOUND, build_session
 from support.recall_protocols import Driver, driver, other_client
+from support.redis_server import RedisServer, redis_server_fixture
 
 ADAPTERS = ("responses", "messages")
 ALL = ("chat", "responses", "messages")
@@ -195,3 +197,22 @@ async def test_one_credential_never_recalls_anothers_originals(protocol: str) ->
         out = (await bob.send([*bob_history, {"role": "user", "content": "go"}])).text
         assert out.startswith("done:") and fact.text not in out
         assert out.count("No original has the recall id") == len(handles)
+
+
+outage_redis = redis_server_fixture("outage_redis")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("protocol", ADAPTERS)
+async def test_a_store_outage_makes_the_tool_answer_unavailable(protocol: str, stream: bool,
+                                                               outage_redis: RedisServer) -> None:
+    async with driver(protocol, {"store": {"url": outage_redis.url}}) as d:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        outage_redis.stop()
+        d.fake.clear_requests()
+        answer = await d.ask(history, facts[0].question(), stream=stream)
+        assert answer == NOT_FOUND  # an ordinary answer: the request did not fail
+        results = [m for m in d.chat_form(d.requests[-1])["messages"] if m["role"] == "tool"]
+        assert results[-1]["content"] == Prompts().text("recall-unavailable")
