@@ -20,6 +20,7 @@ from proxy.prompts import Prompts
 from proxy.recall.answers import Call
 from proxy.recall.messages import MESSAGES
 from proxy.recall.messages_stream import Rounds as MessagesRounds
+from proxy.recall.relay import answered_here
 from proxy.recall.responses import RESPONSES, visible
 from proxy.recall.responses_stream import Rounds as ResponsesRounds
 
@@ -109,7 +110,7 @@ def test_a_responses_stream_holds_reasoning_until_it_knows_what_follows() -> Non
     out += r.feed(sse({"type": "response.output_item.done", "sequence_number": 4, "output_index": 1, "item": fc("r1")}))
     out += r.feed(sse({"type": "response.completed", "sequence_number": 5,
                        "response": {**created, "usage": {"input_tokens": 5, "output_tokens": 1}}}))
-    assert out == [] and r.continues(over=False)
+    assert out == [] and answered_here(r, over=False)
     assert [c.id for c in r.recall_calls()] == ["r1"]
     # the continuation: its own response id, a message at its index 0
     r.start()
@@ -120,7 +121,7 @@ def test_a_responses_stream_holds_reasoning_until_it_knows_what_follows() -> Non
     out += r.feed(sse({"type": "response.output_item.done", "sequence_number": 2, "output_index": 0, "item": msg}))
     out += r.feed(sse({"type": "response.completed", "sequence_number": 3,
                        "response": {**second, "usage": {"input_tokens": 7, "output_tokens": 2}}}))
-    assert not r.continues(over=False)
+    assert not answered_here(r, over=False)
     got = parse(out + r.close())
     assert [e["type"] for e in got] == ["response.created", "response.output_item.added", "response.output_item.done",
                                         "response.completed"]
@@ -147,7 +148,7 @@ def test_a_messages_stream_renumbers_blocks_and_sums_usage_in_one_message() -> N
     out += r.feed(sse({"type": "content_block_stop", "index": 0}))
     out += r.feed(sse({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 4}}))
     out += r.feed(sse({"type": "message_stop"}))
-    assert out == [] and r.continues(over=False) and r.recall_calls() == [Call("t1", '{"query":"q"}')]
+    assert out == [] and answered_here(r, over=False) and r.recall_calls() == [Call("t1", '{"query":"q"}')]
     r.start()
     out += r.feed(start("msg_b", 30))
     out += r.feed(sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}))
@@ -155,7 +156,7 @@ def test_a_messages_stream_renumbers_blocks_and_sums_usage_in_one_message() -> N
     out += r.feed(sse({"type": "content_block_stop", "index": 0}))
     out += r.feed(sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 6}}))
     out += r.feed(sse({"type": "message_stop"}))
-    assert not r.continues(over=False)
+    assert not answered_here(r, over=False)
     got = parse(out + r.close())
     assert [e["type"] for e in got] == ["message_start", "content_block_start", "content_block_delta",
                                         "content_block_stop", "message_delta", "message_stop"]

@@ -10,6 +10,7 @@ import orjson
 from proxy.prompts import Prompts
 from proxy.recall.chat import Reply, add_usage, complete
 from proxy.recall.chat_stream import Rounds
+from proxy.recall.relay import answered_here
 from proxy.recall.originals import Originals
 from proxy.recall.session import RecallSession
 from proxy.store.memory import MemoryStore
@@ -51,7 +52,7 @@ def test_a_recall_only_round_sends_nothing_and_continues() -> None:
     out += r.feed(chunk({}, "tool_calls"))
     out += r.feed(ev({"id": "c1", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}}))
     out += r.feed(b"data: [DONE]\n\n")
-    assert out == [] and r.continues(over=False)
+    assert out == [] and answered_here(r, over=False)
     assert r.assistant() == {"content": "", "tool_calls": [
         {"id": "call_r", "type": "function", "function": {"name": NAME, "arguments": '{"query": "x"}'}}]}
     # the continuation streams into the same response, stamped with the first round's id
@@ -61,7 +62,7 @@ def test_a_recall_only_round_sends_nothing_and_continues() -> None:
     out += r.feed(chunk({}, "stop", cid="c2"))
     out += r.feed(ev({"id": "c2", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}}))
     out += r.feed(b"data: [DONE]\n\n")
-    assert not r.continues(over=False)
+    assert not answered_here(r, over=False)
     out += r.close()
     got = payloads(out)
     assert [g["choices"][0]["delta"] for g in got[:2]] == [{"role": "assistant", "content": None},
@@ -82,7 +83,7 @@ def test_text_before_a_recall_call_stays_and_the_role_chunk_goes_first() -> None
                                                                   {"content": "Let me check."}]
     r.feed(chunk({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": NAME, "arguments": "{}"}}]}))
     r.feed(chunk({}, "tool_calls"))
-    assert r.continues(over=False) and r.assistant()["content"] == "Let me check."
+    assert answered_here(r, over=False) and r.assistant()["content"] == "Let me check."
 
 
 def test_a_mixed_round_relays_the_client_calls_renumbered_and_finishes() -> None:
@@ -97,7 +98,7 @@ def test_a_mixed_round_relays_the_client_calls_renumbered_and_finishes() -> None
     out += r.feed(chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"p": 1}'}}]}))
     out += r.feed(chunk({}, "tool_calls"))
     out += r.feed(b"data: [DONE]\n\n")
-    assert not r.continues(over=False)
+    assert not answered_here(r, over=False)
     out += r.close()
     got = payloads(out)
     calls = [tc for g in got if g != "[DONE]" for tc in g["choices"][0]["delta"].get("tool_calls") or ()]

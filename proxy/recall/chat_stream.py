@@ -155,13 +155,8 @@ class Rounds:
     def recall_calls(self) -> list[_Call]:
         return [c for c in self.calls.values() if c.recall]
 
-    def continues(self, over: bool) -> bool:
-        """Whether this round is answered here: recall calls only (`over`: no more rounds)."""
-        recall = self.recall_calls()
-        client = [c for c in self.calls.values() if not c.recall]
-        if recall and (client or over):
-            self.dropped = True
-        return bool(recall) and not client and not over
+    def has_client_calls(self) -> bool:
+        return any(not c.recall for c in self.calls.values())
 
     def assistant(self) -> dict[str, Any]:
         """The round's assistant message with its recall calls, for the continuation."""
@@ -175,10 +170,6 @@ class Rounds:
 
     def error_event(self, err: errors.ProxyError) -> bytes:
         return b"data: " + err.body() + b"\n\n"
-
-    def note(self, text: str) -> bytes:
-        """An SSE comment (clients skip it): what the headers could not say any more."""
-        return b": " + text.encode() + b"\n\n"
 
     def close(self) -> list[bytes]:
         """The last events: the finish chunk, the summed usage, [DONE]."""

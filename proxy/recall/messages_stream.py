@@ -141,22 +141,14 @@ class Rounds:
         return [Call(str(b.get("id")), orjson.dumps(b.get("input") or {}).decode()) for b in self._content()
                 if is_recall(b, self.name)]
 
-    def continues(self, over: bool) -> bool:
-        content = self._content()
-        recall = [b for b in content if is_recall(b, self.name)]
-        client = [b for b in content if is_client_call(b, self.name)]
-        if recall and (client or over):
-            self.dropped = True
-        return bool(recall) and not client and not over
+    def has_client_calls(self) -> bool:
+        return any(is_client_call(b, self.name) for b in self._content())
 
     def continuation(self, body: dict[str, Any], results: list[str], *, last: bool) -> dict[str, Any]:
         return continuation(body, self._content(), self.recall_calls(), results, last=last)
 
     def error_event(self, err: errors.ProxyError) -> bytes:
         return b"".join(self._open()) + err.event()
-
-    def note(self, text: str) -> bytes:
-        return b": " + text.encode() + b"\n\n"
 
     def close(self) -> list[bytes]:
         out = self._open()

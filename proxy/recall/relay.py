@@ -47,11 +47,13 @@ class Rounds(Protocol):
     def feed(self, event: bytes) -> list[bytes]:
         """Events for the client now (possibly none) for one whole upstream event."""
 
-    def continues(self, over: bool) -> bool:
-        """Whether this round is answered here: recall calls only (`over`: no more rounds)."""
+    dropped: bool  # a recall call was left out of a round that goes to the client
 
     def recall_calls(self) -> list[Any]:
         """This round's recall calls (each with `.id` and `.arguments`)."""
+
+    def has_client_calls(self) -> bool:
+        """Whether this round also calls one of the client's own tools."""
 
     def continuation(self, body: dict[str, Any], results: list[str], *, last: bool) -> dict[str, Any]: ...
 
@@ -60,7 +62,19 @@ class Rounds(Protocol):
 
     def error_event(self, err: errors.ProxyError) -> bytes: ...
 
-    def note(self, text: str) -> bytes: ...
+
+def answered_here(rounds: Rounds, over: bool) -> bool:
+    """Whether this round is answered inside the proxy: recall calls only (`over`: no rounds left).
+    A round that goes to the client with recall calls in it has them dropped."""
+    recall, client = bool(rounds.recall_calls()), rounds.has_client_calls()
+    if recall and (client or over):
+        rounds.dropped = True
+    return recall and not client and not over
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment (clients skip it): what the headers could not say any more."""
+    return b": " + text.encode() + b"\n\n"
 
 
 Post = Callable[[dict[str, Any]], Awaitable[aiohttp.ClientResponse]]
@@ -129,7 +143,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: b
             if broken is not None:
                 current.close()
                 return await fail(errors.upstream_bad_response(broken))
-            if not rounds.continues(over=session.rounds > session.max_rounds):
+            if not answered_here(rounds, over=session.rounds > session.max_rounds):
                 break
             last = session.exhausted
             calls = rounds.recall_calls()
@@ -148,7 +162,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: b
         end = rounds.close()
         if resp is not None and session.calls != headed:
             # the headers went out before these lookups: the final count where a stream can carry it
-            end = [rounds.note(f"{RECALLS}: {session.calls}"), *end]
+            end = [comment(f"{RECALLS}: {session.calls}"), *end]
             late = session.calls - headed
             log.info("recall: %d of %d lookup(s) came after the stream's headers (%s: %d there)", late,
                      session.calls, RECALLS, headed)

@@ -155,12 +155,8 @@ class Rounds:
         return [Call(str(it.get("call_id")), str(it.get("arguments") or "")) for it in self._output()
                 if is_recall(it, self.name)]
 
-    def continues(self, over: bool) -> bool:
-        recall = self.recall_calls()
-        client = [it for i, it in self.done.items() if is_client_call(it, self.name)]
-        if recall and (client or over):
-            self.dropped = True
-        return bool(recall) and not client and not over
+    def has_client_calls(self) -> bool:
+        return any(is_client_call(it, self.name) for it in self.done.values())
 
     def continuation(self, body: dict[str, Any], results: list[str], *, last: bool) -> dict[str, Any]:
         return continuation(body, self._output(), self.recall_calls(), results, last=last)
@@ -168,9 +164,6 @@ class Rounds:
     def error_event(self, err: errors.ProxyError) -> bytes:
         self.seq += 1
         return error_event(err, self.seq - 1)
-
-    def note(self, text: str) -> bytes:
-        return b": " + text.encode() + b"\n\n"
 
     def ids(self) -> tuple[str | None, str | None]:
         """(the id the client was shown, the id of the response the upstream stored last)."""
