@@ -13,11 +13,13 @@ proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flo
 
 from __future__ import annotations
 
+import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
+from proxy import jsonbody
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.forward import EventChecker
@@ -251,3 +253,14 @@ class Adapter(ABC):
         if self.is_overflow(status, answer):
             return SummarizerError("overflow", "the summarizer's input exceeded the upstream context window")
         return SummarizerError("http", f"upstream answered HTTP {status}")
+
+
+_SPLICE = "splice-" + secrets.token_hex(16)  # where the written array goes: no client can know it
+
+
+def splice(body: Mapping[str, Any], field: str, parts: list[bytes]) -> bytes:
+    """`body` written with `field` as the JSON array of `parts`, each already written (so the
+    envelopes a request left unchanged go upstream as the bytes they were parsed into)."""
+    rest = jsonbody.dumps({**body, field: _SPLICE})
+    return rest.replace(b'"' + field.encode() + b'":"' + _SPLICE.encode() + b'"',
+                        b'"' + field.encode() + b'":[' + b",".join(parts) + b"]", 1)

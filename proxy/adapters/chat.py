@@ -13,7 +13,6 @@ rendered body carries for every message the stages left alone.
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters.prefix import Prior
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
@@ -37,7 +36,6 @@ _KIND_OF_ROLE = {
     "tool": Kind.TOOL_RESULT, "function": Kind.TOOL_RESULT,
 }
 # Where the rendered body's messages go: a token no client can know, so no string it sent matches.
-_SPLICE = "splice-" + secrets.token_hex(16)
 # The output cap of a summarizer call: OpenAI wants `max_completion_tokens` (its newer models reject
 # `max_tokens`, and it rejects both at once), while several compatible servers (llama.cpp's among
 # them) silently ignore `max_completion_tokens` and honour only `max_tokens`. So OpenAI's own hosts
@@ -156,9 +154,7 @@ class ChatAdapter(Adapter):
             i = at.get(id(e))
             parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
         out = dict(request.body)
-        out["messages"] = _SPLICE
-        rest = jsonbody.dumps(out)
-        return rest.replace(b'"messages":"' + _SPLICE.encode() + b'"', b'"messages":[' + b",".join(parts) + b"]", 1)
+        return splice(out, "messages", parts)
 
     # -- edits ---------------------------------------------------------------------------------
     def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:

@@ -16,14 +16,13 @@ tool-result notes but no history compaction.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters.chat import ChatAdapter
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
@@ -39,7 +38,6 @@ from proxy.upstream import SummarizerError, is_context_overflow
 
 ITEM_OVERHEAD = 4  # framing per input item, like a chat message's
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
-_SPLICE = "splice-" + secrets.token_hex(16)
 _KINDS = {ri.SYSTEM: Kind.SYSTEM, ri.USER: Kind.USER, ri.ASSISTANT: Kind.ASSISTANT, ri.TOOL_CALL: Kind.TOOL_CALL,
           ri.TOOL_RESULT: Kind.TOOL_RESULT, ri.OPAQUE: Kind.OPAQUE}
 
@@ -136,9 +134,7 @@ class ResponsesAdapter(Adapter):
         out = dict(request.body)
         if instructions is not None:
             out["instructions"] = instructions
-        out["input"] = _SPLICE
-        rest = jsonbody.dumps(out)
-        return rest.replace(b'"input":"' + _SPLICE.encode() + b'"', b'"input":[' + b",".join(parts) + b"]", 1)
+        return splice(out, "input", parts)
 
     # -- edits ---------------------------------------------------------------------------------
     def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:

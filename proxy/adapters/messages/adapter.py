@@ -15,14 +15,13 @@ went in: the summary block carries one, the client's oldest give way past four.
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import replace
 from typing import Any, Mapping
 
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.body import block_text, blocks, parse_messages_body
 from proxy.adapters.messages.count import count_message, count_system
@@ -43,7 +42,6 @@ from proxy.tokens import TokenCounter, encoding_name_for
 log = logging.getLogger("proxy.messages")
 
 _ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
-_SPLICE = "splice-" + secrets.token_hex(16)  # where the rendered messages go: no client can know it
 _SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
 # Stable digests without the cache breakpoints: clients move them, and they are not content.
 UNMARKED = DigestCache(canonical=breakpoints.unmarked)
@@ -151,9 +149,7 @@ class MessagesAdapter(Adapter):
         for m in body["messages"]:
             i = at.get(id(m))
             parts.append(request.written[i] if i is not None else jsonbody.dumps(m))
-        body["messages"] = _SPLICE
-        rest = jsonbody.dumps(body)
-        return rest.replace(b'"messages":"' + _SPLICE.encode() + b'"', b'"messages":[' + b",".join(parts) + b"]", 1)
+        return splice(body, "messages", parts)
 
     @staticmethod
     def _summary_path(body: dict[str, Any]) -> tuple[Any, ...] | None:
