@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.config import secret
 from proxy import credentials, offload
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
@@ -24,7 +25,7 @@ from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers
+from proxy.forward import BodyPace, read_body, upstream_request_headers, wants_bypass
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
@@ -53,9 +54,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    if request.headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes"):
+    if wants_bypass(request.headers):
         return await _bypass(request, state, raw, up_headers)
     creds = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers)
     # What the conversation's previous body shared is reused; the rest is parsed off the event
@@ -160,7 +161,7 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         parsed = await offload.sized(len(raw), CHAT.parse, raw, state.counter, state.cfg)
         tokens, streaming = parsed.total(), parsed.stream
         ex.model, ex.stream = parsed.model, streaming
-        api_key = state.cfg.upstream.api_key.get_secret_value() if state.cfg.upstream.api_key else None
+        api_key = secret(state.cfg.upstream.api_key)
         scope = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers).scope
         ex.conversation = conversation_digest(scope or "", parsed.first_digest())
         ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # billed: direct and proxied alike

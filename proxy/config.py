@@ -22,6 +22,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def secret(value: SecretStr | None) -> str | None:
+    """A configured key's text, or None when none is set."""
+    return value.get_secret_value() if value is not None else None
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)

@@ -21,6 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.config import secret
 from proxy import bodycoding, errors, offload
 from proxy.credentials import configured_credential, sent_credentials
 
@@ -45,6 +46,11 @@ HOP_BY_HOP = frozenset(
 )
 PROXY_HEADER_PREFIX = "x-compaction-"
 SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are streamed
+
+
+def wants_bypass(headers: Any) -> bool:
+    """The client asked that this request go upstream as it came (`x-compaction-bypass`)."""
+    return headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes")
 
 
 def upstream_request_headers(
@@ -522,7 +528,7 @@ async def passthrough(
         data = streamed.chunks()
     url = upstream_url(cfg.base_url, request, request.rel_url.raw_path[len(base_path):])
     headers = upstream_request_headers(
-        request.headers, cfg.api_key.get_secret_value() if cfg.api_key else None, key_header=key_header,
+        request.headers, secret(cfg.api_key), key_header=key_header,
         raw_body=True,
     )
     if streamed is not None and length is not None:

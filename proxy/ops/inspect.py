@@ -22,7 +22,7 @@ from proxy.adapters.chat import ChatAdapter
 from proxy.chat_request import parse_chat_body
 from proxy.compaction.stage import MARK as COMPACTION_MARK
 from proxy.flow import Flow, Identity, run_request
-from proxy.config import Config
+from proxy.config import Config, secret
 from proxy.hashing import conversation_digest
 from proxy.recall.chat import declaration_tokens
 from proxy.state import ProxyState
@@ -176,7 +176,7 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
     parsed = CHAT.parse(jsonbody.dumps(body), state.counter, cfg)
     before = parsed.total()
     budget = state.compaction.budget_for(parsed.model)
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, CHAT.credential_headers)
     identity = Identity(
         # Without a credential no stored record can be matched; the stages still show what a

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
+from proxy.config import secret
 from proxy import credentials, errors, jsonbody, offload
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
@@ -81,7 +82,7 @@ async def handle_responses_get(request: web.Request, prepare: Prepare | None = N
     cfg = state.cfg
     if not is_websocket_upgrade(request):
         return await passthrough(request, state.session, cfg.upstream, state.max_body, BodyPace.of(cfg.server))
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
     return await relay_websocket(request, state.session, websocket_url(cfg.upstream.base_url, request), headers,
                                  prepare or socket_prepare(request), state.max_body)
@@ -100,7 +101,7 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     rt = request.app[RESPONSES]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
     body = _parse(raw)
     items = input_items(body)

@@ -18,10 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.config import secret
 from proxy import credentials, jsonbody, offload
 from proxy.adapters.responses import ResponsesAdapter
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers
+from proxy.forward import BodyPace, read_body, upstream_request_headers, wants_bypass
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
@@ -36,7 +37,6 @@ from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy.responses")
-BYPASS = ("1", "true", "yes")
 ADAPTER = ResponsesAdapter()
 
 
@@ -61,7 +61,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     """The stages for one Responses body (HTTP or a socket's response.create). `recall`: the
     route answers the recall tool (a WebSocket turn does not: no handles are written for it)."""
     cfg = state.cfg
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(incoming, state.scope_secret, api_key)
     items = body.get("input") if isinstance(body.get("input"), list) else None
     if items is not None and compact.has_own(items):
@@ -108,9 +108,9 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    api_key = cfg.upstream.api_key.get_secret_value() if cfg.upstream.api_key else None
+    api_key = secret(cfg.upstream.api_key)
     up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
+    if wants_bypass(request.headers):
         return await send(request, state.session, ADAPTER,
                           _upstream(request, state, up_headers, b'"stream":true' in raw.replace(b" ", b"")), raw,
                           _headers("bypassed", 0, 0, 0, 0))

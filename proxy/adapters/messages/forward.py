@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.config import secret
 from proxy.forward import upstream_request_headers
 
 CREDENTIAL_HEADERS = ("x-api-key", "authorization")  # either one feeds the scope HMAC
@@ -17,5 +18,5 @@ CREDENTIAL_HEADERS = ("x-api-key", "authorization")  # either one feeds the scop
 def upstream_headers(request: web.Request, cfg: Any) -> CIMultiDict[str]:
     """The client's headers (anthropic-version and anthropic-beta as sent), identity encoding so
     the answer can be checked, `anthropic.api_key` as x-api-key when the client sent no key."""
-    key = cfg.anthropic.api_key.get_secret_value() if cfg.anthropic.api_key else None
+    key = secret(cfg.anthropic.api_key)
     return upstream_request_headers(request.headers, key, identity_encoding=True, key_header="x-api-key")

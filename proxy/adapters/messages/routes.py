@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from proxy.config import secret
 from proxy import credentials, errors, offload
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
@@ -23,7 +24,7 @@ from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
-from proxy.forward import BodyPace, passthrough, read_body
+from proxy.forward import BodyPace, passthrough, read_body, wants_bypass
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
@@ -38,7 +39,6 @@ MESSAGES = MessagesAdapter()
 VERSION_HEADERS = ("anthropic-version", "anthropic-beta")  # the proxy's own calls carry the client's
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
-BYPASS = ("1", "true", "yes")
 _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
 
@@ -84,7 +84,7 @@ def _identity(request: web.Request, state: Any, req: Request) -> Identity | None
     """Who the request is for: its credential's scope (None: no credential, no session id, so no
     records kept or read), the credentials and anthropic-version / -beta for the proxy's own calls."""
     cfg = state.cfg
-    key = cfg.anthropic.api_key.get_secret_value() if cfg.anthropic.api_key else None
+    key = secret(cfg.anthropic.api_key)
     creds = credentials.resolve(request.headers, state.scope_secret, key, MESSAGES.credential_headers,
                                 key_header="x-api-key")
     request[EXCHANGE].conversation = conversation_digest(creds.scope or "", req.first_digest())
@@ -149,7 +149,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     headers = upstream_headers(request, cfg)
-    if request.headers.get("x-compaction-bypass", "").strip().lower() in BYPASS:
+    if wants_bypass(request.headers):
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
         return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
                           _headers("bypassed", tokens, tokens))
