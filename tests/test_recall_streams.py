@@ -96,11 +96,13 @@ def check_one_response(protocol: str, data: list[Any]) -> str:
     return "".join(e["delta"].get("text", "") for e in data if e["type"] == "content_block_delta")
 
 
-async def metric(root: str, name: str) -> float:
+async def metric(root: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
     async with aiohttp.ClientSession() as s:
         async with s.get(root + "/metrics") as r:
             text = await r.text()
-    return sum(x.value for f in text_string_to_metric_families(text) for x in f.samples if x.name == name)
+    return sum(x.value for f in text_string_to_metric_families(text) for x in f.samples
+               if x.name == name and labels.items() <= x.labels.items())
 
 
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
@@ -125,7 +127,7 @@ async def test_a_lookup_after_the_first_event_streams_into_the_same_response_and
         # the headers went out with "Let me check.": the lookup after it is counted where a stream can say it
         assert header == "0"
         assert comments == [b": x-compaction-recalls: 1"]
-        assert await metric(d.proxy.root, "compaction_proxy_recall_calls_after_headers_total") == 1
+        assert await metric(d.proxy.root, "compaction_proxy_recall_calls_after_headers_total", protocol=protocol) == 1
         assert "1 of 1 lookup(s) came after the stream's headers" in caplog.text
 
 
@@ -149,3 +151,29 @@ async def test_a_lookup_before_any_output_is_in_the_header_and_no_comment_is_add
         data, comments = events(raw)
         assert check_one_response(protocol, data) == "Found it."
         assert header == "1" and comments == []
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_recall_calls_and_rounds_are_counted_by_protocol(protocol: str) -> None:
+    """/metrics: a round of two lookups (one hit, one miss) counts two calls and one round under the
+    route's protocol label, and nothing under the others."""
+    def two_lookups(body: dict[str, Any]) -> Any:
+        if body["messages"][-1]["role"] == "tool":
+            return "Found it."
+        name = recall_name(body)
+        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": "segment"}},
+                                                 {"name": name, "arguments": {"handle": "0123456789ab"}}]} \
+            if name else "no tool"
+
+    async with driver(protocol) as d:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.set_reply(two_lookups)
+        assert (await d.send([*history, {"role": "user", "content": "check it"}])).text == "Found it."
+        root = d.proxy.root
+        assert await metric(root, "compaction_proxy_recall_calls_total", protocol=protocol, outcome="hit") == 1
+        assert await metric(root, "compaction_proxy_recall_calls_total", protocol=protocol, outcome="miss") == 1
+        assert await metric(root, "compaction_proxy_recall_rounds_total", protocol=protocol) == 1
+        for other in {"chat", "responses", "messages"} - {protocol}:
+            assert await metric(root, "compaction_proxy_recall_calls_total", protocol=other) == 0
+            assert await metric(root, "compaction_proxy_recall_rounds_total", protocol=other) == 0
