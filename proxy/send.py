@@ -73,7 +73,8 @@ class Answering:
     session: RecallSession
     dialect: Any
     rounds: Callable[[str], recall_relay.Rounds]
-    # after a stream that answered recall rounds: what the protocol keeps of them (its filter given)
+    # after a stream that answered recall rounds or dropped recall calls: what the protocol keeps of
+    # them (its filter given)
     streamed: Callable[[Any], Awaitable[None]] | None = None
 
 
@@ -142,7 +143,7 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     rounds = recall.rounds(recall.session.name)
                     result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall.session,
                                                       rounds, adapter.event_checker, hooks)
-                    if recall.streamed is not None and recall.session.rounds:
+                    if recall.streamed is not None and (recall.session.rounds or rounds.dropped):
                         await recall.streamed(rounds)
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = adapter.stream_usage(result)

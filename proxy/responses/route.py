@@ -59,7 +59,7 @@ class Prepared:
 async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming: Any, ex: Any, *,
                   recall: bool = True) -> Prepared:
     """The stages for one Responses body (HTTP or a socket's response.create). `recall`: the
-    route answers the recall tool (a WebSocket turn does not: no handles are written for it)."""
+    route answers the recall tool (HTTP: proxy/send.py; a socket: socket_recall.py)."""
     cfg = state.cfg
     api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(incoming, state.scope_secret, api_key)
@@ -72,7 +72,8 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     if stateful(body) is not None:
         # The history lives at the upstream: the proxy cannot see it, and changes nothing (but
         # the id a streamed recall answer showed for the stored one: recall/chains.py).
-        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw)
+        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw,
+                                                  state.prompts.text("recall-unanswered"))
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
     parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
@@ -120,7 +121,8 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
         session = p.recall
         recall = Answering(session, RECALL, RecallRounds,
-                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids()))
+                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids(),
+                                                                        rounds.unanswered()))
     resp = await send(request, state.session, ADAPTER, _upstream(request, state, up_headers, p.stream), p.data,
                       p.headers, retry=p.retry, recall=recall, hooks=state.hooks)
     recall_answers.finished(state.hooks, "responses", body["model"], p.recall)
