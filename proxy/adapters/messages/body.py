@@ -11,12 +11,20 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.messages.errors import invalid
+from proxy.errors import ProxyError
 
 ROLES = ("user", "assistant")
 
 
-def parse_messages_body(raw: bytes) -> dict[str, Any]:
-    """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400)."""
+def too_deep() -> ProxyError:
+    return invalid("There was an error parsing the body of your request: nested too deeply (at most 254 levels).")
+
+
+def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
+    """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400).
+    `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array
+    (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as JSON; else only
+    what is not `messages` (the adapter writes each message once, and checks it so: too_deep)."""
     if not raw.strip():
         raise invalid("There was an error parsing the body of your request: the body is empty; expected a JSON "
                       "object.")
@@ -27,12 +35,15 @@ def parse_messages_body(raw: bytes) -> dict[str, Any]:
     except jsonbody.DuplicateKeys as e:
         names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
         raise invalid(f"There was an error parsing the body of your request: duplicate keys {names}.") from None
-    validate_messages_body(body)
-    try:
-        jsonbody.dumps(body)  # orjson reads 1024 levels but writes 254; the proxy writes the body again
+    known = 0
+    if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
+        body["messages"] = [*before, *body["messages"]]
+        known = len(before)
+    validate_messages_body(body, start=known)
+    try:  # orjson reads 1024 levels but writes 254; the proxy writes the body again
+        jsonbody.dumps(body if whole else {k: v for k, v in body.items() if k != "messages"})
     except orjson.JSONEncodeError:
-        raise invalid("There was an error parsing the body of your request: nested too deeply (at most 254 "
-                      "levels).") from None
+        raise too_deep() from None
     return body
 
 
@@ -41,7 +52,8 @@ def _kind(v: Any) -> str:
         type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
 
 
-def validate_messages_body(body: Any) -> None:
+def validate_messages_body(body: Any, start: int = 0) -> None:
+    """The body's structure; the messages from `start` on (those before were checked already)."""
     if not isinstance(body, dict):
         raise invalid(f"Input should be a valid dictionary or object to extract fields from, got {_kind(body)}")
     for key in ("model", "messages"):
@@ -52,8 +64,8 @@ def validate_messages_body(body: Any) -> None:
     msgs = body["messages"]
     if not isinstance(msgs, list):
         raise invalid(f"messages: Input should be a valid list, got {_kind(msgs)}")
-    for i, m in enumerate(msgs):
-        _check_message(i, m)
+    for i in range(start, len(msgs)):
+        _check_message(i, msgs[i])
     system = body.get("system")
     if system is not None:
         if isinstance(system, list):
