@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request
+from proxy.errors import ProxyError, bad_request, unreadable
 
 
 def _type_name(v: Any) -> str:
@@ -27,7 +25,8 @@ def _bad_type(param: str, expected: str, got: Any) -> ProxyError:
 
 
 def too_deep() -> ProxyError:
-    return bad_request("Request body is nested too deeply (at most 254 levels).")
+    """An input item nested deeper than the proxy writes (the adapter writes each item itself)."""
+    return unreadable(jsonbody.too_deep())
 
 
 def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
@@ -35,17 +34,10 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
     front of `raw`'s array (proxy/adapters/prefix.py). `whole`: check that the whole body writes
     back as JSON; else only what is not `input` (the adapter writes each item once, and checks it
     so: too_deep)."""
-    if not raw.strip():
-        raise bad_request("Request body is empty; expected a JSON object.")
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"Request body is not valid JSON: {e}") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
-    except RecursionError:
-        raise bad_request("Request body is nested too deeply.") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     if not isinstance(body, dict):
         raise bad_request(f"Invalid type for request body: expected an object, but got {_type_name(body)} instead.",
                           code="invalid_type")
@@ -75,8 +67,8 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
                                   code="missing_required_parameter")
             if t is not None and not isinstance(t, str):
                 raise _bad_type(f"input[{i}].type", "a string", t)
-    try:  # the proxy writes it again: refuse here what would fail there
-        jsonbody.dumps(body if whole else {k: v for k, v in body.items() if k != "input"})
-    except orjson.JSONEncodeError:
-        raise too_deep() from None
+    try:  # the proxy writes it again
+        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "input"})
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     return body

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy import jsonbody
 from proxy.adapters.messages.errors import invalid
 from proxy.errors import ProxyError
@@ -16,8 +14,13 @@ from proxy.errors import ProxyError
 ROLES = ("user", "assistant")
 
 
+def unreadable(e: jsonbody.Unreadable) -> ProxyError:
+    return invalid(f"There was an error parsing the body of your request: {e.reason}.")
+
+
 def too_deep() -> ProxyError:
-    return invalid("There was an error parsing the body of your request: nested too deeply (at most 254 levels).")
+    """A message nested deeper than the proxy writes (the adapter writes each message itself)."""
+    return unreadable(jsonbody.too_deep())
 
 
 def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
@@ -25,25 +28,17 @@ def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: b
     `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array
     (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as JSON; else only
     what is not `messages` (the adapter writes each message once, and checks it so: too_deep)."""
-    if not raw.strip():
-        raise invalid("There was an error parsing the body of your request: the body is empty; expected a JSON "
-                      "object.")
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise invalid(f"There was an error parsing the body of your request: not valid JSON ({e}).") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise invalid(f"There was an error parsing the body of your request: duplicate keys {names}.") from None
-    known = 0
-    if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
-        body["messages"] = [*before, *body["messages"]]
-        known = len(before)
-    validate_messages_body(body, start=known)
-    try:  # orjson reads 1024 levels but writes 254; the proxy writes the body again
-        jsonbody.dumps(body if whole else {k: v for k, v in body.items() if k != "messages"})
-    except orjson.JSONEncodeError:
-        raise too_deep() from None
+        body = jsonbody.load_request(raw)
+        known = 0
+        if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
+            body["messages"] = [*before, *body["messages"]]
+            known = len(before)
+        validate_messages_body(body, start=known)
+        # the proxy writes the body again
+        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "messages"})
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     return body
 
 
