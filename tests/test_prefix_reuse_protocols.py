@@ -314,3 +314,21 @@ async def test_a_route_reuses_a_body_only_for_the_same_credential(protocol, make
     first_n = len(driver.conversation_of(json.loads(first)))
     assert shared == [None, None, first_n, first_n, None], shared
     assert sent == [first, first, grown, grown, grown]  # the bytes forwarded unchanged either way
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+def test_an_item_too_deep_to_write_is_refused_as_a_field_too_deep_is(protocol):
+    """The array's items are written (so checked) by the adapter, not by the body's write check:
+    one too deep to write still gets the body check's 400, cold or grown from a kept body."""
+    deep = "[" * 300 + "]" * 300
+    element = ('{"type":"message","role":"user","content":' + deep + "}" if protocol == "responses" else
+               '{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep + "}}]}")
+    items = [write(m, 0) for m in _conversation(protocol, 3)]
+    recent = prefix.RecentBodies()
+    reused(protocol, recent, body(protocol, [MODEL[protocol]], items, []))
+    field_too_deep = full(protocol, body(protocol, [MODEL[protocol]], items, ['"metadata":' + deep]))
+    assert isinstance(field_too_deep, str) and "nested too deeply" in field_too_deep
+    raw = body(protocol, [MODEL[protocol]], [*items, element], [])
+    assert full(protocol, raw) == field_too_deep
+    got, prior = reused(protocol, recent, raw)
+    assert got == field_too_deep and prior is not None and len(prior) == 3
