@@ -1,0 +1,55 @@
+"""Freed memory goes back to the system after large work (proxy/heap.py): glibc's malloc_trim,
+once, a moment after a burst of large offloaded work; nothing after small work."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from proxy import heap, offload
+
+pytestmark = pytest.mark.skipif(not heap.TRIMMER.available, reason="the C library has no malloc_trim")
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_trim_returns_the_free_pages_inside_the_heap() -> None:
+    # 2 KB pieces come from malloc's heap; keeping one in 64 leaves holes it cannot give back by itself.
+    pieces = [bytes(2000) for _ in range(40_000)]
+    kept = pieces[::64]
+    del pieces
+    before = rss_mb()
+    assert heap.TRIMMER.now()
+    after = rss_mb()
+    assert before - after > 30, (before, after)
+    assert len(kept) == 625
+
+
+async def wait_for_trims(n: int, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while heap.TRIMMER.trims < n and loop.time() < end:
+        await asyncio.sleep(0.01)
+
+
+async def test_large_offloaded_work_is_followed_by_one_trim(monkeypatch) -> None:
+    monkeypatch.setattr(heap.TRIMMER, "delay_s", 0.05)
+    start = heap.TRIMMER.trims
+    await offload.sized(10, len, b"small")
+    await asyncio.sleep(0.2)
+    assert heap.TRIMMER.trims == start  # small work: nothing to give back
+    for _ in range(5):  # a burst of large work: one trim after it
+        await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x" * 10)
+    await wait_for_trims(start + 1)
+    await asyncio.sleep(0.2)
+    assert heap.TRIMMER.trims == start + 1
+    await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x")  # later large work: trimmed again
+    await wait_for_trims(start + 2)
+    assert heap.TRIMMER.trims == start + 2
