@@ -4,7 +4,7 @@ A large body (a 100k-token history, a 5 MB one) is read, parsed and written in m
 are freed when its request ends; glibc keeps the freed pages in its heap for later allocations,
 so the process's RSS stays at its high-water mark: measured after the benchmark's large-body
 workloads, 70 MB of a 300 MB RSS was such free heap. `trim_soon()` asks glibc to return it, once,
-a moment after the last large piece of work (`offload.sized` calls it), in a worker thread
+a moment after the last large piece of work of a burst (`offload.sized` calls it), in a worker thread
 (ctypes lets go of the GIL; glibc locks each arena only while it trims it). Other C libraries
 (musl, macOS) have no `malloc_trim`: nothing is done there.
 """
@@ -19,7 +19,7 @@ from typing import Callable
 
 log = logging.getLogger("proxy.heap")
 
-DELAY_S = 1.0  # after the last large piece of work: one trim for a burst of large requests
+DELAY_S = 1.0  # this long without large work ends a burst of it
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -34,12 +34,15 @@ def _libc_trim() -> Callable[[int], int] | None:
 
 
 class Trimmer:
-    """At most one trim pending or running; a trim asked for while one is pending is that one."""
+    """One trim once large work has stopped for `delay_s`: while large requests keep coming, the
+    heap they free is the heap the next ones use, and trimming it would only make them fault it
+    back in."""
 
     def __init__(self, delay_s: float = DELAY_S, trim: Callable[[int], int] | None = None) -> None:
         self.delay_s = delay_s
         self._trim = trim
         self._pending: asyncio.TimerHandle | asyncio.Future[int] | None = None
+        self._last = 0.0  # loop time of the latest large work
         self.trims = 0  # trims done (the tests read it)
 
     @property
@@ -47,16 +50,21 @@ class Trimmer:
         return self._trim is not None
 
     def soon(self) -> None:
-        """Trim the heap `delay_s` from now, unless a trim is pending or running already."""
-        if self._trim is None or self._pending is not None:
+        """Trim the heap once no large work has been done for `delay_s` (from now on)."""
+        if self._trim is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop (a worker thread, a script): nothing to schedule on
-        self._pending = loop.call_later(self.delay_s, self._start, loop)
+        self._last = loop.time()
+        if self._pending is None:
+            self._pending = loop.call_at(self._last + self.delay_s, self._due, loop)
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop.time() < self._last + self.delay_s:  # more large work came meanwhile: wait for its end
+            self._pending = loop.call_at(self._last + self.delay_s, self._due, loop)
+            return
         assert self._trim is not None
         fut = loop.run_in_executor(None, self._trim, 0)
         self._pending = fut

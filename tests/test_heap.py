@@ -40,15 +40,17 @@ async def wait_for_trims(n: int, timeout_s: float = 5.0) -> None:
 
 
 async def test_large_offloaded_work_is_followed_by_one_trim(monkeypatch) -> None:
-    monkeypatch.setattr(heap.TRIMMER, "delay_s", 0.05)
+    monkeypatch.setattr(heap.TRIMMER, "delay_s", 0.3)
     start = heap.TRIMMER.trims
     await offload.sized(10, len, b"small")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
     assert heap.TRIMMER.trims == start  # small work: nothing to give back
-    for _ in range(5):  # a burst of large work: one trim after it
+    for _ in range(6):  # a burst of large work, longer than the delay: one trim, after its end
         await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x" * 10)
+        await asyncio.sleep(0.1)
+        assert heap.TRIMMER.trims == start
     await wait_for_trims(start + 1)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
     assert heap.TRIMMER.trims == start + 1
     await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x")  # later large work: trimmed again
     await wait_for_trims(start + 2)
