@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request
+from proxy.errors import ProxyError, bad_request, unreadable
 
 
 def _type_name(v: Any) -> str:
@@ -27,17 +25,10 @@ def _bad_type(param: str, expected: str, got: Any) -> ProxyError:
 
 
 def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        raise bad_request("Request body is empty; expected a JSON object.")
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"Request body is not valid JSON: {e}") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
-    except RecursionError:
-        raise bad_request("Request body is nested too deeply.") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     if not isinstance(body, dict):
         raise bad_request(f"Invalid type for request body: expected an object, but got {_type_name(body)} instead.",
                           code="invalid_type")
@@ -63,7 +54,7 @@ def parse_responses_body(raw: bytes) -> dict[str, Any]:
             if t is not None and not isinstance(t, str):
                 raise _bad_type(f"input[{i}].type", "a string", t)
     try:
-        jsonbody.dumps(body)  # the proxy writes it again: refuse here what would fail there
-    except orjson.JSONEncodeError:
-        raise bad_request("Request body is nested too deeply (at most 254 levels).") from None
+        jsonbody.check_writable(body)  # the proxy writes it again
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     return body

@@ -130,11 +130,9 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
 
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
-        body = jsonbody.loads(raw)
-    except jsonbody.DuplicateKeys as e:
-        raise errors.bad_request(f"Duplicate keys in the request body: {', '.join(e.names)}.", code="duplicate_keys") from None
-    except (ValueError, RecursionError):
-        raise errors.bad_request("The request body is not valid JSON.", code="invalid_json") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise errors.unreadable(e) from None
     if not isinstance(body, dict):
         raise errors.bad_request("The request body must be a JSON object.", code="invalid_type")
     if not isinstance(body.get("model"), str):

@@ -17,22 +17,12 @@ ROLES = ("user", "assistant")
 
 def parse_messages_body(raw: bytes) -> dict[str, Any]:
     """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400)."""
-    if not raw.strip():
-        raise invalid("There was an error parsing the body of your request: the body is empty; expected a JSON "
-                      "object.")
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise invalid(f"There was an error parsing the body of your request: not valid JSON ({e}).") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise invalid(f"There was an error parsing the body of your request: duplicate keys {names}.") from None
-    validate_messages_body(body)
-    try:
-        jsonbody.dumps(body)  # orjson reads 1024 levels but writes 254; the proxy writes the body again
-    except orjson.JSONEncodeError:
-        raise invalid("There was an error parsing the body of your request: nested too deeply (at most 254 "
-                      "levels).") from None
+        body = jsonbody.load_request(raw)
+        validate_messages_body(body)
+        jsonbody.check_writable(body)  # the proxy writes the body again
+    except jsonbody.Unreadable as e:
+        raise invalid(f"There was an error parsing the body of your request: {e.reason}.") from None
     return body
 
 
