@@ -42,6 +42,7 @@ class Trimmer:
         self.delay_s = delay_s
         self._trim = trim
         self._pending: asyncio.TimerHandle | asyncio.Future[int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `_pending` lives on
         self._last = 0.0  # loop time of the latest large work
         self.trims = 0  # trims done (the tests read it)
 
@@ -57,6 +58,8 @@ class Trimmer:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop (a worker thread, a script): nothing to schedule on
+        if loop is not self._loop:  # a new loop (tests run many): what the old one had pending never runs
+            self._loop, self._pending = loop, None
         self._last = loop.time()
         if self._pending is None:
             self._pending = loop.call_at(self._last + self.delay_s, self._due, loop)

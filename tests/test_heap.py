@@ -40,7 +40,7 @@ async def wait_for_trims(n: int, timeout_s: float = 5.0) -> None:
 
 
 async def test_large_offloaded_work_is_followed_by_one_trim(monkeypatch) -> None:
-    monkeypatch.setattr(heap.TRIMMER, "delay_s", 0.3)
+    monkeypatch.setattr(heap, "TRIMMER", heap.Trimmer(0.3, heap.TRIMMER._trim))
     start = heap.TRIMMER.trims
     await offload.sized(10, len, b"small")
     await asyncio.sleep(0.5)
@@ -55,3 +55,16 @@ async def test_large_offloaded_work_is_followed_by_one_trim(monkeypatch) -> None
     await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x")  # later large work: trimmed again
     await wait_for_trims(start + 2)
     assert heap.TRIMMER.trims == start + 2
+
+
+def test_a_trim_left_pending_on_a_closed_loop_does_not_block_the_next_loop() -> None:
+    trimmer = heap.Trimmer(0.05, heap.TRIMMER._trim)
+
+    async def large_work(wait_s: float) -> None:
+        trimmer.soon()
+        await asyncio.sleep(wait_s)
+
+    asyncio.run(large_work(0))  # the loop ends before its trim is due
+    assert trimmer.trims == 0
+    asyncio.run(large_work(1.0))
+    assert trimmer.trims == 1
