@@ -72,7 +72,12 @@ def check_writable(value: Any) -> None:
     try:
         dumps(value)
     except orjson.JSONEncodeError:
-        raise Unreadable("nested too deeply (at most 254 levels)", "too_deep") from None
+        raise too_deep() from None
+
+
+def too_deep() -> Unreadable:
+    """What check_writable says; also for a part of a body that its adapter writes (and so checks) itself."""
+    return Unreadable("nested too deeply (at most 254 levels)", "too_deep")
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
