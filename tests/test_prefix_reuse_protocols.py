@@ -332,3 +332,29 @@ def test_an_item_too_deep_to_write_is_refused_as_a_field_too_deep_is(protocol):
     assert full(protocol, raw) == field_too_deep
     got, prior = reused(protocol, recent, raw)
     assert got == field_too_deep and prior is not None and len(prior) == 3
+
+
+@pytest.mark.parametrize("size", [200, 40_000], ids=["small", "large"])
+async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_proxy, priors):
+    """previous_response_id: the history is the upstream's. A small body is not even counted (a
+    byte search spots the field); a large one goes through the reuse like any other; both are
+    forwarded byte for byte, reported as untouched."""
+    import aiohttp
+
+    fake = await RESPONSES.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, RESPONSES.settings(fake, 1000))
+        first = json.dumps({"model": RESPONSES.model, "store": True, "input": "x " * size}).encode()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(proxy.base_url + "/responses", data=first, headers=HEADERS["responses"]("sk-a")) as r:
+                rid = (await r.json())["id"]
+            raw = json.dumps({"model": RESPONSES.model, "previous_response_id": rid,
+                              "input": [{"role": "user", "content": "y " * size}]}).encode()
+            async with s.post(proxy.base_url + "/responses", data=raw, headers=HEADERS["responses"]("sk-a")) as r:
+                assert r.status == 200
+                assert (r.headers["x-compaction-status"], r.headers["x-compaction-tokens-before"]) == ("none", "0")
+        assert RESPONSES.model_calls(fake)[-1].body == raw
+    finally:
+        await fake.stop()
+    # the first body is parsed through the reuse; the stateful one only when large
+    assert len(priors) == (2 if size > prefix.MIN_BYTES else 1)
