@@ -3,10 +3,11 @@ added latency of a recall round, and the store's size per 100k tokens of compact
 
 Plays the planted-facts session of tests/support/recall_facts.py through the real proxy (SQLite
 store in a temporary directory) and the strict fake of each protocol on loopback, with its real
-client (`openai` chat.completions / responses, `anthropic` messages), then asks about every fact,
-streaming and not. Run from the repository root:
+client (`openai` chat.completions / responses, `anthropic` messages; `responses-ws`: the openai
+client's `responses.connect()`, every request a `response.create` on one WebSocket), then asks
+about every fact, streaming and not (a socket streams every answer). Run from the repository root:
 
-    .venv/bin/python bench/recall_report.py [--protocol chat|responses|messages|all]
+    .venv/bin/python bench/recall_report.py [--protocol chat|responses|responses-ws|messages|all]
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support.recall_facts import NOT_FOUND, build_session  # noqa: E402
 from support.recall_protocols import PROTOCOLS, driver  # noqa: E402
+
+CHOICES = (*PROTOCOLS, "responses-ws")
 
 
 def originals_bytes(db: Path) -> int:
@@ -55,7 +58,7 @@ async def report(protocol: str) -> None:
             # (paired, so the machine's load drifts out): a question answered through recall takes
             # one extra round, one answered from the context none (the control).
             plain_msgs = [*history, {"role": "user", "content": "go on"}]
-            for stream in (False, True):
+            for stream in (True,) if protocol == "responses-ws" else (False, True):
                 right = via = 0
                 extra_rounds, recall_d, direct_d = [], [], []
                 for f in facts:
@@ -74,7 +77,7 @@ async def report(protocol: str) -> None:
                         recall_d.append((dt - plain) / rounds)
                     else:
                         direct_d.append(dt - plain)
-                mode = "streaming" if stream else "non-streaming"
+                mode = "socket" if protocol == "responses-ws" else "streaming" if stream else "non-streaming"
                 print(f"{protocol} {mode}: {right}/{len(facts)} facts answered exactly ({via} through the recall tool); "
                       f"extra upstream rounds per recall: {statistics.mean(extra_rounds):.2f}; "
                       f"added time per recall round {statistics.median(recall_d) * 1000:+.1f} ms median "
@@ -92,6 +95,6 @@ async def main(protocols: list[str]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--protocol", choices=[*PROTOCOLS, "all"], default="all")
+    parser.add_argument("--protocol", choices=[*CHOICES, "all"], default="all")
     args = parser.parse_args()
-    asyncio.run(main(list(PROTOCOLS) if args.protocol == "all" else [args.protocol]))
+    asyncio.run(main(list(CHOICES) if args.protocol == "all" else [args.protocol]))

@@ -76,6 +76,8 @@ class Answering:
     # after a stream that answered recall rounds or dropped recall calls: what the protocol keeps of
     # them (its filter given)
     streamed: Callable[[Any], Awaitable[None]] | None = None
+    # after a whole answer that left recall calls out (session.unanswered): the answer's bytes given
+    whole: Callable[[bytes], Awaitable[None]] | None = None
 
 
 def overflow_retry(stages: Sequence[Stage], flow: Flow) -> Retry:
@@ -118,6 +120,8 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                         resp = await recall_answers.answer_whole(
                             recall.dialect, http, up.url, up.headers, up.timeout, resp, recall.session,
                             await offload.sized(len(data), orjson.loads, data))
+                        if recall.whole is not None and recall.session.unanswered and isinstance(resp, web.Response):
+                            await recall.whole(bytes(resp.body))
                     ex.upstream_s = time.perf_counter() - t0
                     if resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
                         ex.usage = adapter.usage(resp.body)

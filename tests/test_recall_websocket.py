@@ -129,8 +129,8 @@ async def test_a_turn_chained_from_a_socket_recall_turn_is_valid_with_store_fals
         assert d.requests[-1]["previous_response_id"] != shown
 
 
-@pytest.mark.parametrize("protocol", ["responses-ws", "responses"])
-async def test_a_mixed_turn_answered_by_previous_response_id_is_valid(protocol: str) -> None:
+@pytest.mark.parametrize(("protocol", "stream"), [("responses-ws", True), ("responses", True), ("responses", False)])
+async def test_a_mixed_turn_answered_by_previous_response_id_is_valid(protocol: str, stream: bool) -> None:
     """The turn called recall and read_file; the client got read_file only and answers it chaining
     from the response (its output alone): the upstream also gets an output for the recall call."""
     def mixed(body: dict[str, Any]) -> Any:
@@ -145,7 +145,7 @@ async def test_a_mixed_turn_answered_by_previous_response_id_is_valid(protocol: 
         await d.play(history)
         d.set_reply(mixed)
         d.fake.clear_requests()
-        a = await d.send([*history, {"role": "user", "content": "read a.py"}], stream=True)
+        a = await d.send([*history, {"role": "user", "content": "read a.py"}], stream=stream)
         assert [c["name"] for c in a.calls] == ["read_file"] and len(d.requests) == 1
         follow = {"model": "m", "previous_response_id": a.raw.id, "tools": RESPONSES_TOOLS,
                   "input": [{"type": "function_call_output", "call_id": a.calls[0]["id"], "output": "print('a')"}]}

@@ -201,6 +201,7 @@ async def complete(dialect: Dialect, body: dict[str, Any], send: Callable[[dict[
             return reply if cleaned is None else Reply(reply.status, jsonbody.dumps(cleaned), reply.extra)
         if not split.recall or split.client or session.rounds > session.max_rounds:
             # the end; or a mixed turn (or a model that ignores the "no tool" turn): the client's calls only
+            session.unanswered = [c.id for c in split.recall]
             return Reply(reply.status, jsonbody.dumps(dialect.merged(answers, session.name)), reply.extra)
         last = session.exhausted
         results = await session.answer_calls([c.arguments for c in split.recall])

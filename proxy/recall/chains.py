@@ -34,6 +34,16 @@ async def remember(store: Any, scope: str, shown: str | None, stored: str | None
     await store.put(_key(scope, shown), orjson.dumps({"id": stored, "unanswered": list(unanswered)}), TTL_S)
 
 
+async def remember_answer(store: Any, scope: str, answer: bytes, unanswered: Sequence[str]) -> None:
+    """A whole answer (its id shown and stored alike) whose recall calls `unanswered` were left out."""
+    try:
+        rid = orjson.loads(answer).get("id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return
+    if isinstance(rid, str):
+        await remember(store, scope, rid, rid, unanswered)
+
+
 def _read(data: bytes) -> tuple[str, list[str]]:
     if not data.startswith(b"{"):  # as the first version kept it: the stored id alone
         return data.decode(), []

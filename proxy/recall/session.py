@@ -32,6 +32,7 @@ class RecallSession:
     on_call: Callable[[str, str], None] = lambda outcome, protocol: None  # the metrics hook
     protocol: str = ""  # the route's (chat, responses, messages): the metrics' label
     rounds: int = 0  # recall rounds answered (each asks the upstream once more)
+    unanswered: list[str] = field(default_factory=list)  # recall call ids left out of the client's turn
     outcomes: Counter[str] = field(default_factory=Counter)
     lookup_s: float = 0.0
 

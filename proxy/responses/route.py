@@ -142,7 +142,9 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
         session = p.recall
         recall = Answering(session, RECALL, RecallRounds,
                            streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids(),
-                                                                        rounds.unanswered()))
+                                                                        rounds.unanswered()),
+                           whole=lambda answer: recall_chains.remember_answer(state.store, session.scope, answer,
+                                                                              session.unanswered))
     resp = await send(request, state.session, ADAPTER, _upstream(request, state, up_headers, p.stream), p.data,
                       p.headers, retry=p.retry, recall=recall, hooks=state.hooks, not_an_overflow=p.small)
     recall_answers.finished(state.hooks, "responses", p.body["model"], p.recall)
