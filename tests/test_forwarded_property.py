@@ -103,9 +103,9 @@ async def _one_request(messages: list[dict[str, Any]], setup: dict[str, Any]) ->
     for rec in forwarded:
         check_forwarded(messages, rec.json["messages"], compacted=_compacted(messages, rec.json["messages"]))
     last = forwarded[-1].json["messages"]
-    if tier in ("summarized", "reused"):
+    if tier in ("summarized", "reused", "degraded"):  # (degraded: a digest written by code in the summary's place)
         assert _compacted(messages, last)
-    else:  # none, or failed-open: no summary (tool results may still be notes)
+    else:  # none, masked, or failed-open: no summary (tool results may still be notes)
         assert not _compacted(messages, last)
     return [tier] + ["notes"] * notes + ["retry"] * (len(forwarded) == 2)
 
