@@ -11,7 +11,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.config import secret
-from proxy import credentials, errors, jsonbody, offload
+from proxy import credentials, errors, jsonbody
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
@@ -28,7 +28,6 @@ from proxy.forward import (
 )
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact, route
-from proxy.responses.body import parse_responses_body
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES
 from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
@@ -53,9 +52,10 @@ def socket_prepare(request: web.Request) -> Prepare:
     ex = request[EXCHANGE]
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
+        # Parsed (and checked) as an HTTP body is: a turn that resends the whole history reuses
+        # the previous turn's parse of it (the same writing of the same items, byte for byte).
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
-        body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, raw, body, request.headers, ex, recall=False)
+        p = await route.prepare(state, raw, None, request.headers, ex, recall=False)
         report = p.headers if state.cfg.responses.websocket_report else None
 
         def as_message(data: bytes) -> str:
