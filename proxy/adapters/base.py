@@ -206,9 +206,11 @@ class Adapter(ABC):
     empty_stream = "the event stream ended before its first event"
     empty_stream_overflows = False
 
-    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
         """A stream's first bytes (held: nothing went to the client yet), and whether they say
-        the request was too long, so that it may still be retried compacted."""
+        the request was too long, so that it may still be retried compacted. `hold` False: no
+        retry can follow (none is possible, or the request cannot be over its window), so a
+        protocol that would wait for more events to tell passes the first bytes on at once."""
         return await upstream.content.readany(), False
 
     def usage(self, answer: bytes) -> Usage | None:

@@ -225,9 +225,12 @@ class ResponsesAdapter(Adapter):
     def event_checker(self) -> EventChecker:
         return ResponsesEventChecker()
 
-    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
         """Up to the first event past the preamble: a stream that fails for length before any
-        output may still be retried."""
+        output may still be retried. Without `hold` the first bytes go on as they came (holding
+        `response.created` until the model's first output would only delay it)."""
+        if not hold:
+            return await upstream.content.readany(), False
         held, seen = await read_preamble(upstream)
         return held, seen.overflow
 
