@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request
+from proxy.errors import ProxyError, bad_request, unreadable
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -20,17 +20,10 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 def parse_chat_body(raw: bytes, *, before: list[Any] | None = None) -> dict[str, Any]:
     """Parse and validate; raises ProxyError(400) naming the offending field. `before`: messages
     parsed already, cut out of the front of `raw`'s array (proxy/adapters/prefix.py)."""
-    if not raw.strip():
-        raise bad_request("Request body is empty; expected a JSON object.")
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"Request body is not valid JSON: {e}") from None
-    except jsonbody.DuplicateKeys as e:
-        # Parsers disagree on which value wins (first or last): the proxy must not act on one
-        # value while the upstream reads the other.
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
         body["messages"] = [*before, *body["messages"]]
     validate_chat_body(body, messages=False)
@@ -40,13 +33,12 @@ def parse_chat_body(raw: bytes, *, before: list[Any] | None = None) -> dict[str,
 
 
 def _check_writable(value: Any) -> None:
-    """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
-    again (message keys, tool counts, the forwarded body): refuse here what would fail there as a
-    500. (A message 253 or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)"""
+    """The proxy writes the request again (message keys, tool counts, the forwarded body). (A
+    message 253 or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)"""
     try:
-        jsonbody.dumps(value)
-    except orjson.JSONEncodeError:
-        raise too_deep() from None
+        jsonbody.check_writable(value)
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
 
 
 def too_deep() -> ProxyError:

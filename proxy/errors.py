@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from proxy import jsonbody
 
 
 class ErrorShape(Protocol):
@@ -69,6 +72,11 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ProxyError:
     return ProxyError(400, message, param=param, code=code)
+
+
+def unreadable(e: jsonbody.Unreadable) -> ProxyError:
+    """The 400 for a body that is not a readable JSON value (OpenAI's wording and shape)."""
+    return bad_request(f"Request body cannot be read: {e.reason}.", code=e.code)
 
 
 def body_too_large(limit: int) -> ProxyError:

@@ -40,6 +40,47 @@ class DuplicateKeys(ValueError):
         self.names = names
 
 
+class Unreadable(ValueError):
+    """Why a request body cannot be read as JSON at all (empty, not JSON, duplicate keys, nested
+    deeper than the proxy can write back). Each protocol words its 400 around `reason`."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def load_request(raw: bytes) -> Any:
+    """A request body's value, or Unreadable. Shapes (object, fields) are the protocol's to check."""
+    if not raw.strip():
+        raise Unreadable("the body is empty; expected a JSON object", "empty_body")
+    try:
+        return loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise Unreadable(f"not valid JSON ({e})", "invalid_json") from None
+    except DuplicateKeys as e:
+        # Parsers disagree on which value wins (first or last): the proxy must not act on one
+        # value while the upstream reads the other.
+        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
+        raise Unreadable(f"duplicate keys {names}", "duplicate_keys") from None
+    except RecursionError:
+        raise Unreadable("nested too deeply", "invalid_json") from None
+
+
+def check_writable(value: Any) -> None:
+    """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
+    again: refuse here (Unreadable) what would fail there as a 500."""
+    try:
+        dumps(value)
+    except orjson.JSONEncodeError:
+        raise too_deep() from None
+
+
+def too_deep() -> Unreadable:
+    """What check_writable says; also for a part of a body that its adapter writes (and so checks) itself."""
+    return Unreadable("nested too deeply (at most 254 levels)", "too_deep")
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, TypeVar
 
+from proxy import heap
+
 T = TypeVar("T")
 
 OFFLOAD_BYTES = 256 * 1024
@@ -20,5 +22,8 @@ OFFLOAD_BYTES = 256 * 1024
 async def sized(size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs): in a worker thread when `size` is over OFFLOAD_BYTES, else here."""
     if size > OFFLOAD_BYTES:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        finally:
+            heap.trim_soon()  # what the large work allocated is freed soon: give it back to the system
     return fn(*args, **kwargs)

@@ -30,6 +30,7 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
     "recall-tool": frozenset(),
     "recall-exhausted": frozenset(),
     "recall-unavailable": frozenset(),
+    "recall-unanswered": frozenset(),
 }
 
 

@@ -73,7 +73,8 @@ class Answering:
     session: RecallSession
     dialect: Any
     rounds: Callable[[str], recall_relay.Rounds]
-    # after a stream that answered recall rounds: what the protocol keeps of them (its filter given)
+    # after a stream that answered recall rounds or dropped recall calls: what the protocol keeps of
+    # them (its filter given)
     streamed: Callable[[Any], Awaitable[None]] | None = None
 
 
@@ -92,7 +93,8 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                extra: dict[str, str], *, retry: Retry | None = None, recall: Answering | None = None,
                hooks: Any = None, not_an_overflow: str | None = None) -> web.StreamResponse:
     """Forward `data`, relay the answer with `extra` headers. `not_an_overflow`: the error for an
-    empty stream when the request cannot be over the window (so no retry)."""
+    empty stream when the request cannot be over the window (so no retry, and a stream's first
+    events are not held to see whether they say it was)."""
     ex = request[EXCHANGE]
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
@@ -120,8 +122,9 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     if resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
                         ex.usage = adapter.usage(resp.body)
                     return resp
-                # Headers wait for the first events: until then an overflow can still be retried.
-                held, overflow = await adapter.stream_preamble(upstream)
+                # Headers wait for the first events: until then an overflow can still be retried
+                # (held for that only when a retry can follow).
+                held, overflow = await adapter.stream_preamble(upstream, hold=can_retry and not_an_overflow is None)
                 ex.upstream_ttfb_s = time.perf_counter() - t0
                 if not held and attempt == 0 and not_an_overflow is not None:
                     log.warning("upstream sent an empty event stream for a request well under its window")
@@ -142,7 +145,7 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     rounds = recall.rounds(recall.session.name)
                     result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall.session,
                                                       rounds, adapter.event_checker, hooks)
-                    if recall.streamed is not None and recall.session.rounds:
+                    if recall.streamed is not None and (recall.session.rounds or rounds.dropped):
                         await recall.streamed(rounds)
                     ex.upstream_s = time.perf_counter() - t0
                     ex.usage = adapter.stream_usage(result)

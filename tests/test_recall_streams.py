@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import aiohttp
+import anthropic
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,11 +97,13 @@ def check_one_response(protocol: str, data: list[Any]) -> str:
     return "".join(e["delta"].get("text", "") for e in data if e["type"] == "content_block_delta")
 
 
-async def metric(root: str, name: str) -> float:
+async def metric(root: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
     async with aiohttp.ClientSession() as s:
         async with s.get(root + "/metrics") as r:
             text = await r.text()
-    return sum(x.value for f in text_string_to_metric_families(text) for x in f.samples if x.name == name)
+    return sum(x.value for f in text_string_to_metric_families(text) for x in f.samples
+               if x.name == name and labels.items() <= x.labels.items())
 
 
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
@@ -125,7 +128,7 @@ async def test_a_lookup_after_the_first_event_streams_into_the_same_response_and
         # the headers went out with "Let me check.": the lookup after it is counted where a stream can say it
         assert header == "0"
         assert comments == [b": x-compaction-recalls: 1"]
-        assert await metric(d.proxy.root, "compaction_proxy_recall_calls_after_headers_total") == 1
+        assert await metric(d.proxy.root, "compaction_proxy_recall_calls_after_headers_total", protocol=protocol) == 1
         assert "1 of 1 lookup(s) came after the stream's headers" in caplog.text
 
 
@@ -148,4 +151,79 @@ async def test_a_lookup_before_any_output_is_in_the_header_and_no_comment_is_add
                 header = r.headers["x-compaction-recalls"]
         data, comments = events(raw)
         assert check_one_response(protocol, data) == "Found it."
-        assert header == "1" and comments == []
+        if protocol == "messages":  # its message_start goes out at once, with the headers: the count at the end
+            assert header == "0" and comments == [b": x-compaction-recalls: 1"]
+        else:
+            assert header == "1" and comments == []
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+async def test_recall_calls_and_rounds_are_counted_by_protocol(protocol: str) -> None:
+    """/metrics: a round of two lookups (one hit, one miss) counts two calls and one round under the
+    route's protocol label, and nothing under the others."""
+    def two_lookups(body: dict[str, Any]) -> Any:
+        if body["messages"][-1]["role"] == "tool":
+            return "Found it."
+        name = recall_name(body)
+        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": "segment"}},
+                                                 {"name": name, "arguments": {"handle": "0123456789ab"}}]} \
+            if name else "no tool"
+
+    async with driver(protocol) as d:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.set_reply(two_lookups)
+        assert (await d.send([*history, {"role": "user", "content": "check it"}])).text == "Found it."
+        root = d.proxy.root
+        assert await metric(root, "compaction_proxy_recall_calls_total", protocol=protocol, outcome="hit") == 1
+        assert await metric(root, "compaction_proxy_recall_calls_total", protocol=protocol, outcome="miss") == 1
+        assert await metric(root, "compaction_proxy_recall_rounds_total", protocol=protocol) == 1
+        for other in {"chat", "responses", "messages"} - {protocol}:
+            assert await metric(root, "compaction_proxy_recall_calls_total", protocol=other) == 0
+            assert await metric(root, "compaction_proxy_recall_rounds_total", protocol=other) == 0
+
+
+def _event_names(raw: bytes) -> list[str]:
+    return [line[6:].strip().decode() for line in raw.splitlines() if line.startswith(b"event:")]
+
+
+async def _raw_stream(client: Any, body: dict[str, Any]) -> tuple[bytes, Any]:
+    """One streamed Messages request through the real `anthropic` client, read as raw SSE."""
+    async with client.messages.with_streaming_response.create(**body) as resp:
+        return b"".join([chunk async for chunk in resp.iter_bytes()]), resp.headers
+
+
+async def test_a_messages_recall_stream_relays_message_start_at_once_and_every_ping() -> None:
+    """The client's events are the upstream's in their order: round 1's message_start and ping go
+    out at once (the ping came after the held recall block's start), then round 2's blocks, pings
+    and end; no second message_start. The headers went out with message_start, before the lookup."""
+    def looks_up_first(body: dict[str, Any]) -> Any:
+        if body["messages"][-1]["role"] == "tool":
+            return "Found it."
+        name = recall_name(body)
+        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": "segment"}}]} if name else "no"
+
+    async with driver("messages") as d:
+        history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await d.play(history)
+        d.set_reply(looks_up_first)
+        d.fake.clear_requests()
+        system, msgs = messages_body([*history, {"role": "user", "content": "check it"}])
+        body = {"model": "m", "max_tokens": 4096, "system": system, "messages": msgs, "tools": MESSAGES_TOOLS,
+                "stream": True}
+        raw, headers = await _raw_stream(d.client, body)
+        rounds = list(d.requests)
+        assert len(rounds) == 2
+        # the upstream's own streams for the two forwarded bodies, asked straight from the fake
+        direct = anthropic.AsyncAnthropic(base_url=d.fake.base_url, api_key="sk-recall", max_retries=0)
+        try:
+            upstream = [_event_names((await _raw_stream(direct, {**b, "stream": True}))[0]) for b in rounds]
+        finally:
+            await direct.close()
+        assert upstream[0][:3] == ["message_start", "content_block_start", "ping"]  # the recall block, then a ping
+        expected = [e for e in upstream[0] if e in ("message_start", "ping")] + \
+            [e for e in upstream[1] if e != "message_start"]
+        assert _event_names(raw) == expected
+        data, comments = events(raw)
+        assert check_one_response("messages", data) == "Found it."
+        assert headers["x-compaction-recalls"] == "0" and comments == [b": x-compaction-recalls: 1"]

@@ -21,7 +21,7 @@ def test_a_good_body_and_unknown_fields_pass() -> None:
 
 
 @pytest.mark.parametrize("raw, param, code", [
-    (b"", None, None),
+    (b"", None, "empty_body"),
     (b"[1]", None, "invalid_type"),
     (orjson.dumps({"input": "hi"}), "model", "missing_required_parameter"),
     (body(model=3), "model", "invalid_type"),

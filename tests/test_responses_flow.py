@@ -190,6 +190,34 @@ async def test_an_overflow_is_retried_compacted_over_http_and_in_the_stream(fake
     assert not [e for e in events if e.type == "response.failed"]
 
 
+async def test_a_small_requests_stream_starts_at_once(fake, proxy, client_for):
+    """The first events go to the client as they come when the request is well under its window:
+    no overflow can follow them, so `response.created` does not wait for the model's first output
+    (here 20 s away)."""
+    fake.chunk_delay_s = 20
+
+    async def first_event() -> Any:
+        stream = await client_for(proxy, "sk-test").responses.create(model=MODEL, input=history(1), stream=True)
+        try:
+            return await stream.__anext__()
+        finally:
+            await stream.close()
+
+    event = await asyncio.wait_for(first_event(), 8)
+    assert event.type == "response.created"
+
+
+async def test_a_small_request_failing_for_length_in_the_stream_is_relayed(fake, proxy, client_for):
+    """What holding the first events is for cannot happen below half the window (a tokenizer is not
+    2x off): an upstream that still fails such a stream for length is answered as it said, once."""
+    fake.window, fake.overflow_as_failed_event = 50, True
+    stream = await client_for(proxy, "sk-test").responses.create(model=MODEL, input=history(1), stream=True)
+    events = [e async for e in stream]
+    assert [e.type for e in events][0] == "response.created" and events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "context_length_exceeded"
+    assert len(fake.records("responses")) == 1
+
+
 # ---- compaction items --------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ class Toy(ChatAdapter):
     def is_overflow(self, status: int, body: bytes) -> bool:
         return b"too long" in body
 
-    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
         held = await upstream.content.readany()
         return held, held.startswith(b"event: toy")
 

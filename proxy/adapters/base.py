@@ -157,10 +157,14 @@ class Adapter(ABC):
 
     # -- the body ------------------------------------------------------------------------------
     @abstractmethod
-    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Any = None) -> Request:
         """Parse and check a body into the model, counted with the model's tokenizer (`ratio`: the
         learned token ratio, else the configured one); ProxyError (rendered by `error_response`)
-        naming the bad field. Pure: may run in a worker thread."""
+        naming the bad field. Pure: may run in a worker thread. An adapter that names its array of
+        envelopes (`envelope_field`) is parsed through adapters/prefix.parse, which passes `prior`:
+        the array's first envelopes as the conversation's previous body had them (parse only
+        `prior.rest`, the body without them; on any error there, the whole `raw`)."""
 
     @abstractmethod
     def render(self, request: Request, forwarded: Conversation) -> bytes:
@@ -202,9 +206,11 @@ class Adapter(ABC):
     empty_stream = "the event stream ended before its first event"
     empty_stream_overflows = False
 
-    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
         """A stream's first bytes (held: nothing went to the client yet), and whether they say
-        the request was too long, so that it may still be retried compacted."""
+        the request was too long, so that it may still be retried compacted. `hold` False: no
+        retry can follow (none is possible, or the request cannot be over its window), so a
+        protocol that would wait for more events to tell passes the first bytes on at once."""
         return await upstream.content.readany(), False
 
     def usage(self, answer: bytes) -> Usage | None:

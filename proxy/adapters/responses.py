@@ -24,14 +24,16 @@ import orjson
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters.chat import ChatAdapter
+from proxy.adapters.prefix import Prior
 from proxy.config import Config
+from proxy.errors import ProxyError
 from proxy.credentials import OPENAI_HEADERS
 from proxy.forward import EventChecker
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.ops.exchange import Usage
 from proxy.responses import items as ri
-from proxy.responses.body import parse_responses_body
+from proxy.responses.body import parse_responses_body, too_deep
 from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
@@ -67,27 +69,55 @@ class ResponsesAdapter(Adapter):
     credential_headers = OPENAI_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
-    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
-        body = parse_responses_body(raw)
-        return self.request_of(raw, body, counter, cfg, ratio=ratio)
+    envelope_field = "input"  # the array whose items a body that grows shares (proxy/adapters/prefix.py)
+
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Prior | None = None) -> Request:
+        body = None
+        if prior is not None:
+            try:
+                body = parse_responses_body(prior.rest, before=prior.values, whole=False)
+            except ProxyError:
+                prior = None  # the whole body parsed says what is wrong, as it would have anyway
+        if body is None:
+            body = parse_responses_body(raw, whole=False)
+        return self.request_of(raw, body, counter, cfg, ratio=ratio, prior=prior)
 
     def request_of(self, raw: bytes, body: dict[str, Any], counter: TokenCounter, cfg: Config, *,
-                   ratio: float | None = None, extra: dict[str, Any] | None = None) -> Request:
-        """A parsed body as a Request (the WebSocket's `response.create` comes parsed already)."""
+                   ratio: float | None = None, extra: dict[str, Any] | None = None,
+                   prior: Prior | None = None) -> Request:
+        """A parsed body as a Request (the WebSocket's `response.create` comes parsed already);
+        the first input items as `prior` had them (written, keyed and counted there). Each item
+        is written once, here; the envelopes are made when a stage first reads them."""
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
-        values: list[Any] = ri.input_items(body)
+        items: list[Any] = ri.input_items(body)
         instructions = body.get("instructions")
-        if isinstance(instructions, str):
-            values = [_instructions_value(instructions), *values]
-        written = [jsonbody.dumps(v) for v in values]
-        keys = [hash(w) for w in written]
-        envelopes = self.envelopes(values)
-        tokens = [self._count(e.value, encoding, counter, k) for e, k in zip(envelopes, keys)]
+        lead: list[Any] = [_instructions_value(instructions)] if isinstance(instructions, str) else []
+        values = [*lead, *items]
+        known = len(prior) if prior is not None else 0
+        try:
+            written = [*(jsonbody.dumps(v) for v in lead), *(prior.written if prior is not None else ()),
+                       *(jsonbody.dumps(v) for v in items[known:])]
+        except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
+            raise too_deep() from None
+        n = len(lead) + known  # written, keyed and counted before: the instructions, the shared items
+        keys = [*(hash(w) for w in written[:len(lead)]), *(prior.keys if prior is not None else ()),
+                *(hash(w) for w in written[n:])]
+        counted = prior.tokens_for(encoding) if prior is not None else None
+        tokens = [self._count(v, encoding, counter, k) for v, k in zip(lead, keys)]
+        tokens += counted if counted is not None else []
+        tokens += [self._count(values[i], encoding, counter, keys[i]) for i in range(len(tokens), len(values))]
+        n_system = len(lead)
+        while n_system < len(values) and ri.item_type(values[n_system]) == "message" \
+                and values[n_system].get("role") in ri.SYSTEM_ROLES:
+            n_system += 1
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")),
-            conversation=Conversation(envelopes, tokens), keys=keys, written=written, encoding=encoding,
+            conversation=Conversation(build=lambda: self.envelopes(values), tokens=tokens, values=values,
+                                      n_system=n_system),
+            keys=keys, written=written, encoding=encoding,
             ratio=settings.token_ratio if ratio is None else ratio,
             tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
             stateful=ri.stateful(body) is not None, native_compaction=ri.native_compaction(body),
@@ -111,7 +141,7 @@ class ResponsesAdapter(Adapter):
             raw = e.raw
             args = raw.get("arguments", raw.get("input", "")) if isinstance(raw, dict) else ""
             return Item(kind, e.text, call_id=e.call_id, name=e.name, args=args if isinstance(args, str) else
-                        orjson.dumps(args).decode(), raw=e.raw)
+                        jsonbody.dumps(args).decode(), raw=e.raw)
         if kind is Kind.TOOL_RESULT:
             output = e.raw.get("output") if isinstance(e.raw, dict) else None
             plain = e.type in ri.TEXT_OUTPUTS and _plain_output(output)
@@ -195,9 +225,12 @@ class ResponsesAdapter(Adapter):
     def event_checker(self) -> EventChecker:
         return ResponsesEventChecker()
 
-    async def stream_preamble(self, upstream: Any) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
         """Up to the first event past the preamble: a stream that fails for length before any
-        output may still be retried."""
+        output may still be retried. Without `hold` the first bytes go on as they came (holding
+        `response.created` until the model's first output would only delay it)."""
+        if not hold:
+            return await upstream.content.readany(), False
         held, seen = await read_preamble(upstream)
         return held, seen.overflow
 

@@ -68,14 +68,15 @@ class Hooks:
         """A summary prepared ahead: `made`, `used` (carried by the request that crossed the
         threshold) or `wasted` (that request had to call the summarizer anyway)."""
 
-    def recall(self, outcome: str) -> None:
-        """One recall call answered: `hit`, `miss`, `error` (bad arguments), `unavailable` (the
-        store is down) or `exhausted` (past recall.max_rounds)."""
+    def recall(self, outcome: str, protocol: str) -> None:
+        """One recall call answered on a `protocol` route (chat, responses, messages): `hit`, `miss`,
+        `error` (bad arguments), `unavailable` (the store is down) or `exhausted` (past
+        recall.max_rounds)."""
 
-    def recall_rounds(self, rounds: int) -> None:
+    def recall_rounds(self, rounds: int, protocol: str) -> None:
         """A client request whose answer took `rounds` extra upstream rounds for recall (> 0)."""
 
-    def recall_after_headers(self, calls: int) -> None:
+    def recall_after_headers(self, calls: int, protocol: str) -> None:
         """A stream's recall calls made after its headers went out (its x-compaction-recalls
         header did not count them; an SSE comment at its end carries the final count)."""
 

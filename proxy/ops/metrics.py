@@ -92,11 +92,12 @@ class Metrics(Hooks):
                                           "the crossing request, wasted (it called the summarizer anyway)",
                                           ["outcome"], registry=r)
         self.recalls = Counter(P + "recall_calls_total", "Recall tool calls the proxy answered, by outcome (hit, miss, "
-                               "error, unavailable, exhausted)", ["outcome"], registry=r)
+                               "error, unavailable, exhausted) and protocol", ["outcome", "protocol"], registry=r)
         self.recall_rounds_total = Counter(P + "recall_rounds_total", "Extra upstream rounds made to answer recall "
-                                           "calls", registry=r)
+                                           "calls, by protocol", ["protocol"], registry=r)
         self.recall_late = Counter(P + "recall_calls_after_headers_total", "Recall calls answered in a stream after "
-                                   "its headers went out (not in its x-compaction-recalls header)", registry=r)
+                                   "its headers went out (not in its x-compaction-recalls header), by protocol",
+                                   ["protocol"], registry=r)
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
@@ -207,14 +208,14 @@ class Metrics(Hooks):
     def compaction(self, event: CompactionEvent) -> None:
         self.compactions.labels(event.tier).inc()
 
-    def recall(self, outcome: str) -> None:
-        self.recalls.labels(outcome).inc()
+    def recall(self, outcome: str, protocol: str) -> None:
+        self.recalls.labels(outcome, protocol).inc()
 
-    def recall_rounds(self, rounds: int) -> None:
-        self.recall_rounds_total.inc(rounds)
+    def recall_rounds(self, rounds: int, protocol: str) -> None:
+        self.recall_rounds_total.labels(protocol).inc(rounds)
 
-    def recall_after_headers(self, calls: int) -> None:
-        self.recall_late.inc(calls)
+    def recall_after_headers(self, calls: int, protocol: str) -> None:
+        self.recall_late.labels(protocol).inc(calls)
 
     def prepared(self, outcome: str) -> None:
         self.prepared_summaries.labels(outcome).inc()

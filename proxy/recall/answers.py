@@ -150,7 +150,7 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         if not carries:
             return None
         declared, name = with_declaration(dialect, recall, prompts, request, flow.identity.recall_tokens)
-        return declared, recall.session(flow.identity.scope, name, request.encoding)
+        return declared, recall.session(flow.identity.scope, name, request.encoding, dialect.protocol)
     except Exception:
         log.exception("recall: keeping the originals failed unexpectedly; the request goes on without the tool")
         return None
@@ -241,5 +241,5 @@ async def answer_whole(dialect: Dialect, http: Any, url: Any, headers: Any, time
 def finished(hooks: Any, protocol: str, model: str, session: RecallSession | None) -> None:
     """A request's recall rounds counted and logged (without content)."""
     if session is not None and session.rounds:
-        hooks.recall_rounds(session.rounds)
+        hooks.recall_rounds(session.rounds, protocol)
         log.info("%s %s: %s", protocol, model, session.summary())

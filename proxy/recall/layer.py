@@ -68,7 +68,8 @@ class Recall:
                 self._saved.popitem(last=False)
         log.debug("recall: %d original(s) kept, %d already stored", len(new) - len(stored), len(stored))
 
-    def session(self, scope: str, name: str, encoding: str) -> RecallSession:
+    def session(self, scope: str, name: str, encoding: str, protocol: str) -> RecallSession:
         count: Callable[[str], int] = lambda text: self.counter.count_text(text, encoding)  # noqa: E731
         return RecallSession(name, self.originals, scope, self.cfg.max_rounds, self.cfg.max_tokens, count,
-                             self.prompts, self.log_content, on_call=self.hooks.recall)
+                             self.prompts, self.log_content, on_call=self.hooks.recall,
+                             protocol=protocol)

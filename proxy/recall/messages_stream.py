@@ -1,7 +1,8 @@
 """Recall inside a Messages event stream (design 13.3): the filter proxy/recall/relay.py runs.
 
-The client gets one message: one `message_start` (the first round's, held until the first block
-the client sees, so a round that only looks up shows nothing), every round's content blocks under
+The client gets one message: one `message_start` (the first round's, relayed at once, as are the
+upstream's `ping`s: the client sees the stream the upstream sent, minus the recall calls and the
+later rounds' message_start / message_delta / message_stop), every round's content blocks under
 consecutive `index`es, then one `message_delta` (the last round's stop reason, `end_turn` when only
 dropped recall calls made it `tool_use`; the usage of every round, as totals, which the SDK takes
 over message_start's) and one `message_stop`. A recall `tool_use` block is told apart by its
@@ -62,8 +63,7 @@ def _finished(b: _Block) -> dict[str, Any]:
 @dataclass
 class Rounds:
     name: str
-    start_event: dict[str, Any] | None = None  # message_start, until the first block shown
-    opened: bool = False
+    opened: bool = False  # the client got an event
     next_index: int = 0
     usage: Any = None  # every finished round's usage
     dropped: bool = False
@@ -77,12 +77,6 @@ class Rounds:
     def start(self) -> None:
         self.blocks, self.round_usage, self.delta, self.stopped = {}, {}, None, False
         self.round += 1
-
-    def _open(self) -> list[bytes]:
-        if self.opened:
-            return []
-        self.opened = True
-        return [sse(self.start_event)] if self.start_event is not None else []
 
     def feed(self, event: bytes) -> list[bytes]:
         _, data = event_fields(event)
@@ -98,10 +92,11 @@ class Rounds:
             if isinstance(message.get("usage"), dict):
                 self.round_usage.update(message["usage"])
             if self.round == 1:
-                self.start_event = payload
+                self.opened = True
+                return [event]
             return []
         if t == "ping":
-            return [event] if self.opened else []
+            return [event]
         if t == "message_delta":
             if isinstance(payload.get("usage"), dict):
                 self.round_usage.update({k: v for k, v in payload["usage"].items() if v is not None})
@@ -114,7 +109,8 @@ class Rounds:
         if t in ("content_block_start", "content_block_delta", "content_block_stop") and isinstance(
                 payload.get("index"), int):
             return self._block(t, payload)
-        return [*self._open(), event]  # an error event, or one the API adds later
+        self.opened = True
+        return [event]  # an error event, or one the API adds later
 
     def _block(self, t: str, payload: dict[str, Any]) -> list[bytes]:
         i = payload["index"]
@@ -126,12 +122,12 @@ class Rounds:
                 self.next_index += 1
         b = self.blocks.get(i)
         if b is None:
-            return [*self._open(), sse(payload)]
+            return [sse(payload)]
         if t == "content_block_delta":
             _applied(b, payload.get("delta"))
         if b.index < 0:
             return []
-        return [*self._open(), sse({**payload, "index": b.index})]
+        return [sse({**payload, "index": b.index})]
 
     # -- the end of a round --------------------------------------------------------------------
     def _content(self) -> list[dict[str, Any]]:
@@ -148,10 +144,10 @@ class Rounds:
         return continuation(body, self._content(), self.recall_calls(), results, last=last)
 
     def error_event(self, err: errors.ProxyError) -> bytes:
-        return b"".join(self._open()) + err.event()
+        return err.event()
 
     def close(self) -> list[bytes]:
-        out = self._open()
+        out: list[bytes] = []
         if self.delta is not None:
             delta = dict(self.delta.get("delta") or {})
             delta["stop_reason"] = stop_reason(delta.get("stop_reason"), self._content(), self.name, self.dropped)

@@ -167,7 +167,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: b
             log.info("recall: %d of %d lookup(s) came after the stream's headers (%s: %d there)", late,
                      session.calls, RECALLS, headed)
             if hooks is not None:
-                hooks.recall_after_headers(late)
+                hooks.recall_after_headers(late, session.protocol)
         await write(end or [b""])
         assert resp is not None
         await resp.write_eof()

@@ -62,19 +62,20 @@ class Rounds:
         self.items, self.done, self.last_added, self.end = {}, {}, None, None
         self.round += 1
 
-    def _out(self, payload: dict[str, Any]) -> bytes:
+    def _out(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         """One event for the client, numbered (the held lifecycle events go first)."""
-        head = b""
+        head: list[dict[str, Any]] = []
         if not self.opened:
             self.opened = True
-            head = b"".join(self._out(p) for p in self.preamble)
+            head = [e for p in self.preamble for e in self._out(p)]
             self.preamble = []
         payload = {"type": payload["type"], "sequence_number": self.seq,
                    **{k: v for k, v in payload.items() if k not in ("type", "sequence_number")}}
         self.seq += 1
-        return head + sse(payload)
+        return [*head, payload]
 
     def feed(self, event: bytes) -> list[bytes]:
+        """One SSE event of the upstream's: the SSE events for the client now."""
         _, data = event_fields(event)
         if data is None:
             return [event] if self.opened else []
@@ -82,9 +83,14 @@ class Rounds:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             return [event]  # (the checker refused anything that matters)
-        t = payload.get("type") if isinstance(payload, dict) else None
-        if not isinstance(t, str):
+        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
             return [event]
+        return [sse(p) for p in self.take(payload)]
+
+    def take(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        """One upstream event (a parsed object with a type): the events for the client now. The
+        framing is the caller's (SSE here, a WebSocket message in proxy/responses/socket_recall.py)."""
+        t = payload["type"]
         if t in PREAMBLE:
             response = payload.get("response") if isinstance(payload.get("response"), dict) else {}
             if self.round > 1:
@@ -100,25 +106,25 @@ class Rounds:
                 self.usage = add_usage(self.usage, response.get("usage"))
             return []
         if not isinstance(payload.get("output_index"), int):
-            return [self._out(payload)]
+            return self._out(payload)
         i = payload["output_index"]
-        out: list[bytes] = []
+        out: list[dict[str, Any]] = []
         if t == "response.output_item.added":
             out += self._added(i, payload.get("item"))
         item = self.items.get(i)
         if t == "response.output_item.done":
             self.done[i] = payload.get("item")
         if item is None:
-            return out + [self._out(payload)]
+            return out + self._out(payload)
         if item.state == HELD:
             item.events.append(payload)
         elif item.state == SHOWN:
             if t == "response.output_item.done":
                 self.shown[item.index] = payload.get("item")
-            out.append(self._out({**payload, "output_index": item.index}))
+            out += self._out({**payload, "output_index": item.index})
         return out
 
-    def _added(self, i: int, added: Any) -> list[bytes]:
+    def _added(self, i: int, added: Any) -> list[dict[str, Any]]:
         before = self.items.get(self.last_added) if self.last_added is not None else None
         self.last_added = i
         if is_recall(added, self.name):
@@ -137,13 +143,13 @@ class Rounds:
         self.next_index += 1
         return self.next_index - 1
 
-    def _show(self, item: _Item) -> list[bytes]:
+    def _show(self, item: _Item) -> list[dict[str, Any]]:
         item.state, item.index = SHOWN, self._index()
-        out = []
+        out: list[dict[str, Any]] = []
         for p in item.events:
             if p.get("type") == "response.output_item.done":
                 self.shown[item.index] = p.get("item")
-            out.append(self._out({**p, "output_index": item.index}))
+            out += self._out({**p, "output_index": item.index})
         item.events = []
         return out
 
@@ -165,14 +171,21 @@ class Rounds:
         self.seq += 1
         return error_event(err, self.seq - 1)
 
+    def unanswered(self) -> list[str]:
+        """The call ids of the recall calls left out of the turn the client got (a mixed turn)."""
+        return [c.id for c in self.recall_calls()] if self.dropped else []
+
     def ids(self) -> tuple[str | None, str | None]:
         """(the id the client was shown, the id of the response the upstream stored last)."""
         last = (self.end or {}).get("response") or {}
         return (self.first or {}).get("id"), last.get("id") if isinstance(last, dict) else None
 
     def close(self) -> list[bytes]:
+        return [sse(p) for p in self.closing()]
+
+    def closing(self) -> list[dict[str, Any]]:
         """Held reasoning shown (nothing followed it), then the one end event."""
-        out: list[bytes] = []
+        out: list[dict[str, Any]] = []
         for i in sorted(self.items):
             if self.items[i].state == HELD:
                 out += self._show(self.items[i])
@@ -183,5 +196,5 @@ class Rounds:
             response["output"] = [self.shown[k] for k in sorted(self.shown)]
             if self.usage is not None:
                 response["usage"] = self.usage
-            out.append(self._out({**end, "response": response}))
+            out += self._out({**end, "response": response})
         return out

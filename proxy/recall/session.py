@@ -29,7 +29,8 @@ class RecallSession:
     count: Callable[[str], int]
     prompts: Prompts
     log_content: bool = False
-    on_call: Callable[[str], None] = lambda outcome: None  # the metrics hook
+    on_call: Callable[[str, str], None] = lambda outcome, protocol: None  # the metrics hook
+    protocol: str = ""  # the route's (chat, responses, messages): the metrics' label
     rounds: int = 0  # recall rounds answered (each asks the upstream once more)
     outcomes: Counter[str] = field(default_factory=Counter)
     lookup_s: float = 0.0
@@ -58,7 +59,7 @@ class RecallSession:
                 self.lookup_s += time.perf_counter() - t0
                 text, outcome = a.text, a.outcome
             self.outcomes[outcome] += 1
-            self.on_call(outcome)
+            self.on_call(outcome, self.protocol)
             if self.log_content:
                 log.info("recall %s: %s -> %s", outcome, args[:200], text[:200])
             else:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request
+from proxy.errors import ProxyError, bad_request, unreadable
 
 
 def _type_name(v: Any) -> str:
@@ -26,18 +24,20 @@ def _bad_type(param: str, expected: str, got: Any) -> ProxyError:
                        param=param, code="invalid_type")
 
 
-def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        raise bad_request("Request body is empty; expected a JSON object.")
+def too_deep() -> ProxyError:
+    """An input item nested deeper than the proxy writes (the adapter writes each item itself)."""
+    return unreadable(jsonbody.too_deep())
+
+
+def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
+    """Parse and check a body. `before`: input items parsed (and checked) already, cut out of the
+    front of `raw`'s array (proxy/adapters/prefix.py). `whole`: check that the whole body writes
+    back as JSON; else only what is not `input` (the adapter writes each item once, and checks it
+    so: too_deep)."""
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"Request body is not valid JSON: {e}") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise bad_request(f"Request body has duplicate keys: {names}.", code="duplicate_keys") from None
-    except RecursionError:
-        raise bad_request("Request body is nested too deeply.") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     if not isinstance(body, dict):
         raise bad_request(f"Invalid type for request body: expected an object, but got {_type_name(body)} instead.",
                           code="invalid_type")
@@ -49,11 +49,16 @@ def parse_responses_body(raw: bytes) -> dict[str, Any]:
     for key, want, ok in (("instructions", "a string", str), ("tools", "an array", list), ("stream", "a boolean", bool)):
         if body.get(key) is not None and not isinstance(body[key], ok):
             raise _bad_type(key, want, body[key])
+    known = 0
+    if before is not None and isinstance(body.get("input"), list):
+        body["input"] = [*before, *body["input"]]
+        known = len(before)
     inp = body.get("input")
     if inp is not None and not isinstance(inp, (str, list)):
         raise _bad_type("input", "a string or an array of input items", inp)
     if isinstance(inp, list):
-        for i, item in enumerate(inp):
+        for i in range(known, len(inp)):
+            item = inp[i]
             if not isinstance(item, dict):
                 raise _bad_type(f"input[{i}]", "an object", item)
             t = item.get("type")
@@ -62,8 +67,8 @@ def parse_responses_body(raw: bytes) -> dict[str, Any]:
                                   code="missing_required_parameter")
             if t is not None and not isinstance(t, str):
                 raise _bad_type(f"input[{i}].type", "a string", t)
-    try:
-        jsonbody.dumps(body)  # the proxy writes it again: refuse here what would fail there
-    except orjson.JSONEncodeError:
-        raise bad_request("Request body is nested too deeply (at most 254 levels).") from None
+    try:  # the proxy writes it again
+        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "input"})
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     return body

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 from yarl import URL
 
@@ -27,10 +28,14 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.ops.exchange import EXCHANGE
+from proxy.recall import answers as recall_answers
+from proxy.recall import chains as recall_chains
+from proxy.recall.relay import RECALLS
 from proxy.responses import compact, route
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES
+from proxy.responses.socket_recall import SocketRecall
 from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
@@ -55,22 +60,45 @@ def socket_prepare(request: web.Request) -> Prepare:
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
         body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, raw, body, request.headers, ex, recall=False)
+        p = await route.prepare(state, raw, body, request.headers, ex)
         report = p.headers if state.cfg.responses.websocket_report else None
+        if report is not None:
+            report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
 
         def as_message(data: bytes) -> str:
             return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
+
+        recall = None
+        if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
+            recall = SocketRecall(p.recall, await offload.sized(len(p.data), orjson.loads, p.data), report,
+                                  finish=lambda r: _finish_recall(state, body["model"], r))
 
         async def retry() -> tuple[str, dict[str, str] | None] | None:
             again = await p.retry() if p.retry is not None else None
             if again is None:
                 return None
-            return as_message(again[0]), (again[1] if report is not None else None)
+            shown = {k: v for k, v in again[1].items() if k != RECALLS} if report is not None else None
+            if recall is not None:
+                recall.restart(orjson.loads(again[0]), shown)
+            return as_message(again[0]), shown
 
         # Nothing changed: the client's message as it came (an overflow is still retried compacted).
-        return WsTurn(message if p.data is raw else as_message(p.data), retry=retry, report=report)
+        return WsTurn(message if p.data is raw else as_message(p.data), retry=retry, report=report, recall=recall)
 
     return prepare_create
+
+
+async def _finish_recall(state: Any, model: str, recall: SocketRecall) -> None:
+    """A socket turn's recall rounds counted, and its shown id mapped to the response the upstream
+    keeps (the last round's), which a later previous_response_id must name (recall/chains.py)."""
+    session = recall.session
+    late = recall.late()
+    if late:
+        log.info("recall: %d of %d lookup(s) came after the turn's response.created", late, session.calls)
+        state.hooks.recall_after_headers(late, "responses")
+    if session.rounds or recall.rounds.dropped:
+        await recall_chains.remember(state.store, session.scope, *recall.rounds.ids(), recall.rounds.unanswered())
+    recall_answers.finished(state.hooks, "responses", model, session)
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:
@@ -130,11 +158,9 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
 
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
-        body = jsonbody.loads(raw)
-    except jsonbody.DuplicateKeys as e:
-        raise errors.bad_request(f"Duplicate keys in the request body: {', '.join(e.names)}.", code="duplicate_keys") from None
-    except (ValueError, RecursionError):
-        raise errors.bad_request("The request body is not valid JSON.", code="invalid_json") from None
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable as e:
+        raise errors.unreadable(e) from None
     if not isinstance(body, dict):
         raise errors.bad_request("The request body must be a JSON object.", code="invalid_type")
     if not isinstance(body.get("model"), str):

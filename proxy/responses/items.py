@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+from proxy import jsonbody
 
 SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, OPAQUE = "system", "user", "assistant", "tool_call", "tool_result", "opaque"
 
@@ -104,7 +104,7 @@ def parts_text(content: Any) -> str:
 
 def _json_text(item: dict[str, Any]) -> str:
     """What an opaque item counts for: its JSON, without encrypted payloads nobody reads as text."""
-    return orjson.dumps({k: v for k, v in item.items() if k != "encrypted_content"}).decode()
+    return jsonbody.dumps({k: v for k, v in item.items() if k != "encrypted_content"}).decode()
 
 
 def classify(item: Any, index: int) -> Entry:
@@ -121,7 +121,7 @@ def classify(item: Any, index: int) -> Entry:
         elif t == "custom_tool_call":
             text = f"{name}({item.get('input', '')})"
         else:
-            text = f"{name}({orjson.dumps(item.get('action', item.get('arguments', item.get('operation')))).decode()})"
+            text = f"{name}({jsonbody.dumps(item.get('action', item.get('arguments', item.get('operation')))).decode()})"
         return Entry(index, t, TOOL_CALL, text, item, call_id=_str(item.get(key)), name=name)
     if t in OUTPUTS:
         key = OUTPUTS[t][1]
@@ -131,7 +131,7 @@ def classify(item: Any, index: int) -> Entry:
         elif isinstance(out, (str, list)):
             text = parts_text(out)
         else:
-            text = orjson.dumps(out).decode()
+            text = jsonbody.dumps(out).decode()
         return Entry(index, t, TOOL_RESULT, text, item, call_id=_str(item.get(key)))
     if t == "reasoning":
         summary = item.get("summary")

@@ -20,7 +20,9 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, jsonbody, offload
+from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
+from proxy.compaction.budget import could_overflow
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.forward import BodyPace, read_body, upstream_request_headers, wants_bypass
 from proxy.hashing import conversation_digest
@@ -38,6 +40,10 @@ from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy.responses")
 ADAPTER = ResponsesAdapter()
+# A stream that fails for length can only be one whose request may be over the window: the first
+# events of any other go to the client at once (send: not_an_overflow), and an empty one is no overflow.
+EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+                      "well under the model's {window}-token window, so it was not retried compacted")
 
 
 def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
@@ -54,27 +60,41 @@ class Prepared:
     stream: bool
     retry: Any = None  # send.Retry: compacted harder after an overflow
     recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
+    # send's not_an_overflow: the request is well under its window (None: it may be over it)
+    small: str | None = None
 
 
-async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming: Any, ex: Any, *,
+async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, incoming: Any, ex: Any, *,
                   recall: bool = True) -> Prepared:
-    """The stages for one Responses body (HTTP or a socket's response.create). `recall`: the
-    route answers the recall tool (a WebSocket turn does not: no handles are written for it)."""
+    """The stages for one Responses body (HTTP: `body` None, parsed here; a socket's
+    response.create: parsed already). `recall`: the route answers the recall tool (HTTP:
+    proxy/send.py; a socket: socket_recall.py)."""
     cfg = state.cfg
     api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(incoming, state.scope_secret, api_key)
+    parsed = None
+    if body is None and (len(raw) >= prefix.MIN_BYTES or not _maybe_stateful(raw)):
+        # What the conversation's previous body shared is reused (per credential scope); the
+        # rest is parsed off the event loop when it is large.
+        parsed = await prefix.parse(ADAPTER, raw, state.counter, cfg, creds.scope)
+        body = parsed.body
+    elif body is None:
+        body = await offload.sized(len(raw), parse_responses_body, raw)
     items = body.get("input") if isinstance(body.get("input"), list) else None
     if items is not None and compact.has_own(items):
         body = {**body, "input": await compact.expand(items, state.store, state.scope_secret, creds.scope, state.prompts)}
         raw = jsonbody.dumps(body)
+        parsed = None
     streaming = bool(body.get("stream"))
     ex.model, ex.stream = body["model"], streaming
     if stateful(body) is not None:
         # The history lives at the upstream: the proxy cannot see it, and changes nothing (but
         # the id a streamed recall answer showed for the stored one: recall/chains.py).
-        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw)
+        body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw,
+                                                  state.prompts.text("recall-unanswered"))
         return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
-    parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
+    if parsed is None:
+        parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
     ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
     if creds.scope is None:
@@ -100,7 +120,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any], incoming:
     headers = flow.report.headers()
     if session is not None:
         headers["x-compaction-recalls"] = "0"
-    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow), session)
+    after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
+    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow), session, small)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
@@ -114,17 +136,25 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
         return await send(request, state.session, ADAPTER,
                           _upstream(request, state, up_headers, b'"stream":true' in raw.replace(b" ", b"")), raw,
                           _headers("bypassed", 0, 0, 0, 0))
-    body = await offload.sized(len(raw), parse_responses_body, raw)
-    p = await prepare(state, raw, body, request.headers, ex)
+    p = await prepare(state, raw, None, request.headers, ex)
     recall = None
     if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
         session = p.recall
         recall = Answering(session, RECALL, RecallRounds,
-                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids()))
+                           streamed=lambda rounds: recall_chains.remember(state.store, session.scope, *rounds.ids(),
+                                                                        rounds.unanswered()))
     resp = await send(request, state.session, ADAPTER, _upstream(request, state, up_headers, p.stream), p.data,
-                      p.headers, retry=p.retry, recall=recall, hooks=state.hooks)
-    recall_answers.finished(state.hooks, "responses", body["model"], p.recall)
+                      p.headers, retry=p.retry, recall=recall, hooks=state.hooks, not_an_overflow=p.small)
+    recall_answers.finished(state.hooks, "responses", p.body["model"], p.recall)
     return resp
+
+
+def _maybe_stateful(raw: bytes) -> bool:
+    """Whether a small body may name a history kept upstream (`previous_response_id`,
+    `conversation`): such a body is forwarded as it is, so it is not counted. A byte search, much
+    cheaper than a count; a false alarm only costs what the count saves. (A large body is parsed
+    through the reuse and counted either way: there the search would cost more than it saves.)"""
+    return raw.find(b'"previous_response_id"') >= 0 or raw.find(b'"conversation"') >= 0
 
 
 def _upstream(request: web.Request, state: ProxyState, headers: Any, streaming: bool) -> Upstream:

@@ -9,6 +9,12 @@ type), and a response's opening events are held until it shows output, so that a
 (an `error` event with `context_length_exceeded`, or `response.failed` with it, before any
 output) can be retried without the client seeing the failed attempt.
 
+Recall (design 13.3): a turn whose request declares the recall tool carries a `SocketRecall`
+(socket_recall.py); its rounds are answered on this socket and relayed as one response. While such
+a turn is under way the client's next messages wait here (they are still read, so pings are
+answered and a close is seen): the upstream takes messages in order, and the turn's continuation
+must reach it before them.
+
 Closing: either side's close is passed on with its code; an upstream that dies (connection lost,
 no close frame) or sends what is not an event gives the client an `error` event and a close frame
 (1011), never a dropped connection.
@@ -30,6 +36,7 @@ from multidict import CIMultiDict
 
 from proxy import errors
 from proxy.forward import map_client_error
+from proxy.responses.socket_recall import SocketRecall
 from proxy.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
 
 log = logging.getLogger("proxy.responses.ws")
@@ -39,6 +46,7 @@ _HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-webso
                         "sec-websocket-protocol", "sec-websocket-accept"})
 _UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that report a state and never go in a close frame
 ABNORMAL = 1011
+INBOX = 64  # client messages read ahead while a recall turn is under way (then reading waits)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class WsTurn:
     done: Callable[[dict[str, Any] | None], None] | None = None  # told the final event (usage)
     expects_reply: bool = True  # a response.create (or an unknown message the upstream answers with an error)
     report: dict[str, str] | None = None  # the x-compaction-* report, put in its response.created
+    recall: SocketRecall | None = None  # the recall tool is declared: its rounds are answered here
     held: list[str] = field(default_factory=list)  # opening events not yet relayed
     output_started: bool = False
     retried: bool = False
@@ -148,33 +157,29 @@ class _Relay:
         self.client = client
         self.upstream = upstream
         self.turns = turns
-        self.send_lock = asyncio.Lock()  # client messages and overflow retries go up one at a time
+        self.send_lock = asyncio.Lock()  # client messages, retries and continuations go up one at a time
         self.down: asyncio.Task[None] | None = None  # the downstream task
+        self.idle = asyncio.Event()  # no recall turn under way: the client's next message may go up
+        self.idle.set()
 
     async def upstream_side(self, prepare: Prepare) -> None:
         """Client -> upstream, in order; returns when the client is gone or the upstream closed."""
         code: int | None = None
-        while not self.upstream.closed:
-            msg = await self.client.receive()
-            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
-                # The code from the client's close frame (aiohttp's own reply to it reads 1000).
-                code = msg.data if msg.type == WSMsgType.CLOSE else None
-                break
-            if msg.type == WSMsgType.TEXT:
-                ev = _event(msg.data)
-                if ev is not None and ev["type"] == "response.create":
-                    try:
-                        turn = await prepare(ev, msg.data)
-                    except errors.ProxyError as e:  # the client's mistake: answered on the socket
-                        await self._to_client(ws_error(e))
-                        continue
-                else:
-                    turn = WsTurn(msg.data)
-                await self._send_up(turn)
-            elif msg.type == WSMsgType.BINARY:
-                async with self.send_lock:
-                    self.turns.append(WsTurn("", expects_reply=True))
-                    await self.upstream.send_bytes(msg.data)
+        inbox: asyncio.Queue[aiohttp.WSMessage] = asyncio.Queue(INBOX)
+        sender = asyncio.create_task(self._sender(prepare, inbox))
+        try:
+            while not self.upstream.closed:
+                msg = await self.client.receive()
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                    # The code from the client's close frame (aiohttp's own reply to it reads 1000).
+                    code = msg.data if msg.type == WSMsgType.CLOSE else None
+                    break
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    await inbox.put(msg)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
         # The client closed (or went away): close the upstream with its code. The downstream
         # task stops reading first: aiohttp's receive, woken by a close from another task,
         # closes the socket itself with 1000 before the caller's code can go out.
@@ -184,6 +189,32 @@ class _Relay:
                 await self.down
         if not self.upstream.closed:
             await self.upstream.close(code=code if code and code not in _UNSENDABLE else 1000)
+
+    async def _sender(self, prepare: Prepare, inbox: "asyncio.Queue[aiohttp.WSMessage]") -> None:
+        """The client's messages upstream, in order, each once no recall turn is under way."""
+        while True:
+            msg = await inbox.get()
+            await self.idle.wait()
+            if msg.type == WSMsgType.BINARY:
+                async with self.send_lock:
+                    self.turns.append(WsTurn("", expects_reply=True))
+                    await self.upstream.send_bytes(msg.data)
+                continue
+            ev = _event(msg.data)
+            if ev is not None and ev["type"] == "response.create":
+                try:
+                    turn = await prepare(ev, msg.data)
+                except errors.ProxyError as e:  # the client's mistake: answered on the socket
+                    await self._to_client(ws_error(e))
+                    continue
+                except Exception:  # a bug of ours never costs the client its message
+                    log.exception("preparing a WebSocket turn failed unexpectedly; forwarding it unchanged")
+                    turn = WsTurn(msg.data)
+            else:
+                turn = WsTurn(msg.data)
+            if turn.recall is not None:
+                self.idle.clear()
+            await self._send_up(turn)
 
     async def _send_up(self, turn: WsTurn) -> None:
         async with self.send_lock:
@@ -256,6 +287,8 @@ class _Relay:
                 async with self.send_lock:
                     await self.upstream.send_str(turn.message)
                 return True
+        if turn.recall is not None:
+            return await self._recall_event(turn, turn.recall, ev, data)
         data = with_report(ev, data, turn.report)
         if not turn.output_started and etype in PREAMBLE and not end:
             turn.held.append(data)
@@ -270,3 +303,46 @@ class _Relay:
             if turn.done is not None:
                 turn.done(ev)
         return await self._to_client(data)
+
+    async def _recall_event(self, turn: WsTurn, recall: SocketRecall, ev: dict[str, Any], data: str) -> bool:
+        """One upstream event of a recall turn; False when the relay is over."""
+        etype = ev["type"]
+        if etype == "error":  # the upstream refused a round: the turn ends with its error
+            await self._end_recall(turn, recall)
+            return await self._to_client(data)
+        if etype not in PREAMBLE:
+            turn.output_started = True
+        for out in recall.take(ev):
+            if not await self._to_client(out):
+                return False
+        if etype not in END_EVENTS:
+            return True
+        try:
+            again = await recall.next_round()
+        except Exception:
+            log.exception("answering recall calls on a WebSocket turn failed unexpectedly; ending the turn")
+            again = None
+        if again is not None:
+            async with self.send_lock:
+                try:
+                    await self.upstream.send_str(again)
+                except (ConnectionResetError, aiohttp.ClientError):
+                    pass  # this task sees the upstream gone and tells the client
+            return True
+        closing = recall.closing()
+        await self._end_recall(turn, recall)
+        for out in closing:
+            if not await self._to_client(out):
+                return False
+        return True
+
+    async def _end_recall(self, turn: WsTurn, recall: SocketRecall) -> None:
+        """A recall turn is over: what the route keeps of it, and the client's next message may go."""
+        self.turns.popleft()
+        try:
+            if recall.finish is not None:
+                await recall.finish(recall)
+        except Exception:
+            log.exception("finishing a WebSocket recall turn failed unexpectedly")
+        finally:
+            self.idle.set()

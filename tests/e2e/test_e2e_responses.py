@@ -21,39 +21,13 @@ import pytest
 
 from proxy.compaction.summarizer import clean_output
 
+from .session import BIG, COMPACTION, MAX_ROUNDS, TOOL_RESULTS, Session, Shape, file_text
+
 pytestmark = pytest.mark.e2e
 
 READ = {"type": "function", "name": "read", "description": "Read a file of the repository.",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 INSTRUCTIONS = "You are a coding agent. Read files with the read tool and say what they do."
-THRESHOLD = 1700  # tokens (the proxy's count): crossed after ~10 rounds of ~150 tokens; the
-# compacted request (~1,250: summary with its code-written blocks, the recall tool, the newest
-# round) has room for two reuses
-BIG = 2  # this round's output is oversized (~720 tokens): above tool_results.threshold_tokens
-AFTER = 2  # requests made after the one that compacts (one plain, one streamed)
-MAX_ROUNDS = 20  # room for a few refused summaries (SmolLM2 replies instead, now and then)
-COMPACTION = {
-    "threshold_tokens": THRESHOLD,
-    "reserve_tokens": 200,  # summary output cap: the model rambles to it
-    "keep_recent_tokens": 100,  # the newest round kept verbatim: room for reuses after
-    "prepare_percent": 0,  # summaries on the request path only: one request at a time
-    "summarizer_timeout_s": 600,
-    "required_headings": [],  # a 135M model cannot follow the full format
-    # The transcript form, not the conversation's own request plus one instruction: SmolLM2
-    # carries the conversation on when asked in it (refused as a reply).
-    "cached_summary_call": False,
-    "failure_cooldown_s": 0,  # a refused summary is asked for again on the next request
-    "mask_tool_outputs": False,  # this test is about the real model's summary
-    "learn_token_ratio": False,  # the threshold is in the proxy's own count
-}
-
-
-def file_text(i: int) -> str:
-    lines = 25 if i == BIG else 4
-    return "\n".join(f"def post_{i}_{k}(ledger, amount):\n    return ledger.add({k} * amount)  # posting_{i}.py:{k}"
-                     for k in range(lines))
-
-
 def user(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
@@ -89,29 +63,26 @@ def answer_text(e: Any) -> str:
                    if p["type"] == "output_text")
 
 
+RESPONSES = Shape(system=lambda b: b.get("instructions"), items=lambda b: b["input"], summary_of=summary_of,
+                  answer_text=answer_text, path="/v1/responses")
+
+
 def test_a_tool_using_session_is_compacted_through_litellm_and_reused(start_proxy, litellm_server, tap):
     t = tap(litellm_server)
-    proxy = start_proxy(
-        litellm_server.upstream,
-        upstream={"base_url": t.base_url},
-        compaction=COMPACTION,
-        tool_results={"threshold_tokens": 500, "max_output_tokens": 160, "timeout_s": 600},
-    )
+    proxy = start_proxy(litellm_server.upstream, upstream={"base_url": t.base_url}, compaction=COMPACTION,
+                        tool_results=TOOL_RESULTS)
     client = proxy.client(api_key=litellm_server.key, timeout=900)
     model = litellm_server.model
     items: list[dict[str, Any]] = [user("Read the posting modules one by one.")]
-    statuses: list[str] = []
-    summary = previous = None
+    session = Session(RESPONSES, INSTRUCTIONS)
     for i in range(MAX_ROUNDS):
-        if "summarized" in statuses and len(statuses) - statuses.index("summarized") > AFTER:
+        if session.done():
             break
         stream = i % 2 == 1
         seen = len(t.exchanges)
         raw = client.responses.with_raw_response.create(model=model, instructions=INSTRUCTIONS, tools=[READ],
                                                         input=items, max_output_tokens=16, stream=stream)
         assert raw.status_code == 200
-        status = raw.headers["x-compaction-status"]
-        statuses.append(status)
         new = t.exchanges[seen:]
         [sent] = [e for e in new if e.kind == "responses"]
         assert sent is new[-1] and sent.status == 200, "LiteLLM (or llama.cpp behind it) rejected a request"
@@ -127,40 +98,13 @@ def test_a_tool_using_session_is_compacted_through_litellm_and_reused(start_prox
             response = raw.parse()
             assert response.status in ("completed", "incomplete")
             text = response.output_text
-
-        for e in new[:-1]:  # the proxy's own calls: Responses calls through LiteLLM, all answered
-            assert e.kind in ("history", "tool") and e.path == "/v1/responses" and e.status == 200, e.kind
         fwd = sent.body
         if i != BIG + 1:
             assert fwd["input"][-1] == items[-1]  # the newest item verbatim (but the oversized one)
-        if status == "summarized":
-            assert summary is None and any(e.kind == "history" for e in new), statuses
-            assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
-            summary = summary_of(fwd)
-            written = clean_output(answer_text([e for e in new if e.kind == "history"][-1]))
-            lines = [ln.strip() for ln in written.splitlines() if ln.strip()]
-            assert lines and all(ln in summary for ln in lines)  # the real model wrote it
-            assert fwd["instructions"].startswith(INSTRUCTIONS + "\n\n")  # annotated
-        elif status == "reused":
-            assert summary is not None and not [e for e in new if e.kind == "history"], statuses
-            assert summary_of(fwd) == summary  # the stored bytes, not a new summary
-            assert fwd["instructions"] == previous["instructions"]
-            assert fwd["input"][: len(previous["input"])] == previous["input"]  # the prefix only grows
-        else:
-            assert status in ("none", "failed-open") and summary is None, statuses
-            assert fwd["instructions"] == INSTRUCTIONS
-        previous = fwd
-
-        if i == BIG + 1:  # the request right after the oversized output: the real model's note
+        session.check(raw.headers["x-compaction-status"], raw.headers, new, fwd)
+        if i == BIG + 1:  # the request right after the oversized output
             [note_call] = [e for e in new if e.kind == "tool"]
-            assert file_text(BIG) in texts(note_call.body["input"])  # it was given the whole output
-            sent_text = fwd["input"][-1]["output"]
-            if raw.headers["x-compaction-tool-results"] == "1":  # the note, smaller than the output
-                assert file_text(BIG) not in sent_text and len(sent_text) < len(file_text(BIG))
-            else:  # the model's note was refused: the output itself, behind a one-line notice
-                assert raw.headers["x-compaction-tool-results"] == "0"
-                assert sent_text.startswith("[compaction-proxy: summarization unavailable (")
-                assert file_text(BIG) in sent_text
+            session.check_note(raw.headers, texts(note_call.body["input"]), fwd["input"][-1]["output"])
         call_id = f"call_e2e_{i:02d}"
         # An assistant message before each call: LiteLLM sends a bare function_call as a chat message
         # without content, which llama-cpp-python's template rejects (500).
@@ -172,15 +116,8 @@ def test_a_tool_using_session_is_compacted_through_litellm_and_reused(start_prox
             {"type": "function_call_output", "call_id": call_id, "output": file_text(i)},
         ]
 
-    assert "summarized" in statuses, statuses
-    k = statuses.index("summarized")
-    assert k > BIG + 1 and statuses[k + 1:] == ["reused"] * AFTER, statuses
-    # Before it: under the threshold, or over it with the real model's answer refused (it replied
-    # instead of summarizing, as a 135M model may): forwarded uncompacted, and asked again.
-    crossed = statuses.index("failed-open") if "failed-open" in statuses else k
-    assert statuses[:crossed] == ["none"] * crossed and statuses[crossed:k] == ["failed-open"] * (k - crossed)
-    assert proxy.log_text().count("summary rejected (") >= k - crossed
-    print(f"\nResponses via LiteLLM: statuses {statuses}")
+    session.finish(proxy.log_text())
+    print(f"\nResponses via LiteLLM: statuses {session.statuses}")
 
 
 HISTORY = [

@@ -5,6 +5,10 @@ reads the fake's chat form of the request, `view["calls"]`), and the protocol's 
     async with driver("messages", tmp_path) as d:
         await d.play(d.history)
         text = await d.ask(d.history, fact.question(), stream=True)
+
+"responses-ws" is the Responses API over one WebSocket (the openai client's `responses.connect()`,
+one `response.create` per request, every answer streamed as events on the socket): the same fake,
+the same request shapes; `d.events` holds the last turn's events as the client got them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ SETTINGS = {
     "compaction": {"threshold_tokens": 12000, "keep_recent_tokens": 3000, "prepare_percent": 0},
 }
 PROTOCOLS = ("chat", "responses", "messages")
+WS_END = ("response.completed", "response.failed", "response.incomplete", "error")
 RECALL_PREFIX = "context_recall"
 
 
@@ -104,6 +109,13 @@ class Driver:
     client: Any
     history: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # more fields for every request (Messages thinking)
+    events: list[Any] = field(default_factory=list)  # responses-ws: the last turn's events (SDK objects)
+    conn: Any = None  # responses-ws: the one socket
+
+    @property
+    def family(self) -> str:
+        """The API the requests speak (responses-ws: responses)."""
+        return "responses" if self.protocol == "responses-ws" else self.protocol
 
     @property
     def stats(self) -> Any:
@@ -115,7 +127,7 @@ class Driver:
     def requests(self) -> list[dict[str, Any]]:
         """The agent requests the upstream got, in the protocol's shape."""
         return {"chat": lambda: self.fake.chat_requests, "responses": lambda: self.fake.responses_requests,
-                "messages": lambda: self.fake.messages_requests}[self.protocol]()
+                "messages": lambda: self.fake.messages_requests}[self.family]()
 
     def chat_form(self, body: dict[str, Any]) -> dict[str, Any]:
         """A recorded request as the fake model reads it."""
@@ -123,7 +135,7 @@ class Driver:
             return body
         from proxy.fakes.messages.blocks import calls_view as messages_view
         from proxy.fakes.responses.items import calls_view as responses_view, input_items
-        return responses_view(body, input_items(body)) if self.protocol == "responses" else messages_view(body)
+        return responses_view(body, input_items(body)) if self.family == "responses" else messages_view(body)
 
     def recall_tools(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The recall tool's entries in a forwarded request."""
@@ -148,8 +160,8 @@ class Driver:
         return a.text
 
     async def send(self, messages: list[dict[str, Any]], *, stream: bool = False) -> Answer:
-        return await {"chat": self._chat, "responses": self._responses, "messages": self._messages}[self.protocol](
-            messages, stream)
+        return await {"chat": self._chat, "responses": self._responses, "messages": self._messages,
+                      "responses-ws": self._responses_ws}[self.protocol](messages, stream)
 
     async def send_after(self, messages: list[dict[str, Any]], answer: Answer, output: str) -> Answer:
         """The client's next request: `answer` as the client got it, its one call answered with `output`."""
@@ -157,12 +169,14 @@ class Driver:
         if self.protocol == "chat":
             return await self.send([*messages, *answer.turn, {"role": "tool", "tool_call_id": call["id"],
                                                                "content": output}])
-        if self.protocol == "responses":
+        if self.family == "responses":
             instructions, items = responses_input(messages)
             items += [it.model_dump(exclude_none=True) for it in answer.raw.output]
             items.append({"type": "function_call_output", "call_id": call["id"], "output": output})
-            r = await self.client.responses.create(model="m", input=items, instructions=instructions,
-                                                   tools=RESPONSES_TOOLS, **self.extra)
+            kw = {"model": "m", "input": items, "instructions": instructions, "tools": RESPONSES_TOOLS, **self.extra}
+            if self.protocol == "responses-ws":
+                return await self.ws_turn(kw)
+            r = await self.client.responses.create(**kw)
             return Answer(r.output_text, [], {}, r.status, r)
         system, msgs = messages_body(messages)
         msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.raw.content]},
@@ -227,6 +241,33 @@ class Driver:
                     a["arguments"]).decode()}} for a in calls]})
         return Answer(r.output_text, calls, headers, r.status, r, turn)
 
+    async def _responses_ws(self, messages: list[dict[str, Any]], stream: bool) -> Answer:
+        instructions, items = responses_input(messages)
+        kw: dict[str, Any] = {"model": "m", "input": items, "tools": RESPONSES_TOOLS, **self.extra}
+        if instructions:
+            kw["instructions"] = instructions
+        return await self.ws_turn(kw)  # (a socket streams every answer)
+
+    async def ws_turn(self, kw: dict[str, Any]) -> Answer:
+        """One `response.create` on the driver's socket, read to the end of its response."""
+        if self.conn is None:
+            self.conn = await self.client.responses.connect().enter()
+        await self.conn.response.create(**kw)
+        self.events = []
+        async for e in self.conn:
+            self.events.append(e)
+            if e.type in WS_END:
+                break
+        last = self.events[-1]
+        if last.type == "error":
+            return Answer("", [], {}, "error", last)
+        r = last.response
+        first = self.events[0].response if self.events[0].type == "response.created" else None
+        headers = dict(first.metadata or {}) if first is not None else {}
+        calls = [{"id": it.call_id, "name": it.name, "arguments": orjson.loads(it.arguments or "{}")}
+                 for it in r.output if it.type == "function_call"]
+        return Answer(r.output_text, calls, headers, r.status, r)
+
     async def _messages(self, messages: list[dict[str, Any]], stream: bool) -> Answer:
         c: anthropic.AsyncAnthropic = self.client
         system, msgs = messages_body(messages)
@@ -270,6 +311,8 @@ async def other_client(d: Driver, key: str) -> AsyncIterator[Driver]:
     try:
         yield other
     finally:
+        if other.conn is not None:
+            await other.conn.close()
         await other.client.close()
 
 
@@ -277,7 +320,8 @@ async def other_client(d: Driver, key: str) -> AsyncIterator[Driver]:
 async def driver(protocol: str, settings: dict[str, Any] | None = None, *, key: str = "sk-recall",
                  reply: Callable[[dict[str, Any]], Any] = model_reply) -> AsyncIterator[Driver]:
     """A strict fake of `protocol`, the proxy in front of it, the protocol's real client."""
-    fake_cls = {"chat": FakeUpstream, "responses": FakeResponses, "messages": FakeMessages}[protocol]
+    fake_cls = {"chat": FakeUpstream, "responses": FakeResponses, "messages": FakeMessages,
+                "responses-ws": FakeResponses}[protocol]
     async with fake_cls(window=WINDOW) as fake:
         cfg = {**SETTINGS, **(settings or {})}
         if protocol == "messages":
@@ -288,6 +332,8 @@ async def driver(protocol: str, settings: dict[str, Any] | None = None, *, key: 
         try:
             yield d
         finally:
+            if d.conn is not None:
+                await d.conn.close()
             await d.client.close()
             await proxy.close()
 

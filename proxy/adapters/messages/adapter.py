@@ -22,8 +22,9 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapters.prefix import Prior
 from proxy.adapters.messages import breakpoints
-from proxy.adapters.messages.body import block_text, blocks, parse_messages_body
+from proxy.adapters.messages.body import block_text, blocks, parse_messages_body, too_deep
 from proxy.adapters.messages.count import count_message, count_system
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import CREDENTIAL_HEADERS
@@ -68,6 +69,13 @@ def _item(block: Any, role: str) -> Item:
     return Item(Kind.OPAQUE, raw=block)  # thinking, redacted_thinking, server tool results, compaction, unknown
 
 
+def _without_compaction(prior: Prior | None) -> int:
+    """How many leading messages are known to carry no compaction block: those the previous
+    request shared, when it had none (and no context_management) anywhere."""
+    prev = prior.request if prior is not None else None
+    return len(prior) if prev is not None and not prev.native_compaction else 0  # type: ignore[arg-type]
+
+
 def _kind(role: str, items: tuple[Item, ...]) -> Kind:
     """What a message is to the stages: a user message that answers tool calls is a tool result
     (whatever else it carries), an assistant message is the assistant's even when its thinking
@@ -83,22 +91,48 @@ class MessagesAdapter(Adapter):
     credential_headers = CREDENTIAL_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
-    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None) -> Request:
-        body = parse_messages_body(raw)
+    envelope_field = "messages"  # the array whose messages a body that grows shares (proxy/adapters/prefix.py)
+
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Prior | None = None) -> Request:
+        """The body checked and counted; the first messages as `prior` had them (parsed, checked,
+        written, keyed and counted there). Each message is written once, here; the envelopes are
+        made when a stage first reads them."""
+        body = None
+        if prior is not None:
+            try:
+                body = parse_messages_body(prior.rest, before=prior.values, whole=False)
+            except ProxyError:
+                prior = None  # the whole body parsed says what is wrong, as it would have anyway
+        if body is None:
+            body = parse_messages_body(raw, whole=False)
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
         system = [{_SYSTEM: body["system"]}] if body.get("system") else []
-        values = [*system, *body["messages"]]
-        written = [jsonbody.dumps(v) for v in values]  # parse checked that the body writes
-        keys = [hash(w) for w in written]
-        envelopes = self.envelopes(values, bool(system))
-        tokens = [self._count(e, encoding, counter, k) for e, k in zip(envelopes, keys)]
+        messages = body["messages"]
+        values = [*system, *messages]
+        known = len(prior) if prior is not None else 0
+        try:
+            written = [*(jsonbody.dumps(v) for v in system), *(prior.written if prior is not None else ()),
+                       *(jsonbody.dumps(m) for m in messages[known:])]
+        except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
+            raise too_deep() from None
+        n = len(system) + known  # written, keyed and counted before: the shared messages
+        keys = [*(hash(w) for w in written[:len(system)]), *(prior.keys if prior is not None else ()),
+                *(hash(w) for w in written[n:])]
+        counted = prior.tokens_for(encoding) if prior is not None else None
+        tokens = [self._count_system(v, encoding, counter, k) for v, k in zip(system, keys)]
+        tokens += counted if counted is not None else []
+        tokens += [count_message(counter, values[i], encoding, keys[i]) for i in range(len(tokens), len(values))]
+        has_system = bool(system)
         return Request(
-            raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=Conversation(envelopes, tokens),
+            raw=raw, body=body, model=model, stream=bool(body.get("stream")),
+            conversation=Conversation(build=lambda: self.envelopes(values, has_system), tokens=tokens, values=values,
+                                      n_system=len(system)),
             keys=keys, written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
             tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
-            native_compaction=native_compaction(body) is not None, digest_cache=UNMARKED,
+            native_compaction=native_compaction(body, _without_compaction(prior)) is not None, digest_cache=UNMARKED,
         )
 
     def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:
@@ -195,11 +229,15 @@ class MessagesAdapter(Adapter):
     def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
         return self._count(envelope, encoding, counter, message_digest(envelope.value))
 
-    @staticmethod
-    def _count(envelope: Envelope, encoding: str, counter: TokenCounter, key: Any) -> int:
+    def _count(self, envelope: Envelope, encoding: str, counter: TokenCounter, key: Any) -> int:
         if envelope.kind is Kind.SYSTEM:
-            return count_system(counter, envelope.value, encoding)
+            return self._count_system(envelope.value, encoding, counter, key)
         return count_message(counter, envelope.value, encoding, key)
+
+    @staticmethod
+    def _count_system(value: dict[str, Any], encoding: str, counter: TokenCounter, key: Any) -> int:
+        """The system prompt, cached like a message (agents resend the same long one every turn)."""
+        return counter.count_keyed(encoding, ("messages", _SYSTEM, key), lambda: count_system(counter, value, encoding))
 
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:

@@ -7,32 +7,38 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy import jsonbody
 from proxy.adapters.messages.errors import invalid
+from proxy.errors import ProxyError
 
 ROLES = ("user", "assistant")
 
 
-def parse_messages_body(raw: bytes) -> dict[str, Any]:
-    """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400)."""
-    if not raw.strip():
-        raise invalid("There was an error parsing the body of your request: the body is empty; expected a JSON "
-                      "object.")
+def unreadable(e: jsonbody.Unreadable) -> ProxyError:
+    return invalid(f"There was an error parsing the body of your request: {e.reason}.")
+
+
+def too_deep() -> ProxyError:
+    """A message nested deeper than the proxy writes (the adapter writes each message itself)."""
+    return unreadable(jsonbody.too_deep())
+
+
+def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
+    """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400).
+    `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array
+    (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as JSON; else only
+    what is not `messages` (the adapter writes each message once, and checks it so: too_deep)."""
     try:
-        body = jsonbody.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise invalid(f"There was an error parsing the body of your request: not valid JSON ({e}).") from None
-    except jsonbody.DuplicateKeys as e:
-        names = ", ".join(f"'{n[:40]}'" for n in e.names[:10])
-        raise invalid(f"There was an error parsing the body of your request: duplicate keys {names}.") from None
-    validate_messages_body(body)
-    try:
-        jsonbody.dumps(body)  # orjson reads 1024 levels but writes 254; the proxy writes the body again
-    except orjson.JSONEncodeError:
-        raise invalid("There was an error parsing the body of your request: nested too deeply (at most 254 "
-                      "levels).") from None
+        body = jsonbody.load_request(raw)
+        known = 0
+        if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
+            body["messages"] = [*before, *body["messages"]]
+            known = len(before)
+        validate_messages_body(body, start=known)
+        # the proxy writes the body again
+        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "messages"})
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
     return body
 
 
@@ -41,7 +47,8 @@ def _kind(v: Any) -> str:
         type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
 
 
-def validate_messages_body(body: Any) -> None:
+def validate_messages_body(body: Any, start: int = 0) -> None:
+    """The body's structure; the messages from `start` on (those before were checked already)."""
     if not isinstance(body, dict):
         raise invalid(f"Input should be a valid dictionary or object to extract fields from, got {_kind(body)}")
     for key in ("model", "messages"):
@@ -52,8 +59,8 @@ def validate_messages_body(body: Any) -> None:
     msgs = body["messages"]
     if not isinstance(msgs, list):
         raise invalid(f"messages: Input should be a valid list, got {_kind(msgs)}")
-    for i, m in enumerate(msgs):
-        _check_message(i, m)
+    for i in range(start, len(msgs)):
+        _check_message(i, msgs[i])
     system = body.get("system")
     if system is not None:
         if isinstance(system, list):

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, errors, offload
+from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
@@ -80,13 +81,15 @@ def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
     return req.total(), req.stream
 
 
-def _identity(request: web.Request, state: Any, req: Request) -> Identity | None:
+def _credentials(request: web.Request, state: Any) -> credentials.Credentials:
+    key = secret(state.cfg.anthropic.api_key)
+    return credentials.resolve(request.headers, state.scope_secret, key, MESSAGES.credential_headers,
+                               key_header="x-api-key")
+
+
+def _identity(request: web.Request, state: Any, req: Request, creds: credentials.Credentials) -> Identity | None:
     """Who the request is for: its credential's scope (None: no credential, no session id, so no
     records kept or read), the credentials and anthropic-version / -beta for the proxy's own calls."""
-    cfg = state.cfg
-    key = secret(cfg.anthropic.api_key)
-    creds = credentials.resolve(request.headers, state.scope_secret, key, MESSAGES.credential_headers,
-                                key_header="x-api-key")
     request[EXCHANGE].conversation = conversation_digest(creds.scope or "", req.first_digest())
     if creds.scope is None:
         return None
@@ -109,16 +112,26 @@ class Prepared:
     def body(self) -> bytes:
         return MESSAGES.render(self.request, self.forwarded)
 
+    async def rendered(self) -> bytes:
+        """The body to send: the client's bytes when nothing changed, else written off the event
+        loop when large."""
+        if self.forwarded is self.request.conversation:
+            return self.request.raw
+        return await offload.sized(len(self.request.raw), self.body)
+
 
 async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
     """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
     compaction covers it) on the request's flow; a bug in them forwards the request as sent.
     `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
-    req = await offload.sized(len(raw), MESSAGES.parse, raw, state.counter, cfg)
+    creds = _credentials(request, state)
+    # What the conversation's previous body shared is reused (per credential scope); the rest is
+    # parsed off the event loop when it is large.
+    req = await prefix.parse(MESSAGES, raw, state.counter, cfg, creds.scope)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
-    identity = _identity(request, state, req)
+    identity = _identity(request, state, req, creds)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
         before = req.total()
@@ -154,7 +167,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
                           _headers("bypassed", tokens, tokens))
     p = await prepare(request, state, raw, count_only=False)
-    body = await offload.sized(len(raw), p.body)
+    body = await p.rendered()
     extra = p.report.headers()
     if p.recall is not None:
         extra["x-compaction-recalls"] = "0"
@@ -172,7 +185,7 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     p = await prepare(request, state, raw, count_only=True)
-    body = await offload.sized(len(raw), p.body)
+    body = await p.rendered()
     up = _upstream(request, state.cfg, upstream_headers(request, state.cfg), False, "/v1/messages/count_tokens")
     return await send(request, state.session, MESSAGES, up, body, p.report.headers())
 

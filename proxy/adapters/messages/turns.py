@@ -34,13 +34,16 @@ def cut_allowed(messages: list[dict[str, Any]]) -> list[bool]:
     return out
 
 
-def native_compaction(body: dict[str, Any]) -> str | None:
+def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
     """Why the client's own (Anthropic's) compaction covers this request, or None (spec 12.5):
     `context_management` (context editing, the compact edit), or `compaction` blocks in the
-    history. The proxy then does not compact the history; tool notes still apply."""
+    history (from message `start` on: those before are known to carry none). The proxy then does
+    not compact the history; tool notes still apply."""
     if body.get("context_management") is not None:
         return "the request asks for Anthropic's context management"
-    for m in body.get("messages") or ():
+    messages = body.get("messages") or ()
+    for i in range(start, len(messages)):
+        m = messages[i]
         if isinstance(m, dict) and "compaction" in _types(m):
             return "the history carries Anthropic compaction blocks"
     return None

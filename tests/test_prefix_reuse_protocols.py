@@ -1,0 +1,360 @@
+"""Bodies that grow on the Responses and Messages routes (proxy/adapters/prefix.py, the mechanism
+the chat route uses): a body parsed with what the previous body of the conversation shared gives
+the same Request as a full parse (values, written JSON, keys, counts, envelopes, digests, recall's
+parts, rendered bytes), or the same error; an earlier item that changed is parsed again; and one
+client's bodies never serve another's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import jsonbody
+from proxy.adapters import prefix
+from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.adapters.responses import ResponsesAdapter
+from proxy.config import Config
+from proxy.errors import ProxyError
+from proxy.model import Conversation, Kind
+from proxy.recall.keep import parts_of, request_parts
+from proxy.tokens import TokenCounter
+from support.protocols import MESSAGES, RESPONSES
+
+ADAPTERS = {"responses": ResponsesAdapter(), "messages": MessagesAdapter()}
+CFG = Config()
+COUNTER = TokenCounter()
+COUNTER.load()
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+call_ids = st.sampled_from(["c1", "c2", "c\u00e9"])
+
+
+@st.composite
+def responses_item(draw):
+    kind = draw(st.sampled_from(["user", "easy", "assistant", "developer", "call", "output", "reasoning", "search"]))
+    if kind == "easy":
+        item = {"role": draw(st.sampled_from(["user", "assistant", "system"])), "content": draw(text)}
+    elif kind in ("user", "assistant", "developer"):
+        part = "output_text" if kind == "assistant" else "input_text"
+        item = {"type": "message", "role": kind,
+                "content": draw(st.one_of(text, st.lists(st.builds(lambda t: {"type": part, "text": t}, text),
+                                                         min_size=1, max_size=2)))}
+    elif kind == "call":
+        item = {"type": "function_call", "call_id": draw(call_ids), "name": "f", "arguments": draw(text)}
+    elif kind == "output":
+        item = {"type": "function_call_output", "call_id": draw(call_ids), "output": draw(text)}
+    elif kind == "reasoning":
+        item = {"type": "reasoning", "summary": [{"type": "summary_text", "text": draw(text)}],
+                "encrypted_content": draw(text)}
+    else:
+        item = {"type": "web_search_call", "id": "ws_1", "status": "completed"}
+    if draw(st.integers(0, 6)) == 0:
+        item["n"] = draw(st.sampled_from([7, -9223372036854775809, 1.5, 10**25]))
+    return item
+
+
+@st.composite
+def messages_message(draw):
+    role = draw(st.sampled_from(["user", "assistant"]))
+    kind = draw(st.sampled_from(["string", "text", "tool_use", "tool_result", "thinking"]))
+    if kind == "string":
+        content = draw(text)
+    elif kind == "tool_use":
+        content = [{"type": "tool_use", "id": draw(call_ids), "name": "f", "input": {"q": draw(text)}}]
+        role = "assistant"
+    elif kind == "tool_result":
+        content = [{"type": "tool_result", "tool_use_id": draw(call_ids),
+                    "content": draw(st.one_of(text, st.just([{"type": "text", "text": "out"}]))),
+                    **({"cache_control": {"type": "ephemeral"}} if draw(st.booleans()) else {})}]
+        role = "user"
+    elif kind == "thinking":
+        content = [{"type": "thinking", "thinking": draw(text), "signature": "sig"}, {"type": "text", "text": "ok"}]
+        role = "assistant"
+    else:
+        content = [{"type": "text", "text": draw(text)}]
+    m = {"role": role, "content": content}
+    if draw(st.integers(0, 6)) == 0:
+        m["n"] = draw(st.sampled_from([7, -9223372036854775809, 10**25]))
+    return m
+
+
+ELEMENTS = {"responses": responses_item(), "messages": messages_message()}
+FIELD = {"responses": "input", "messages": "messages"}
+MODEL = {"responses": '"model":"gpt-4o"', "messages": '"model":"claude-sonnet-4-6"'}
+BEFORE = {
+    "responses": ['"instructions":"be brief"', '"instructions":"caf\\u00e9"', '"temperature":0.5',
+                  '"seed":123456789012345678901234567890', '"model":"gpt-4"'],
+    "messages": ['"system":"be brief"', '"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]',
+                 '"max_tokens":64', '"seed":123456789012345678901234567890', '"model":"gpt-4"'],
+}
+AFTER = {
+    "responses": ['"stream":true', '"tools":[{"type":"function","name":"f","parameters":{}}]', '"instructions":"late"',
+                  '"model":"gpt-4"', '"metadata":{"a":1,"a":2}', '"n":99999999999999999999', '"stream":"yes"',
+                  '"context_management":[{"type":"compaction"}]'],
+    "messages": ['"stream":true', '"tools":[{"name":"f","input_schema":{}}]', '"system":"late"', '"model":"gpt-4"',
+                 '"metadata":{"a":1,"a":2}', '"n":99999999999999999999', '"stream":"yes"',
+                 '"context_management":{"edits":[]}'],
+}
+JUNK = {
+    "responses": ["", ",", '{"type":"message","role":"user","content":"a","content":"b"}', "7", '{"content":"x"}'],
+    "messages": ["", ",", '{"role":"user","content":"a","content":"b"}', "7", '{"role":"system","content":"x"}',
+                 '{"role":"assistant","content":[{"type":"compaction","content":"s"}]}'],
+}
+
+
+def write(value, style: int) -> str:
+    """The same JSON as clients write it: compact, spaced (Python's default), or ASCII-escaped."""
+    if style == 0:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if style == 1:
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def body(protocol: str, before: list[str], elements: list[str], after: list[str], sep: str = ",") -> bytes:
+    fields = [*before, f'"{FIELD[protocol]}":[' + sep.join(elements) + "]", *after]
+    return ("{" + ",".join(fields) + "}").encode()
+
+
+def full(protocol: str, raw: bytes):
+    try:
+        return ADAPTERS[protocol].parse(raw, COUNTER, CFG)
+    except ProxyError as e:
+        return e.message
+
+
+def reused(protocol: str, recent: prefix.RecentBodies, raw: bytes, scope: str = "s"):
+    prior = recent.prior(scope, raw)
+    try:
+        request = prefix.parse_seen(ADAPTERS[protocol], raw, COUNTER, CFG, scope, prior, recent=recent)
+    except ProxyError as e:
+        return e.message, prior
+    # what compaction works out lazily, so that the next request may reuse it
+    request.conversation.envelopes, request.digests, request.chain(request.conversation.n_system)
+    request_parts(request)
+    return request, prior
+
+
+def assert_same(protocol: str, got, want) -> None:
+    if isinstance(want, str) or isinstance(got, str):
+        assert got == want
+        return
+    adapter = ADAPTERS[protocol]
+    assert got.raw == want.raw
+    assert got.body == want.body
+    assert (got.model, got.stream, got.encoding, got.stateful, got.native_compaction) == \
+        (want.model, want.stream, want.encoding, want.stateful, want.native_compaction)
+    assert got.conversation.values == want.conversation.values
+    assert got.keys == want.keys
+    assert got.written == want.written
+    assert got.conversation.tokens == want.conversation.tokens
+    assert got.tools_tokens == want.tools_tokens
+    assert got.conversation.n_system == want.conversation.n_system
+    assert [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in got.conversation.envelopes] == \
+        [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in want.conversation.envelopes]
+    n = want.conversation.n_system
+    kinds = [e.kind for e in want.conversation.envelopes]  # the count given without making them is theirs
+    assert n == next((i for i, k in enumerate(kinds) if k is not Kind.SYSTEM), len(kinds))
+    assert got.digests == want.digests
+    assert got.chain(n) == want.chain(n) and got.first_digest() == want.first_digest()
+    assert request_parts(got) == parts_of(want.conversation)
+    assert adapter.render(got, got.conversation) == got.raw
+    # a forwarded conversation without its last envelope: the same bytes (each envelope as written at parse)
+    if len(want.conversation) > 1:
+        shorter = [Conversation(list(r.conversation.envelopes[:-1]), r.conversation.tokens[:-1]) for r in (got, want)]
+        assert adapter.render(got, shorter[0]) == adapter.render(want, shorter[1])
+
+
+def fields(protocol: str):
+    return st.lists(st.sampled_from(BEFORE[protocol]), max_size=2), st.lists(st.sampled_from(AFTER[protocol]), max_size=2)
+
+
+def with_model(protocol: str, before: list[str], after: list[str]) -> list[str]:
+    return before if any('"model"' in f for f in before + after) else [MODEL[protocol], *before]
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+def test_a_body_that_grows_parses_as_a_full_parse_does(protocol):
+    before_s, after_s = fields(protocol)
+    element = ELEMENTS[protocol]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(shared=st.lists(element, min_size=1, max_size=5), old_tail=st.lists(element, max_size=2),
+           new_tail=st.lists(element, max_size=2), newer_tail=st.lists(element, min_size=1, max_size=2),
+           before1=before_s, before2=before_s, after1=after_s, after2=after_s, style=st.integers(0, 2),
+           restyle=st.booleans(), sep=st.sampled_from([",", ", ", ",\n "]), junk=st.sampled_from(JUNK[protocol]))
+    def check(shared, old_tail, new_tail, newer_tail, before1, before2, after1, after2, style, restyle, sep, junk):
+        recent = prefix.RecentBodies()
+        before1, before2 = with_model(protocol, before1, after1), with_model(protocol, before2, after2)
+        first = body(protocol, before1, [write(m, style) for m in shared + old_tail], after1, sep)
+        got, _ = reused(protocol, recent, first)
+        assert_same(protocol, got, full(protocol, first))
+        second_elements = [write(m, (style + restyle) % 3) for m in shared] + [write(m, style) for m in new_tail]
+        if junk:
+            second_elements.append(junk)
+        second = body(protocol, before2, second_elements, after2, sep)
+        got, _ = reused(protocol, recent, second)
+        assert_same(protocol, got, full(protocol, second))
+        second_ok = not isinstance(got, str)
+        again, _ = reused(protocol, recent, second)  # the same body once more: all of it known
+        assert_same(protocol, again, full(protocol, second))
+        third = body(protocol, before2, second_elements + [write(m, style) for m in newer_tail], after2, sep)
+        got, prior = reused(protocol, recent, third)
+        assert_same(protocol, got, full(protocol, third))
+        if second_ok and not junk and not jsonbody.has_long_digits(third):
+            assert prior is not None and len(prior) == len(second_elements)  # all of the second's reused
+
+    check()
+
+
+def _conversation(protocol: str, n: int) -> list[dict]:
+    if protocol == "responses":
+        return [{"type": "message", "role": "user" if i % 2 == 0 else "assistant",
+                 "content": [{"type": "input_text" if i % 2 == 0 else "output_text", "text": f"turn {i} " * 40}]}
+                for i in range(n)]
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": f"turn {i} " * 40}]}
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+def test_the_shared_items_are_not_parsed_again(protocol):
+    """The reused path skips the work: the previous request's parsed objects themselves come back."""
+    recent = prefix.RecentBodies()
+    items = _conversation(protocol, 5)
+    head = [MODEL[protocol], '"instructions":"be brief"' if protocol == "responses" else '"system":"be brief"']
+    one, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items[:4]], []))
+    grown = body(protocol, head, [write(m, 1) for m in items], ['"stream":true'])
+    two, prior = reused(protocol, recent, grown)
+    assert prior is not None and len(prior) == 4
+    assert len(prior.rest) < len(grown) // 3  # what is parsed: the new item and the top level
+    field = FIELD[protocol]
+    assert all(a is b for a, b in zip(two.body[field][:4], one.body[field]))
+    assert two.written[1:5] == one.written[1:5] and all(a is b for a, b in zip(two.written[1:5], one.written[1:5]))
+    assert two.digests[:5] == one.digests
+    assert all(a is b for a, b in zip(request_parts(two)[:5], request_parts(one)))
+    assert two.stream is True and len(two.body[field]) == 5
+    assert_same(protocol, two, full(protocol, grown))
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+@pytest.mark.parametrize("changed", [0, 2, 4])
+def test_an_earlier_item_that_changed_is_parsed_again(protocol, changed):
+    """Not a pure append: the client edited item `changed` of its history (a tool output cut, a
+    message rewritten). Only the items before it are reused; it and what follows are parsed anew."""
+    recent = prefix.RecentBodies()
+    items = _conversation(protocol, 6)
+    reused(protocol, recent, body(protocol, [MODEL[protocol]], [write(m, 0) for m in items[:5]], []))
+    edited = [dict(m) for m in items]
+    edited[changed] = {**edited[changed], "content": [{**edited[changed]["content"][0], "text": "rewritten"}]}
+    raw = body(protocol, [MODEL[protocol]], [write(m, 0) for m in edited], [])
+    got, prior = reused(protocol, recent, raw)
+    assert (prior is None and changed == 0) or len(prior) == changed
+    assert got.body[FIELD[protocol]][changed]["content"][0]["text"] == "rewritten"
+    assert_same(protocol, got, full(protocol, raw))
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+def test_scopes_do_not_share(protocol):
+    recent = prefix.RecentBodies()
+    raw = body(protocol, [MODEL[protocol]], [write(m, 0) for m in _conversation(protocol, 3)], [])
+    reused(protocol, recent, raw, "a")
+    assert recent.prior("b", raw) is None and recent.prior("a", raw) is not None
+
+
+# -- through the routes: the credential is the scope -------------------------------------------
+
+HEADERS = {
+    "responses": lambda key: {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    "messages": lambda key: {"x-api-key": key, "anthropic-version": "2023-06-01", "Content-Type": "application/json"},
+}
+DRIVERS = {"responses": RESPONSES, "messages": MESSAGES}
+
+
+@pytest.fixture
+def priors(monkeypatch):
+    """The prior each route parse got (None: parsed whole)."""
+    seen: list = []
+    real = prefix.parse_seen
+
+    def spy(adapter, raw, counter, cfg, scope, prior, *args, **kw):
+        seen.append(prior)
+        return real(adapter, raw, counter, cfg, scope, prior, *args, **kw)
+
+    monkeypatch.setattr(prefix, "parse_seen", spy)
+    prefix.RECENT.clear()
+    yield seen
+    prefix.RECENT.clear()
+
+
+@pytest.mark.parametrize("protocol", sorted(DRIVERS))
+async def test_a_route_reuses_a_body_only_for_the_same_credential(protocol, make_proxy, priors):
+    import aiohttp
+
+    driver = DRIVERS[protocol]
+    fake = await driver.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, driver.settings(fake, 200_000))
+        history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 400} for i in range(9)]
+        first, grown = (json.dumps(driver.body(history[:n])).encode() for n in (7, 9))
+        assert len(first) > prefix.MIN_BYTES
+        sent = []
+        async with aiohttp.ClientSession() as s:
+            for key, raw in (("sk-a", first), ("sk-b", first), ("sk-b", grown), ("sk-a", grown), ("sk-c", grown)):
+                async with s.post(proxy.base_url + driver.path, data=raw, headers=HEADERS[protocol](key)) as r:
+                    await r.read()
+                    assert r.status == 200 and r.headers["x-compaction-status"] == "none"
+                sent.append(driver.model_calls(fake)[-1].body)
+    finally:
+        await fake.stop()
+    shared = [None if p is None else len(p) for p in priors]
+    # key b's first body is a's byte for byte, yet nothing of a's is used for it; each key reuses its own
+    first_n = len(driver.conversation_of(json.loads(first)))
+    assert shared == [None, None, first_n, first_n, None], shared
+    assert sent == [first, first, grown, grown, grown]  # the bytes forwarded unchanged either way
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+def test_an_item_too_deep_to_write_is_refused_as_a_field_too_deep_is(protocol):
+    """The array's items are written (so checked) by the adapter, not by the body's write check:
+    one too deep to write still gets the body check's 400, cold or grown from a kept body."""
+    deep = "[" * 300 + "]" * 300
+    element = ('{"type":"message","role":"user","content":' + deep + "}" if protocol == "responses" else
+               '{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep + "}}]}")
+    items = [write(m, 0) for m in _conversation(protocol, 3)]
+    recent = prefix.RecentBodies()
+    reused(protocol, recent, body(protocol, [MODEL[protocol]], items, []))
+    field_too_deep = full(protocol, body(protocol, [MODEL[protocol]], items, ['"metadata":' + deep]))
+    assert isinstance(field_too_deep, str) and "nested too deeply" in field_too_deep
+    raw = body(protocol, [MODEL[protocol]], [*items, element], [])
+    assert full(protocol, raw) == field_too_deep
+    got, prior = reused(protocol, recent, raw)
+    assert got == field_too_deep and prior is not None and len(prior) == 3
+
+
+@pytest.mark.parametrize("size", [200, 40_000], ids=["small", "large"])
+async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_proxy, priors):
+    """previous_response_id: the history is the upstream's. A small body is not even counted (a
+    byte search spots the field); a large one goes through the reuse like any other; both are
+    forwarded byte for byte, reported as untouched."""
+    import aiohttp
+
+    fake = await RESPONSES.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, RESPONSES.settings(fake, 1000))
+        first = json.dumps({"model": RESPONSES.model, "store": True, "input": "x " * size}).encode()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(proxy.base_url + "/responses", data=first, headers=HEADERS["responses"]("sk-a")) as r:
+                rid = (await r.json())["id"]
+            raw = json.dumps({"model": RESPONSES.model, "previous_response_id": rid,
+                              "input": [{"role": "user", "content": "y " * size}]}).encode()
+            async with s.post(proxy.base_url + "/responses", data=raw, headers=HEADERS["responses"]("sk-a")) as r:
+                assert r.status == 200
+                assert (r.headers["x-compaction-status"], r.headers["x-compaction-tokens-before"]) == ("none", "0")
+        assert RESPONSES.model_calls(fake)[-1].body == raw
+    finally:
+        await fake.stop()
+    # the first body is parsed through the reuse; the stateful one only when large
+    assert len(priors) == (2 if size > prefix.MIN_BYTES else 1)
