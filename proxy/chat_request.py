@@ -42,7 +42,8 @@ def _check_writable(value: Any) -> None:
 
 
 def too_deep() -> ProxyError:
-    return bad_request("Request body is nested too deeply (at most 254 levels).")
+    """A message nested deeper than the proxy writes (the adapter writes each message itself)."""
+    return unreadable(jsonbody.too_deep())
 
 
 def _type_name(v: Any) -> str:

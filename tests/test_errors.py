@@ -285,3 +285,18 @@ async def test_dot_segments_never_reach_the_upstream(upstream, proxy, target):
     assert head.startswith(b"HTTP/1.1 400 ")
     assert _assert_openai_error(body)["code"] == "invalid_path"
     assert upstream.requests == []
+
+
+async def test_a_message_too_deep_to_write_is_refused_as_a_field_too_deep_is(upstream, proxy):
+    """The adapter writes each message itself (so checks it), the body check the other fields: one
+    400 either way, with the same words and code."""
+    deep = "[" * 300 + "]" * 300
+    said = []
+    for raw in ('{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"metadata":' + deep + "}",
+                '{"model":"gpt-4o","messages":[{"role":"user","content":' + deep + "}]}"):
+        status, _, body = await post(proxy, raw.encode(), {"Content-Type": "application/json"})
+        err = _assert_openai_error(body)
+        assert status == 400 and "nested too deeply" in err["message"], err
+        said.append((err["message"], err["code"]))
+    assert said[0] == said[1] and said[0][1] == "too_deep"
+    assert upstream.requests == []

@@ -358,3 +358,35 @@ async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_prox
         await fake.stop()
     # the first body is parsed through the reuse; the stateful one only when large
     assert len(priors) == (2 if size > prefix.MIN_BYTES else 1)
+
+
+async def test_websocket_turns_that_resend_the_history_reuse_the_previous_turns_parse(make_proxy, priors):
+    """A socket's response.create is parsed as an HTTP body is: each turn that resends the whole
+    history (store: false) reuses the previous turn's parse; what goes upstream is the client's
+    message as it came."""
+    import aiohttp
+
+    fake = await RESPONSES.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, RESPONSES.settings(fake, 200_000))
+        history = [{**m, "content": [{**m["content"][0], "text": m["content"][0]["text"] * 5}]}
+                   for m in _conversation("responses", 40)]
+        sent = []
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(proxy.base_url.replace("http://", "ws://") + "/responses",
+                                    headers={"Authorization": "Bearer sk-a"}) as ws:
+                for n in (37, 39):
+                    message = json.dumps({"type": "response.create", "model": RESPONSES.model, "store": False,
+                                          "input": history[:n]})
+                    sent.append(message)
+                    await ws.send_str(message)
+                    while (event := json.loads((await ws.receive()).data))["type"] != "response.completed":
+                        assert event["type"] != "error", event
+                        if event["type"] == "response.created":
+                            assert event["response"]["metadata"]["x-compaction-status"] == "none"
+        got = [r for r in fake.requests if r.transport == "websocket"]
+    finally:
+        await fake.stop()
+    assert len(sent[0]) > prefix.MIN_BYTES
+    assert [None if p is None else len(p) for p in priors] == [None, 37]
+    assert [r.json["input"] for r in got] == [json.loads(m)["input"] for m in sent]

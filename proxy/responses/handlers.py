@@ -32,7 +32,6 @@ from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
 from proxy.recall.relay import RECALLS
 from proxy.responses import compact, route
-from proxy.responses.body import parse_responses_body
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES
 from proxy.responses.socket_recall import SocketRecall
@@ -58,9 +57,10 @@ def socket_prepare(request: web.Request) -> Prepare:
     ex = request[EXCHANGE]
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
+        # Parsed (and checked) as an HTTP body is: a turn that resends the whole history reuses
+        # the previous turn's parse of it (the same writing of the same items, byte for byte).
         raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
-        body = await offload.sized(len(raw), parse_responses_body, raw)
-        p = await route.prepare(state, raw, body, request.headers, ex)
+        p = await route.prepare(state, raw, None, request.headers, ex)
         report = p.headers if state.cfg.responses.websocket_report else None
         if report is not None:
             report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
@@ -71,7 +71,7 @@ def socket_prepare(request: web.Request) -> Prepare:
         recall = None
         if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
             recall = SocketRecall(p.recall, await offload.sized(len(p.data), orjson.loads, p.data), report,
-                                  finish=lambda r: _finish_recall(state, body["model"], r))
+                                  finish=lambda r: _finish_recall(state, p.body["model"], r))
 
         async def retry() -> tuple[str, dict[str, str] | None] | None:
             again = await p.retry() if p.retry is not None else None
