@@ -60,7 +60,11 @@ def resolve(
     if sent:
         # Every credential header takes part, names lower-cased: the same key sent as `api-key`
         # and as `Authorization: Bearer` are different principals to an upstream.
-        material = "\n".join(f"{k.lower()}: {v}" for k, v in sorted(sent.items(), key=lambda kv: kv[0].lower()))
+        if len(sent) == 1:  # (nearly always: no sorting)
+            [(k, v)] = sent.items()
+            material = f"{k.lower()}: {v}"
+        else:
+            material = "\n".join(f"{k.lower()}: {v}" for k, v in sorted(sent.items(), key=lambda kv: kv[0].lower()))
         return Credentials(sent, credential_scope(secret, material, session))
     if session is not None:
         return Credentials({}, credential_scope(secret, _ANONYMOUS, session))

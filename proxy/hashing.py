@@ -11,6 +11,7 @@ by it, and a stable digest is computed once per distinct message, not once per r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections import OrderedDict
@@ -104,6 +105,10 @@ def conversation_digest(scope: str, first_message_digest: bytes) -> str:
     return hashlib.blake2b(scope.encode() + first_message_digest, digest_size=8).hexdigest()
 
 
+# A client sends the same credential on every request: its HMAC (a few microseconds, most of the
+# credential lookup) is worked out once. The cache lives in process memory only, as the request's
+# own headers do, and is bounded.
+@functools.lru_cache(maxsize=4096)
 def credential_scope(secret: bytes, credential: str, session: str | None) -> str:
     """An HMAC of the client's credential (and optional session id): never the raw key."""
     msg = credential.encode("utf-8", "surrogatepass") + b"\x00" + (session or "").encode("utf-8", "surrogatepass")

@@ -29,8 +29,9 @@ _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256)
 _TWENTY = b"0" * 20
 # whitespace before a key's colon (or a long run after a quote, where a piece could cut it)
 _SPACED_COLON = re.compile(rb'"[ \t\r\n]{1,64}:|"[ \t\r\n]{64}')
+_QUOTE_SPACE = re.compile(rb'"[ \t\r\n]')  # what every _SPACED_COLON match starts with
 _KEY_END = b'":'
-_QUOTE_ESCAPE = re.compile(rb"\\u0022")
+_QUOTE_ESCAPE_BYTES = b"\\u0022"
 
 
 class DuplicateKeys(ValueError):
@@ -103,9 +104,15 @@ def loads(raw: bytes) -> Any:
             kept = _count(orjson.dumps(value), _KEY_END)
         except orjson.JSONEncodeError:
             return value  # nested deeper than orjson writes: refused as too deep by the caller
-        if kept != _count(raw, _KEY_END) or _search(_SPACED_COLON, raw, 66) or _search(_QUOTE_ESCAPE, raw, 5):
+        if kept != _count(raw, _KEY_END) or _spaced_colon(raw) or _QUOTE_ESCAPE_BYTES in raw:
             _exact(raw)  # raises DuplicateKeys when there are any; else orjson's value is right
     return value
+
+
+def _spaced_colon(raw: bytes) -> bool:
+    """_SPACED_COLON occurs in `raw`. Both its forms start with a quote and a whitespace byte: a
+    body with no such pair (nearly every one) is ruled out by the simpler scan."""
+    return _search(_QUOTE_SPACE, raw, 1) and _search(_SPACED_COLON, raw, 66)
 
 
 # Scans of a large body go piece by piece: one call over tens of megabytes would hold the GIL
@@ -115,10 +122,14 @@ _PIECE = 1 << 20
 
 def _search(pattern: re.Pattern[bytes], raw: bytes, overlap: int) -> bool:
     """Whether `pattern` occurs in `raw` (its matches are at most overlap + 1 bytes long)."""
+    if len(raw) <= _PIECE:
+        return pattern.search(raw) is not None
     return any(pattern.search(raw, i, i + _PIECE + overlap) for i in range(0, len(raw), _PIECE))
 
 
 def has_long_digits(raw: bytes) -> bool:
+    if len(raw) <= _PIECE:  # one piece (nearly every body): no slicing, no generator
+        return raw.translate(_DIGITS_AS_ZEROS).find(_TWENTY) >= 0
     return any(
         raw[i : i + _PIECE + 19].translate(_DIGITS_AS_ZEROS).find(_TWENTY) >= 0 for i in range(0, len(raw), _PIECE)
     )
@@ -126,6 +137,8 @@ def has_long_digits(raw: bytes) -> bool:
 
 def _count(raw: bytes, sub: bytes) -> int:
     """raw.count(sub), piece by piece (each piece counts the occurrences starting in it)."""
+    if len(raw) <= _PIECE:
+        return raw.count(sub)
     return sum(raw.count(sub, i, i + _PIECE + len(sub) - 1) for i in range(0, len(raw), _PIECE))
 
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.flow import Flow, Stage
-from proxy.ops.logs import JsonFormatter, TextFormatter
+from proxy.ops.exchange import Exchange, Usage
+from proxy.ops.logs import AccessLog, JsonFormatter, TextFormatter, _fields_text
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
 from proxy.fake_upstream import FakeUpstream
@@ -127,3 +130,31 @@ def test_the_console_script_logs_json_when_told(tmp_path: Path):
     ids = [line.get("request_id") for line in lines if line["logger"] == "proxy.access"]
     assert [a.headers["x-request-id"] for a in answers] == [i for i in ids if i in {a.headers["x-request-id"] for a in answers}]
     assert PLANTED_KEY not in text and PLANTED_CONTENT not in text
+
+
+_text = st.text(max_size=30)
+_nonempty = st.text(min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rid=st.from_regex(r"[0-9a-f]{16}", fullmatch=True), method=_nonempty, path=_nonempty,
+       protocol=st.sampled_from(["chat_completions", "messages", "responses", "none"]), code=st.integers(0, 599),
+       ms=st.floats(0, 1e7), worker=st.none() | st.integers(1, 1 << 22), counted=st.booleans(), model=_text,
+       compaction=_text, before=st.integers(0, 1 << 40), after=st.none() | st.integers(0, 1 << 40),
+       notes=st.integers(0, 99), wait=st.floats(0, 1e7), ttfb=st.none() | st.floats(0, 1e4), stream=st.booleans(),
+       usage=st.none() | st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30)),
+       upstream_id=_text)
+def test_the_access_lines_text_is_its_fields_written_out(rid, method, path, protocol, code, ms, worker, counted, model,
+                                                          compaction, before, after, notes, wait, ttfb, stream, usage,
+                                                          upstream_id):
+    """The text access line is written without its fields dict; it must say exactly what the
+    fields dict says through the formatter (every request-chosen string cleaned and quoted the
+    same way; the request id and the protocol label are the proxy's own words)."""
+    ex = Exchange(rid, method, path, "/r", protocol)
+    ex.code, ex.stream, ex.upstream_request_id = code, stream, upstream_id
+    if counted:
+        ex.model, ex.compaction, ex.tokens_before, ex.tokens_after = model, compaction, before, after
+        ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s = notes, wait, ttfb
+        ex.usage = Usage(*usage) if usage is not None else None
+    log = AccessLog(worker)
+    assert log.text(ex, ms) == _fields_text(log.fields(ex, ms))

@@ -185,19 +185,27 @@ async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy)
     assert value(m, "compaction_proxy_cached_summary_call_fallbacks_total") == stats["cached_call_fallbacks"]
 
 
-def test_the_direct_adder_and_observer_count_as_prometheus_client_does():
-    from prometheus_client import CollectorRegistry, Counter as PCounter, Histogram
+def test_a_tally_counts_as_prometheus_client_observes():
+    """The request path's histograms are added up in a Tally and flushed into the series: the
+    samples must be what observing each amount would have made, after one flush or several."""
+    from prometheus_client import CollectorRegistry, Histogram
 
-    from proxy.ops.metrics import LATENCY_BUCKETS, adder, observer
+    from proxy.ops.metrics import LATENCY_BUCKETS, Tally
 
+    amounts = (0.0, 0.005, 0.0051, 0.3, 300, 301, 1e9, *LATENCY_BUCKETS)
     samples = []
-    for fast in (False, True):
+    for way in ("observe", "one flush", "flush each"):
         r = CollectorRegistry()
         h = Histogram("h", "h", ["x"], buckets=LATENCY_BUCKETS, registry=r).labels("a")
-        c = PCounter("c", "c", ["x"], registry=r).labels("a")
-        observe, inc = (observer(h), adder(c)) if fast else (h.observe, c.inc)
-        for v in (0.0, 0.005, 0.0051, 0.3, 300, 301, 1e9, *LATENCY_BUCKETS):
-            observe(v)
-            inc(v)
+        tally = Tally(h)
+        for v in amounts:
+            if way == "observe":
+                h.observe(v)
+            else:
+                tally.add(v)
+                if way == "flush each":
+                    tally.flush()
+        tally.flush()
         samples.append([(s.name, s.labels, s.value) for f in r.collect() for s in f.samples if not s.name.endswith("_created")])
-    assert samples[0] == samples[1]
+    assert samples[0] == samples[1] == samples[2]
+    assert any(s[2] for s in samples[0])

@@ -38,6 +38,7 @@ log = logging.getLogger("proxy.compaction")
 # The share of the window the floor fills at most: an upstream counting with another tokenizer was
 # seen 0.3% over the proxy's estimate of a request the floor forwarded at the window's edge.
 FLOOR_MARGIN = 0.98
+MAX_BUDGETS = 4096  # models whose budgets are kept worked out
 
 __all__ = ["CompactionEngine", "Outcome"]
 
@@ -96,6 +97,9 @@ class CompactionEngine:
         self.planner = Planner(counter, prompts, cfg.compaction.identifiers_share)
         self.cooldown = Cooldown(cfg.compaction.failure_cooldown_s, self.now)
         self.preparer = Preparer(self)
+        # Every request asks for its model's budgets (a few times): pure arithmetic on the config,
+        # which does not change while the process runs, so worked out once per model.
+        self._budgets: dict[tuple[str, bool], Budget] = {}
 
     def now(self) -> float:
         return self.clock()
@@ -104,14 +108,21 @@ class CompactionEngine:
     def budget_for(self, model: str, *, long_context: bool = False) -> Budget:
         """The budgets of `model`'s window (`long_context`: the longer one the request opted into,
         Claude's 1M beta)."""
-        c = self.cfg.compaction
-        return Budget.for_model(
-            self.cfg.context_window(model, long_context=long_context),
-            threshold_tokens=c.threshold_tokens,
-            threshold_percent=c.threshold_percent,
-            reserve_tokens=c.reserve_tokens,
-            keep_recent_tokens=c.keep_recent_tokens,
-        )
+        key = (model, long_context)
+        budget = self._budgets.get(key)
+        if budget is None:
+            c = self.cfg.compaction
+            budget = Budget.for_model(
+                self.cfg.context_window(model, long_context=long_context),
+                threshold_tokens=c.threshold_tokens,
+                threshold_percent=c.threshold_percent,
+                reserve_tokens=c.reserve_tokens,
+                keep_recent_tokens=c.keep_recent_tokens,
+            )
+            if len(self._budgets) >= MAX_BUDGETS:  # model names come from clients
+                self._budgets.clear()
+            self._budgets[key] = budget
+        return budget
 
     def budget(self, flow: Flow) -> Budget:
         return self.budget_for(flow.model, long_context=flow.identity.long_context)

@@ -2,7 +2,9 @@
 
 Counters and histograms are fed by the hooks; states that already live somewhere (the store's
 health, the breakers, the bill) are read when /metrics is scraped, so they cost nothing per request.
-Label children are cached by their label values: `.labels()` formats and locks on every call.
+A request's counts and observations are added up in plain Python (Tally, ProtocolTally) and given
+to the prometheus-client series when the metrics are read: a request costs no lock and no
+`.labels()` call.
 
 With several worker processes (`server.workers`), `share_metrics` puts every value in a per-process
 file of one directory (prometheus-client's multiprocess mode) and /metrics sums the files, so any
@@ -45,28 +47,6 @@ def share_metrics(directory: str) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # where prometheus-client's values put their files
     values.ValueClass = values.MultiProcessValue()
     _shared_dir = directory
-
-
-def adder(metric: Any) -> Callable[[float], None]:
-    """`inc` of a counter or gauge child, straight on its value: the public inc checks, on every
-    call, what holds for every child made here (observable, amount not negative)."""
-    value = getattr(metric, "_value", None)
-    return value.inc if value is not None and hasattr(value, "inc") else metric.inc
-
-
-def observer(histogram: Any) -> Callable[[float], None]:
-    """`observe` of a histogram child: its sum and the one bucket the amount falls in (found by
-    bisection, where prometheus-client walks the buckets in Python), as prometheus-client does."""
-    bounds, buckets, total = (getattr(histogram, a, None) for a in ("_upper_bounds", "_buckets", "_sum"))
-    if not bounds or buckets is None or total is None or len(bounds) != len(buckets):
-        return histogram.observe
-    inc_total, incs, find = total.inc, [b.inc for b in buckets], bisect.bisect_left
-
-    def observe(amount: float) -> None:
-        inc_total(amount)
-        incs[find(bounds, amount)](1)
-
-    return observe
 
 
 class Metrics(Hooks):
@@ -121,10 +101,13 @@ class Metrics(Hooks):
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
-        self._in_flight = adder(self.in_flight)
-        self._req: dict[tuple[str, str, int, str], Any] = {}
-        self._by_route: dict[tuple[str, str], Any] = {}
-        self._by_protocol: dict[str, tuple[Any, ...]] = {}
+        # A request's figures are added up here in plain Python and given to the prometheus-client
+        # children when the metrics are read (`flush`): one lock per series a scrape, not a dozen
+        # locked calls a request. Several workers share files that others read: they flush at once.
+        self._live = 0  # requests started minus ended since the last flush
+        self._req: dict[tuple[str, str, int, str], int] = {}
+        self._by_route: dict[tuple[str, str], Tally] = {}
+        self._by_protocol: dict[str, ProtocolTally] = {}
 
     def add_collector(self, collector: Collector) -> None:
         if self.shared is None:
@@ -134,12 +117,28 @@ class Metrics(Hooks):
 
     def collect(self) -> Iterable[Any]:
         """The metric families, as /metrics shows them."""
+        self.flush()
         self.publish()
         return self.view.collect()
 
     def render(self) -> bytes:
+        self.flush()
         self.publish()
         return generate_latest(self.view)
+
+    def flush(self) -> None:
+        """The requests' figures added up since the last flush, into the metrics."""
+        if self._live:
+            self.in_flight.inc(self._live)
+            self._live = 0
+        for key, n in self._req.items():
+            if n:
+                self.requests.labels(key[0], key[1], str(key[2]), key[3]).inc(n)
+        self._req = dict.fromkeys(self._req, 0)
+        for t in self._by_route.values():
+            t.flush()
+        for p in self._by_protocol.values():
+            p.flush()
 
     def publish(self) -> None:
         for p in self._published:
@@ -163,45 +162,36 @@ class Metrics(Hooks):
 
     # -- hooks --------------------------------------------------------------------------------
     def request_started(self, ex: Exchange) -> None:
-        self._in_flight(1)
+        self._live += 1
+        if self.shared is not None:
+            self.flush()
 
     def request_done(self, ex: Exchange) -> None:
-        self._in_flight(-1)
+        self._live -= 1
         key = (ex.route, ex.protocol, ex.code, ex.compaction)
-        c = self._req.get(key)
-        if c is None:
-            c = self._req[key] = adder(self.requests.labels(ex.route, ex.protocol, str(ex.code), ex.compaction))
-        c(1)
+        self._req[key] = self._req.get(key, 0) + 1
         h = self._by_route.get(key[:2])
         if h is None:
-            h = self._by_route[key[:2]] = observer(self.duration.labels(ex.route, ex.protocol))
-        h(time.perf_counter() - ex.started)
-        if ex.tokens_before is None:
-            return  # not a protocol adapter's answer (pass-through, admin, an early error)
-        p = self._by_protocol.get(ex.protocol)
-        if p is None:
-            p = self._by_protocol[ex.protocol] = self._protocol_children(ex.protocol)
-        received, forwarded, notes, wait, upstream, ttfb, prompt, cached, completion = p
-        received(ex.tokens_before)
-        forwarded(ex.tokens_after or 0)
-        if ex.tool_notes:
-            notes(ex.tool_notes)
-        wait(ex.wait_ms / 1000)
-        if ex.upstream_s is not None:
-            upstream(ex.upstream_s)
-        if ex.upstream_ttfb_s is not None:
-            ttfb(ex.upstream_ttfb_s)
-        if ex.usage is not None:
-            prompt(max(0, ex.usage.prompt))
-            cached(max(0, ex.usage.cached))
-            completion(max(0, ex.usage.completion))
-
-    def _protocol_children(self, protocol: str) -> tuple[Any, ...]:
-        return (adder(self.received.labels(protocol)), adder(self.forwarded.labels(protocol)),
-                adder(self.notes.labels(protocol)), observer(self.wait.labels(protocol)),
-                observer(self.upstream.labels(protocol)), observer(self.ttfb.labels(protocol)),
-                adder(self.usage.labels(protocol, "prompt")), adder(self.usage.labels(protocol, "cached")),
-                adder(self.usage.labels(protocol, "completion")))
+            h = self._by_route[key[:2]] = Tally(self.duration.labels(ex.route, ex.protocol))
+        h.add(time.perf_counter() - ex.started)
+        if ex.tokens_before is not None:  # (else not a protocol adapter's answer: pass-through, admin, an early error)
+            p = self._by_protocol.get(ex.protocol)
+            if p is None:
+                p = self._by_protocol[ex.protocol] = ProtocolTally(self, ex.protocol)
+            p.received += ex.tokens_before
+            p.forwarded += ex.tokens_after or 0
+            p.notes += ex.tool_notes
+            p.wait.add(ex.wait_ms / 1000)
+            if ex.upstream_s is not None:
+                p.upstream.add(ex.upstream_s)
+            if ex.upstream_ttfb_s is not None:
+                p.ttfb.add(ex.upstream_ttfb_s)
+            if ex.usage is not None:
+                p.prompt += max(0, ex.usage.prompt)
+                p.cached += max(0, ex.usage.cached)
+                p.completion += max(0, ex.usage.completion)
+        if self.shared is not None:
+            self.flush()
 
     def stream_opened(self) -> None:
         self.streams.inc()
@@ -229,6 +219,57 @@ class Metrics(Hooks):
 
     def prepared(self, outcome: str) -> None:
         self.prepared_summaries.labels(outcome).inc()
+
+
+class Tally:
+    """A histogram child's observations, added up until `flush` gives them to it: its sum and the
+    count of each bucket (the first whose bound is not below the amount, as prometheus-client's)."""
+
+    __slots__ = ("child", "bounds", "sum", "counts")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.bounds = child._upper_bounds
+        self.sum = 0.0
+        self.counts = [0] * len(self.bounds)
+
+    def add(self, amount: float) -> None:
+        self.sum += amount
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+
+    def flush(self) -> None:
+        counts = self.counts
+        if not any(counts):
+            return
+        self.child._sum.inc(self.sum)
+        for bucket, n in zip(self.child._buckets, counts):
+            if n:
+                bucket.inc(n)
+        self.sum, self.counts = 0.0, [0] * len(counts)
+
+
+class ProtocolTally:
+    """One protocol's request figures since the last flush (its series exist from its first request)."""
+
+    __slots__ = ("counters", "received", "forwarded", "notes", "prompt", "cached", "completion", "wait", "upstream",
+                 "ttfb")
+
+    def __init__(self, m: Metrics, protocol: str) -> None:
+        self.counters = (m.received.labels(protocol), m.forwarded.labels(protocol), m.notes.labels(protocol),
+                         m.usage.labels(protocol, "prompt"), m.usage.labels(protocol, "cached"),
+                         m.usage.labels(protocol, "completion"))
+        self.received = self.forwarded = self.notes = self.prompt = self.cached = self.completion = 0
+        self.wait, self.upstream, self.ttfb = (Tally(h.labels(protocol)) for h in (m.wait, m.upstream, m.ttfb))
+
+    def flush(self) -> None:
+        for counter, n in zip(self.counters, (self.received, self.forwarded, self.notes, self.prompt, self.cached,
+                                              self.completion)):
+            if n:
+                counter.inc(n)
+        self.received = self.forwarded = self.notes = self.prompt = self.cached = self.completion = 0
+        self.wait.flush()
+        self.upstream.flush()
+        self.ttfb.flush()
 
 
 class StateCollector(Collector):
