@@ -109,7 +109,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     if recall is not None:
         headers["x-compaction-recalls"] = "0"
     resp = await send(request, state.session, CHAT, up, data, headers,
-                      retry=overflow_retry(state.stages, flow) if cfg.compaction.enabled else None,
+                      retry=overflow_retry(state.stages, flow, state.recall) if cfg.compaction.enabled else None,
                       recall=Answering(recall, recall_chat.CHAT, recall_stream.Rounds) if recall is not None else None,
                       hooks=state.hooks, not_an_overflow=small)
     recall_answers.finished(state.hooks, "chat", parsed.model, recall)

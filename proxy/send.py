@@ -80,12 +80,16 @@ class Answering:
     whole: Callable[[bytes], Awaitable[None]] | None = None
 
 
-def overflow_retry(stages: Sequence[Stage], flow: Flow) -> Retry:
-    """The stages make the request smaller (once), or say they cannot (None)."""
+def overflow_retry(stages: Sequence[Stage], flow: Flow, recall: Any = None) -> Retry:
+    """The stages make the request smaller (once), or say they cannot (None). `recall` (the recall
+    layer, when on): the originals the harder compaction replaced are kept before the retried
+    request goes, so a lookup in its answer finds the handles its summary names."""
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         if not await run_overflow(stages, flow):
             return None
+        if recall is not None:
+            await recall_answers.keep_retried(recall, flow)
         return await offload.sized(len(flow.request.raw), flow.body), flow.report.headers()
 
     return retry

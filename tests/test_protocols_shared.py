@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from proxy import credentials
+from proxy.recall.handles import in_text
 from support.compaction_helpers import main_summary
 from support.protocols import CHAT, DRIVERS, MESSAGES, RESPONSES, Driver, tool_conversation
 
@@ -236,6 +238,21 @@ async def test_an_upstream_overflow_is_compacted_and_retried_once(driver, fake, 
     else:
         assert [r.status for r in calls] == [400, 200]  # the overflow, then the compacted retry
     assert made_by_summary(driver, fake)
+
+
+async def test_the_retrys_harder_compaction_keeps_its_originals(driver, fake, make_proxy):
+    """The summary the overflow retry made names its spans' handles; their originals are in the
+    store when the retried request goes, not only after the client's next request."""
+    numbered(driver, fake)
+    fake.window = 5000  # smaller than the proxy believes: the first pass is refused for length
+    proxy = await make_proxy(fake.base_url, driver.settings(fake, 12000, compaction={"prepare_percent": 0},
+                                                             tool_results={"enabled": False}))
+    reply = await driver.send(proxy, tool_conversation(), key="sk-key-A", bearer=True)
+    assert reply.status == "summarized" and [r.status for r in driver.model_calls(fake)][-1] == 200
+    handles = sorted(in_text(driver.forwarded_text(fake)))
+    assert handles  # the retried request's summary names what it stands for
+    scope = credentials.resolve({"Authorization": "Bearer sk-key-A"}, proxy.state.scope_secret, None).scope
+    assert await proxy.state.recall.originals.saved(scope, handles) == set(handles)
 
 
 async def test_an_overflow_the_retry_cannot_fix_reaches_the_client_once(driver, fake, make_proxy):

@@ -156,6 +156,18 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
 
 
+async def keep_retried(recall: Any, flow: Any) -> None:
+    """After the overflow retry compacted harder: keep the originals of its new replacements (the
+    first pass kept its own in `prepare`). A fault here never fails the retry."""
+    if flow.identity.scope is None or not flow.identity.recall:
+        return
+    try:
+        await recall.keep(flow.identity.scope, request_parts(flow.request), parts_of(flow.forwarded),
+                          flow.original.n_system)
+    except Exception:
+        log.exception("recall: keeping the retry's originals failed unexpectedly; the retried request goes on")
+
+
 async def prepare_flow(dialect: Dialect, recall: Any, prompts: Any, flow: Any) -> RecallSession | None:
     """`prepare` for a route whose stages ran on its own request: the flow's request declares the tool."""
     prepared = await prepare(dialect, recall, prompts, flow)

@@ -122,7 +122,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         headers["x-compaction-recalls"] = "0"
     after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
     small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
-    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow), session, small)
+    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall), session, small)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:

@@ -152,7 +152,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
         return Prepared(req, req.conversation, Report(flow.report.tokens_before))
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
-    retry = None if count_only else overflow_retry(state.stages, flow)
+    retry = None if count_only else overflow_retry(state.stages, flow, state.recall)
     return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
 
 
