@@ -21,11 +21,11 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
-from proxy.errors import ProxyError
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
@@ -63,14 +63,8 @@ class ChatAdapter(Adapter):
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Prior | None = None) -> Request:
-        body = None
-        if prior is not None:
-            try:
-                body = parse_chat_body(prior.rest, before=prior.values)
-            except ProxyError:
-                prior = None  # the whole body parsed says what is wrong, as it would have anyway
-        return self.request_of(body if body is not None else parse_chat_body(raw), raw, counter, cfg, ratio=ratio,
-                               prior=prior)
+        body, prior = prefix.parse_body(parse_chat_body, raw, prior)
+        return self.request_of(body, raw, counter, cfg, ratio=ratio, prior=prior)
 
     def request_of(self, body: dict[str, Any], raw: bytes, counter: TokenCounter, cfg: Config, *,
                    ratio: float | None = None, prior: Prior | None = None) -> Request:

@@ -28,9 +28,10 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from proxy import jsonbody, offload
+from proxy.errors import ProxyError
 
 # A JSON string (escapes skipped) or a bracket: enough to find where the array's elements end in
 # a body that is valid JSON (a bracket inside a string is part of the string's match).
@@ -63,6 +64,19 @@ class Prior:
 
     def tokens_for(self, encoding: str) -> list[int] | None:
         return self.tokens if encoding == self.encoding else None
+
+
+def parse_body(parse: Callable[..., dict[str, Any]], raw: bytes, prior: Prior | None,
+               **kw: Any) -> tuple[dict[str, Any], Prior | None]:
+    """A protocol's body parser (it takes `before`: envelopes parsed already) run on `prior.rest`
+    with prior's envelopes in front, or on `raw`; and the prior still in use. A rest that fails
+    drops the prior: the whole body parsed says what is wrong, as it would have anyway."""
+    if prior is not None:
+        try:
+            return parse(prior.rest, before=prior.values, **kw), prior
+        except ProxyError:
+            pass
+    return parse(raw, **kw), None
 
 
 @dataclass(slots=True)

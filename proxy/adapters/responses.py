@@ -24,9 +24,9 @@ import orjson
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters.chat import ChatAdapter
+from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
 from proxy.config import Config
-from proxy.errors import ProxyError
 from proxy.credentials import OPENAI_HEADERS
 from proxy.forward import EventChecker
 from proxy.hashing import message_digest
@@ -73,14 +73,7 @@ class ResponsesAdapter(Adapter):
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Prior | None = None) -> Request:
-        body = None
-        if prior is not None:
-            try:
-                body = parse_responses_body(prior.rest, before=prior.values, whole=False)
-            except ProxyError:
-                prior = None  # the whole body parsed says what is wrong, as it would have anyway
-        if body is None:
-            body = parse_responses_body(raw, whole=False)
+        body, prior = prefix.parse_body(parse_responses_body, raw, prior, whole=False)
         return self.request_of(raw, body, counter, cfg, ratio=ratio, prior=prior)
 
     def request_of(self, raw: bytes, body: dict[str, Any], counter: TokenCounter, cfg: Config, *,

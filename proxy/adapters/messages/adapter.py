@@ -22,6 +22,7 @@ import orjson
 
 from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.body import block_text, blocks, parse_messages_body, too_deep
@@ -98,14 +99,7 @@ class MessagesAdapter(Adapter):
         """The body checked and counted; the first messages as `prior` had them (parsed, checked,
         written, keyed and counted there). Each message is written once, here; the envelopes are
         made when a stage first reads them."""
-        body = None
-        if prior is not None:
-            try:
-                body = parse_messages_body(prior.rest, before=prior.values, whole=False)
-            except ProxyError:
-                prior = None  # the whole body parsed says what is wrong, as it would have anyway
-        if body is None:
-            body = parse_messages_body(raw, whole=False)
+        body, prior = prefix.parse_body(parse_messages_body, raw, prior, whole=False)
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
