@@ -14,6 +14,7 @@ import pytest
 
 from support.compaction_helpers import analyze
 from support.client import auth, post, sync_openai_client
+from support.loopback import serving
 
 TOOLS = [
     {
@@ -245,17 +246,12 @@ async def test_upstream_redirect_is_relayed_not_followed(make_proxy):
     app = web.Application()
     app.router.add_post("/v1/chat/completions", redirect)
     app.router.add_post("/v1/elsewhere", elsewhere)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+    async with serving(app) as base:
+        p = await make_proxy(base + "/v1")
         raw = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
         async with aiohttp.ClientSession() as s:
             async with s.post(p.base_url + "/chat/completions", data=raw, allow_redirects=False,
                               headers={"Authorization": "Bearer sk-secret"}) as r:
                 status, location, state = r.status, r.headers.get("Location"), r.headers.get("x-compaction-status")
-    finally:
-        await runner.cleanup()
     assert (status, location, state) == (307, "/v1/elsewhere", "none")
     assert followed == []

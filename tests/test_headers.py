@@ -8,6 +8,7 @@ import pytest
 from aiohttp import web
 
 from support.client import get, http, post
+from support.loopback import serving
 
 CHAT = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
 ROUTES = [("POST", "/chat/completions", CHAT), ("POST", "/embeddings", b'{"model":"m","input":"x"}'), ("GET", "/models", None)]
@@ -81,14 +82,9 @@ async def test_upstream_hop_by_hop_response_headers_dropped(make_proxy):
 
     app = web.Application()
     app.router.add_get("/v1/batches", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+    async with serving(app) as base:
+        p = await make_proxy(base + "/v1")
         r = await get(p, "/batches")
-    finally:
-        await runner.cleanup()
     assert r.status == 200
     assert r.headers["X-Upstream-Kept"] == "yes" and r.headers["Set-Cookie"] == "a=b"
     assert "X-Upstream-Hop" not in r.headers

@@ -14,6 +14,7 @@ from anthropic import APIStatusError, BadRequestError
 
 from proxy.fakes.messages import FakeMessages
 from support.client import anthropic_client, get, http, openai_client, post, sync_anthropic_client
+from support.loopback import serving
 
 MODEL = "claude-sonnet-4-6"
 HEADERS = {"x-api-key": "sk-ant-route", "anthropic-version": "2023-06-01"}
@@ -238,16 +239,9 @@ async def test_a_stream_that_stops_before_message_stop_gets_an_error_event(upstr
 
     app = web.Application()
     app.router.add_post("/v1/messages", early_end)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        proxy = await make_proxy(upstream.base_url, {"anthropic": {"base_url": f"http://127.0.0.1:{port}"}})
+    async with serving(app) as early:
+        proxy = await make_proxy(upstream.base_url, {"anthropic": {"base_url": early}})
         events = await stream_events(proxy.root + "/v1/messages", STREAM_BODY)
-    finally:
-        await runner.cleanup()
     assert [name for name, _ in events] == ["message_start", "error"]
     assert "before message_stop" in events[-1][1]["error"]["message"]
 

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from proxy.fake_upstream import FakeUpstream, _utf8_or_none
 from support.client import get, http, post
+from support.loopback import serving
 
 
 def _echo_bytes(fake: FakeUpstream) -> bytes:
@@ -135,14 +136,9 @@ async def test_upstream_compressed_body_is_relayed_as_sent(make_proxy):
 
     app = web.Application()
     app.router.add_get("/v1/vector_stores", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        p = await make_proxy(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+    async with serving(app) as base:
+        p = await make_proxy(base + "/v1")
         status, headers, body = await get(p, "/vector_stores", {"Accept-Encoding": "gzip"}, decompress=False)
-    finally:
-        await runner.cleanup()
     assert status == 200
     assert headers["Content-Encoding"] == "gzip"
     assert body == packed

@@ -17,6 +17,7 @@ from proxy.adapters.chat import ChatAdapter
 from proxy.forward import EventChecker
 from proxy.ops.exchange import EXCHANGE, Exchange, Usage
 from proxy.send import Upstream, send
+from support.loopback import serving
 
 TOO_LONG = b"event: toy\ndata: {\"failed\": \"too long\"}\n\n"
 OK = b"data: {\"say\": \"hi\", \"used\": 7}\n\ndata: [DONE]\n\n"
@@ -68,13 +69,8 @@ async def toy_upstream():
 
     app = web.Application()
     app.router.add_post("/toy", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", bodies
-    await runner.cleanup()
+    async with serving(app) as base:
+        yield base, bodies
 
 
 async def through_proxy(base: str, first: bytes, retries: list[int]) -> tuple[int, bytes, Exchange]:
@@ -94,17 +90,9 @@ async def through_proxy(base: str, first: bytes, retries: list[int]) -> tuple[in
 
     app = web.Application()
     app.router.add_post("/", route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as c:
-            async with c.post(f"http://127.0.0.1:{port}/", data=b"x") as r:
-                out = r.status, await r.read(), r.headers.get("x-compaction-status")
-    finally:
-        await runner.cleanup()
+    async with serving(app) as proxy_base, aiohttp.ClientSession() as c:
+        async with c.post(proxy_base + "/", data=b"x") as r:
+            out = r.status, await r.read(), r.headers.get("x-compaction-status")
     return out[0], out[1] + b"|" + (out[2] or "").encode(), seen["ex"]
 
 

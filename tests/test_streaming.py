@@ -15,6 +15,7 @@ from aiohttp import web
 from proxy.app import create_app
 from proxy.config import Config
 from support.client import openai_client
+from support.loopback import serving
 
 MSGS = [{"role": "user", "content": "Tell me a story"}]
 STORY = "Once upon a time there was a proxy that never buffered a single stream chunk."
@@ -115,19 +116,13 @@ async def test_client_disconnect_closes_upstream_under_any_runner(upstream):
     request."""
     upstream.release_last_chunk = asyncio.Event()
     cfg = Config.model_validate({"upstream": {"base_url": upstream.base_url}, "store": {"url": "memory://"}})
-    runner = web.AppRunner(create_app(cfg), shutdown_timeout=2)  # a regression must not hang
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
+    async with serving(create_app(cfg), shutdown_timeout=2) as base:  # a regression must not hang
         body = orjson.dumps({"model": "gpt-4o", "messages": MSGS, "stream": True})
         async with aiohttp.ClientSession() as s:
-            async with s.post(url, data=body) as r:
+            async with s.post(base + "/v1/chat/completions", data=body) as r:
                 await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
                 await asyncio.wait_for(upstream.last_chunk_waiting.wait(), 10)
         await _wait_until(lambda: upstream.disconnects == 1)
-    finally:
-        await runner.cleanup()
 
 
 async def test_stream_after_done_client_close_is_clean(upstream, proxy, client, caplog):
