@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ import pytest
 from proxy.fake_upstream import count_text_tokens
 from support.coding_session import coding_session
 from support.conversations import request_points, tau_conversations
+from support.golden import match_recorded
 from support.transcripts import enlarge_tool_outputs, request_points as swe_points, swe_agent_messages
 
-GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden"
-RECORD = os.environ.get("GOLDEN_RECORD") == "1"
 AUTH = {"Authorization": "Bearer sk-golden", "Content-Type": "application/json"}
 
 
@@ -120,13 +118,4 @@ async def test_forwarded_bytes_and_headers_match_the_recording(name, upstream, m
     if name == "synthetic":
         assert "masked" in statuses and any(int(t["headers"]["x-compaction-tool-results"]) for t in turns), statuses
 
-    path = GOLDEN / f"{name}.json"
-    if RECORD:
-        GOLDEN.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(turns, indent=1) + "\n")
-        (GOLDEN / f"{name}.last-forwarded.json").write_bytes(last)
-    recorded = json.loads(path.read_text())
-    assert len(turns) == len(recorded)
-    for i, (got, want) in enumerate(zip(turns, recorded)):
-        assert got == want, f"{name} request {i}: {got} != {want}"
-    assert last == (GOLDEN / f"{name}.last-forwarded.json").read_bytes()
+    match_recorded(name, turns, last)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,10 +22,9 @@ import pytest
 
 from proxy.adapters import prefix
 from support.coding_session import coding_session
+from support.golden import RECORD, match_recorded
 from support.protocols import MESSAGES, RESPONSES
 
-GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden"
-RECORD = os.environ.get("GOLDEN_RECORD") == "1"
 DRIVERS = {"responses": RESPONSES, "messages": MESSAGES}
 HEADERS = {
     "responses": {"Authorization": "Bearer sk-golden", "Content-Type": "application/json"},
@@ -113,13 +110,4 @@ async def test_forwarded_bytes_match_the_recording_with_and_without_prefix_reuse
     elif not reuse:
         assert parses["reused"] == 0, parses
 
-    path = GOLDEN / f"{name}-synthetic.json"
-    if RECORD and reuse:
-        GOLDEN.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(turns, indent=1) + "\n")
-        (GOLDEN / f"{name}-synthetic.last-forwarded.json").write_bytes(last)
-    recorded = json.loads(path.read_text())
-    assert len(turns) == len(recorded)
-    for i, (got, want) in enumerate(zip(turns, recorded)):
-        assert got == want, f"{name} request {i}: {got} != {want}"
-    assert last == (GOLDEN / f"{name}-synthetic.last-forwarded.json").read_bytes()
+    match_recorded(f"{name}-synthetic", turns, last, record=RECORD and reuse)

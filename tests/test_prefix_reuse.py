@@ -18,6 +18,7 @@ from proxy.errors import ProxyError
 from proxy.model import Conversation
 from proxy.recall.keep import parts_of, request_parts
 from proxy.tokens import TokenCounter
+from support.bodies import body_with, write
 
 CHAT = ChatAdapter()
 CFG = Config()
@@ -45,18 +46,8 @@ def message(draw):
     return m
 
 
-def write(value, style: int) -> str:
-    """The same JSON as clients write it: compact, spaced (Python's default), or ASCII-escaped."""
-    if style == 0:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if style == 1:
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, separators=(",", ":"))
-
-
 def body(before: list[str], messages: list[str], after: list[str], sep: str = ",") -> bytes:
-    fields = [*before, '"messages":[' + sep.join(messages) + "]", *after]
-    return ("{" + ",".join(fields) + "}").encode()
+    return body_with("messages", before, messages, after, sep)
 
 
 def full(raw: bytes):

@@ -21,6 +21,7 @@ from proxy.errors import ProxyError
 from proxy.model import Conversation, Kind
 from proxy.recall.keep import parts_of, request_parts
 from proxy.tokens import TokenCounter
+from support.bodies import body_with, write
 from support.protocols import MESSAGES, RESPONSES
 
 ADAPTERS = {"responses": ResponsesAdapter(), "messages": MessagesAdapter()}
@@ -105,18 +106,8 @@ JUNK = {
 }
 
 
-def write(value, style: int) -> str:
-    """The same JSON as clients write it: compact, spaced (Python's default), or ASCII-escaped."""
-    if style == 0:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if style == 1:
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, separators=(",", ":"))
-
-
 def body(protocol: str, before: list[str], elements: list[str], after: list[str], sep: str = ",") -> bytes:
-    fields = [*before, f'"{FIELD[protocol]}":[' + sep.join(elements) + "]", *after]
-    return ("{" + ",".join(fields) + "}").encode()
+    return body_with(FIELD[protocol], before, elements, after, sep)
 
 
 def full(protocol: str, raw: bytes):
