@@ -40,6 +40,8 @@ def _notes(row: dict[str, Any], target: str) -> str:
     if "streams_missing_events" in row:
         parts.append(f"events {row['events_per_stream']}/stream, short {row['streams_missing_events']}, "
                      f"coalesced {row['coalesced_events_pct']:.1f}%")
+    if row.get("faults_per_req", 0) >= 1:  # memory touched anew each request costs CPU (page faults)
+        parts.append(f"faults {row['faults_per_req']:.0f}/req")
     if target == DIRECT:
         parts.append("CPU = fake upstream")
     return "; ".join(parts)

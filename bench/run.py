@@ -111,9 +111,9 @@ class Bench:
         return next((t for t in self.targets if t.name == name), None)
 
     async def measure(self, target: Target, run: Callable[[Target], Awaitable[LoadResult]], tally: Tally) -> LoadResult:
-        cpu0, up0 = target.server.cpu(), self.upstream.cpu()
+        cpu0, up0, f0 = target.server.cpu(), self.upstream.cpu(), target.server.faults()
         load = await run(target)
-        tally.add(load, target.server.cpu() - cpu0, self.upstream.cpu() - up0)
+        tally.add(load, target.server.cpu() - cpu0, self.upstream.cpu() - up0, target.server.faults() - f0)
         return load
 
     async def interleaved(

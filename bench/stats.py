@@ -21,18 +21,21 @@ class Tally:
     wall_s: float = 0.0
     cpu_s: float = 0.0  # the target's server process (the fake upstream itself for `direct`)
     upstream_cpu_s: float = 0.0  # the fake upstream's, for every target
+    faults: int = 0  # the server process's minor page faults
 
-    def add(self, load: LoadResult, cpu_s: float, upstream_cpu_s: float) -> None:
+    def add(self, load: LoadResult, cpu_s: float, upstream_cpu_s: float, faults: int = 0) -> None:
         self.results += load.results
         self.wall_s += load.wall_s
         self.cpu_s += cpu_s
         self.upstream_cpu_s += upstream_cpu_s
+        self.faults += faults
 
     def merge(self, other: "Tally") -> None:
         self.results += other.results
         self.wall_s += other.wall_s
         self.cpu_s += other.cpu_s
         self.upstream_cpu_s += other.upstream_cpu_s
+        self.faults += other.faults
 
     def values(self, metric: str) -> list[float]:
         return [getattr(r, metric) for r in self.results]
@@ -81,6 +84,7 @@ def summarize(tallies: dict[str, Tally], metric: str = "latency") -> dict[str, d
             "throughput_rps": t.throughput,
             "cpu_ms_per_req": t.cpu_ms,
             "upstream_cpu_ms_per_req": t.upstream_cpu_s * 1000 / t.n,
+            "faults_per_req": t.faults / t.n,
             "statuses": t.statuses(),
         }
         if metric != "latency":

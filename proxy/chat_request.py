@@ -17,18 +17,22 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def parse_chat_body(raw: bytes, *, before: list[Any] | None = None) -> dict[str, Any]:
+def parse_chat_body(raw: bytes, *, before: list[Any] | None = None,
+                    head: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse and validate; raises ProxyError(400) naming the offending field. `before`: messages
-    parsed already, cut out of the front of `raw`'s array (proxy/adapters/prefix.py)."""
+    parsed already, cut out of the front of `raw`'s array; `head`: the fields before the array,
+    parsed and checked already, cut out of `raw` (proxy/adapters/prefix.py)."""
     try:
         body = jsonbody.load_request(raw)
+        if head is not None:
+            body = jsonbody.with_fields(head, body)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
         body["messages"] = [*before, *body["messages"]]
     validate_chat_body(body, messages=False)
     # The messages are checked by the chat adapter's parse, once per distinct message.
-    _check_writable({k: v for k, v in body.items() if k != "messages"})
+    _check_writable(jsonbody.writable_fields(body, "messages", head))
     return body
 
 

@@ -67,6 +67,26 @@ def load_request(raw: bytes) -> Any:
         raise Unreadable("nested too deeply", "invalid_json") from None
 
 
+def with_fields(head: dict[str, Any], value: Any) -> dict[str, Any]:
+    """An object parsed without its first fields, with them (`head`, parsed already) in front, as
+    the whole object parses. Unreadable when it is not an object or repeats one of them."""
+    if not isinstance(value, dict):
+        raise Unreadable("expected a JSON object", "invalid_json")
+    if not head:
+        return value
+    if any(k in head for k in value):
+        raise Unreadable("duplicate keys", "duplicate_keys")
+    return {**head, **value}
+
+
+def writable_fields(body: Any, skip: str | None = None, head: dict[str, Any] | None = None) -> Any:
+    """What of a body still needs check_writable: all but the field `skip` (its values are written,
+    and so checked, one by one) and the fields of `head` (checked with the body they came from)."""
+    if not isinstance(body, dict) or (skip is None and not head):
+        return body
+    return {k: v for k, v in body.items() if k != skip and (head is None or k not in head)}
+
+
 def check_writable(value: Any) -> None:
     """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
     again: refuse here (Unreadable) what would fail there as a 500."""

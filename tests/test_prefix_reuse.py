@@ -93,8 +93,11 @@ def assert_same(got, want) -> None:
     assert CHAT.render(got, shorter[0]) == CHAT.render(want, shorter[1])
 
 
+# tool schemas before the array are reused from the previous body's parse (prefix.Prior.head), and
+# their count too unless the model after the array names another tokenizer (gpt-4o vs gpt-4)
 top_before = st.lists(st.sampled_from(['"model":"gpt-4o"', '"model":"gpt-4"', '"temperature":0.5', '"seed":7',
-                                       '"seed":123456789012345678901234567890', '"user":"\\u00e9"']),
+                                       '"seed":123456789012345678901234567890', '"user":"\\u00e9"',
+                                       '"tools":[{"type":"function","function":{"name":"g","description":"日本語 café"}}]']),
                       max_size=3)
 top_after = st.lists(st.sampled_from(['"stream":true', '"stream":false', '"tools":[{"type":"function","function":{"name":"f"}}]',
                                       '"model":"gpt-4o"', '"model":"gpt-4"', '"messages":[]', '"max_tokens":1e400',

@@ -87,9 +87,11 @@ FIELD = {"responses": "input", "messages": "messages"}
 MODEL = {"responses": '"model":"gpt-4o"', "messages": '"model":"claude-sonnet-4-6"'}
 BEFORE = {
     "responses": ['"instructions":"be brief"', '"instructions":"caf\\u00e9"', '"temperature":0.5',
-                  '"seed":123456789012345678901234567890', '"model":"gpt-4"'],
+                  '"seed":123456789012345678901234567890', '"model":"gpt-4"',
+                  '"tools":[{"type":"function","name":"g","description":"日本語 café","parameters":{}}]'],
     "messages": ['"system":"be brief"', '"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]',
-                 '"max_tokens":64', '"seed":123456789012345678901234567890', '"model":"gpt-4"'],
+                 '"max_tokens":64', '"seed":123456789012345678901234567890', '"model":"gpt-4"',
+                 '"tools":[{"name":"g","description":"日本語 café","input_schema":{}}]'],
 }
 AFTER = {
     "responses": ['"stream":true', '"tools":[{"type":"function","name":"f","parameters":{}}]', '"instructions":"late"',

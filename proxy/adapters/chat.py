@@ -99,7 +99,7 @@ class ChatAdapter(Adapter):
         return Request(
             raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
             written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
-            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            tools_tokens=prefix.tools_tokens(counter, body.get("tools"), encoding, prior), tools=body.get("tools"),
             extra={_BUILT: built},
         )
 

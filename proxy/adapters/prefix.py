@@ -18,6 +18,12 @@ Exact by construction (tests/test_prefix_reuse.py compares it with a full parse)
   client gets the same error message as without this;
 - counts are reused only for the same tokenizer.
 
+The fields before the array (model, system, instructions, tool schemas: often tens of KiB,
+resent unchanged every turn) are among the matched bytes too: their values are taken from the
+previous body's parse (`Prior.head`), and only `Prior.tail` -- the object with them cut out: the
+array's key, its new envelopes and the fields after it -- is parsed and checked. A key of the
+tail that is also one of them is a duplicate: the full parse refuses it.
+
 Kept per credential scope (one conversation's body never serves another client), a few bodies a
 scope, bounded in total by an estimate of the bytes they hold (tests/test_memory_bounds.py).
 """
@@ -58,6 +64,10 @@ class Prior:
     request: Any  # the Request the previous body made (what it worked out lazily can be reused)
     start: int  # just after the array's `[` (the same offset in the body and in `rest`)
     resume: int  # where `rest[start:]` begins in the body
+    # The top-level fields before the array as the previous body parsed them (None: not known),
+    # and the body as an object without them: what is left to parse when they are reused.
+    head: dict[str, Any] | None = None
+    tail: bytes = b""
 
     def __len__(self) -> int:
         return len(self.values)
@@ -68,15 +78,56 @@ class Prior:
 
 def parse_body(parse: Callable[..., dict[str, Any]], raw: bytes, prior: Prior | None,
                **kw: Any) -> tuple[dict[str, Any], Prior | None]:
-    """A protocol's body parser (it takes `before`: envelopes parsed already) run on `prior.rest`
-    with prior's envelopes in front, or on `raw`; and the prior still in use. A rest that fails
-    drops the prior: the whole body parsed says what is wrong, as it would have anyway."""
+    """A protocol's body parser (it takes `before`: envelopes parsed already, and `head`: the
+    fields before them, parsed already) run on `prior.tail` or `prior.rest` with prior's parts in
+    front, or on `raw`; and the prior still in use. A part that fails drops the prior: the whole
+    body parsed says what is wrong, as it would have anyway."""
     if prior is not None:
         try:
+            if prior.head is not None:
+                return parse(prior.tail, before=prior.values, head=prior.head, **kw), prior
             return parse(prior.rest, before=prior.values, **kw), prior
         except ProxyError:
             pass
     return parse(raw, **kw), None
+
+
+def tools_tokens(counter: Any, tools: Any, encoding: str, prior: Prior | None) -> int:
+    """The tool schemas' count: the previous request's when they are its very objects (reused
+    with the head, so parsed from the same bytes) and counted for the same tokenizer."""
+    previous = prior.request if prior is not None and prior.head is not None else None
+    if previous is not None and tools is not None and tools is previous.tools and encoding == previous.encoding:
+        return previous.tools_tokens
+    return counter.count_tools(tools, encoding)
+
+
+def fields_before(body: Any, field: str) -> dict[str, Any] | None:
+    """A parsed body's top-level fields before `field`, in order (None: no such field). The
+    parse keeps the bytes' order, so they are the parse of the bytes before its key."""
+    if not isinstance(body, dict) or field not in body:
+        return None
+    head: dict[str, Any] = {}
+    for k, v in body.items():
+        if k == field:
+            return head
+        head[k] = v
+    return None
+
+
+def key_at(raw: bytes, start: int, field: str) -> int | None:
+    """Where the key of the array opened just before `start` begins (`"field"`: array_start
+    matched it written as is, and only whitespace and the colon lie between it and the `[`)."""
+    i = start - 1  # the `[`
+    while i > 0 and raw[i - 1] in _WS:
+        i -= 1
+    if raw[i - 1:i] != b":":
+        return None
+    i -= 1
+    while i > 0 and raw[i - 1] in _WS:
+        i -= 1
+    key = ('"' + field + '"').encode()
+    at = i - len(key)
+    return at if at > 0 and raw.startswith(key, at) else None
 
 
 @dataclass(slots=True)
@@ -92,6 +143,8 @@ class _Entry:
     encoding: str
     size: int
     request: Any = None
+    field: str = ""  # the array's key
+    key_at: int | None = None  # where that key begins in `raw` (key_at)
 
     def matched(self, raw: bytes) -> int:
         """How many of this body's envelopes `raw` starts with, byte for byte."""
@@ -229,10 +282,14 @@ class RecentBodies:
         else:
             return None
         rest = raw[:best.start] + raw[resume:]
-        if jsonbody.has_long_digits(rest):
+        head = fields_before(getattr(best.request, "body", None), best.field) if best.key_at is not None else None
+        tail = b"{" + raw[best.key_at:best.start] + raw[resume:] if head is not None else b""
+        # The head's bytes had no 20-digit run in the previous body (it would not have been kept):
+        # only the tail need be looked at then.
+        if jsonbody.has_long_digits(tail if head is not None else rest):
             return None  # the body reads through the exact parser, which reads every value anew
         return Prior(best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n], best.encoding, rest,
-                     best, best.request, best.start, resume)
+                     best, best.request, best.start, resume, head, tail)
 
     def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
              written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
@@ -252,7 +309,7 @@ class RecentBodies:
                 return
             shift = prior.resume - prior.start
             ends = prior.entry.ends[:len(prior)] + [e + shift for e in tail]
-            start = prior.start
+            start, at = prior.start, prior.entry.key_at  # the bytes before the array are the same
         else:
             if jsonbody.has_long_digits(raw):
                 return
@@ -260,6 +317,7 @@ class RecentBodies:
             ends = elements(raw, start) if start is not None else None
             if start is None or ends is None:
                 return
+            at = key_at(raw, start, field)
         n = len(ends)
         if n > len(values) or n == 0:
             return
@@ -271,7 +329,7 @@ class RecentBodies:
         if request is not None and request.written is written:
             written[lead:] = kept  # the same bytes, in the kept request too
         entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
-                       _estimate(raw, n), request)
+                       _estimate(raw, n), request, field, at)
         with self._lock:
             if prior is not None and len(prior) == len(prior.entry.ends):
                 self._drop(prior.entry)  # it grew from that body; another that shares only a start is another conversation

@@ -112,7 +112,7 @@ class ResponsesAdapter(Adapter):
                                       n_system=n_system),
             keys=keys, written=written, encoding=encoding,
             ratio=settings.token_ratio if ratio is None else ratio,
-            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            tools_tokens=prefix.tools_tokens(counter, body.get("tools"), encoding, prior), tools=body.get("tools"),
             stateful=ri.stateful(body) is not None, native_compaction=ri.native_compaction(body),
             extra=dict(extra or {}),
         )

@@ -29,13 +29,17 @@ def too_deep() -> ProxyError:
     return unreadable(jsonbody.too_deep())
 
 
-def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
+def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True,
+                         head: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse and check a body. `before`: input items parsed (and checked) already, cut out of the
-    front of `raw`'s array (proxy/adapters/prefix.py). `whole`: check that the whole body writes
-    back as JSON; else only what is not `input` (the adapter writes each item once, and checks it
-    so: too_deep)."""
+    front of `raw`'s array; `head`: the fields before the array, parsed and checked already, cut
+    out of `raw` (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as
+    JSON; else only what is not `input` (the adapter writes each item once, and checks it so:
+    too_deep)."""
     try:
         body = jsonbody.load_request(raw)
+        if head is not None:
+            body = jsonbody.with_fields(head, body)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     if not isinstance(body, dict):
@@ -68,7 +72,7 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
             if t is not None and not isinstance(t, str):
                 raise _bad_type(f"input[{i}].type", "a string", t)
     try:  # the proxy writes it again
-        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "input"})
+        jsonbody.check_writable(jsonbody.writable_fields(body, None if whole else "input", head))
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     return body

@@ -67,8 +67,9 @@ def is_own(item: Any) -> bool:
             and isinstance(item.get("encrypted_content"), str) and item["encrypted_content"].startswith(TOKEN_PREFIX))
 
 
-def has_own(items: list[Any]) -> bool:
-    return any(is_own(it) for it in items)
+def has_own(items: list[Any], start: int = 0) -> bool:
+    """Whether one of `items` (from `start` on: those before are known to be none) is ours."""
+    return any(is_own(items[i]) for i in range(start, len(items)))
 
 
 def record_key(scope: str, rid: bytes) -> str:

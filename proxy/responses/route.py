@@ -64,6 +64,26 @@ class Prepared:
     small: str | None = None
 
 
+NOT_OWN = "not_own"  # Request.extra: none of its input items is one of our compaction items
+
+
+def has_own_items(parsed: Any, items: list[Any]) -> bool:
+    """Whether one of `items` is our compaction item. `parsed`: the Request they were parsed into
+    through the reuse (None: not so). The items it shares with the conversation's previous request
+    (the same objects) are not looked at again when none of that request's was one; a request
+    with none is marked so for the next."""
+    known = 0
+    prev = parsed.previous if parsed is not None else None
+    if prev is not None and prev.extra.get(NOT_OWN):
+        lead = len(parsed.conversation.values) - len(items)  # the instructions' envelope, before the items
+        known = max(0, min(len(items), parsed.shared - lead))
+    if compact.has_own(items, known):
+        return True
+    if parsed is not None:
+        parsed.extra[NOT_OWN] = True
+    return False
+
+
 async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, incoming: Any, ex: Any, *,
                   recall: bool = True) -> Prepared:
     """The stages for one Responses body (HTTP: `body` None, parsed here; a socket's
@@ -81,7 +101,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     elif body is None:
         body = await offload.sized(len(raw), parse_responses_body, raw)
     items = body.get("input") if isinstance(body.get("input"), list) else None
-    if items is not None and compact.has_own(items):
+    if items is not None and has_own_items(parsed, items):
         body = {**body, "input": await compact.expand(items, state.store, state.scope_secret, creds.scope, state.prompts)}
         raw = jsonbody.dumps(body)
         parsed = None

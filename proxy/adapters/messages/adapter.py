@@ -125,7 +125,7 @@ class MessagesAdapter(Adapter):
             conversation=Conversation(build=lambda: self.envelopes(values, has_system), tokens=tokens, values=values,
                                       n_system=len(system)),
             keys=keys, written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
-            tools_tokens=counter.count_tools(body.get("tools"), encoding), tools=body.get("tools"),
+            tools_tokens=prefix.tools_tokens(counter, body.get("tools"), encoding, prior), tools=body.get("tools"),
             native_compaction=native_compaction(body, _without_compaction(prior)) is not None, digest_cache=UNMARKED,
         )
 

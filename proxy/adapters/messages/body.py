@@ -23,20 +23,24 @@ def too_deep() -> ProxyError:
     return unreadable(jsonbody.too_deep())
 
 
-def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True) -> dict[str, Any]:
+def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True,
+                        head: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400).
-    `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array
+    `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array;
+    `head`: the fields before the array, parsed and checked already, cut out of `raw`
     (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as JSON; else only
     what is not `messages` (the adapter writes each message once, and checks it so: too_deep)."""
     try:
         body = jsonbody.load_request(raw)
+        if head is not None:
+            body = jsonbody.with_fields(head, body)
         known = 0
         if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
             body["messages"] = [*before, *body["messages"]]
             known = len(before)
         validate_messages_body(body, start=known)
         # the proxy writes the body again
-        jsonbody.check_writable(body if whole else {k: v for k, v in body.items() if k != "messages"})
+        jsonbody.check_writable(jsonbody.writable_fields(body, None if whole else "messages", head))
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     return body
