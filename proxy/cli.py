@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
+    from proxy import heap
+
+    heap.configure()  # fixed allocator thresholds (proxy/heap.py), inherited by forked workers
     from proxy.app import create_app
     from proxy.serve import raise_fd_limit, serve
 

@@ -99,13 +99,24 @@ def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
     return resp.headers.get("content-type", "").lower().startswith("text/event-stream")
 
 
+_TIMEOUTS: dict[tuple[bool, float, float], aiohttp.ClientTimeout] = {}
+_CACHED = 64  # distinct timeouts kept (a config has a handful; a reloaded one adds its own)
+
+
 def client_timeout(cfg: Any, *, streaming: bool) -> aiohttp.ClientTimeout:
-    """Whole-request limit for plain calls; an idle-read limit for streams (they may run long)."""
-    if streaming:
-        return aiohttp.ClientTimeout(
-            total=None, connect=cfg.connect_timeout_s, sock_read=cfg.stream_idle_timeout_s
-        )
-    return aiohttp.ClientTimeout(total=cfg.timeout_s, connect=cfg.connect_timeout_s)
+    """Whole-request limit for plain calls; an idle-read limit for streams (they may run long).
+    Made once per distinct value (ClientTimeout is immutable; making one costs every request)."""
+    key = (streaming, cfg.connect_timeout_s, cfg.stream_idle_timeout_s if streaming else cfg.timeout_s)
+    timeout = _TIMEOUTS.get(key)
+    if timeout is None:
+        if streaming:
+            timeout = aiohttp.ClientTimeout(total=None, connect=key[1], sock_read=key[2])
+        else:
+            timeout = aiohttp.ClientTimeout(total=key[2], connect=key[1])
+        if len(_TIMEOUTS) >= _CACHED:
+            _TIMEOUTS.clear()
+        _TIMEOUTS[key] = timeout
+    return timeout
 
 
 def map_client_error(e: BaseException) -> errors.ProxyError:
@@ -127,11 +138,23 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)  # writing to a departed client
 
 
+_URLS: dict[tuple[str, str], URL] = {}
+
+
 def upstream_url(base_url: str, request: web.Request, raw_tail: str) -> URL:
     """base_url + the path tail, with the client's query string, both exactly as the client encoded
-    them: decoding and re-encoding would change `%2F`, `%20` or `+` (and thus the request)."""
+    them: decoding and re-encoding would change `%2F`, `%20` or `+` (and thus the request). A
+    route's URL without a query is made once (URL is immutable; parsing one costs every request)."""
     query = request.rel_url.raw_query_string
-    return URL(base_url + raw_tail + (f"?{query}" if query else ""), encoded=True)
+    if query:
+        return URL(f"{base_url}{raw_tail}?{query}", encoded=True)
+    url = _URLS.get((base_url, raw_tail))
+    if url is None:
+        url = URL(base_url + raw_tail, encoded=True)
+        if len(_URLS) >= _CACHED:  # (pass-through tails are the client's: bounded)
+            _URLS.clear()
+        _URLS[(base_url, raw_tail)] = url
+    return url
 
 
 async def relay(
@@ -194,26 +217,36 @@ async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError, c
     return True
 
 
+NOT_PARSED: Any = object()  # relay_completion did not look inside the answer
+
+
 async def relay_completion(
     request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str]
-) -> web.StreamResponse:
-    """A chat completion answer that is not an event stream, read whole (such answers are small).
+) -> tuple[web.StreamResponse, Any]:
+    """A chat completion answer that is not an event stream, read whole (such answers are small),
+    and its JSON as the check parsed it (NOT_PARSED when it did not: not a JSON 200), so that its
+    usage is read without a second parse.
 
     A 200 whose JSON does not parse is not the upstream's error but a broken answer: the client
     gets a 502 it can retry, not a body its SDK fails to decode.
     """
     if upstream.headers.get("content-encoding"):
-        return await relay(request, upstream, extra_headers)  # we asked for identity; cannot look inside
+        # we asked for identity; cannot look inside
+        return await relay(request, upstream, extra_headers), NOT_PARSED
     try:
         body = await upstream.read()
     except UPSTREAM_ERRORS as e:
-        return map_client_error(e).response(extra_headers)
-    if upstream.status == 200 and _is_json(upstream) and not _parses(body):
-        log.warning("upstream answered 200 with malformed JSON (%d bytes)", len(body))
-        return errors.upstream_bad_response("the JSON body is malformed").response(extra_headers)
+        return map_client_error(e).response(extra_headers), NOT_PARSED
+    answer = NOT_PARSED
+    if upstream.status == 200 and _is_json(upstream):
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            log.warning("upstream answered 200 with malformed JSON (%d bytes)", len(body))
+            return errors.upstream_bad_response("the JSON body is malformed").response(extra_headers), NOT_PARSED
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
-    return web.Response(status=upstream.status, body=body, headers=headers)
+    return web.Response(status=upstream.status, body=body, headers=headers), answer
 
 
 def _is_json(resp: aiohttp.ClientResponse) -> bool:

@@ -96,3 +96,38 @@ TRIMMER = Trimmer(trim=_libc_trim())
 
 def trim_soon() -> None:
     TRIMMER.soon()
+
+
+# Fixed allocator thresholds, set once at start. glibc's default ones adapt to the blocks freed: a
+# process with a small heap then hands the top of it back after each burst of large bodies and
+# faults it in again on the next (measured on the bare aiohttp forwarder: ~200 minor page faults a
+# 100k-token request, half its CPU). Fixed, blocks up to 32 MiB come from the heap and up to 64 MiB
+# may stay free at its top between bursts; `trim_soon` still hands all of it back once large work
+# stops. (The benchmark starts every server with the same values: bench/procs.py ALLOCATOR_ENV.)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value
+TRIM_THRESHOLD = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def _libc_mallopt() -> Callable[[int, int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def configure(mallopt: Callable[[int, int], int] | None = None) -> bool:
+    """Set the fixed thresholds (once, at start, before any worker is forked: they inherit them);
+    whether the C library took both (musl and macOS have no such settings: nothing is done)."""
+    fn = mallopt if mallopt is not None else _libc_mallopt()
+    if fn is None:
+        return False
+    ok = fn(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    ok = fn(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+    if not ok:
+        log.debug("mallopt refused the allocator thresholds")
+    return ok

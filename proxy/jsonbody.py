@@ -9,17 +9,18 @@ handled only when the bytes show they may occur:
   them back exactly (orjson refuses them).
 - Duplicate keys: orjson keeps the last value, some upstreams read the first, so the proxy could act
   on a value the upstream never sees. Such a body is refused (`DuplicateKeys`, a 400 naming them).
-  Cheap to rule out: each key in the bytes is `"name":`, which occurs nowhere else in JSON (a quote
-  inside a string is escaped and a value is never followed by a colon); orjson's own writing of the
-  parsed body has exactly one per key it kept. The same count on both sides means no key was
-  dropped; a different one (or spacing before a colon, or a quote written as `\\u0022`) sends the
-  body through the exact check.
+  Cheap to rule out by counting colons: in the bytes, each is a key's (one per key written) or a
+  character of a string; orjson's own writing of the parsed body has one per key it kept, and
+  writes each string's colons as they are (it escapes only quotes, backslashes and control
+  characters). So a dropped key, which takes at least its own colon with it, makes the count
+  smaller, and the same count on both sides means none was dropped -- unless a string spelled a
+  colon as `\\u003a` (then the parsed body has more than the bytes): such a body goes through the
+  exact check. (A single byte is counted many times faster than a pair such as `":`.)
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -27,11 +28,8 @@ import orjson
 # Beyond 64 bits needs at least 20 digits (2**64 has 20): found as 20 zeros once every digit is one.
 _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
 _TWENTY = b"0" * 20
-# whitespace before a key's colon (or a long run after a quote, where a piece could cut it)
-_SPACED_COLON = re.compile(rb'"[ \t\r\n]{1,64}:|"[ \t\r\n]{64}')
-_QUOTE_SPACE = re.compile(rb'"[ \t\r\n]')  # what every _SPACED_COLON match starts with
-_KEY_END = b'":'
-_QUOTE_ESCAPE_BYTES = b"\\u0022"
+_COLON = b":"
+_ESCAPED_COLON = b"\\u003"  # + a or A: a colon written as an escape (what else starts so is rare)
 
 
 class DuplicateKeys(ValueError):
@@ -119,32 +117,23 @@ def loads(raw: bytes) -> Any:
     value = orjson.loads(raw)
     if has_long_digits(raw):
         return _exact(raw)
-    if _KEY_END in raw:
+    if _COLON in raw:  # a key somewhere
         try:
-            kept = _count(orjson.dumps(value), _KEY_END)
+            kept = _count(orjson.dumps(value), _COLON)
         except orjson.JSONEncodeError:
             return value  # nested deeper than orjson writes: refused as too deep by the caller
-        if kept != _count(raw, _KEY_END) or _spaced_colon(raw) or _QUOTE_ESCAPE_BYTES in raw:
+        if kept != _count(raw, _COLON) or _escaped_colon(raw):
             _exact(raw)  # raises DuplicateKeys when there are any; else orjson's value is right
     return value
 
 
-def _spaced_colon(raw: bytes) -> bool:
-    """_SPACED_COLON occurs in `raw`. Both its forms start with a quote and a whitespace byte: a
-    body with no such pair (nearly every one) is ruled out by the simpler scan."""
-    return _search(_QUOTE_SPACE, raw, 1) and _search(_SPACED_COLON, raw, 66)
+def _escaped_colon(raw: bytes) -> bool:
+    return _ESCAPED_COLON in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
 
 
 # Scans of a large body go piece by piece: one call over tens of megabytes would hold the GIL
 # that long and stall the event loop while this runs in a worker thread.
 _PIECE = 1 << 20
-
-
-def _search(pattern: re.Pattern[bytes], raw: bytes, overlap: int) -> bool:
-    """Whether `pattern` occurs in `raw` (its matches are at most overlap + 1 bytes long)."""
-    if len(raw) <= _PIECE:
-        return pattern.search(raw) is not None
-    return any(pattern.search(raw, i, i + _PIECE + overlap) for i in range(0, len(raw), _PIECE))
 
 
 def has_long_digits(raw: bytes) -> bool:

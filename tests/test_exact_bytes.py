@@ -39,6 +39,11 @@ async def test_integers_beyond_64_bits_survive_a_rewrite_exactly(upstream, make_
     (b'{"model" : "gpt-4", "stream": false, "messages": [{"role": "user", "content": "hi"}], "stream":true}', "'stream'"),
     # nor a quote written as \u0022 inside a key
     (b'{"model": "gpt-4", "a\\u0022": 1, "a\\"": 2, "messages": [{"role": "user", "content": "hi"}]}', "'a\"'"),
+    # nor a colon written as \u003a, which the parsed body has one more of than the bytes: as many
+    # colons on both sides as if no key had been dropped
+    (b'{"model": "gpt-4", "stream": false, "x": "\\u003a", "messages": [{"role": "user", "content": "hi"}], '
+     b'"stream": true}', "'stream'"),
+    (b'{"model": "gpt-4", "k\\u003A": 1, "messages": [{"role": "user", "content": "hi"}], "k\\u003A": 2}', "'k:'"),
 ])
 async def test_duplicate_keys_are_refused_naming_them(upstream, make_proxy, body, names):
     proxy = await make_proxy(upstream.base_url, SMALL)
@@ -48,9 +53,13 @@ async def test_duplicate_keys_are_refused_naming_them(upstream, make_proxy, body
     assert upstream.records("chat") == []
 
 
-async def test_spacing_and_escaped_quotes_without_duplicates_are_served(upstream, make_proxy):
+@pytest.mark.parametrize("body", [
+    b'{"model" : "gpt-4", "messages" : [{"role": "user", "content": "say \\"hi\\": now \\u0022x\\u0022"}]}',
+    # escaped colons and what else starts so (Go writes < as \u003c), no key twice
+    b'{"model":"gpt-4","messages":[{"role":"user","content":"a\\u003ab\\u003Ac \\u003ctag\\u003e: d"}]}',
+])
+async def test_spacing_and_escapes_without_duplicates_are_served(upstream, make_proxy, body):
     proxy = await make_proxy(upstream.base_url, SMALL)
-    body = b'{"model" : "gpt-4", "messages" : [{"role": "user", "content": "say \\"hi\\": now \\u0022x\\u0022"}]}'
     status, headers, _ = await post(proxy, body, AUTH)
     assert status == 200 and headers["x-compaction-status"] == "none"
     assert upstream.records("chat")[-1].body == body  # unchanged: the client's own bytes

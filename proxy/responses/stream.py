@@ -132,12 +132,3 @@ def responses_usage(usage: Any) -> Usage | None:
     details = usage.get("input_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(prompt, cached if isinstance(cached, int) and 0 <= cached <= prompt else 0, completion)
-
-
-def answer_usage(body: bytes) -> Usage | None:
-    """The usage of a non-streaming Responses answer."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return responses_usage(data.get("usage")) if isinstance(data, dict) else None
