@@ -422,17 +422,24 @@ async def relay_events(
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
-    await resp.prepare(request)
     checker = checker or EventChecker()
     chunk = first
+    good, why = checker.feed(chunk) if chunk else (b"", None)
+    if good:
+        # The first events are in hand: the headers go out in the same write as they do, one send
+        # instead of two (aiohttp's switch, as its web.Response sets it; unknown to a later aiohttp,
+        # it would only send them first again).
+        resp._send_headers_immediately = False
+    await resp.prepare(request)
     try:
         while chunk:
-            good, why = checker.feed(chunk)
             if good:
                 await resp.write(good)
             if why is not None:
                 raise _BrokenStream(why)
             chunk = await upstream.content.readany()
+            if chunk:
+                good, why = checker.feed(chunk)
         good, why = checker.finish()
         if good:
             await resp.write(good)
