@@ -83,15 +83,19 @@ def upstream_request_headers(
 
 
 def client_response_headers(upstream: Any) -> CIMultiDict[str]:
-    connection_listed = {
-        t.strip().lower() for v in upstream.getall("connection", []) for t in v.split(",") if t.strip()
-    }
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
-        low = name.lower()
-        if low in HOP_BY_HOP or low in connection_listed:
-            continue
-        out.add(name, value)
+    """The upstream's answer headers minus hop-by-hop ones and those its Connection header lists,
+    in their order. Copied whole and then removed from: a copy in C and a dozen deletes cost a
+    small answer half (an upstream's twenty-odd headers a quarter) of a Python loop over them."""
+    out: CIMultiDict[str] = CIMultiDict(upstream)
+    for name in HOP_BY_HOP:
+        if name in out:
+            del out[name]  # (every header of that name, whatever its case)
+    if "connection" in upstream:
+        for v in upstream.getall("connection"):
+            for t in v.split(","):
+                t = t.strip()
+                if t and t in out:
+                    del out[t]
     return out
 
 
