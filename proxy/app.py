@@ -15,11 +15,11 @@ from proxy.config import Config
 from proxy.forward import BodyPace, passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
-from proxy.ops.observe import observe, on_prepare
+from proxy.ops import observe
 from proxy.responses.handlers import handle_compact, handle_responses_get
 from proxy.responses.route import handle_responses
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
-from proxy.serve import INFLIGHT, track_inflight
+from proxy.serve import INFLIGHT, LOOP
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy")
@@ -28,20 +28,43 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the proxy makes is in the shape of the protocol served (errors.SHAPE); none carries a traceback."""
+async def serve_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The app's one middleware, doing what every request needs (each middleware layer costs every
+    request a coroutine, and aiohttp adds a layer of its own when there is any): the handler's
+    task counted in flight for the shutdown (proxy/serve.py), the request observed (ops/observe),
+    and its errors answered in the protocol's shape."""
+    inflight = request.app[INFLIGHT]
+    task = asyncio.current_task(request.app[LOOP])  # (the loop given: no lookup of the running one)
+    assert task is not None
+    inflight.add(task)
+    ex, token = observe.begin(request)
     try:
-        return await handler(request)
-    except errors.ProxyError as e:
+        try:
+            resp = await handler(request)
+        except Exception as e:
+            resp = error_response(request, e)
+        observe.answered(ex, resp)
+        return resp
+    except BaseException as e:
+        observe.failed(ex, e)
+        raise
+    finally:
+        observe.end(request, ex, token)
+        inflight.discard(task)
+
+
+def error_response(request: web.Request, e: Exception) -> web.StreamResponse:
+    """Every error the proxy makes is in the shape of the protocol served (errors.SHAPE); none
+    carries a traceback. A redirect is raised on."""
+    if isinstance(e, errors.ProxyError):
         return e.response()
-    except web.HTTPException as e:
+    if isinstance(e, web.HTTPException):
         if e.status < 400:
-            raise
+            raise e
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
         return errors.ProxyError(e.status, e.reason or "error", code=code).response()
-    except Exception:
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        return errors.ProxyError(500, "The proxy failed to handle this request.", type="server_error", code="proxy_error").response()
+    log.exception("unexpected error handling %s %s", request.method, request.path, exc_info=e)
+    return errors.ProxyError(500, "The proxy failed to handle this request.", type="server_error", code="proxy_error").response()
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -71,7 +94,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     logsafe.install()  # before anything can log a request: no credential or forged line in any log
     max_body = int(cfg.server.max_body_mb * 1024 * 1024)
     app = web.Application(
-        middlewares=[track_inflight, observe, error_middleware],
+        middlewares=[serve_request],
         client_max_size=max_body,
         handler_args={
             "max_field_size": cfg.server.max_header_kb * 1024,
@@ -87,6 +110,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
         },
     )
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        app[LOOP] = asyncio.get_running_loop()
         app[STATE] = await (state_factory or ProxyState.create)(cfg)
         yield
         await app[STATE].close()
@@ -94,7 +118,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app[RESPONSES] = ResponsesRuntime()
-    app.on_response_prepare.append(on_prepare)
+    app.on_response_prepare.append(observe.on_prepare)
     app.router.add_get("/healthz", healthz)
     add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
     add_protocol_route(app, "/v1/messages", messages.handle_messages, "messages")

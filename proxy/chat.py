@@ -80,13 +80,11 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, request.headers.get("x-compaction-focus") or None,
-                                          ex.conversation, recall=state.recall is not None,
-                                          recall_tokens=recall_chat.declaration_tokens(state.recall, state.prompts, state.counter,
-                                                                                       parsed) if state.recall else 0))
+                                          ex.conversation, **recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
     try:
         await run_request(state.stages, flow)
         recall = None
-        if state.recall is not None:  # the originals kept; the tool declared when anything was replaced
+        if state.recall is not None and flow.changed:  # the originals kept; the tool declared when anything was replaced
             recall = await recall_chat.prepare(state.recall, state.prompts, flow)
         data = flow.body() if not flow.changed else await offload.sized(len(raw), flow.body)
     except Exception:

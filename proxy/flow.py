@@ -12,7 +12,7 @@ proxy/model.py) and fill `flow.report`; they never see the protocol, and never t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from proxy.adapters.base import Adapter, Request
 from proxy.model import Conversation
@@ -29,8 +29,18 @@ class Identity:
     # the route keeps the originals of what the stages replace and answers the recall tool (design
     # 13): notes and summaries then name their originals, and compaction leaves room for the tool
     recall: bool = False
-    recall_tokens: int = 0  # what the tool's declaration adds to a request that carries a replacement
+    # what the tool's declaration adds to a request that carries a replacement: a count, or a
+    # function that counts it when first read (only compaction and the declaration read it, and
+    # most requests have neither: counting the declared tools on each one cost more than the flow)
+    recall_count: "int | Callable[[], int]" = 0
     long_context: bool = False  # the request opted into its model's longer window (Claude's 1M beta)
+
+    @property
+    def recall_tokens(self) -> int:
+        n = self.recall_count
+        if not isinstance(n, int):
+            n = self.recall_count = n()
+        return n
 
 
 @dataclass
@@ -96,6 +106,12 @@ class Flow:
 class Stage:
     """A step of every request, named by the events it handles. The defaults do nothing."""
 
+    def idle(self, flow: Flow) -> bool:
+        """Whether `request` would leave this flow exactly as it is (forwarded, report, marks that
+        matter, store, journal): a pure look at the request's counts and settings. False (the
+        default): the hook may act, so it runs."""
+        return False
+
     async def request(self, flow: Flow) -> None:
         """Before the upstream call: may replace flow.forwarded and fill flow.report."""
 
@@ -112,6 +128,11 @@ class Stage:
 
 
 async def run_request(stages: Sequence[Stage], flow: Flow) -> None:
+    """Each stage's request hook, in order; none when every stage is idle (most requests: small
+    ones, far under every threshold), which leaves the flow as running them would. Asking all
+    before running any holds because an idle stage changes nothing the next one looks at."""
+    if all(stage.idle(flow) for stage in stages):
+        return
     for stage in stages:
         await stage.request(flow)
 

@@ -99,13 +99,24 @@ def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
     return resp.headers.get("content-type", "").lower().startswith("text/event-stream")
 
 
+_TIMEOUTS: dict[tuple[bool, float, float], aiohttp.ClientTimeout] = {}
+_CACHED = 64  # distinct timeouts kept (a config has a handful; a reloaded one adds its own)
+
+
 def client_timeout(cfg: Any, *, streaming: bool) -> aiohttp.ClientTimeout:
-    """Whole-request limit for plain calls; an idle-read limit for streams (they may run long)."""
-    if streaming:
-        return aiohttp.ClientTimeout(
-            total=None, connect=cfg.connect_timeout_s, sock_read=cfg.stream_idle_timeout_s
-        )
-    return aiohttp.ClientTimeout(total=cfg.timeout_s, connect=cfg.connect_timeout_s)
+    """Whole-request limit for plain calls; an idle-read limit for streams (they may run long).
+    Made once per distinct value (ClientTimeout is immutable; making one costs every request)."""
+    key = (streaming, cfg.connect_timeout_s, cfg.stream_idle_timeout_s if streaming else cfg.timeout_s)
+    timeout = _TIMEOUTS.get(key)
+    if timeout is None:
+        if streaming:
+            timeout = aiohttp.ClientTimeout(total=None, connect=key[1], sock_read=key[2])
+        else:
+            timeout = aiohttp.ClientTimeout(total=key[2], connect=key[1])
+        if len(_TIMEOUTS) >= _CACHED:
+            _TIMEOUTS.clear()
+        _TIMEOUTS[key] = timeout
+    return timeout
 
 
 def map_client_error(e: BaseException) -> errors.ProxyError:
@@ -127,11 +138,23 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)  # writing to a departed client
 
 
+_URLS: dict[tuple[str, str], URL] = {}
+
+
 def upstream_url(base_url: str, request: web.Request, raw_tail: str) -> URL:
     """base_url + the path tail, with the client's query string, both exactly as the client encoded
-    them: decoding and re-encoding would change `%2F`, `%20` or `+` (and thus the request)."""
+    them: decoding and re-encoding would change `%2F`, `%20` or `+` (and thus the request). A
+    route's URL without a query is made once (URL is immutable; parsing one costs every request)."""
     query = request.rel_url.raw_query_string
-    return URL(base_url + raw_tail + (f"?{query}" if query else ""), encoded=True)
+    if query:
+        return URL(f"{base_url}{raw_tail}?{query}", encoded=True)
+    url = _URLS.get((base_url, raw_tail))
+    if url is None:
+        url = URL(base_url + raw_tail, encoded=True)
+        if len(_URLS) >= _CACHED:  # (pass-through tails are the client's: bounded)
+            _URLS.clear()
+        _URLS[(base_url, raw_tail)] = url
+    return url
 
 
 async def relay(
@@ -194,26 +217,36 @@ async def _write_error_event(resp: web.StreamResponse, err: errors.ProxyError, c
     return True
 
 
+NOT_PARSED: Any = object()  # relay_completion did not look inside the answer
+
+
 async def relay_completion(
     request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str]
-) -> web.StreamResponse:
-    """A chat completion answer that is not an event stream, read whole (such answers are small).
+) -> tuple[web.StreamResponse, Any]:
+    """A chat completion answer that is not an event stream, read whole (such answers are small),
+    and its JSON as the check parsed it (NOT_PARSED when it did not: not a JSON 200), so that its
+    usage is read without a second parse.
 
     A 200 whose JSON does not parse is not the upstream's error but a broken answer: the client
     gets a 502 it can retry, not a body its SDK fails to decode.
     """
     if upstream.headers.get("content-encoding"):
-        return await relay(request, upstream, extra_headers)  # we asked for identity; cannot look inside
+        # we asked for identity; cannot look inside
+        return await relay(request, upstream, extra_headers), NOT_PARSED
     try:
         body = await upstream.read()
     except UPSTREAM_ERRORS as e:
-        return map_client_error(e).response(extra_headers)
-    if upstream.status == 200 and _is_json(upstream) and not _parses(body):
-        log.warning("upstream answered 200 with malformed JSON (%d bytes)", len(body))
-        return errors.upstream_bad_response("the JSON body is malformed").response(extra_headers)
+        return map_client_error(e).response(extra_headers), NOT_PARSED
+    answer = NOT_PARSED
+    if upstream.status == 200 and _is_json(upstream):
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            log.warning("upstream answered 200 with malformed JSON (%d bytes)", len(body))
+            return errors.upstream_bad_response("the JSON body is malformed").response(extra_headers), NOT_PARSED
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
-    return web.Response(status=upstream.status, body=body, headers=headers)
+    return web.Response(status=upstream.status, body=body, headers=headers), answer
 
 
 def _is_json(resp: aiohttp.ClientResponse) -> bool:
@@ -229,6 +262,10 @@ def _parses(body: bytes) -> bool:
 
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+# One byte looked for by its value: `b"\n" in data` first tries the needle as an integer and
+# raises (and clears) a TypeError before it searches, several times the cost of the search itself
+# on an event-sized chunk, which every relayed event pays.
+CR, LF = ord("\r"), ord("\n")
 DRAIN_S = 1.0  # after [DONE], how long we wait for the upstream's end of stream
 # One SSE event, at most. A chat completion chunk is a few KiB (a tool call's arguments arrive in
 # many small deltas); an event this large, or one that never ends, is not a chat completion, and
@@ -246,16 +283,22 @@ class EventChecker:
         self._pending = bytearray()
         self._max = max_event_bytes
         self.done = False  # `data: [DONE]` went by: the answer is complete
-        self.usage: Any = None  # the `usage` object of the stream's last chunk (stream_options.include_usage)
+        # the last `usage` object a chunk carried at its top level (stream_options.include_usage)
+        self.usage: Any = None
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
-        if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and b"\r" not in chunk:
-            # The usual chunk: whole events and nothing after them. Splitting at every blank line
-            # finds the events the general path below finds (the same leftmost, non-overlapping
-            # ends), without copying the chunk.
+        if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and CR not in chunk:
+            # Whole events and nothing after them. Splitting at every blank line finds the events
+            # the general path below finds (the same leftmost, non-overlapping ends), without
+            # copying the chunk.
+            events = chunk.split(b"\n\n")
+            events.pop()  # the empty rest after the last event's end
+            if len(events) == 1:  # one event per chunk, as upstreams send them
+                why = self.event(events[0])
+                return (chunk, None) if why is None else (b"", why)
             pos = 0
-            for event in chunk[:-2].split(b"\n\n"):
+            for event in events:
                 why = self.event(event)
                 if why is not None:
                     return chunk[:pos], why
@@ -282,9 +325,9 @@ class EventChecker:
 
     def event(self, event: bytes) -> str | None:
         """Check one whole event and note what it tells (the end, the usage); why it is broken, or None."""
-        if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        if event.startswith(b"data: ") and LF not in event and CR not in event:
             # One data line, as every chat completion chunk is: parsed once, for the check and
-            # for the usage.
+            # for the usage (read from the parsed chunk: no scan of its bytes).
             payload = event[6:]
             try:
                 obj = orjson.loads(payload)
@@ -293,13 +336,13 @@ class EventChecker:
                     return "an event's data is not valid JSON"
                 self.done = self.done or event.rstrip() == b"data: [DONE]"
                 return None
-            if b'"usage":{' in payload or b'"usage": {' in payload:
-                self.usage = obj.get("usage") if isinstance(obj, dict) else None
+            if type(obj) is dict and type(usage := obj.get("usage")) is dict:
+                self.usage = usage
             return None
         why = _check_event(event)
         self.done = self.done or event.strip() == b"data: [DONE]"
-        if why is None and (b'"usage":{' in event or b'"usage": {' in event):
-            self.usage = _event_usage(event)
+        if why is None and b"usage" in event and type(usage := _event_usage(event)) is dict:
+            self.usage = usage
         return why
 
     def ended(self) -> str | None:
@@ -322,6 +365,20 @@ class EventChecker:
 def event_fields(event: bytes) -> tuple[str | None, bytes | None]:
     """An SSE event's name and its data lines joined (None when it has no data: a comment or a
     field without data), for the protocols whose events are named (Responses, Messages)."""
+    if CR not in event:
+        # The usual shapes (one `data: ` line, after an `event:` line or alone), read without
+        # splitting the event into lines; what they give is what the loop below gives.
+        if event.startswith(b"event:"):
+            nl = event.find(LF)
+            if nl > 0 and event.startswith(b"data: ", nl + 1) and event.find(LF, nl + 1) < 0:
+                return event[6:nl].strip().decode("utf-8", "replace"), event[nl + 7:]
+        elif event.startswith(b"data: ") and LF not in event:
+            return None, event[6:]
+    return _fields_by_line(event)
+
+
+def _fields_by_line(event: bytes) -> tuple[str | None, bytes | None]:
+    """event_fields read line by line: any event, however its lines are framed."""
     name: str | None = None
     data: list[bytes] = []
     for line in event.splitlines():

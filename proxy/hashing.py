@@ -99,6 +99,7 @@ def hash_chain(digests: Sequence[bytes], known: Sequence[bytes] | None = None) -
     return out
 
 
+@functools.lru_cache(maxsize=4096)  # pure; every request of a conversation asks it the same (bounded)
 def conversation_digest(scope: str, first_message_digest: bytes) -> str:
     """Names a conversation in the journal and the bill: its scope and the digest of its first
     message (the prepare slot tells conversations apart the same way)."""

@@ -27,6 +27,7 @@ from proxy import errors, jsonbody, offload
 from proxy.adapters.base import Adapter
 from proxy.flow import Flow, Stage, run_overflow
 from proxy.forward import (
+    NOT_PARSED,
     UPSTREAM_ERRORS,
     client_response_headers,
     client_timeout,
@@ -119,15 +120,18 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     return web.Response(status=upstream.status, body=err_body,
                                         headers={**client_response_headers(upstream.headers), **extra})
                 if not _checkable_stream(upstream):
-                    resp = await relay_completion(request, upstream, extra)
+                    resp, answer = await relay_completion(request, upstream, extra)
                     if recall is not None and resp.status == 200 and isinstance(resp, web.Response):
+                        answer = NOT_PARSED  # the recall layer may answer with other bytes
                         resp = await recall_answers.answer_whole(
                             recall.dialect, http, up.url, up.headers, up.timeout, resp, recall.session,
                             await offload.sized(len(data), orjson.loads, data))
                         if recall.whole is not None and recall.session.unanswered and isinstance(resp, web.Response):
                             await recall.whole(bytes(resp.body))
                     ex.upstream_s = time.perf_counter() - t0
-                    if resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
+                    if answer is not NOT_PARSED:
+                        ex.usage = adapter.answer_usage(answer)
+                    elif resp.status == 200 and isinstance(resp, web.Response) and resp.body is not None:
                         ex.usage = adapter.usage(resp.body)
                     return resp
                 # Headers wait for the first events: until then an overflow can still be retried

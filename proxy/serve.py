@@ -34,7 +34,8 @@ from proxy.config import Config
 
 log = logging.getLogger("proxy")
 
-INFLIGHT = web.AppKey("inflight", set)  # handler tasks of the requests being served
+INFLIGHT = web.AppKey("inflight", set)  # handler tasks of the requests being served (app.serve_request adds them)
+LOOP = web.AppKey("loop", asyncio.AbstractEventLoop)  # the loop serving the app
 CANCEL_WAIT_S = 2.0  # after the grace: how long cancelled handlers get to unwind
 
 
@@ -123,18 +124,6 @@ class ProxyRunner(web.AppRunner):
         server.__class__ = GuardedServer  # the same server, making our connections
         server.limits = self._limits  # type: ignore[attr-defined]
         return server
-
-
-@web.middleware
-async def track_inflight(request: web.Request, handler: Any) -> web.StreamResponse:
-    tasks: set[asyncio.Task[Any]] = request.app[INFLIGHT]
-    task = asyncio.current_task()
-    assert task is not None
-    tasks.add(task)
-    try:
-        return await handler(request)
-    finally:
-        tasks.discard(task)
 
 
 def raise_fd_limit(cfg: Config) -> None:

@@ -9,6 +9,7 @@ estimate bytes/4, and it says so once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "chatgpt-4o", "gpt-os
 _O_SERIES = re.compile(r"o\d")  # o1, o3-mini, o4-mini ... and whatever o-model comes next
 
 
+@functools.lru_cache(maxsize=1024)  # pure; asked on every request, of a few model names (bounded: clients name them)
 def encoding_name_for(model: str) -> str:
     """o200k_base for the gpt-4o generation and later, cl100k_base for the rest (an approximation).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,17 @@ def test_the_access_lines_text_is_its_fields_written_out(rid, method, path, prot
         ex.usage = Usage(*usage) if usage is not None else None
     log = AccessLog(worker)
     assert log.text(ex, ms) == _fields_text(log.fields(ex, ms))
+
+
+@settings(max_examples=300, deadline=None)
+@given(created=st.floats(0, 4e9) | st.integers(0, 4_000_000_000).map(lambda s: s + 0.9999999),
+       fmt=st.sampled_from(["text", "json"]))
+def test_a_lines_time_is_what_strftime_and_the_millis_format_make(created, fmt):
+    """The time stamp's milliseconds come from a table (not formatted per line): the same text
+    as the logging module's `millis % (date, n)` for every instant."""
+    f = TextFormatter() if fmt == "text" else JsonFormatter()
+    stamp = f.stamp if fmt == "text" else f._stamp
+    second = int(created)
+    expected = stamp.millis % (time.strftime(stamp.fmt, stamp.convert(second)), int((created - second) * 1000))
+    assert stamp(created) == expected
+    assert stamp(created) == expected  # the second's text, now remembered

@@ -8,7 +8,8 @@ import pytest
 
 from proxy.errors import ProxyError
 from proxy.responses.body import parse_responses_body
-from proxy.responses.stream import answer_usage, responses_usage
+from proxy.adapters.responses import ResponsesAdapter
+from proxy.responses.stream import responses_usage
 
 
 def body(**over) -> bytes:
@@ -42,5 +43,8 @@ def test_mistakes_are_named(raw: bytes, param, code) -> None:
 def test_usage_of_an_answer() -> None:
     u = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 100}, "output_tokens": 9}
     assert responses_usage(u).prompt == 120 and responses_usage(u).cached == 100 and responses_usage(u).completion == 9
-    assert answer_usage(orjson.dumps({"usage": u})).cached == 100
-    assert responses_usage({"prompt_tokens": 1}) is None and answer_usage(b"not json") is None
+    adapter = ResponsesAdapter()
+    assert adapter.usage(orjson.dumps({"usage": u})).cached == 100
+    assert adapter.answer_usage({"usage": u}).cached == 100  # the answer the relay's check parsed
+    assert responses_usage({"prompt_tokens": 1}) is None and adapter.usage(b"not json") is None
+    assert adapter.usage(b"[1]") is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
@@ -111,3 +112,60 @@ async def test_what_the_adapter_does_not_call_an_overflow_is_relayed_as_it_came(
     retries: list[int] = []
     status, body, _ = await through_proxy(base, b"fine", retries)
     assert (status, body) == (200, OK + b"|none") and retries == [] and bodies == [b"fine"]
+
+
+class Parsed(ChatAdapter):
+    """Counts how the usage of a whole answer is read: from the relay's parse, or from the bytes."""
+
+    def __init__(self) -> None:
+        self.parsed: list[Any] = []
+        self.bytes_read = 0
+
+    def answer_usage(self, answer: Any) -> Usage | None:
+        self.parsed.append(answer)
+        return super().answer_usage(answer)
+
+    def usage(self, answer: bytes) -> Usage | None:
+        self.bytes_read += 1
+        return super().usage(answer)
+
+
+@pytest.mark.parametrize("answer, content_type, status", [
+    (b'{"id": "c1", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}', "application/json", 200),
+    (b'{"id": "c1", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}', "text/plain", 200),
+    (b'{"error": {"message": "no"}}', "application/json", 429),
+    (b'{"id": "c1", "usage": {"prompt_tokens": 5, ', "application/json", 200),
+], ids=["json-200", "not-json-type", "error-status", "malformed"])
+async def test_a_whole_answer_is_parsed_once_for_its_check_and_its_usage(answer, content_type, status):
+    """The relay's JSON check parses a 200 JSON answer; its usage is read from that parse, never
+    from the bytes again. What the check does not parse keeps the byte-reading path (a 200 of
+    another type), or has no usage (an error, a malformed answer: the client gets a 502)."""
+
+    async def upstream(request: web.Request) -> web.Response:
+        return web.Response(status=status, body=answer, content_type=content_type)
+
+    adapter = Parsed()
+    seen: dict[str, Exchange] = {}
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        request[EXCHANGE] = seen["ex"] = Exchange("r", "POST", "/", "toy", "toy")
+        async with aiohttp.ClientSession() as http:
+            up = Upstream(URL(base + "/up"), CIMultiDict(), aiohttp.ClientTimeout(total=10))
+            return await send(request, http, adapter, up, b"{}", {"x-compaction-status": "none"})
+
+    up_app, app = web.Application(), web.Application()
+    up_app.router.add_post("/up", upstream)
+    app.router.add_post("/", route)
+    async with serving(up_app) as base, serving(app) as proxy_base, aiohttp.ClientSession() as c:
+        async with c.post(proxy_base + "/", data=b"x") as r:
+            got = r.status, await r.read()
+    usage = seen["ex"].usage
+    if content_type == "application/json" and status == 200 and got[0] == 200:
+        assert adapter.parsed == [orjson.loads(answer)] and adapter.bytes_read == 0 and got == (200, answer)
+        assert usage == Usage(prompt=5, cached=0, completion=2)
+    elif content_type == "text/plain":
+        assert adapter.parsed and adapter.bytes_read == 1 and usage == Usage(prompt=5, cached=0, completion=2)
+    elif status == 429:
+        assert got == (429, answer) and not adapter.parsed and adapter.bytes_read == 0 and usage is None
+    else:
+        assert got[0] == 502 and not adapter.parsed and adapter.bytes_read == 0 and usage is None

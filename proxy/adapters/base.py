@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
+import orjson
+
 from proxy import jsonbody
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.forward import EventChecker
 from proxy.hashing import DigestCache, hash_chain
 from proxy.model import Conversation, Envelope, Injected
-from proxy.ops.events import completion_usage
 from proxy.ops.exchange import Usage
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter
 from proxy.upstream import SummarizerError
@@ -215,7 +216,15 @@ class Adapter(ABC):
 
     def usage(self, answer: bytes) -> Usage | None:
         """The usage of a non-streaming answer (the bill and the token ratio read it)."""
-        return completion_usage(answer)
+        try:
+            data = orjson.loads(answer)
+        except orjson.JSONDecodeError:
+            return None
+        return self.answer_usage(data)
+
+    def answer_usage(self, answer: Any) -> Usage | None:
+        """`usage` of an answer already parsed (the relay's check parses it: once is enough)."""
+        return Usage.from_openai(answer.get("usage")) if isinstance(answer, dict) else None
 
     def stream_usage(self, checker: Any) -> Usage | None:
         """The usage a relayed stream reported (`checker.usage`: what its events said)."""

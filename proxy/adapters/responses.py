@@ -34,7 +34,7 @@ from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_resul
 from proxy.ops.exchange import Usage
 from proxy.responses import items as ri
 from proxy.responses.body import parse_responses_body, too_deep
-from proxy.responses.stream import ResponsesEventChecker, answer_usage, read_preamble, responses_usage
+from proxy.responses.stream import ResponsesEventChecker, read_preamble, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
 
@@ -227,8 +227,8 @@ class ResponsesAdapter(Adapter):
         held, seen = await read_preamble(upstream)
         return held, seen.overflow
 
-    def usage(self, answer: bytes) -> Usage | None:
-        return answer_usage(answer)
+    def answer_usage(self, answer: Any) -> Usage | None:
+        return responses_usage(answer.get("usage")) if isinstance(answer, dict) else None
 
     def stream_usage(self, checker: EventChecker) -> Usage | None:
         return responses_usage(checker.usage)

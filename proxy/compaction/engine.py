@@ -146,6 +146,13 @@ class CompactionEngine:
         await self.preparer.idle()
 
     # -- the request path ----------------------------------------------------------------------
+    def leaves_alone(self, flow: Flow, conv: Conversation) -> bool:
+        """Whether `process` would do nothing for `conv` but answer "none": under the threshold,
+        and not far enough past it to prepare the next summary ahead."""
+        budget = self.budget(flow)
+        total = flow.total(conv)
+        return total <= budget.threshold and not self.preparer.wants(flow, conv, budget, total)
+
     async def process(self, flow: Flow, conv: Conversation, *, budget: Budget | None = None) -> Outcome:
         """Compact `conv` (the flow's conversation after the tool-result notes) when the request
         exceeds its threshold, or `budget` is forced after an overflow."""

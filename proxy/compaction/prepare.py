@@ -75,11 +75,16 @@ class Preparer:
         if self._queue is not None:
             await self._queue.join()
 
+    def wants(self, flow: Flow, conv: Conversation, budget: Budget, total: int) -> bool:
+        """Whether `maybe` would queue this conversation: preparing is on, `total` is past
+        `prepare_percent` of the threshold, and there is a history to summarize."""
+        pct = self.cfg.prepare_percent
+        return self._queue is not None and pct > 0 and total * 100 >= budget.threshold * pct and conv.n_system < len(conv)
+
     def maybe(self, flow: Flow, conv: Conversation, budget: Budget, total: int) -> None:
         """Queue the preparation of this conversation's next summary when `total` (what the request
         forwards) is past `prepare_percent` of the threshold. Never waits."""
-        pct = self.cfg.prepare_percent
-        if self._queue is None or pct <= 0 or total * 100 < budget.threshold * pct or conv.n_system >= len(conv):
+        if not self.wants(flow, conv, budget, total):
             return
         # One slot per conversation, told apart by scope and first message: a clash only means
         # one of two look-alike conversations is compacted on its request path.

@@ -31,6 +31,14 @@ class CompactionStage(Stage):
     def enabled(self) -> bool:
         return self.engine.cfg.compaction.enabled
 
+    def idle(self, flow: Flow) -> bool:
+        """Off or not for this request; or under the threshold with no summary to prepare ahead
+        (then `request` would only report "none" and the tokens as they are, which the route
+        reports anyway). A token count (count_only) is never idle: it has its own path."""
+        if not self.enabled or flow.request.stateful or flow.request.native_compaction:
+            return True
+        return not flow.request.extra.get("count_only") and self.engine.leaves_alone(flow, flow.forwarded)
+
     async def request(self, flow: Flow) -> None:
         if not self.enabled or flow.request.stateful or flow.request.native_compaction:
             return

@@ -1,4 +1,4 @@
-"""Turning a compacted request into its journal event, and reading an answer's usage (pure)."""
+"""Turning a compacted request into its journal event (pure)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import orjson
-
 from proxy.model import Conversation, Kind
-from proxy.ops.exchange import Exchange, Usage
+from proxy.ops.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent
 
 # Statuses that are no compaction event: nothing needed, or a stored summary applied again.
@@ -69,12 +67,3 @@ def describe_masks(masks: dict[str, str] | None) -> list[str]:
     lines = [f"{len(stubs)} old tool outputs replaced by stubs"]
     lines += [f"stub: {s[:300]}" for s in stubs[:MASKS_LISTED]]
     return lines
-
-
-def completion_usage(body: bytes) -> Usage | None:
-    """The usage of a non-streaming chat completion answer (None when it has none)."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return Usage.from_openai(data.get("usage")) if isinstance(data, dict) else None

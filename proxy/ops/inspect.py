@@ -187,7 +187,7 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
         conversation=conversation_digest(creds.scope or "", parsed.first_digest()),
         # as the chat route: handles in notes and summaries, room and count for the recall tool
         recall=state.recall is not None,
-        recall_tokens=declaration_tokens(state.recall, state.prompts, state.counter, parsed) if state.recall else 0,
+        recall_count=declaration_tokens(state.recall, state.prompts, state.counter, parsed) if state.recall else 0,
     )
     flow = Flow.of(CHAT, parsed, identity)
     await run_request(state.stages, flow)

@@ -75,18 +75,24 @@ def _fields_text(fields: dict[str, Any] | None) -> str:
 
 class _Stamp:
     """A record's time in one format, the date and time part made once per second (strftime and
-    localtime cost more than the rest of an access line)."""
+    localtime cost more than the rest of an access line), the milliseconds' part taken from a
+    table (`millis` % (date, n) written for every n: the formatting cost as much again)."""
 
     def __init__(self, fmt: str, convert: Any, millis: str) -> None:
         self.fmt, self.convert, self.millis = fmt, convert, millis
         self._second = -1
         self._text = ""
+        # `millis` is "<date part><after>" with the date part first: what follows it, per n
+        # (1000 included: a fraction a hair under 1 s could round up to it).
+        head, _, _ = millis.partition("%s")
+        assert head == "", millis
+        self._after = [millis % ("", n) for n in range(1001)]
 
     def __call__(self, created: float) -> str:
         second = int(created)
         if second != self._second:
             self._second, self._text = second, time.strftime(self.fmt, self.convert(second))
-        return self.millis % (self._text, int((created - second) * 1000))
+        return self._text + self._after[int((created - second) * 1000)]
 
 
 class TextFormatter(logging.Formatter):
@@ -214,26 +220,34 @@ class AccessLog(Hooks):
         without a dict and a loop over it (a third of this line's cost; tests/test_logs.py checks
         the two agree)."""
         # (the request id and the protocol label are ours: plain words, no escaping)
-        t = (f" request_id={ex.request_id} method={_word(ex.method)} path={_word(ex.path)} status={ex.code}"
-             f" duration_ms={ms:.1f} protocol={ex.protocol}")
+        words = _WORDS
+        t = (f" request_id={ex.request_id} method={words.get(ex.method) or _word(ex.method)}"
+             f" path={words.get(ex.path) or _word(ex.path)} status={ex.code} duration_ms={ms:.1f} protocol={ex.protocol}")
         if self.worker is not None:
             t += f" worker={self.worker}"
         if ex.tokens_before is None:
             return t
-        if ex.model:
-            t += f" model={_word(ex.model)}"
-        if ex.compaction:
-            t += f" compaction={_word(ex.compaction)}"  # (read from the answer's header: a pass-through's may be anything)
-        t += f" tokens_before={ex.tokens_before}"
-        if ex.tokens_after is not None:
-            t += f" tokens_after={ex.tokens_after}"
-        t += f" tool_notes={ex.tool_notes} wait_ms={ex.wait_ms:.1f}"
-        if ex.upstream_ttfb_s is not None:
-            t += f" upstream_ttfb_ms={ex.upstream_ttfb_s * 1000:.1f}"
-        t += f" stream={ex.stream}"
-        if ex.usage is not None:
-            u = ex.usage
-            t += f" upstream_prompt={u.prompt} upstream_cached={u.cached} upstream_completion={u.completion}"
+        model, compaction, after, ttfb, u = ex.model, ex.compaction, ex.tokens_after, ex.upstream_ttfb_s, ex.usage
+        if model and compaction and after is not None and ttfb is not None and u is not None:
+            # A protocol route's answer, in one piece (the same words as the general case below).
+            t = (f"{t} model={words.get(model) or _word(model)} compaction={words.get(compaction) or _word(compaction)}"
+                 f" tokens_before={ex.tokens_before} tokens_after={after} tool_notes={ex.tool_notes}"
+                 f" wait_ms={ex.wait_ms:.1f} upstream_ttfb_ms={ttfb * 1000:.1f} stream={ex.stream}"
+                 f" upstream_prompt={u.prompt} upstream_cached={u.cached} upstream_completion={u.completion}")
+        else:
+            if model:
+                t += f" model={_word(model)}"
+            if compaction:
+                t += f" compaction={_word(compaction)}"  # (read from the answer's header: a pass-through's may be anything)
+            t += f" tokens_before={ex.tokens_before}"
+            if after is not None:
+                t += f" tokens_after={after}"
+            t += f" tool_notes={ex.tool_notes} wait_ms={ex.wait_ms:.1f}"
+            if ttfb is not None:
+                t += f" upstream_ttfb_ms={ttfb * 1000:.1f}"
+            t += f" stream={ex.stream}"
+            if u is not None:
+                t += f" upstream_prompt={u.prompt} upstream_cached={u.cached} upstream_completion={u.completion}"
         if ex.upstream_request_id:
             t += f" upstream_request_id={_word(ex.upstream_request_id)}"
         return t

@@ -15,10 +15,10 @@ worker every PUBLISH_S (and by the answering one at once).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import os
 import time
+from bisect import bisect_left
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
@@ -167,29 +167,44 @@ class Metrics(Hooks):
             self.flush()
 
     def request_done(self, ex: Exchange) -> None:
+        # (Tally.add written out: a call each costs as much as the adding; tests/test_metrics.py
+        # checks the series against prometheus-client's own observe)
         self._live -= 1
-        key = (ex.route, ex.protocol, ex.code, ex.compaction)
-        self._req[key] = self._req.get(key, 0) + 1
-        h = self._by_route.get(key[:2])
+        route, protocol = ex.route, ex.protocol
+        key = (route, protocol, ex.code, ex.compaction)
+        req = self._req
+        req[key] = req.get(key, 0) + 1
+        h = self._by_route.get((route, protocol))
         if h is None:
-            h = self._by_route[key[:2]] = Tally(self.duration.labels(ex.route, ex.protocol))
-        h.add(time.perf_counter() - ex.started)
+            h = self._by_route[(route, protocol)] = Tally(self.duration.labels(route, protocol))
+        v = time.perf_counter() - ex.started
+        h.sum += v
+        h.counts[bisect_left(h.bounds, v)] += 1
         if ex.tokens_before is not None:  # (else not a protocol adapter's answer: pass-through, admin, an early error)
-            p = self._by_protocol.get(ex.protocol)
+            p = self._by_protocol.get(protocol)
             if p is None:
-                p = self._by_protocol[ex.protocol] = ProtocolTally(self, ex.protocol)
+                p = self._by_protocol[protocol] = ProtocolTally(self, protocol)
             p.received += ex.tokens_before
             p.forwarded += ex.tokens_after or 0
             p.notes += ex.tool_notes
-            p.wait.add(ex.wait_ms / 1000)
-            if ex.upstream_s is not None:
-                p.upstream.add(ex.upstream_s)
-            if ex.upstream_ttfb_s is not None:
-                p.ttfb.add(ex.upstream_ttfb_s)
-            if ex.usage is not None:
-                p.prompt += max(0, ex.usage.prompt)
-                p.cached += max(0, ex.usage.cached)
-                p.completion += max(0, ex.usage.completion)
+            h, v = p.wait, ex.wait_ms / 1000
+            h.sum += v
+            h.counts[bisect_left(h.bounds, v)] += 1
+            v = ex.upstream_s
+            if v is not None:
+                h = p.upstream
+                h.sum += v
+                h.counts[bisect_left(h.bounds, v)] += 1
+            v = ex.upstream_ttfb_s
+            if v is not None:
+                h = p.ttfb
+                h.sum += v
+                h.counts[bisect_left(h.bounds, v)] += 1
+            u = ex.usage
+            if u is not None:
+                p.prompt += max(0, u.prompt)
+                p.cached += max(0, u.cached)
+                p.completion += max(0, u.completion)
         if self.shared is not None:
             self.flush()
 
@@ -235,7 +250,7 @@ class Tally:
 
     def add(self, amount: float) -> None:
         self.sum += amount
-        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+        self.counts[bisect_left(self.bounds, amount)] += 1
 
     def flush(self) -> None:
         counts = self.counts

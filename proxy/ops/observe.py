@@ -1,4 +1,5 @@
-"""The outermost middleware: one Exchange per request, reported to the hooks when it ends.
+"""One Exchange per request, reported to the hooks when it ends (the app's one middleware,
+proxy/app.py, calls `begin`, then `answered` or `failed`, then `end`).
 
 The x-compaction-* figures are read from the answer's headers as it is prepared, so every protocol
 adapter that sets them (the external contract) is observed without code of its own; the same
@@ -8,46 +9,45 @@ moment gives the answer our request id (the upstream's own id moves to x-upstrea
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from contextvars import Token
+from typing import Any
 
 from aiohttp import web
 
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 from proxy.state import STATE
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
-@web.middleware
-async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    hooks = request.app[STATE].hooks
+def begin(request: web.Request) -> tuple[Exchange, Token[Exchange | None]]:
+    """The request's Exchange, made current and reported started."""
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
     request[EXCHANGE] = ex
     token = CURRENT.set(ex)
-    hooks.request_started(ex)
-    try:
-        resp = await handler(request)
-        ex.code = resp.status
-        if not resp.prepared:  # a plain Response: aiohttp sends it after the middlewares return
-            _note(ex, resp.headers)
-        return resp
-    except web.HTTPException as e:
-        ex.code = e.status
-        raise
-    except asyncio.CancelledError:
-        ex.code = CLIENT_CLOSED
-        raise
-    except BaseException:
-        ex.code = 500
-        raise
-    finally:
-        CURRENT.reset(token)
-        if ex.stream_open:
-            hooks.stream_closed()
-        hooks.request_done(ex)
+    request.app[STATE].hooks.request_started(ex)
+    return ex, token
+
+
+def answered(ex: Exchange, resp: web.StreamResponse) -> None:
+    ex.code = resp.status
+    if not resp.prepared:  # a plain Response: aiohttp sends it after the middleware returns
+        _note(ex, resp.headers)
+
+
+def failed(ex: Exchange, e: BaseException) -> None:
+    """No answer: an exception (a redirect, the client gone, a bug) leaves the handler."""
+    ex.code = e.status if isinstance(e, web.HTTPException) else CLIENT_CLOSED if isinstance(e, asyncio.CancelledError) else 500
+
+
+def end(request: web.Request, ex: Exchange, token: Token[Exchange | None]) -> None:
+    CURRENT.reset(token)
+    hooks = request.app[STATE].hooks
+    if ex.stream_open:
+        hooks.stream_closed()
+    hooks.request_done(ex)
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:

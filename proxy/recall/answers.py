@@ -180,9 +180,10 @@ async def prepare_flow(dialect: Dialect, recall: Any, prompts: Any, flow: Any) -
 def identity_fields(dialect: Dialect, state: Any, request: Any, *, on: bool = True) -> dict[str, Any]:
     """Identity's recall fields for a route that answers the tool (`on`, and recall.enabled)."""
     if not on or state.recall is None:
-        return {"recall": False, "recall_tokens": 0}
+        return {"recall": False, "recall_count": 0}
+    # counted only if a stage compacts or the tool is declared (most requests: neither)
     return {"recall": True,
-            "recall_tokens": declaration_tokens(dialect, state.recall, state.prompts, state.counter, request)}
+            "recall_count": lambda: declaration_tokens(dialect, state.recall, state.prompts, state.counter, request)}
 
 
 # -- whole answers -------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \
-            if flow.identity.recall else None
+            if flow.identity.recall and flow.changed else None  # (nothing replaced: nothing to keep or declare)
         data = flow.body()
     except Exception:
         # A bug in our own stages (or a message the view cannot map back) must never cost the

@@ -81,13 +81,16 @@ class ToolResultStage(Stage):
         """(model, state) of every breaker, for the metrics."""
         return [(model, b.state) for (_, model), b in self._breakers.items()]
 
+    def idle(self, flow: Flow) -> bool:
+        """Off, or no envelope over the threshold (the common case: the model is not even built)."""
+        tokens = flow.forwarded.tokens
+        return not self.tcfg.enabled or not tokens or max(tokens) <= self.tcfg.threshold_tokens
+
     async def request(self, flow: Flow) -> None:
         """Oversized tool results in flow.forwarded become notes (or carry a notice)."""
-        if not self.tcfg.enabled:
+        if self.idle(flow):
             return
         conv = flow.forwarded
-        if not conv.tokens or max(conv.tokens) <= self.tcfg.threshold_tokens:
-            return  # the common case: no result that large, and the model is not even built
         encoding = flow.request.encoding
         cands = sel.select(
             conv.envelopes,

@@ -245,11 +245,8 @@ class MessagesAdapter(Adapter):
     def event_checker(self) -> MessagesEventChecker:
         return MessagesEventChecker()
 
-    def usage(self, answer: bytes) -> Usage | None:
-        try:
-            return messages_usage(orjson.loads(answer).get("usage"))
-        except (orjson.JSONDecodeError, AttributeError):
-            return None
+    def answer_usage(self, answer: Any) -> Usage | None:
+        return messages_usage(answer.get("usage")) if isinstance(answer, dict) else None
 
     def stream_usage(self, checker: Any) -> Usage | None:
         return messages_usage(checker.usage)

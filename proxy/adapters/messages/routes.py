@@ -143,7 +143,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: b
     try:
         await run_request(state.stages, flow)
         session = None
-        if identity.recall:  # the originals kept (count_tokens: counted only); the tool declared
+        if identity.recall and flow.changed:  # the originals kept (count_tokens: counted only); the tool declared
             recall = await recall_answers.prepare(RECALL, state.recall, state.prompts, flow, keep=not count_only)
             if recall is not None:
                 flow.request, session = recall
