@@ -9,6 +9,7 @@ sends becomes an OpenAI-shaped error, so clients raise an APIError instead of a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import logging
 import re
@@ -475,7 +476,7 @@ class BodyPace:
 
     @classmethod
     def of(cls, server: Any) -> "BodyPace":
-        return cls(server.body_timeout_s, server.body_min_kb_s * 1024)
+        return _pace(server.body_timeout_s, server.body_min_kb_s)
 
     def timed_out(self) -> errors.ProxyError:
         return errors.ProxyError(
@@ -484,6 +485,11 @@ class BodyPace:
             f"{self.min_bytes_s / 1024:g} KiB/s).",
             code="request_timeout",
         )
+
+
+@functools.lru_cache(maxsize=16)  # every request asks; the config's two numbers make it (immutable, shared)
+def _pace(timeout_s: float, min_kb_s: float) -> BodyPace:
+    return BodyPace(timeout_s, min_kb_s * 1024)
 
 
 async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> AsyncIterator[bytes]:
@@ -530,9 +536,9 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
-    bodycoding.check_codings(header)
+    found = bodycoding.check_codings(header)
     raw = await read_raw_body(request, limit, pace)
-    if not bodycoding.codings(header):
+    if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
 
