@@ -9,6 +9,7 @@ sends becomes an OpenAI-shaped error, so clients raise an APIError instead of a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import logging
 import re
@@ -266,6 +267,10 @@ def _parses(body: bytes) -> bool:
 
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+# One byte looked for by its value: `b"\n" in data` first tries the needle as an integer and
+# raises (and clears) a TypeError before it searches, several times the cost of the search itself
+# on an event-sized chunk, which every relayed event pays.
+CR, LF = ord("\r"), ord("\n")
 DRAIN_S = 1.0  # after [DONE], how long we wait for the upstream's end of stream
 # One SSE event, at most. A chat completion chunk is a few KiB (a tool call's arguments arrive in
 # many small deltas); an event this large, or one that never ends, is not a chat completion, and
@@ -283,16 +288,22 @@ class EventChecker:
         self._pending = bytearray()
         self._max = max_event_bytes
         self.done = False  # `data: [DONE]` went by: the answer is complete
-        self.usage: Any = None  # the `usage` object of the stream's last chunk (stream_options.include_usage)
+        # the last `usage` object a chunk carried at its top level (stream_options.include_usage)
+        self.usage: Any = None
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
-        if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and b"\r" not in chunk:
-            # The usual chunk: whole events and nothing after them. Splitting at every blank line
-            # finds the events the general path below finds (the same leftmost, non-overlapping
-            # ends), without copying the chunk.
+        if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and CR not in chunk:
+            # Whole events and nothing after them. Splitting at every blank line finds the events
+            # the general path below finds (the same leftmost, non-overlapping ends), without
+            # copying the chunk.
+            events = chunk.split(b"\n\n")
+            events.pop()  # the empty rest after the last event's end
+            if len(events) == 1:  # one event per chunk, as upstreams send them
+                why = self.event(events[0])
+                return (chunk, None) if why is None else (b"", why)
             pos = 0
-            for event in chunk[:-2].split(b"\n\n"):
+            for event in events:
                 why = self.event(event)
                 if why is not None:
                     return chunk[:pos], why
@@ -319,9 +330,9 @@ class EventChecker:
 
     def event(self, event: bytes) -> str | None:
         """Check one whole event and note what it tells (the end, the usage); why it is broken, or None."""
-        if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        if event.startswith(b"data: ") and LF not in event and CR not in event:
             # One data line, as every chat completion chunk is: parsed once, for the check and
-            # for the usage.
+            # for the usage (read from the parsed chunk: no scan of its bytes).
             payload = event[6:]
             try:
                 obj = orjson.loads(payload)
@@ -330,13 +341,13 @@ class EventChecker:
                     return "an event's data is not valid JSON"
                 self.done = self.done or event.rstrip() == b"data: [DONE]"
                 return None
-            if b'"usage":{' in payload or b'"usage": {' in payload:
-                self.usage = obj.get("usage") if isinstance(obj, dict) else None
+            if type(obj) is dict and type(usage := obj.get("usage")) is dict:
+                self.usage = usage
             return None
         why = _check_event(event)
         self.done = self.done or event.strip() == b"data: [DONE]"
-        if why is None and (b'"usage":{' in event or b'"usage": {' in event):
-            self.usage = _event_usage(event)
+        if why is None and b"usage" in event and type(usage := _event_usage(event)) is dict:
+            self.usage = usage
         return why
 
     def ended(self) -> str | None:
@@ -359,6 +370,20 @@ class EventChecker:
 def event_fields(event: bytes) -> tuple[str | None, bytes | None]:
     """An SSE event's name and its data lines joined (None when it has no data: a comment or a
     field without data), for the protocols whose events are named (Responses, Messages)."""
+    if CR not in event:
+        # The usual shapes (one `data: ` line, after an `event:` line or alone), read without
+        # splitting the event into lines; what they give is what the loop below gives.
+        if event.startswith(b"event:"):
+            nl = event.find(LF)
+            if nl > 0 and event.startswith(b"data: ", nl + 1) and event.find(LF, nl + 1) < 0:
+                return event[6:nl].strip().decode("utf-8", "replace"), event[nl + 7:]
+        elif event.startswith(b"data: ") and LF not in event:
+            return None, event[6:]
+    return _fields_by_line(event)
+
+
+def _fields_by_line(event: bytes) -> tuple[str | None, bytes | None]:
+    """event_fields read line by line: any event, however its lines are framed."""
     name: str | None = None
     data: list[bytes] = []
     for line in event.splitlines():
@@ -455,7 +480,7 @@ class BodyPace:
 
     @classmethod
     def of(cls, server: Any) -> "BodyPace":
-        return cls(server.body_timeout_s, server.body_min_kb_s * 1024)
+        return _pace(server.body_timeout_s, server.body_min_kb_s)
 
     def timed_out(self) -> errors.ProxyError:
         return errors.ProxyError(
@@ -464,6 +489,11 @@ class BodyPace:
             f"{self.min_bytes_s / 1024:g} KiB/s).",
             code="request_timeout",
         )
+
+
+@functools.lru_cache(maxsize=16)  # every request asks; the config's two numbers make it (immutable, shared)
+def _pace(timeout_s: float, min_kb_s: float) -> BodyPace:
+    return BodyPace(timeout_s, min_kb_s * 1024)
 
 
 async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> AsyncIterator[bytes]:
@@ -510,9 +540,9 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
-    bodycoding.check_codings(header)
+    found = bodycoding.check_codings(header)
     raw = await read_raw_body(request, limit, pace)
-    if not bodycoding.codings(header):
+    if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
 

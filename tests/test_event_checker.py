@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.forward import EventChecker, _check_event, _event_usage
+from proxy.forward import EventChecker, _check_event, _event_usage, _fields_by_line, event_fields
 
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hé \n"}}]}
 
@@ -80,7 +80,8 @@ def feed_record(data: bytes, cuts: list[int]) -> tuple[bytes, str | None, bool, 
 
 EVENT_PARTS = st.sampled_from([
     b"data: " + orjson.dumps(CHUNK), b'data: {"usage":{"prompt_tokens":3}}', b'data: {"usage": {"prompt_tokens":4}}',
-    b'data: ["usage":{"x"]', b"data: [DONE]", b"data:  [DONE]", b"data: [DONE] ", b"data: 1\r: c", b": keep-alive",
+    b'data: ["usage":{"x"]', b'data: {"usage" : {"total_tokens":5}}', b'data: {"a":{"usage":{"x":1}}}', b'data: {"usage":null}',
+    b'data: {"usage":\ndata: {"prompt_tokens":6}}', b"data: [DONE]", b"data:  [DONE]", b"data: [DONE] ", b"data: 1\r: c", b": keep-alive",
     b"event: x\ndata: {}", b"data: {\"a\":\ndata: 1}", b"data: {", b"", b"\n", b"data: {}\r",
 ])
 
@@ -103,5 +104,29 @@ def test_one_parse_per_data_line_judges_an_event_as_the_line_by_line_check_does(
     why = checker.event(event)
     assert why == _check_event(event)
     assert checker.done == (event.strip() == b"data: [DONE]")
-    if why is None and (b'"usage":{' in event or b'"usage": {' in event):
-        assert checker.usage == _event_usage(event)
+    if why is None:  # the usage is the chunk's own (top-level) usage object, whatever its spacing
+        usage = _event_usage(event)
+        assert checker.usage == (usage if isinstance(usage, dict) else None)
+
+
+FIELD_PARTS = st.sampled_from([b"event:", b"event: ", b"data:", b"data: ", b"id: 1", b": c", b"\n", b"\r", b"\r\n", b" ",
+                               b"x", b"message_start", b'{"type":"x"}', b"\xff", b"[DONE]", b"\x0b", b"\x0c"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=st.lists(FIELD_PARTS, max_size=10))
+def test_the_usual_event_shapes_read_as_the_line_by_line_reading_reads_them(parts):
+    # event_fields reads `data: ...` and `event: ...\ndata: ...` without splitting lines.
+    event = b"".join(parts)
+    assert event_fields(event) == _fields_by_line(event)
+    named = b"event: " + b"".join(parts[:3]) + b"\ndata: " + b"".join(parts[3:])
+    assert event_fields(named) == _fields_by_line(named)
+
+
+def test_the_last_usage_a_chunk_carried_stays_when_later_chunks_carry_none():
+    checker = EventChecker()
+    out, why = checker.feed(b'data: {"choices":[],"usage":{"prompt_tokens":7}}\n\n'
+                            b'data: {"choices":[],"usage":null}\n\n'
+                            b'data: {"choices":[{"delta":{"tool":{"usage":{"x":1}}}}]}\n\ndata: [DONE]\n\n')
+    assert why is None and checker.done
+    assert checker.usage == {"prompt_tokens": 7}

@@ -59,22 +59,22 @@ class ResponsesEventChecker(EventChecker):
         name, data = event_fields(event)
         if data is None:
             return None  # a comment (keep-alive) or a lone field
-        if data.strip() == b"[DONE]" and name is None:
-            return None  # chat's end marker; whether the response ended is the end event's to say
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
+            if name is None and data.strip() == b"[DONE]":
+                return None  # chat's end marker; whether the response ended is the end event's to say
             return "an event's data is not valid JSON"
-        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+        etype = payload.get("type") if type(payload) is dict else None
+        if type(etype) is not str:
             return "an event's data is not an object with a type"
-        etype = payload["type"]
         if name is not None and name != etype:
             return f"an event named {name!r} carries a {etype!r} payload"
         if self.done:
             return f"a {etype!r} event after the end of the response"
         self.events += 1
-        if isinstance(payload.get("sequence_number"), int):
-            self.sequence = payload["sequence_number"]
+        if isinstance(sequence := payload.get("sequence_number"), int):
+            self.sequence = sequence
         if etype in END_EVENTS:
             self.done = True
             self.end = etype

@@ -30,8 +30,8 @@ class MessagesEventChecker(EventChecker):
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             return "an event's data is not valid JSON"
-        kind = payload.get("type") if isinstance(payload, dict) else None
-        if not isinstance(kind, str):
+        kind = payload.get("type") if type(payload) is dict else None
+        if type(kind) is not str:
             return "an event's data has no type"
         if name is not None and name != kind:
             return f"an event named {name[:40]!r} carries a {kind[:40]!r}"
