@@ -33,11 +33,12 @@ async def serve_request(request: web.Request, handler: Handler) -> web.StreamRes
     request a coroutine, and aiohttp adds a layer of its own when there is any): the handler's
     task counted in flight for the shutdown (proxy/serve.py), the request observed (ops/observe),
     and its errors answered in the protocol's shape."""
-    inflight = request.app[INFLIGHT]
-    task = asyncio.current_task(request.app[LOOP])  # (the loop given: no lookup of the running one)
+    app = request.app
+    inflight, hooks = app[INFLIGHT], app[STATE].hooks
+    task = asyncio.current_task(app[LOOP])  # (the loop given: no lookup of the running one, a getpid each)
     assert task is not None
     inflight.add(task)
-    ex, token = observe.begin(request)
+    ex, token = observe.begin(request, hooks)
     try:
         try:
             resp = await handler(request)
@@ -49,7 +50,7 @@ async def serve_request(request: web.Request, handler: Handler) -> web.StreamRes
         observe.failed(ex, e)
         raise
     finally:
-        observe.end(request, ex, token)
+        observe.end(hooks, ex, token)
         inflight.discard(task)
 
 

@@ -9,6 +9,7 @@ sends becomes an OpenAI-shaped error, so clients raise an APIError instead of a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import logging
 import re
@@ -83,15 +84,19 @@ def upstream_request_headers(
 
 
 def client_response_headers(upstream: Any) -> CIMultiDict[str]:
-    connection_listed = {
-        t.strip().lower() for v in upstream.getall("connection", []) for t in v.split(",") if t.strip()
-    }
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
-        low = name.lower()
-        if low in HOP_BY_HOP or low in connection_listed:
-            continue
-        out.add(name, value)
+    """The upstream's answer headers minus hop-by-hop ones and those its Connection header lists,
+    in their order. Copied whole and then removed from: a copy in C and a dozen deletes cost a
+    small answer half (an upstream's twenty-odd headers a quarter) of a Python loop over them."""
+    out: CIMultiDict[str] = CIMultiDict(upstream)
+    for name in HOP_BY_HOP:
+        if name in out:
+            del out[name]  # (every header of that name, whatever its case)
+    if "connection" in upstream:
+        for v in upstream.getall("connection"):
+            for t in v.split(","):
+                t = t.strip()
+                if t and t in out:
+                    del out[t]
     return out
 
 
@@ -482,7 +487,7 @@ class BodyPace:
 
     @classmethod
     def of(cls, server: Any) -> "BodyPace":
-        return cls(server.body_timeout_s, server.body_min_kb_s * 1024)
+        return _pace(server.body_timeout_s, server.body_min_kb_s)
 
     def timed_out(self) -> errors.ProxyError:
         return errors.ProxyError(
@@ -491,6 +496,11 @@ class BodyPace:
             f"{self.min_bytes_s / 1024:g} KiB/s).",
             code="request_timeout",
         )
+
+
+@functools.lru_cache(maxsize=16)  # every request asks; the config's two numbers make it (immutable, shared)
+def _pace(timeout_s: float, min_kb_s: float) -> BodyPace:
+    return BodyPace(timeout_s, min_kb_s * 1024)
 
 
 async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> AsyncIterator[bytes]:
@@ -537,9 +547,9 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
-    bodycoding.check_codings(header)
+    found = bodycoding.check_codings(header)
     raw = await read_raw_body(request, limit, pace)
-    if not bodycoding.codings(header):
+    if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
 

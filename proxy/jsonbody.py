@@ -117,7 +117,7 @@ def loads(raw: bytes) -> Any:
     value = orjson.loads(raw)
     if has_long_digits(raw):
         return _exact(raw)
-    if _COLON in raw:  # a key somewhere
+    if 0x3A in raw:  # a colon, so a key, somewhere (an int needle: no bytes-needle argument parsing)
         try:
             kept = _count(orjson.dumps(value), _COLON)
         except orjson.JSONEncodeError:

@@ -6,6 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.forward import HOP_BY_HOP, client_response_headers
 
 from support.client import get, http, post
 from support.loopback import serving
@@ -89,3 +94,19 @@ async def test_upstream_hop_by_hop_response_headers_dropped(make_proxy):
     assert r.headers["X-Upstream-Kept"] == "yes" and r.headers["Set-Cookie"] == "a=b"
     assert "X-Upstream-Hop" not in r.headers
     assert "Keep-Alive" not in r.headers
+
+
+_names = st.sampled_from(["Content-Type", "content-length", "Connection", "Keep-Alive", "Transfer-Encoding", "x-a",
+                          "X-A", "Set-Cookie", "TE", "Upgrade", "x-request-id", "Date", "X-Listed", "trailer"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.lists(st.tuples(_names, st.sampled_from(["1", "keep-alive", "x-listed, X-A", " , upgrade", "v"])),
+                      max_size=12))
+def test_the_answers_headers_are_the_upstreams_minus_hop_by_hop_in_order(pairs):
+    """client_response_headers copies and deletes: the same headers, order, case and repeats as
+    keeping each upstream header that is not hop-by-hop nor named by its Connection header."""
+    upstream = CIMultiDictProxy(CIMultiDict(pairs))
+    listed = {t.strip().lower() for v in upstream.getall("connection", []) for t in v.split(",") if t.strip()}
+    kept = [(k, v) for k, v in pairs if k.lower() not in HOP_BY_HOP and k.lower() not in listed]
+    assert list(client_response_headers(upstream).items()) == kept

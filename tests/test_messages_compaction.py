@@ -322,3 +322,27 @@ async def test_count_tokens_counts_the_masking_a_request_would_make_before_any_i
     full = fake.count_input_tokens({"model": MODEL, "system": SYSTEM, "tools": [READ], "messages": msgs})
     assert counted.input_tokens == again.input_tokens == forwarded < full
 
+
+
+async def test_count_tokens_judges_a_1m_beta_request_against_the_1m_window(make_proxy):
+    """count_tokens reads the window as the request would: with the `context-1m-...` beta a history
+    over the 200k window's threshold (10%) but far under the 1M one's is counted whole, not as the
+    masking a 200k-window request would make."""
+    async with FakeMessages(window=1_000_000) as fake:
+        proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.origin},
+                                                 "compaction": {"prepare_percent": 0, "threshold_percent": 10,
+                                                                "keep_recent_tokens": 1500}})
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
+        for t in range(12):
+            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
+                                                        "input": {"path": f"m{t}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
+                                                   "content": f"m{t}.py: " + filler(2200, t)}]}]
+        full = fake.count_input_tokens({"model": MODEL, "tools": [READ], "messages": msgs})
+        assert 20_000 < full < 100_000
+        counts = []
+        for beta in ({}, {"anthropic-beta": "context-1m-2025-08-07"}):
+            async with anthropic_client(proxy, KEY, default_headers=beta) as c:
+                counts.append((await c.messages.count_tokens(model=MODEL, tools=[READ], messages=msgs)).input_tokens)
+    assert counts[0] < full  # the 200k window: masked
+    assert counts[1] == full

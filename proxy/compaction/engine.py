@@ -306,7 +306,7 @@ class CompactionEngine:
         12.4), with nothing written, carried, joined or prepared: nothing under the threshold; the
         record that serves the request; else the masking tier 1 would make; else the record or
         masking it has (a summary would come on top, so this is an upper bound)."""
-        budget = self.budget_for(flow.model)
+        budget = self.budget(flow)  # the window the request opted into (Claude's 1M beta) as `process` reads it
         total = flow.total(conv)
         if total <= budget.threshold:
             return Outcome("none")

@@ -118,21 +118,25 @@ class Bill(Hooks):
                 f.unbilled += 1
             return
         removed = ex.tokens_before - (ex.tokens_after if ex.tokens_after is not None else ex.tokens_before)
-        direct_prompt = max(0, u.prompt + removed)
+        prompt, cached, completion = u.prompt, u.cached, u.completion
+        direct_prompt = max(0, prompt + removed)
         direct_cached = cacheable(min(direct_prompt, shared))
         price = self.prices.find(ex.model)
+        # (the costs worked out once for both figures: a request's bill is done on every request)
+        direct = price.cost(direct_prompt, direct_cached, completion) if price is not None else 0.0
+        proxy = price.cost(prompt, cached, completion) if price is not None else 0.0
         for f in (c.figures, self.total):
             f.requests += 1
             f.direct_prompt += direct_prompt
             f.direct_cached += direct_cached
-            f.proxy_prompt += u.prompt
-            f.proxy_cached += u.cached
-            f.completion += u.completion
+            f.proxy_prompt += prompt
+            f.proxy_cached += cached
+            f.completion += completion
             if price is None:
                 f.unpriced += 1
             else:
-                f.direct += price.cost(direct_prompt, direct_cached, u.completion)
-                f.proxy += price.cost(u.prompt, u.cached, u.completion)
+                f.direct += direct
+                f.proxy += proxy
 
     def summarizer_done(self, call: SummarizerCall) -> None:
         u = call.tokens

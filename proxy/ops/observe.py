@@ -20,14 +20,14 @@ from proxy.state import STATE
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
-def begin(request: web.Request) -> tuple[Exchange, Token[Exchange | None]]:
-    """The request's Exchange, made current and reported started."""
+def begin(request: web.Request, hooks: Any) -> tuple[Exchange, Token[Exchange | None]]:
+    """The request's Exchange, made current and reported started (to the app's `hooks`)."""
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
     request[EXCHANGE] = ex
     token = CURRENT.set(ex)
-    request.app[STATE].hooks.request_started(ex)
+    hooks.request_started(ex)
     return ex, token
 
 
@@ -42,9 +42,8 @@ def failed(ex: Exchange, e: BaseException) -> None:
     ex.code = e.status if isinstance(e, web.HTTPException) else CLIENT_CLOSED if isinstance(e, asyncio.CancelledError) else 500
 
 
-def end(request: web.Request, ex: Exchange, token: Token[Exchange | None]) -> None:
+def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
     CURRENT.reset(token)
-    hooks = request.app[STATE].hooks
     if ex.stream_open:
         hooks.stream_closed()
     hooks.request_done(ex)
@@ -64,9 +63,9 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
 
 def _note(ex: Exchange, h: Any) -> None:
     """Our id on the answer; its x-compaction-* figures into the exchange (idempotent)."""
-    if h.get("x-request-id") == ex.request_id:
-        return
     upstream_id = h.get("x-request-id")
+    if upstream_id == ex.request_id:
+        return
     if upstream_id is not None:
         ex.upstream_request_id = upstream_id
         h["x-upstream-request-id"] = upstream_id
