@@ -74,13 +74,10 @@ class ChatAdapter(Adapter):
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
         messages = body["messages"]
-        known = len(prior) if prior is not None else 0
         try:
-            written = [*prior.written, *(jsonbody.dumps(m) for m in messages[known:])] if prior is not None else [
-                jsonbody.dumps(m) for m in messages]
+            written, keys = prefix.written_and_keys([], messages, prior)
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        keys = [*prior.keys, *(hash(w) for w in written[known:])] if prior is not None else [hash(w) for w in written]
         tokens = list(prior.tokens_for(encoding) or ()) if prior is not None else []
         for i in range(len(tokens), len(messages)):
             m, k = messages[i], keys[i]

@@ -92,6 +92,19 @@ def parse_body(parse: Callable[..., dict[str, Any]], raw: bytes, prior: Prior | 
     return parse(raw, **kw), None
 
 
+def written_and_keys(lead: list[Any], values: list[Any], prior: Prior | None) -> tuple[list[bytes], list[int]]:
+    """The written JSON and keys of `lead` (a system prompt or instructions made an envelope) then
+    `values`: the prior's for the values it shared, written and hashed here for the rest. Raises
+    orjson.JSONEncodeError (nesting too deep to write) for the protocol to word."""
+    known = len(prior) if prior is not None else 0
+    written = [*(jsonbody.dumps(v) for v in lead), *(prior.written if prior is not None else ()),
+               *(jsonbody.dumps(v) for v in values[known:])]
+    n = len(lead) + known  # written, keyed and counted before: the lead, the shared values
+    keys = [*(hash(w) for w in written[:len(lead)]), *(prior.keys if prior is not None else ()),
+            *(hash(w) for w in written[n:])]
+    return written, keys
+
+
 def tools_tokens(counter: Any, tools: Any, encoding: str, prior: Prior | None) -> int:
     """The tool schemas' count: the previous request's when they are its very objects (reused
     with the head, so parsed from the same bytes) and counted for the same tokenizer."""

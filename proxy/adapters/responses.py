@@ -89,15 +89,10 @@ class ResponsesAdapter(Adapter):
         instructions = body.get("instructions")
         lead: list[Any] = [_instructions_value(instructions)] if isinstance(instructions, str) else []
         values = [*lead, *items]
-        known = len(prior) if prior is not None else 0
         try:
-            written = [*(jsonbody.dumps(v) for v in lead), *(prior.written if prior is not None else ()),
-                       *(jsonbody.dumps(v) for v in items[known:])]
+            written, keys = prefix.written_and_keys(lead, items, prior)
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        n = len(lead) + known  # written, keyed and counted before: the instructions, the shared items
-        keys = [*(hash(w) for w in written[:len(lead)]), *(prior.keys if prior is not None else ()),
-                *(hash(w) for w in written[n:])]
         counted = prior.tokens_for(encoding) if prior is not None else None
         tokens = [self._count(v, encoding, counter, k) for v, k in zip(lead, keys)]
         tokens += counted if counted is not None else []

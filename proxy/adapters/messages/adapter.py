@@ -106,15 +106,10 @@ class MessagesAdapter(Adapter):
         system = [{_SYSTEM: body["system"]}] if body.get("system") else []
         messages = body["messages"]
         values = [*system, *messages]
-        known = len(prior) if prior is not None else 0
         try:
-            written = [*(jsonbody.dumps(v) for v in system), *(prior.written if prior is not None else ()),
-                       *(jsonbody.dumps(m) for m in messages[known:])]
+            written, keys = prefix.written_and_keys(system, messages, prior)
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        n = len(system) + known  # written, keyed and counted before: the shared messages
-        keys = [*(hash(w) for w in written[:len(system)]), *(prior.keys if prior is not None else ()),
-                *(hash(w) for w in written[n:])]
         counted = prior.tokens_for(encoding) if prior is not None else None
         tokens = [self._count_system(v, encoding, counter, k) for v, k in zip(system, keys)]
         tokens += counted if counted is not None else []
