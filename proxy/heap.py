@@ -15,22 +15,28 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 log = logging.getLogger("proxy.heap")
 
 DELAY_S = 1.0  # this long without large work ends a burst of it
 
 
-def _libc_trim() -> Callable[[int], int] | None:
+def _libc(symbol: str, *argtypes: Any) -> Callable[..., int] | None:
+    """A C library function returning an int, or None where the C library has no such function
+    (musl, macOS: glibc's `malloc_trim` and `mallopt` are glibc's own)."""
     name = ctypes.util.find_library("c")
     try:
-        fn = ctypes.CDLL(name).malloc_trim if name else None
+        fn = getattr(ctypes.CDLL(name), symbol) if name else None
     except (OSError, AttributeError):
         return None
     if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
     return fn
+
+
+def _libc_trim() -> Callable[[int], int] | None:
+    return _libc("malloc_trim", ctypes.c_size_t)
 
 
 class Trimmer:
@@ -110,14 +116,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (ma
 
 
 def _libc_mallopt() -> Callable[[int, int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return None
-    if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return fn
+    return _libc("mallopt", ctypes.c_int, ctypes.c_int)
 
 
 def configure(mallopt: Callable[[int, int], int] | None = None) -> bool:
