@@ -301,17 +301,23 @@ async def test_count_tokens_counts_a_failed_note_as_its_notice(fake, make_proxy)
     assert counted == forwarded and len(fake.records("summarizer")) == 1
 
 
+def reads(n: int, words: int) -> list[dict[str, Any]]:
+    """A task, then `n` Read calls each answered with a file of about `words` tokens."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
+    for t in range(n):
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
+                                                    "input": {"path": f"m{t}.py"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
+                                               "content": f"m{t}.py: " + filler(words, t)}]}]
+    return msgs
+
+
 async def test_count_tokens_counts_the_masking_a_request_would_make_before_any_is_stored(fake, make_proxy):
     """Over the threshold, masking old tool outputs is enough (tier 1, no summarizer): a count made
     before any request is of the masked request the next one forwards, and makes no record."""
     fake.reply = "ok"
     proxy = await make_proxy(fake.base_url, settings(fake, 6000, keep_recent_tokens=1500))
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
-    for t in range(10):
-        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
-                                                    "input": {"path": f"m{t}.py"}}]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
-                                               "content": f"m{t}.py: " + filler(350, t)}]}]
+    msgs = reads(10, 350)
     async with anthropic_client(proxy, KEY) as c:
         counted = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
         again = await c.messages.count_tokens(model=MODEL, system=SYSTEM, tools=[READ], messages=msgs)
@@ -332,12 +338,7 @@ async def test_count_tokens_judges_a_1m_beta_request_against_the_1m_window(make_
         proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.origin},
                                                  "compaction": {"prepare_percent": 0, "threshold_percent": 10,
                                                                 "keep_recent_tokens": 1500}})
-        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(40, 1)}]
-        for t in range(12):
-            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{t}", "name": "Read",
-                                                        "input": {"path": f"m{t}.py"}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}",
-                                                   "content": f"m{t}.py: " + filler(2200, t)}]}]
+        msgs = reads(12, 2200)
         full = fake.count_input_tokens({"model": MODEL, "tools": [READ], "messages": msgs})
         assert 20_000 < full < 100_000
         counts = []
