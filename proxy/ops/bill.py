@@ -31,7 +31,7 @@ from proxy.ops.hooks import Hooks, SummarizerCall
 from proxy.ops.prices import PRICES_DATE, PriceTable
 
 
-@dataclass
+@dataclass(slots=True)
 class Figures:
     requests: int = 0  # billed requests (their answer reported usage)
     unbilled: int = 0  # answers without usage
@@ -57,7 +57,7 @@ class Figures:
         return {**asdict(self), "saved": self.saved}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Conversation:
     figures: Figures = field(default_factory=Figures)
     model: str = ""
@@ -106,25 +106,29 @@ class Bill(Hooks):
         return c
 
     def request_done(self, ex: Exchange) -> None:
-        if ex.prefix is None or ex.tokens_before is None:
+        prefix = ex.prefix
+        if prefix is None or ex.tokens_before is None:
             return  # not a protocol adapter's request that reached the upstream
         c = self._conversation(ex.conversation)
-        c.model = ex.model
-        shared = shared_prefix_tokens(c.last, c.last_model, ex.prefix, ex.model)
-        c.last, c.last_model = ex.prefix, ex.model
+        model = ex.model
+        last, last_model = c.last, c.last_model
+        c.model, c.last, c.last_model = model, prefix, model
         u = ex.usage
         if u is None or ex.code != 200:
-            for f in (c.figures, self.total):
-                f.unbilled += 1
+            c.figures.unbilled += 1
+            self.total.unbilled += 1
             return
-        removed = ex.tokens_before - (ex.tokens_after if ex.tokens_after is not None else ex.tokens_before)
+        after = ex.tokens_after
         prompt, cached, completion = u.prompt, u.cached, u.completion
-        direct_prompt = max(0, prompt + removed)
-        direct_cached = cacheable(min(direct_prompt, shared))
-        price = self.prices.find(ex.model)
-        # (the costs worked out once for both figures: a request's bill is done on every request)
-        direct = price.cost(direct_prompt, direct_cached, completion) if price is not None else 0.0
-        proxy = price.cost(prompt, cached, completion) if price is not None else 0.0
+        direct_prompt = prompt + ex.tokens_before - after if after is not None else prompt
+        if direct_prompt < 0:
+            direct_prompt = 0
+        # The prefix shared with the previous request is looked for only when the provider's cache
+        # could serve any of this prompt: cacheable() is 0 under CACHE_MIN_TOKENS whatever it is.
+        direct_cached = (cacheable(min(direct_prompt, shared_prefix_tokens(last, last_model, prefix, model)))
+                         if direct_prompt >= CACHE_MIN_TOKENS else 0)
+        price = self.prices.find(model)
+        # (written out for both figures, the costs once: a bill is made on every request)
         for f in (c.figures, self.total):
             f.requests += 1
             f.direct_prompt += direct_prompt
@@ -132,9 +136,15 @@ class Bill(Hooks):
             f.proxy_prompt += prompt
             f.proxy_cached += cached
             f.completion += completion
-            if price is None:
-                f.unpriced += 1
-            else:
+        if price is None:
+            c.figures.unpriced += 1
+            self.total.unpriced += 1
+        else:
+            # (Price.cost written out, the same sums in the same order: two calls cost as much)
+            inp, cin, out = price.input, price.cached_input, price.output
+            direct = ((direct_prompt - direct_cached) * inp + direct_cached * cin + completion * out) / 1e6
+            proxy = ((prompt - cached) * inp + cached * cin + completion * out) / 1e6
+            for f in (c.figures, self.total):
                 f.direct += direct
                 f.proxy += proxy
 

@@ -42,6 +42,9 @@ DEFAULT_PRICES: dict[str, Price] = {
 }
 
 
+_UNKNOWN = object()  # a model not looked up yet (None: looked up, no price)
+
+
 class PriceTable:
     def __init__(self, configured: Mapping[str, object] | None = None) -> None:
         self.prices = dict(DEFAULT_PRICES)
@@ -54,8 +57,9 @@ class PriceTable:
 
     def find(self, model: str) -> Price | None:
         """The model's price: its own entry, else the longest entry its name starts with."""
-        if model in self._found:
-            return self._found[model]
+        price = self._found.get(model, _UNKNOWN)
+        if price is not _UNKNOWN:
+            return price  # type: ignore[return-value]
         price = self.prices.get(model)
         if price is None:
             price = next((self.prices[n] for n in self._by_length if model.startswith(n)), None)
