@@ -5,10 +5,13 @@ recorded (summarizer calls, its usage reports)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -209,3 +212,22 @@ def test_a_tally_counts_as_prometheus_client_observes():
         samples.append([(s.name, s.labels, s.value) for f in r.collect() for s in f.samples if not s.name.endswith("_created")])
     assert samples[0] == samples[1] == samples[2]
     assert any(s[2] for s in samples[0])
+
+
+async def test_a_stream_is_counted_open_while_it_is_relayed(upstream, make_proxy):
+    """streams_open is a plain count until the metrics are read (no gauge lock on a stream's
+    first-event path): a scrape during a relayed stream shows it, one after it ended does not."""
+    proxy = await make_proxy(upstream.base_url, SETTINGS)
+    upstream.release_last_chunk = asyncio.Event()
+    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.base_url + "/chat/completions", data=body, headers=auth(KEY)) as r:
+            await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
+            assert value(await scrape(proxy), "compaction_proxy_streams_open") == 1
+            upstream.release_last_chunk.set()
+            await asyncio.wait_for(r.read(), 10)
+    for _ in range(100):  # the handler's end follows the last byte the client read
+        if value(m := await scrape(proxy), "compaction_proxy_streams_open") == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert value(m, "compaction_proxy_streams_open") == 0
