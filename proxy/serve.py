@@ -31,6 +31,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from proxy import errors
 from proxy.config import Config
+from proxy.ops.logs import flush_logs
 
 log = logging.getLogger("proxy")
 
@@ -177,3 +178,4 @@ async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) 
                 await asyncio.wait(late, timeout=CANCEL_WAIT_S)
     finally:
         await runner.cleanup()
+        flush_logs()  # the access lines still queued (a worker process ends without exit handlers)

@@ -4,8 +4,10 @@ with their numbers; never message content or credentials."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from proxy.flow import Flow, Stage
 from proxy.ops.exchange import Exchange, Usage
-from proxy.ops.logs import AccessLog, JsonFormatter, TextFormatter, _fields_text
+from proxy.ops.logs import FLUSH_S, MAX_PENDING, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
 from proxy.fake_upstream import FakeUpstream
@@ -133,6 +135,26 @@ def test_the_console_script_logs_json_when_told(tmp_path: Path):
     assert PLANTED_KEY not in text and PLANTED_CONTENT not in text
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_right_after_the_answers_loses_no_access_line(tmp_path: Path, workers: int):
+    """Access lines are written in batches (ops/logs.LineHandler): a SIGTERM straight after the
+    last answer still finds every request's line in the log, from one process or from workers."""
+    with FakeUpstream() as fake:
+        replica = Replica(tmp_path, f"sigterm-{workers}", fake.base_url, "memory://",
+                          {"server": {"log_level": "info", "workers": workers}})
+        replica.start()
+        try:
+            replica.wait_ready()
+            answers = asyncio.run(replay(replica.base_url, planted_conversation()[:6], key=PLANTED_KEY))
+        finally:
+            replica.stop()
+    assert replica.proc is not None and replica.proc.returncode == 0
+    ids = {a.headers["x-request-id"] for a in answers}
+    logged = {line.split("request_id=")[1].split()[0] for line in replica.log_text().splitlines()
+              if " proxy.access: request " in line}
+    assert len(ids) == 6 and ids <= logged
+
+
 _text = st.text(max_size=30)
 _nonempty = st.text(min_size=1, max_size=30)
 
@@ -173,3 +195,76 @@ def test_a_lines_time_is_what_strftime_and_the_millis_format_make(created, fmt):
     expected = stamp.millis % (time.strftime(stamp.fmt, stamp.convert(second)), int((created - second) * 1000))
     assert stamp(created) == expected
     assert stamp(created) == expected  # the second's text, now remembered
+
+
+def _access_line(n: int) -> Exchange:
+    ex = Exchange(f"{n:016x}", "POST", "/v1/chat/completions", "/v1/chat/completions", "chat_completions")
+    ex.code = 200
+    return ex
+
+
+@contextlib.contextmanager
+def own_handler():
+    """setup_logging's handler as the root's only one (pytest's capture handler set aside, as in
+    a proxy process), on a stream of the test's; the root's handlers and level restored after."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    for h in saved:
+        root.removeHandler(h)
+    stream = io.StringIO()
+    handler = setup_logging("info", "text", stream=stream)
+    try:
+        yield handler, stream
+    finally:
+        root.removeHandler(handler)
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(level)
+
+
+async def test_access_lines_are_written_together_within_their_delay_and_before_any_other_record():
+    with own_handler() as (handler, stream):
+        log = AccessLog()
+        for n in range(3):
+            log.request_done(_access_line(n))
+        assert stream.getvalue() == ""  # queued: one write for the three
+        assert len(handler.pending) == 3
+        await asyncio.sleep(FLUSH_S + 0.05)
+        lines = stream.getvalue().splitlines()
+        assert [line.split("request_id=")[1].split()[0] for line in lines] == [f"{n:016x}" for n in range(3)]
+        assert handler.pending == []
+        # Another record waits for no timer and comes after the access lines queued before it.
+        log.request_done(_access_line(3))
+        logging.getLogger("proxy").warning("something else")
+        tail = stream.getvalue().splitlines()[3:]
+        assert "request_id=0000000000000003" in tail[0] and "something else" in tail[1] and len(tail) == 2
+
+
+async def test_access_lines_waiting_are_bounded_and_flushed_at_the_end():
+    with own_handler() as (handler, stream):
+        log = AccessLog()
+        for n in range(MAX_PENDING):
+            log.request_done(_access_line(n))
+        assert len(stream.getvalue().splitlines()) == MAX_PENDING and handler.pending == []  # the bound reached: written
+        log.request_done(_access_line(MAX_PENDING))
+        assert len(handler.pending) == 1
+        flush_logs()  # what serving's end does (a worker process exits without exit handlers)
+        assert len(stream.getvalue().splitlines()) == MAX_PENDING + 1 and handler.pending == []
+
+
+def test_an_access_line_outside_an_event_loop_is_written_at_once():
+    with own_handler() as (handler, stream):
+        AccessLog().request_done(_access_line(7))
+        assert "request_id=0000000000000007" in stream.getvalue()
+
+
+def test_a_forked_worker_does_not_write_its_parents_queued_lines():
+    with own_handler() as (handler, stream):
+        handler.pending.append("a line of the parent's")
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of the parent's left to write
+            os._exit(0 if handler.pending == [] else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert handler.pending == ["a line of the parent's"]
+        handler.pending.clear()

@@ -8,9 +8,12 @@ path, the model name) are escaped so that a client cannot forge a line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import sys
 import time
+import weakref
 from typing import Any
 
 import orjson
@@ -158,9 +161,85 @@ def _sole_handler(logger: logging.Logger, level: int) -> logging.Handler | None:
     if root.filters or len(root.handlers) != 1:
         return None
     h = root.handlers[0]
-    if not getattr(h, "_compaction_proxy", False) or h.filters or h.level > level or not hasattr(h.formatter, "line"):
+    if type(h) is not LineHandler or h.filters or h.level > level or not hasattr(h.formatter, "line"):
         return None
     return h
+
+
+class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """setup_logging's handler: a stream handler that also takes access lines already formatted
+    (`queue`) and writes them in batches, at most FLUSH_S after the first of them and at most
+    MAX_PENDING at a time (one write system call for many requests instead of one each). Every
+    other record, `flush` and `close` (the shutdown: proxy/serve.py, logging.shutdown at exit)
+    write the queued lines first, so lines stay in order and none is lost on SIGTERM; a process
+    killed outright (SIGKILL) loses at most the last FLUSH_S of access lines."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.pending: list[str] = []
+        _HANDLERS.add(self)
+
+    def queue(self, line: str) -> None:
+        """An access line (no terminator), written by the next flush. On the event loop's thread."""
+        pending = self.pending
+        pending.append(line)
+        n = len(pending)
+        if n == 1:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()  # no loop to flush later: now
+                return
+            # The line that found the queue empty sets the clock for it and every line after it.
+            loop.call_later(FLUSH_S, self.flush)
+        elif n >= MAX_PENDING:
+            self.flush()
+
+    def _write_pending(self) -> None:
+        """The queued lines written (the lock held). Only those seen here are taken off: a line
+        queued meanwhile stays for the next flush."""
+        pending = self.pending
+        lines = pending[:]
+        if not lines:
+            return
+        del pending[:len(lines)]
+        try:
+            self.stream.write(self.terminator.join(lines) + self.terminator)
+        except Exception:
+            self.handleError(logging.makeLogRecord({"msg": "request", "name": access_log.name}))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.pending:
+            with self.lock:  # type: ignore[union-attr]
+                self._write_pending()
+        super().emit(record)
+
+    def flush(self) -> None:
+        if self.pending:
+            with self.lock:  # type: ignore[union-attr]
+                self._write_pending()
+        super().flush()
+
+
+FLUSH_S = 0.05  # how long an access line may wait to be written (documented in the README)
+MAX_PENDING = 256  # access lines written at once at most (a bound on what waits in memory)
+_HANDLERS: "weakref.WeakSet[LineHandler]" = weakref.WeakSet()
+
+
+def flush_logs() -> None:
+    """Every queued access line written (the end of serving; a worker process ends with
+    os._exit, which runs no exit handlers)."""
+    for h in list(_HANDLERS):
+        h.flush()
+
+
+def _forget_in_child() -> None:
+    # A forked worker must not write its parent's queued lines a second time (the parent does).
+    for h in list(_HANDLERS):
+        h.pending.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.Handler:
@@ -174,12 +253,13 @@ def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = LineHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_compaction_proxy", False):
             root.removeHandler(h)
+            h.flush()
     handler._compaction_proxy = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -268,14 +348,7 @@ class AccessLog(Hooks):
             line = f"{fmt.stamp(created)} INFO {access_log.name}: request{self.text(ex, ms)}"
         else:
             line = fmt.line(created, "INFO", access_log.name, "request", self.fields(ex, ms))
-        stream: Any = h.stream  # type: ignore[attr-defined]
-        with h.lock:  # type: ignore[union-attr]
-            try:
-                stream.write(line + h.terminator)  # type: ignore[attr-defined]
-                if not getattr(stream, "line_buffering", False):  # (stderr's writes each line already)
-                    stream.flush()
-            except Exception:
-                h.handleError(logging.makeLogRecord({"msg": "request", "name": access_log.name}))
+        h.queue(line)  # type: ignore[attr-defined]  (written with the others of the next few ms)
 
     def compaction(self, e: CompactionEvent) -> None:
         events_log.info(
