@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support.compaction_helpers import analyze
+from proxy.ops.bill import Bill, Figures, cacheable, shared_prefix_tokens
+from proxy.ops.exchange import Exchange, Prefix, Usage
 from proxy.ops.prices import Price, PriceTable
 from support.client import chat, get, openai_client
 from support.compaction_helpers import counter
@@ -123,3 +127,63 @@ async def test_bypassed_requests_are_billed_as_sent(upstream, make_proxy):
     assert total["requests"] == len(points) and total["summarizer_calls"] == 0
     assert total["direct_prompt"] == total["proxy_prompt"]
     assert total["direct"] == pytest.approx(total["proxy"], rel=0.005)
+
+
+def _reference_request(bill: Bill, ex: Exchange, figures: dict[str, Figures], last: dict[str, Any]) -> None:
+    """The bill's request figures as first written (the shared prefix always looked for, Price.cost
+    called for each figure): what the cheaper request_done must keep adding up."""
+    c = figures.setdefault(ex.conversation, Figures())
+    prev, prev_model = last.get(ex.conversation, (None, ""))
+    shared = shared_prefix_tokens(prev, prev_model, ex.prefix, ex.model)
+    last[ex.conversation] = (ex.prefix, ex.model)
+    u = ex.usage
+    if u is None or ex.code != 200:
+        c.unbilled += 1
+        return
+    removed = ex.tokens_before - (ex.tokens_after if ex.tokens_after is not None else ex.tokens_before)
+    direct_prompt = max(0, u.prompt + removed)
+    direct_cached = cacheable(min(direct_prompt, shared))
+    price = bill.prices.find(ex.model)
+    c.requests += 1
+    c.direct_prompt += direct_prompt
+    c.direct_cached += direct_cached
+    c.proxy_prompt += u.prompt
+    c.proxy_cached += u.cached
+    c.completion += u.completion
+    if price is None:
+        c.unpriced += 1
+    else:
+        c.direct += price.cost(direct_prompt, direct_cached, u.completion)
+        c.proxy += price.cost(u.prompt, u.cached, u.completion)
+
+
+_tokens = st.lists(st.integers(0, 900), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests=st.lists(st.tuples(
+    st.sampled_from(["a", "b"]), st.sampled_from(["gpt-4o", "gpt-4o-mini", "no-price-model"]),
+    st.lists(st.integers(0, 3), min_size=1, max_size=6), _tokens, st.sampled_from([0, 700]),
+    st.integers(0, 6000), st.none() | st.integers(0, 6000), st.none() | st.tuples(st.integers(0, 6000), st.integers(0, 1)),
+    st.sampled_from([200, 200, 429])), max_size=12))
+def test_a_requests_figures_are_the_same_as_the_plain_computations(requests):
+    """request_done skips the shared-prefix look-up for a prompt under the cache's minimum and
+    writes the costs out; every figure must stay what the plain computation gives, to the bit."""
+    bill = Bill(PriceTable())
+    figures: dict[str, Figures] = {}
+    last: dict[str, Any] = {}
+    for conv, model, keys, tokens, tools, before, after, usage, code in requests:
+        ex = Exchange("r", "POST", "/v1/chat/completions", "/v1/chat/completions", "chat_completions")
+        n = min(len(keys), len(tokens))
+        ex.code, ex.model, ex.conversation = code, model, conv
+        ex.prefix = Prefix(keys[:n], tokens[:n], tools)
+        ex.tokens_before, ex.tokens_after = before, after
+        if usage is not None:
+            prompt = usage[0]
+            ex.usage = Usage(prompt, prompt // 2 if usage[1] else 0, 17)
+        bill.request_done(ex)
+        _reference_request(bill, ex, figures, last)
+    for conv, expected in figures.items():
+        got = bill.conversation(conv)
+        assert got is not None
+        assert {k: got[k] for k in expected.as_dict()} == expected.as_dict()
