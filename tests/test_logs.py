@@ -8,6 +8,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,25 @@ def test_a_forked_worker_does_not_write_its_parents_queued_lines():
         assert os.waitstatus_to_exitcode(status) == 0
         assert handler.pending == ["a line of the parent's"]
         handler.pending.clear()
+
+
+@settings(max_examples=200, deadline=None)
+@given(method=_nonempty, path=_nonempty, code=st.integers(0, 599), model=_nonempty, compaction=_nonempty,
+       before=st.integers(0, 1 << 40), after=st.integers(0, 1 << 40), notes=st.integers(0, 99),
+       wait=st.floats(0, 1e7), ttfb=st.floats(0, 1e4), stream=st.booleans(),
+       usage=st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30) | st.booleans()))
+def test_the_usual_access_line_is_the_general_one(method, path, code, model, compaction, before, after, notes, wait,
+                                                  ttfb, stream, usage):
+    """A protocol route's answer with every figure is written by one %-format; the line must be
+    the stamp, then what `text` writes, character for character."""
+    ex = Exchange("0123456789abcdef", method, path, "/r", "messages")
+    ex.code, ex.stream, ex.model, ex.compaction, ex.tokens_before, ex.tokens_after = code, stream, model, compaction, before, after
+    ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.usage = notes, wait, ttfb, Usage(*usage)
+    log = AccessLog()
+    with own_handler() as (handler, stream_):
+        log.request_done(ex)  # (no event loop: written at once)
+    line = stream_.getvalue()
+    stamp, rest = line[:23], line[23:]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", stamp)  # (the stamp's text: tested above)
+    ms = float(rest.split(" duration_ms=")[1].split()[0])
+    assert rest == f" INFO proxy.access: request{log.text(ex, ms)}\n"

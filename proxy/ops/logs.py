@@ -266,6 +266,12 @@ def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.
     return handler
 
 
+# AccessLog.text's words for a protocol route's answer with every figure, after the stamp's two parts.
+_USUAL_LINE = (f"%s%s INFO {access_log.name}: request request_id=%s method=%s path=%s status=%s duration_ms=%.1f"
+               " protocol=%s model=%s compaction=%s tokens_before=%s tokens_after=%s tool_notes=%s wait_ms=%.1f"
+               " upstream_ttfb_ms=%.1f stream=%s upstream_prompt=%s upstream_cached=%s upstream_completion=%s")
+
+
 class AccessLog(Hooks):
     """One INFO line per request, and one per compaction event, with their numbers. `worker`: the
     process id, named on each line when several workers share the port."""
@@ -345,7 +351,25 @@ class AccessLog(Hooks):
         fmt: Any = h.formatter
         created = time.time()
         if type(fmt) is TextFormatter:
-            line = f"{fmt.stamp(created)} INFO {access_log.name}: request{self.text(ex, ms)}"
+            model, compaction, after, ttfb, u = ex.model, ex.compaction, ex.tokens_after, ex.upstream_ttfb_s, ex.usage
+            if (model and compaction and after is not None and ttfb is not None and u is not None
+                    and ex.tokens_before is not None and self.worker is None and not ex.upstream_request_id):
+                # A protocol route's answer, the usual line: the words `text` writes, in one
+                # %-format with the stamp (`str(v)` is `format(v, "")`: the same text as the
+                # f-strings'; one C call instead of a format and a join per field).
+                stamp = fmt.stamp
+                second = int(created)
+                if second != stamp._second:
+                    stamp(created)  # the second's text made (and remembered)
+                words = _WORDS
+                line = _USUAL_LINE % (
+                    stamp._text, stamp._after[int((created - second) * 1000)], ex.request_id,
+                    words.get(ex.method) or _word(ex.method), words.get(ex.path) or _word(ex.path), ex.code, ms,
+                    ex.protocol, words.get(model) or _word(model), words.get(compaction) or _word(compaction),
+                    ex.tokens_before, after, ex.tool_notes, ex.wait_ms, ttfb * 1000, ex.stream, u.prompt, u.cached,
+                    u.completion)
+            else:
+                line = f"{fmt.stamp(created)} INFO {access_log.name}: request{self.text(ex, ms)}"
         else:
             line = fmt.line(created, "INFO", access_log.name, "request", self.fields(ex, ms))
         h.queue(line)  # type: ignore[attr-defined]  (written with the others of the next few ms)
