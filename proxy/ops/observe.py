@@ -72,15 +72,27 @@ def _note(ex: Exchange, h: Any) -> None:
     h["x-request-id"] = ex.request_id
     status = h.get("x-compaction-status")
     if status is not None:
+        # (each parsed where it is read, and "0", the usual tool-results and wait figure,
+        # without int(): a helper call and an int() each cost as much as the rest of this)
         ex.compaction = status
-        ex.tokens_before = _int(h.get("x-compaction-tokens-before"))
-        ex.tokens_after = _int(h.get("x-compaction-tokens-after"))
-        ex.tool_notes = _int(h.get("x-compaction-tool-results")) or 0
-        ex.wait_ms = float(_int(h.get("x-compaction-wait-ms")) or 0)
+        v = h.get("x-compaction-tokens-before")
+        try:
+            ex.tokens_before = None if v is None else int(v)
+        except ValueError:
+            ex.tokens_before = None
+        v = h.get("x-compaction-tokens-after")
+        try:
+            ex.tokens_after = None if v is None else int(v)
+        except ValueError:
+            ex.tokens_after = None
+        v = h.get("x-compaction-tool-results")
+        try:
+            ex.tool_notes = 0 if v is None or v == "0" else int(v)
+        except ValueError:
+            ex.tool_notes = 0
+        v = h.get("x-compaction-wait-ms")
+        try:
+            ex.wait_ms = 0.0 if v is None or v == "0" else float(int(v))
+        except ValueError:
+            ex.wait_ms = 0.0
 
-
-def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
