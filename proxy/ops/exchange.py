@@ -86,6 +86,7 @@ class Exchange:
     summarizer_calls: int = 0  # made on this request's path
     stream: bool = False  # the client asked for a stream
     stream_open: bool = False  # an event stream is being relayed (counted in the streams gauge)
+    stream_headers: Any = None  # that stream's headers: its x-compaction-* figures, read at its end
     # Messages before and after the shrinking stages, for the bill's direct-cost estimate.
     prefix: Prefix | None = None
 

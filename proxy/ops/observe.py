@@ -45,6 +45,8 @@ def failed(ex: Exchange, e: BaseException) -> None:
 def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
     CURRENT.reset(token)
     if ex.stream_open:
+        if ex.stream_headers is not None:
+            _figures(ex, ex.stream_headers)
         hooks.stream_closed()
     hooks.request_done(ex)
 
@@ -55,21 +57,36 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     if ex is None:
         return
     h = response.headers
-    _note(ex, h)
     if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
+        # A stream's first events follow: only the ids now; its figures are read at its end
+        # (`end`), from these headers as they went out.
+        if _ids(ex, h):
+            ex.stream_headers = h
         ex.stream_open = True
         request.app[STATE].hooks.stream_opened()
+    else:
+        _note(ex, h)
 
 
-def _note(ex: Exchange, h: Any) -> None:
-    """Our id on the answer; its x-compaction-* figures into the exchange (idempotent)."""
+def _ids(ex: Exchange, h: Any) -> bool:
+    """Our id on the answer, the upstream's moved to x-upstream-request-id; False when it was done."""
     upstream_id = h.get("x-request-id")
     if upstream_id == ex.request_id:
-        return
+        return False
     if upstream_id is not None:
         ex.upstream_request_id = upstream_id
         h["x-upstream-request-id"] = upstream_id
     h["x-request-id"] = ex.request_id
+    return True
+
+
+def _note(ex: Exchange, h: Any) -> None:
+    """Our id on the answer; its x-compaction-* figures into the exchange (idempotent)."""
+    if _ids(ex, h):
+        _figures(ex, h)
+
+
+def _figures(ex: Exchange, h: Any) -> None:
     status = h.get("x-compaction-status")
     if status is not None:
         # (each parsed where it is read, and "0", the usual tool-results and wait figure,
