@@ -170,6 +170,29 @@ def test_each_request_of_a_growing_conversation_reuses_all_of_the_previous_one(s
         assert_same(got, full(raw))
 
 
+@pytest.mark.parametrize("after, same", [('"stream":false', True), ('"stream":true ', False), ('"seed":8', False),
+                                         ('"seed":7,"n":1', False)])
+def test_the_same_body_again_is_told_from_one_that_differs_only_after_the_messages(after, same):
+    """prior() says the body is the previous one byte for byte from its match and the bytes after
+    the last message alone (keep() then leaves the entry as it is, with no second full compare);
+    a body with every message shared but other bytes after them (even of the same length) is a
+    body of its own: kept as a new entry, parsed as a full parse does."""
+    recent = prefix.RecentBodies()
+    before = '"stream":false' if after.startswith('"stream"') else '"seed":7'
+    msgs = [write({"role": "user", "content": "x" * 60}, 1), write({"role": "assistant", "content": "ok"}, 1)]
+    first = body(['"model":"gpt-4o"'], msgs, [before])
+    one, _ = reused(recent, first)
+    entry = next(iter(recent._lru.values()))
+    second = body(['"model":"gpt-4o"'], msgs, [after])
+    assert (second == first) == same
+    got, prior = reused(recent, second)
+    assert prior is not None and len(prior) == 2 and prior.same is same
+    assert_same(got, full(second))
+    kept = list(recent._lru.values())
+    assert len(kept) == 1 and (kept[0] is entry) == same  # the same entry, or the new body's in its place
+    assert kept[0].raw == second
+
+
 def test_conversations_that_share_a_system_prompt_each_reuse_their_own():
     """One client, several conversations with the same start: a body that shares only the system
     message with another conversation's must not push that conversation out."""
