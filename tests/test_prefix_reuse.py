@@ -285,3 +285,26 @@ def test_element_ends_are_where_each_value_ends(values, style):
         pos = len(text_[:end].encode())
         want.append(pos)
     assert ends == want
+
+
+def test_a_body_that_grew_from_a_kept_one_gets_its_lists_uncopied_and_leaves_them_as_they_were():
+    """A body that shares every envelope of the kept one is handed the entry's own lists (no copy
+    of a few hundred references per request); parsing it must not write to them."""
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user" if i % 2 else "assistant", "content": f"m{i}"}, 1) for i in range(6)]
+    first = body(['"model":"gpt-4o"'], msgs[:4], ['"stream":false'])
+    reused(recent, first)
+    entry = next(iter(recent._lru.values()))
+    before = [list(entry.values), list(entry.written), list(entry.keys), list(entry.tokens)]
+    grown = body(['"model":"gpt-4o"'], msgs, ['"stream":false'])
+    prior = recent.prior("s", grown)
+    assert prior is not None and len(prior) == 4 and not prior.same
+    assert prior.values is entry.values and prior.written is entry.written and prior.tokens is entry.tokens
+    request = prefix.parse_seen(CHAT, grown, COUNTER, CFG, "s", prior, recent=recent)
+    assert_same(request, full(grown))
+    assert [entry.values, entry.written, entry.keys, entry.tokens] == before
+    # a body that shares only some of them gets copies of those
+    other = body(['"model":"gpt-4o"'], msgs[:2] + [write({"role": "user", "content": "else"}, 1)], ['"stream":false'])
+    part = recent.prior("s", other)
+    kept = next(iter(recent._lru.values()))
+    assert part is not None and len(part) == 2 and part.values is not kept.values and part.values == kept.values[:2]

@@ -305,9 +305,14 @@ class RecentBodies:
         if jsonbody.has_long_digits(tail if head is not None else rest):
             return None  # the body reads through the exact parser, which reads every value anew
         # matched() compared the bytes up to the last envelope's end: what follows it decides sameness.
-        same = n == len(best.ends) and len(raw) == len(best.raw) and raw[end:] == best.raw[end:]
-        return Prior(best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n], best.encoding, rest,
-                     best, best.request, best.start, resume, head, tail, same)
+        every = n == len(best.ends)
+        same = every and len(raw) == len(best.raw) and raw[end:] == best.raw[end:]
+        # All of the entry's envelopes (a body that grew from it, or the same again): its own lists,
+        # not copies of them (each a few hundred references for a long history). Nothing writes to
+        # a Prior's lists; the parse builds the request's own from them.
+        parts = (best.values, best.written, best.keys, best.tokens) if every else \
+            (best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n])
+        return Prior(*parts, best.encoding, rest, best, best.request, best.start, resume, head, tail, same)
 
     def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
              written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
