@@ -99,6 +99,10 @@ async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Rep
     # Whichever worker answers /metrics counts every worker's requests.
     counts = {await asyncio.to_thread(chat_requests_total, proxy) for _ in range(8)}
     assert counts == {10.0}
+    for _ in range(40):  # access lines are written in batches, within 50 ms (ops/logs.LineHandler)
+        if access_lines(proxy, "/metrics"):
+            break
+        await asyncio.sleep(0.05)
     metrics_by = {r["worker"] for r in access_lines(proxy, "/metrics")}
     assert metrics_by, "no /metrics line in the access log"
 
