@@ -31,8 +31,10 @@ def parse_chat_body(raw: bytes, *, before: list[Any] | None = None,
     if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
         body["messages"] = [*before, *body["messages"]]
     validate_chat_body(body, messages=False)
-    # The messages are checked by the chat adapter's parse, once per distinct message.
-    _check_writable(jsonbody.writable_fields(body, "messages", head))
+    # The messages are checked by the chat adapter's parse, once per distinct message; the rest
+    # came from `raw` (or `head`, checked already).
+    if not jsonbody.shallow(raw):
+        _check_writable(jsonbody.writable_fields(body, "messages", head))
     return body
 
 

@@ -131,7 +131,10 @@ async def run_request(stages: Sequence[Stage], flow: Flow) -> None:
     """Each stage's request hook, in order; none when every stage is idle (most requests: small
     ones, far under every threshold), which leaves the flow as running them would. Asking all
     before running any holds because an idle stage changes nothing the next one looks at."""
-    if all(stage.idle(flow) for stage in stages):
+    for stage in stages:  # (a loop, not all() over a generator: half the cost for two stages)
+        if not stage.idle(flow):
+            break
+    else:
         return
     for stage in stages:
         await stage.request(flow)
