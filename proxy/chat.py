@@ -95,7 +95,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
-                                          ex.conversation, **recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
+                                          ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
     try:
         await run_request(state.stages, flow)
         recall = None

@@ -131,7 +131,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         over = cfg.compaction.enabled and before > state.compaction.budget_for(parsed.model).threshold
         return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
-                                          ex.conversation, **recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
+                                          ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \

@@ -112,7 +112,7 @@ def _identity(request: web.Request, state: Any, req: Request, caller: Caller) ->
     if scope is None:
         return None
     return Identity(scope, caller.extra.headers, caller.focus, request[EXCHANGE].conversation,
-                    long_context=caller.extra.long_context, **recall_answers.identity_fields(RECALL, state, req))
+                    *recall_answers.identity_fields(RECALL, state, req), caller.extra.long_context)
 
 
 @dataclass
