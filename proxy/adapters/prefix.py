@@ -44,7 +44,7 @@ from proxy.errors import ProxyError
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _WS = b" \t\r\n"
 
-MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept
+MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept (and is never offloaded)
 PER_SCOPE = 16  # bodies kept per scope: conversations one client runs at once
 MAX_BYTES = 32 << 20  # estimated bytes held by all kept bodies (raw, written JSON, parsed values)
 
@@ -424,8 +424,12 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
                 ratio: float | None = None) -> Any:
     """The route's parse: the earlier body found here (comparing bytes is cheap), the rest parsed
     off the event loop when what is left to parse is large (offload's rule)."""
+    if len(raw) < MIN_BYTES and len(raw) <= offload.OFFLOAD_BYTES:
+        # Nothing to reuse or keep (parse_seen would find and keep nothing), and under offload's
+        # size: parsed here, without the calls that would say so.
+        return adapter.parse(raw, counter, cfg, ratio=ratio)
     field = getattr(adapter, "envelope_field", None)
-    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None and len(raw) >= MIN_BYTES else None
+    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None else None
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)
