@@ -95,6 +95,14 @@ def shallow(raw: bytes) -> bool:
     return len(raw) < 2 * (WRITTEN_DEPTH + 1)
 
 
+def check_fields_writable(raw: bytes, body: Any, skip: str | None = None, head: dict[str, Any] | None = None, *,
+                          spliced: bool = False) -> None:
+    """check_writable(writable_fields(body, skip, head)), unless all that it would write was parsed
+    from `raw` (`spliced`: values parsed elsewhere were put in among it) and `raw` is shallow."""
+    if spliced or not shallow(raw):
+        check_writable(writable_fields(body, skip, head))
+
+
 def check_writable(value: Any) -> None:
     """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
     again: refuse here (Unreadable) what would fail there as a 500."""

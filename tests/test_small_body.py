@@ -75,3 +75,22 @@ def test_loads_says_the_same_of_a_body_whole_or_in_pieces(raw, pad):
     except jsonbody.DuplicateKeys as e:
         exact = ("duplicates", e.names)
     assert got == exact
+
+
+def test_values_put_in_from_elsewhere_are_still_checked_in_a_short_body():
+    """Items parsed from another body (`before`) nest two levels deeper inside this one: a short
+    body with them in is checked whole, as before."""
+    from proxy.adapters.messages.body import parse_messages_body
+    from proxy.responses.body import parse_responses_body
+
+    item = {"role": "user", "content": nest("x", 252, 1)}  # 253 levels alone: writes; inside a body: 255
+    jsonbody.check_writable(item)
+    raw = b'{"model":"m","input":[]}'
+    assert jsonbody.shallow(raw)
+    with pytest.raises(ProxyError):
+        parse_responses_body(raw, before=[item], whole=True)
+    assert parse_responses_body(raw, before=[item], whole=False)["input"] == [item]  # the adapter writes items alone
+    raw = b'{"model":"m","max_tokens":1,"messages":[]}'
+    with pytest.raises(ProxyError):
+        parse_messages_body(raw, before=[item], whole=True)
+    assert parse_messages_body(raw, before=[item], whole=False)["messages"] == [item]
