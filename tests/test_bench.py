@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import aiohttp
 import orjson
@@ -248,6 +249,36 @@ def test_summary_has_added_latency_and_ratios_to_the_baseline():
     assert rows["proxy"]["cpu_ms_per_req"] == pytest.approx(3.0)
     assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(1.5)
     assert rows["proxy"]["statuses"] == {"none": 10}
+
+
+def _rounds(cpu_ms_per_round: list[float], n: int = 10) -> Tally:
+    t = Tally()
+    for cpu_ms in cpu_ms_per_round:
+        results = [Result(200, 0.001, 0.0005, 0, 1, 10, {}) for _ in range(n)]
+        t.add(LoadResult(results, wall_s=0.1, clients=1), cpu_ms * n / 1000, 0.0)
+    return t
+
+
+def test_the_cpu_ratio_is_the_median_of_the_rounds_so_a_burst_on_one_round_does_not_move_it():
+    base = _rounds([0.40, 0.42, 0.38, 0.40, 0.41])
+    proxy = _rounds([0.52, 0.55, 0.49, 2.60, 0.53])  # round 4: something else on the host ran meanwhile
+    rows = summarize({"baseline": base, "proxy": proxy})
+    assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(median([0.52 / 0.40, 0.55 / 0.42, 0.49 / 0.38,
+                                                                     2.60 / 0.40, 0.53 / 0.41]))
+    assert rows["proxy"]["cpu_vs_baseline"] < 1.35
+    assert rows["proxy"]["cpu_vs_baseline_of_sums"] == pytest.approx(sum([0.52, 0.55, 0.49, 2.60, 0.53]) /
+                                                                      sum([0.40, 0.42, 0.38, 0.40, 0.41]))
+    assert rows["proxy"]["cpu_vs_baseline_of_sums"] > 2  # what the sums said
+    # A burst on the baseline's round moves the median as little.
+    rows = summarize({"baseline": _rounds([0.40, 0.42, 2.0, 0.40, 0.41]), "proxy": _rounds([0.52, 0.55, 0.49, 0.52, 0.53])})
+    assert 1.25 < rows["proxy"]["cpu_vs_baseline"] < 1.35
+
+
+def test_too_few_or_unpaired_rounds_give_the_ratio_of_the_sums():
+    for base, proxy in ((_rounds([0.4, 0.4]), _rounds([0.5, 0.9])), (_rounds([0.4, 0.4, 0.4]), _rounds([0.5, 0.9]))):
+        rows = summarize({"baseline": base, "proxy": proxy})
+        assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(rows["proxy"]["cpu_vs_baseline_of_sums"])
+        assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(proxy.cpu_ms / base.cpu_ms)
 
 
 def test_report_renders_and_checks_targets_from_partial_results():

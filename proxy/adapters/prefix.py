@@ -68,6 +68,9 @@ class Prior:
     # and the body as an object without them: what is left to parse when they are reused.
     head: dict[str, Any] | None = None
     tail: bytes = b""
+    # The body is the previous one byte for byte (every envelope matched, and the same bytes after
+    # them): keep() then leaves the entry as it is without comparing the whole body a second time.
+    same: bool = False
 
     def __len__(self) -> int:
         return len(self.values)
@@ -313,8 +316,15 @@ class RecentBodies:
         # only the tail need be looked at then.
         if jsonbody.has_long_digits(tail if head is not None else rest):
             return None  # the body reads through the exact parser, which reads every value anew
-        return Prior(best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n], best.encoding, rest,
-                     best, best.request, best.start, resume, head, tail)
+        # matched() compared the bytes up to the last envelope's end: what follows it decides sameness.
+        every = n == len(best.ends)
+        same = every and len(raw) == len(best.raw) and raw[end:] == best.raw[end:]
+        # All of the entry's envelopes (a body that grew from it, or the same again): its own lists,
+        # not copies of them (each a few hundred references for a long history). Nothing writes to
+        # a Prior's lists; the parse builds the request's own from them.
+        parts = (best.values, best.written, best.keys, best.tokens) if every else \
+            (best.values[:n], best.written[:n], best.keys[:n], best.tokens[:n])
+        return Prior(*parts, best.encoding, rest, best, best.request, best.start, resume, head, tail, same)
 
     def keep(self, scope: str | None, raw: bytes, field: str, prior: Prior | None, values: list[Any],
              written: list[bytes], keys: list[int], tokens: list[int], encoding: str, request: Any = None) -> None:
@@ -324,7 +334,7 @@ class RecentBodies:
         if scope is None:
             return
         if prior is not None:
-            if len(prior) == len(prior.entry.ends) and prior.entry.raw == raw:
+            if prior.same:
                 with self._lock:  # the same body again: the entry stays as it is
                     if id(prior.entry) in self._lru:
                         self._lru.move_to_end(id(prior.entry))

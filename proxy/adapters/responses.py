@@ -85,7 +85,9 @@ class ResponsesAdapter(Adapter):
         model = body["model"]
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
-        items: list[Any] = ri.input_items(body)
+        inp = body.get("input")
+        # the body's own list when it is one (read only here; values is a list of its own)
+        items: list[Any] = inp if isinstance(inp, list) else ri.input_items(body)
         instructions = body.get("instructions")
         lead: list[Any] = [_instructions_value(instructions)] if isinstance(instructions, str) else []
         values = [*lead, *items]
