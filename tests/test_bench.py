@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from statistics import median
 
@@ -19,7 +22,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench import bare_forwarder, plot, report
+from bench import bare_forwarder, plot, procs, report
 from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
 from bench.loadgen import LoadError, LoadResult, Request, Result, hold_streams, percentile, run_load
 from bench.profile import top_functions
@@ -362,3 +365,28 @@ def test_a_proxy_answer_the_workload_did_not_intend_breaks_the_run():
     assert bench.problems == []
     bench.expect_status("reused", _tally([1.0] * 3, 0.0, "summarized"), {"reused"})
     assert bench.problems == ["reused: proxy answered x-compaction-status {'summarized': 3}, expected ['reused']"]
+
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not procs.SCHEDSTAT, reason="this kernel keeps no per-thread schedstat")
+def test_cpu_time_is_read_finer_than_clock_ticks_and_counts_every_thread():
+    before = procs.cpu_seconds(os.getpid())
+    _burn(0.003)  # under one 10 ms tick: utime + stime would show 0 or 10 ms
+    assert 0.002 < procs.cpu_seconds(os.getpid()) - before < 0.009
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (_burn(0.05), done.wait(10)))
+    before = procs.cpu_seconds(os.getpid())
+    worker.start()
+    try:
+        while worker.is_alive() and procs.cpu_seconds(os.getpid()) - before < 0.045:
+            time.sleep(0.01)
+        assert procs.cpu_seconds(os.getpid()) - before >= 0.045  # the other thread's CPU is counted
+    finally:
+        done.set()
+        worker.join()
