@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from bench.loadgen import LoadResult, Result, percentile
@@ -22,8 +23,11 @@ class Tally:
     cpu_s: float = 0.0  # the target's server process (the fake upstream itself for `direct`)
     upstream_cpu_s: float = 0.0  # the fake upstream's, for every target
     faults: int = 0  # the server process's minor page faults
+    round_cpu_ms: list[float] = field(default_factory=list)  # CPU per request of each measured round
 
     def add(self, load: LoadResult, cpu_s: float, upstream_cpu_s: float, faults: int = 0) -> None:
+        if load.results:
+            self.round_cpu_ms.append(cpu_s * 1000 / len(load.results))
         self.results += load.results
         self.wall_s += load.wall_s
         self.cpu_s += cpu_s
@@ -36,6 +40,7 @@ class Tally:
         self.cpu_s += other.cpu_s
         self.upstream_cpu_s += other.upstream_cpu_s
         self.faults += other.faults
+        self.round_cpu_ms += other.round_cpu_ms
 
     def values(self, metric: str) -> list[float]:
         return [getattr(r, metric) for r in self.results]
@@ -70,6 +75,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+PAIRED_ROUNDS = 3  # fewer rounds than this and the ratio is of the sums
+
+
+def cpu_ratio(t: Tally, base: Tally) -> float | None:
+    """CPU per request against the baseline's: the median of the per-round ratios when both ran
+    the same rounds (each round runs every target back to back, so a round is a pair measured under
+    the same conditions; a burst of load from elsewhere on the host, which inflates whichever target
+    it lands on, moves the median of the pairs little and the ratio of the sums a lot), else the
+    ratio of the sums."""
+    if len(t.round_cpu_ms) == len(base.round_cpu_ms) >= PAIRED_ROUNDS and all(b > 0 for b in base.round_cpu_ms):
+        return median(a / b for a, b in zip(t.round_cpu_ms, base.round_cpu_ms))
+    return _ratio(t.cpu_ms, base.cpu_ms)
+
+
 def summarize(tallies: dict[str, Tally], metric: str = "latency") -> dict[str, dict[str, Any]]:
     """Per target: percentiles, added latency vs direct, throughput, CPU/req and ratios to baseline."""
     direct = tallies.get(DIRECT)
@@ -98,6 +117,7 @@ def summarize(tallies: dict[str, Tally], metric: str = "latency") -> dict[str, d
     for name, row in out.items():
         if base is None or name in (DIRECT, BASELINE):
             continue
-        row["cpu_vs_baseline"] = _ratio(row["cpu_ms_per_req"], base["cpu_ms_per_req"])
+        row["cpu_vs_baseline"] = cpu_ratio(tallies[name], tallies[BASELINE])
+        row["cpu_vs_baseline_of_sums"] = _ratio(row["cpu_ms_per_req"], base["cpu_ms_per_req"])
         row["added_p50_vs_baseline"] = _ratio(row.get("added_p50_ms"), base.get("added_p50_ms"))
     return out

@@ -577,18 +577,26 @@ async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> Async
 async def read_raw_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body as it came, within its pace: a client dripping a body byte by byte must not
     hold a connection (and its memory) open for ever."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
-    content = request.content
-    if content.is_eof():
-        # The whole body came with the headers (nearly every small request): nothing to wait for,
-        # so no timer and no task.
-        body = content.read_nowait()
-        if len(body) > limit:
-            raise errors.body_too_large(limit)
+    body = _arrived(request, limit)
+    if body is not None:
         return body
     parts = [chunk async for chunk in body_chunks(request, limit, pace)]
     return b"".join(parts)
+
+
+def _arrived(request: web.Request, limit: int) -> bytes | None:
+    """The whole body when it came with the headers (nearly every small request): nothing to wait
+    for, so no timer and no task; None when more is to come. 413 past `limit`."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise errors.body_too_large(limit)
+    content = request.content
+    if not content.is_eof():
+        return None
+    body = content.read_nowait()
+    if len(body) > limit:
+        raise errors.body_too_large(limit)
+    return body
 
 
 # What a compressed body is guessed to inflate to, to decide whether decoding leaves the loop.
@@ -599,8 +607,10 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
-    found = bodycoding.check_codings(header)
-    raw = await read_raw_body(request, limit, pace)
+    found = bodycoding.check_codings(header) if header is not None else None
+    raw = _arrived(request, limit)  # (called here, not through read_raw_body: one coroutine fewer)
+    if raw is None:
+        raw = await read_raw_body(request, limit, pace)
     if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)

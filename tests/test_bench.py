@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from statistics import median
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench import bare_forwarder, plot, report
+from bench import bare_forwarder, plot, procs, report
 from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
 from bench.loadgen import LoadError, LoadResult, Request, Result, hold_streams, percentile, run_load
 from bench.profile import top_functions
@@ -250,6 +254,36 @@ def test_summary_has_added_latency_and_ratios_to_the_baseline():
     assert rows["proxy"]["statuses"] == {"none": 10}
 
 
+def _rounds(cpu_ms_per_round: list[float], n: int = 10) -> Tally:
+    t = Tally()
+    for cpu_ms in cpu_ms_per_round:
+        results = [Result(200, 0.001, 0.0005, 0, 1, 10, {}) for _ in range(n)]
+        t.add(LoadResult(results, wall_s=0.1, clients=1), cpu_ms * n / 1000, 0.0)
+    return t
+
+
+def test_the_cpu_ratio_is_the_median_of_the_rounds_so_a_burst_on_one_round_does_not_move_it():
+    base = _rounds([0.40, 0.42, 0.38, 0.40, 0.41])
+    proxy = _rounds([0.52, 0.55, 0.49, 2.60, 0.53])  # round 4: something else on the host ran meanwhile
+    rows = summarize({"baseline": base, "proxy": proxy})
+    assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(median([0.52 / 0.40, 0.55 / 0.42, 0.49 / 0.38,
+                                                                     2.60 / 0.40, 0.53 / 0.41]))
+    assert rows["proxy"]["cpu_vs_baseline"] < 1.35
+    assert rows["proxy"]["cpu_vs_baseline_of_sums"] == pytest.approx(sum([0.52, 0.55, 0.49, 2.60, 0.53]) /
+                                                                      sum([0.40, 0.42, 0.38, 0.40, 0.41]))
+    assert rows["proxy"]["cpu_vs_baseline_of_sums"] > 2  # what the sums said
+    # A burst on the baseline's round moves the median as little.
+    rows = summarize({"baseline": _rounds([0.40, 0.42, 2.0, 0.40, 0.41]), "proxy": _rounds([0.52, 0.55, 0.49, 0.52, 0.53])})
+    assert 1.25 < rows["proxy"]["cpu_vs_baseline"] < 1.35
+
+
+def test_too_few_or_unpaired_rounds_give_the_ratio_of_the_sums():
+    for base, proxy in ((_rounds([0.4, 0.4]), _rounds([0.5, 0.9])), (_rounds([0.4, 0.4, 0.4]), _rounds([0.5, 0.9]))):
+        rows = summarize({"baseline": base, "proxy": proxy})
+        assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(rows["proxy"]["cpu_vs_baseline_of_sums"])
+        assert rows["proxy"]["cpu_vs_baseline"] == pytest.approx(proxy.cpu_ms / base.cpu_ms)
+
+
 def test_report_renders_and_checks_targets_from_partial_results():
     rows = summarize({"direct": _tally([1.0] * 4, 0.004), "baseline": _tally([2.0] * 4, 0.004),
                       "proxy": _tally([2.5] * 4, 0.008, "none")})
@@ -331,3 +365,28 @@ def test_a_proxy_answer_the_workload_did_not_intend_breaks_the_run():
     assert bench.problems == []
     bench.expect_status("reused", _tally([1.0] * 3, 0.0, "summarized"), {"reused"})
     assert bench.problems == ["reused: proxy answered x-compaction-status {'summarized': 3}, expected ['reused']"]
+
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not procs.SCHEDSTAT, reason="this kernel keeps no per-thread schedstat")
+def test_cpu_time_is_read_finer_than_clock_ticks_and_counts_every_thread():
+    before = procs.cpu_seconds(os.getpid())
+    _burn(0.003)  # under one 10 ms tick: utime + stime would show 0 or 10 ms
+    assert 0.002 < procs.cpu_seconds(os.getpid()) - before < 0.009
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (_burn(0.05), done.wait(10)))
+    before = procs.cpu_seconds(os.getpid())
+    worker.start()
+    try:
+        while worker.is_alive() and procs.cpu_seconds(os.getpid()) - before < 0.045:
+            time.sleep(0.01)
+        assert procs.cpu_seconds(os.getpid()) - before >= 0.045  # the other thread's CPU is counted
+    finally:
+        done.set()
+        worker.join()

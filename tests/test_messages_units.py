@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from proxy.adapters.messages.overflow import is_prompt_too_long
@@ -215,6 +217,24 @@ def test_native_compaction_is_seen():
     with_block = {"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [
         {"type": "compaction", "content": "..."}]}, {"role": "user", "content": "more"}]}
     assert "compaction blocks" in native_compaction(with_block)
+
+
+_block = st.one_of(st.builds(lambda t: {"type": t}, st.sampled_from(["text", "compaction", "tool_use", "thinking"])),
+                   st.sampled_from(["compaction", 7, None]))
+_message = st.one_of(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                            "content": st.one_of(st.text(max_size=12), st.lists(_block, max_size=3),
+                                                                 st.none(), st.integers())}),
+                     st.sampled_from(["compaction", 3, None]))
+
+
+@given(st.lists(_message, max_size=5), st.integers(0, 5))
+def test_native_compaction_reads_blocks_as_their_listing_does(messages, start):
+    """The scan looks only inside block lists (a string is one text block, anything else none):
+    the same answer as reading every message's blocks' types."""
+    from proxy.adapters.messages.body import blocks
+    expected = any(isinstance(m, dict) and "compaction" in [b.get("type") for b in blocks(m.get("content"))
+                                                            if isinstance(b, dict)] for m in messages[start:])
+    assert (native_compaction({"model": "m", "messages": messages}, start) is not None) == expected
 
 
 # ---- breakpoints ---------------------------------------------------------------------------------

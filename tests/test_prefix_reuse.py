@@ -170,6 +170,29 @@ def test_each_request_of_a_growing_conversation_reuses_all_of_the_previous_one(s
         assert_same(got, full(raw))
 
 
+@pytest.mark.parametrize("after, same", [('"stream":false', True), ('"stream":true ', False), ('"seed":8', False),
+                                         ('"seed":7,"n":1', False)])
+def test_the_same_body_again_is_told_from_one_that_differs_only_after_the_messages(after, same):
+    """prior() says the body is the previous one byte for byte from its match and the bytes after
+    the last message alone (keep() then leaves the entry as it is, with no second full compare);
+    a body with every message shared but other bytes after them (even of the same length) is a
+    body of its own: kept as a new entry, parsed as a full parse does."""
+    recent = prefix.RecentBodies()
+    before = '"stream":false' if after.startswith('"stream"') else '"seed":7'
+    msgs = [write({"role": "user", "content": "x" * 60}, 1), write({"role": "assistant", "content": "ok"}, 1)]
+    first = body(['"model":"gpt-4o"'], msgs, [before])
+    one, _ = reused(recent, first)
+    entry = next(iter(recent._lru.values()))
+    second = body(['"model":"gpt-4o"'], msgs, [after])
+    assert (second == first) == same
+    got, prior = reused(recent, second)
+    assert prior is not None and len(prior) == 2 and prior.same is same
+    assert_same(got, full(second))
+    kept = list(recent._lru.values())
+    assert len(kept) == 1 and (kept[0] is entry) == same  # the same entry, or the new body's in its place
+    assert kept[0].raw == second
+
+
 def test_conversations_that_share_a_system_prompt_each_reuse_their_own():
     """One client, several conversations with the same start: a body that shares only the system
     message with another conversation's must not push that conversation out."""
@@ -262,3 +285,26 @@ def test_element_ends_are_where_each_value_ends(values, style):
         pos = len(text_[:end].encode())
         want.append(pos)
     assert ends == want
+
+
+def test_a_body_that_grew_from_a_kept_one_gets_its_lists_uncopied_and_leaves_them_as_they_were():
+    """A body that shares every envelope of the kept one is handed the entry's own lists (no copy
+    of a few hundred references per request); parsing it must not write to them."""
+    recent = prefix.RecentBodies()
+    msgs = [write({"role": "user" if i % 2 else "assistant", "content": f"m{i}"}, 1) for i in range(6)]
+    first = body(['"model":"gpt-4o"'], msgs[:4], ['"stream":false'])
+    reused(recent, first)
+    entry = next(iter(recent._lru.values()))
+    before = [list(entry.values), list(entry.written), list(entry.keys), list(entry.tokens)]
+    grown = body(['"model":"gpt-4o"'], msgs, ['"stream":false'])
+    prior = recent.prior("s", grown)
+    assert prior is not None and len(prior) == 4 and not prior.same
+    assert prior.values is entry.values and prior.written is entry.written and prior.tokens is entry.tokens
+    request = prefix.parse_seen(CHAT, grown, COUNTER, CFG, "s", prior, recent=recent)
+    assert_same(request, full(grown))
+    assert [entry.values, entry.written, entry.keys, entry.tokens] == before
+    # a body that shares only some of them gets copies of those
+    other = body(['"model":"gpt-4o"'], msgs[:2] + [write({"role": "user", "content": "else"}, 1)], ['"stream":false'])
+    part = recent.prior("s", other)
+    kept = next(iter(recent._lru.values()))
+    assert part is not None and len(part) == 2 and part.values is not kept.values and part.values == kept.values[:2]

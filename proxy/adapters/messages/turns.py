@@ -44,7 +44,9 @@ def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
     messages = body.get("messages") or ()
     for i in range(start, len(messages)):
         m = messages[i]
-        if isinstance(m, dict) and "compaction" in _types(m):
+        # Only a list of blocks can hold one (a string is one text block): no block list is built.
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "compaction" for b in content):
             return "the history carries Anthropic compaction blocks"
     return None
 
