@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, offload
+from proxy.byheaders import ByHeaders, Caller
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
@@ -25,7 +26,7 @@ from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers, wants_bypass
+from proxy.forward import BodyPace, read_body, upstream_request_headers
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
@@ -40,9 +41,22 @@ log = logging.getLogger("proxy.chat")
 
 CHAT = ChatAdapter()
 CONTENT_LOG_CHARS = 200  # head and tail of the latest user message logged with server.log_content
-EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
-                      "well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
-                      "this for a request it rejects, such as a message it cannot template)")
+
+
+def empty_stream_small(tokens: int, window: int) -> str:
+    """The error for an empty stream from a request well under its window. (An f-string: every
+    such request makes it, and str.format of the long text cost ~10k instructions, 1% of one.)"""
+    return (f"the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+            f"well under the model's {window}-token window, so it was not retried compacted (llama.cpp does "
+            f"this for a request it rejects, such as a message it cannot template)")
+
+
+def _caller(headers: Any, scope_secret: bytes, api_key: str | None) -> Caller:
+    return Caller.of(headers, credentials.resolve(headers, scope_secret, api_key, CHAT.credential_headers),
+                     upstream_request_headers(headers, api_key, identity_encoding=True))
+
+
+CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client's header list
 
 
 def _headers(status: str, before: int, after: int) -> dict[str, str]:
@@ -55,10 +69,11 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     api_key = secret(cfg.upstream.api_key)
-    up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    if wants_bypass(request.headers):
-        return await _bypass(request, state, raw, up_headers)
-    creds = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers)
+    caller = CALLERS.of(request, (state.scope_secret, api_key))
+    up_headers = caller.forwarded()
+    if caller.bypass:
+        return await _bypass(request, state, raw, up_headers, caller.credentials.scope)
+    creds = caller.credentials
     # What the conversation's previous body shared is reused; the rest is parsed off the event
     # loop when it is large.
     parsed = await prefix.parse(CHAT, raw, state.counter, cfg, creds.scope)
@@ -79,8 +94,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         _warn_anonymous()
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
-    flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, request.headers.get("x-compaction-focus") or None,
-                                          ex.conversation, **recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
+    flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
+                                          ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
     try:
         await run_request(state.stages, flow)
         recall = None
@@ -102,7 +117,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", parsed.model, report.status, before, after,
               report.tool_results)
     window = state.compaction.budget_for(parsed.model).window
-    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    small = None if could_overflow(after, window) else empty_stream_small(after, window)
     headers = report.headers()
     if recall is not None:
         headers["x-compaction-recalls"] = "0"
@@ -151,7 +166,8 @@ def _log_content(body: dict[str, Any]) -> None:
 _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
 
-async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any) -> web.StreamResponse:
+async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any,
+                  scope: str | None) -> web.StreamResponse:
     """x-compaction-bypass: the body goes upstream as it came, valid or not; the counts are the
     proxy's when it can make them, else 0."""
     ex = request[EXCHANGE]
@@ -159,8 +175,6 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         parsed = await offload.sized(len(raw), CHAT.parse, raw, state.counter, state.cfg)
         tokens, streaming = parsed.total(), parsed.stream
         ex.model, ex.stream = parsed.model, streaming
-        api_key = secret(state.cfg.upstream.api_key)
-        scope = credentials.resolve(request.headers, state.scope_secret, api_key, CHAT.credential_headers).scope
         ex.conversation = conversation_digest(scope or "", parsed.first_digest())
         ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # billed: direct and proxied alike
     except Exception:  # not ours to judge: the upstream answers it

@@ -31,18 +31,14 @@ def parse_chat_body(raw: bytes, *, before: list[Any] | None = None,
     if before is not None and isinstance(body, dict) and isinstance(body.get("messages"), list):
         body["messages"] = [*before, *body["messages"]]
     validate_chat_body(body, messages=False)
-    # The messages are checked by the chat adapter's parse, once per distinct message.
-    _check_writable(jsonbody.writable_fields(body, "messages", head))
-    return body
-
-
-def _check_writable(value: Any) -> None:
-    """The proxy writes the request again (message keys, tool counts, the forwarded body). (A
-    message 253 or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)"""
+    # The proxy writes the request again (message keys, tool counts, the forwarded body). The
+    # messages are checked by the chat adapter's parse, once per distinct message. (A message 253
+    # or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)
     try:
-        jsonbody.check_writable(value)
+        jsonbody.check_fields_writable(raw, body, "messages", head)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
+    return body
 
 
 def too_deep() -> ProxyError:

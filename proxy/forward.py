@@ -293,6 +293,12 @@ class EventChecker:
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         """(bytes of the whole, valid events so far; why the stream is broken, or None)."""
+        if not self._pending and CR not in chunk:
+            # One whole event of the protocol's usual shape (as upstreams send them): judged in
+            # place by the protocol's own reading of that shape, without splitting or copying.
+            why = self.simple(chunk)
+            if why is not NOT_SIMPLE:
+                return (chunk, None) if why is None else (b"", why)
         if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and CR not in chunk:
             # Whole events and nothing after them. Splitting at every blank line finds the events
             # the general path below finds (the same leftmost, non-overlapping ends), without
@@ -327,6 +333,24 @@ class EventChecker:
             self._pending = bytearray()
             return good, f"an event is larger than {self._max} bytes, far more than any chat completion chunk"
         return good, None
+
+    def simple(self, chunk: bytes) -> Any:
+        """A chunk with no CR (and nothing pending) that is one `data: ` line and its blank line,
+        as every chat completion chunk comes: judged as `event` judges it (None, or why it is
+        broken); NOT_SIMPLE for any other chunk (the general reading takes it)."""
+        n = len(chunk) - 2
+        if chunk.find(LF) != n or chunk[-1] != LF or not chunk.startswith(b"data: "):
+            return NOT_SIMPLE
+        if chunk == DONE_EVENT:
+            self.done = True
+            return None
+        try:
+            obj = orjson.loads(chunk[6:])  # (the blank line's two newlines are JSON whitespace)
+        except orjson.JSONDecodeError:
+            return self.event(chunk[:n])  # the other [DONE] spellings, and the error, as event() has them
+        if type(obj) is dict and type(usage := obj.get("usage")) is dict:
+            self.usage = usage
+        return None
 
     def event(self, event: bytes) -> str | None:
         """Check one whole event and note what it tells (the end, the usage); why it is broken, or None."""
@@ -365,6 +389,34 @@ class EventChecker:
         """The event that ends this stream with an error: the protocol's shape by default; a
         stream that numbers its events overrides it (proxy/responses/stream.py)."""
         return err.event()
+
+
+NOT_SIMPLE: Any = object()  # EventChecker.simple: not the usual shape of one event
+DONE_EVENT = b"data: [DONE]\n\n"
+_DATA_LINE = b"\ndata: "
+# The `event:` lines seen, with the name each gives (as event_fields reads it): a stream repeats a
+# handful of names, so each is decoded once. Bounded: an upstream inventing names is read as before.
+_NAMES: dict[bytes, str] = {}
+_MAX_NAMES = 256
+
+
+def named_fields(chunk: bytes) -> tuple[str, bytes] | None:
+    """A chunk with no CR that is exactly `event: <name>`, `data: <payload>` and the blank line
+    (the named protocols' usual event): the name and the payload (its blank line's newlines still
+    after it: JSON whitespace), as event_fields reads the event; None for any other chunk. (One
+    partition and `in` tests: a find or startswith given a start position costs ~1k instructions
+    in argument parsing alone, more than the search.)"""
+    line, sep, data = chunk.partition(_DATA_LINE)
+    if not sep or LF in line or data.find(LF) != len(data) - 2 or data[-1] != LF:
+        return None
+    name = _NAMES.get(line)
+    if name is None:
+        if not line.startswith(b"event:"):
+            return None
+        name = line[6:].strip().decode("utf-8", "replace")
+        if len(_NAMES) < _MAX_NAMES:
+            _NAMES[line] = name
+    return name, data
 
 
 def event_fields(event: bytes) -> tuple[str | None, bytes | None]:
@@ -525,18 +577,26 @@ async def body_chunks(request: web.Request, limit: int, pace: BodyPace) -> Async
 async def read_raw_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body as it came, within its pace: a client dripping a body byte by byte must not
     hold a connection (and its memory) open for ever."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
-    content = request.content
-    if content.is_eof():
-        # The whole body came with the headers (nearly every small request): nothing to wait for,
-        # so no timer and no task.
-        body = content.read_nowait()
-        if len(body) > limit:
-            raise errors.body_too_large(limit)
+    body = _arrived(request, limit)
+    if body is not None:
         return body
     parts = [chunk async for chunk in body_chunks(request, limit, pace)]
     return b"".join(parts)
+
+
+def _arrived(request: web.Request, limit: int) -> bytes | None:
+    """The whole body when it came with the headers (nearly every small request): nothing to wait
+    for, so no timer and no task; None when more is to come. 413 past `limit`."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise errors.body_too_large(limit)
+    content = request.content
+    if not content.is_eof():
+        return None
+    body = content.read_nowait()
+    if len(body) > limit:
+        raise errors.body_too_large(limit)
+    return body
 
 
 # What a compressed body is guessed to inflate to, to decide whether decoding leaves the loop.
@@ -547,8 +607,10 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
-    found = bodycoding.check_codings(header)
-    raw = await read_raw_body(request, limit, pace)
+    found = bodycoding.check_codings(header) if header is not None else None
+    raw = _arrived(request, limit)  # (called here, not through read_raw_body: one coroutine fewer)
+    if raw is None:
+        raw = await read_raw_body(request, limit, pace)
     if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)

@@ -85,6 +85,24 @@ def writable_fields(body: Any, skip: str | None = None, head: dict[str, Any] | N
     return {k: v for k, v in body.items() if k != skip and (head is None or k not in head)}
 
 
+WRITTEN_DEPTH = 254  # the deepest nesting orjson writes
+
+
+def shallow(raw: bytes) -> bool:
+    """Whether JSON of these bytes is sure to nest no deeper than orjson writes: each level takes
+    two bytes (its opening and closing bracket), so a body shorter than 255 pairs (most small
+    requests) never needs check_writable's writing."""
+    return len(raw) < 2 * (WRITTEN_DEPTH + 1)
+
+
+def check_fields_writable(raw: bytes, body: Any, skip: str | None = None, head: dict[str, Any] | None = None, *,
+                          spliced: bool = False) -> None:
+    """check_writable(writable_fields(body, skip, head)), unless all that it would write was parsed
+    from `raw` (`spliced`: values parsed elsewhere were put in among it) and `raw` is shallow."""
+    if spliced or not shallow(raw):
+        check_writable(writable_fields(body, skip, head))
+
+
 def check_writable(value: Any) -> None:
     """orjson reads 1024 levels of nesting but writes only 254, and the proxy writes the request
     again: refuse here (Unreadable) what would fail there as a 500."""
@@ -115,20 +133,28 @@ def _exact(raw: bytes) -> Any:
 def loads(raw: bytes) -> Any:
     """Parse a request body (orjson.JSONDecodeError for what is not JSON; DuplicateKeys)."""
     value = orjson.loads(raw)
-    if has_long_digits(raw):
+    # A body of one piece (nearly every one) is scanned here as the helpers would, without their calls.
+    small = len(raw) <= _PIECE
+    long_digits = raw.translate(_DIGITS_AS_ZEROS).find(_TWENTY) >= 0 if small else has_long_digits(raw)
+    if long_digits:
         return _exact(raw)
     if 0x3A in raw:  # a colon, so a key, somewhere (an int needle: no bytes-needle argument parsing)
         try:
-            kept = _count(orjson.dumps(value), _COLON)
+            written = orjson.dumps(value)
         except orjson.JSONEncodeError:
             return value  # nested deeper than orjson writes: refused as too deep by the caller
-        if kept != _count(raw, _COLON) or _escaped_colon(raw):
+        if small and len(written) <= _PIECE:
+            same = written.count(_COLON) == raw.count(_COLON)
+        else:
+            same = _count(written, _COLON) == _count(raw, _COLON)
+        if not same or _escaped_colon(raw):
             _exact(raw)  # raises DuplicateKeys when there are any; else orjson's value is right
     return value
 
 
 def _escaped_colon(raw: bytes) -> bool:
-    return _ESCAPED_COLON in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
+    # (find, not `in`: a bytes needle given to `in` is first tried as an int, raising and clearing a TypeError)
+    return raw.find(_ESCAPED_COLON) >= 0 and (raw.find(b"\\u003a") >= 0 or raw.find(b"\\u003A") >= 0)
 
 
 # Scans of a large body go piece by piece: one call over tens of megabytes would hold the GIL

@@ -5,10 +5,14 @@ whole, valid event and says why."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.forward import EventChecker, _check_event, _event_usage, _fields_by_line, event_fields
+from proxy import forward
+from proxy.adapters.messages.stream import MessagesEventChecker
+from proxy.forward import CR, EventChecker, _check_event, _event_usage, _fields_by_line, event_fields, named_fields
+from proxy.responses.stream import ResponsesEventChecker
 
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hé \n"}}]}
 
@@ -130,3 +134,80 @@ def test_the_last_usage_a_chunk_carried_stays_when_later_chunks_carry_none():
                             b'data: {"choices":[{"delta":{"tool":{"usage":{"x":1}}}}]}\n\ndata: [DONE]\n\n')
     assert why is None and checker.done
     assert checker.usage == {"prompt_tokens": 7}
+
+
+# -- the named protocols' usual event, read in place (MessagesEventChecker, ResponsesEventChecker) --
+def _named(name: bytes, payload: object) -> bytes:
+    return b"event: " + name + b"\ndata: " + orjson.dumps(payload)
+
+
+NAMED_PARTS = st.sampled_from([
+    _named(b"message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}}),
+    _named(b"content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"text": "hé \n"}}),
+    _named(b"message_delta", {"type": "message_delta", "usage": {"output_tokens": 8, "x": None}}),
+    _named(b"message_stop", {"type": "message_stop"}), _named(b"ping", {"type": "ping"}),
+    _named(b"response.created", {"type": "response.created", "sequence_number": 0, "response": {}}),
+    _named(b"response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 1, "delta": "x"}),
+    _named(b"response.completed", {"type": "response.completed", "sequence_number": 2,
+                                   "response": {"usage": {"input_tokens": 1, "output_tokens": 2}}}),
+    _named(b"response.failed", {"type": "response.failed", "response": {"status": "failed",
+                                                                        "error": {"code": "context_length_exceeded"}}}),
+    _named(b"error", {"type": "error"}), _named(b"ping", {"type": "message_stop"}), _named(b"ping", [1]),
+    b"event:ping\ndata: {\"type\":\"ping\"}", b"event:  ping \ndata: {\"type\":\"ping\"}", b"event: ping\ndata:{\"type\":\"ping\"}",
+    b"event: ping\ndata: {\"type\":\n\"ping\"}", b"event: ping\ndata: {\"type\":\"ping\"}\ndata: 1", b"event: \xff\ndata: {}",
+    b"event: ping\nid: 1\ndata: {\"type\":\"ping\"}", b"id: 1\nevent: ping\ndata: {\"type\":\"ping\"}", b"event: ping\ndata: {",
+    b"event: ping\ndata: ", b"event: ping\ndata: [DONE]", b"data: [DONE]", b"data: {\"type\":\"ping\"}", b"\ndata: {}",
+    b"event: ping", b": keep-alive", b"data: {}\r", b"", b"\n",
+])
+
+
+def _state(checker: EventChecker) -> dict:
+    return {k: v for k, v in vars(checker).items() if k != "_pending"}
+
+
+def _feed_named(cls: type, data: bytes, cuts: list[int]) -> tuple[bytes, str | None, dict]:
+    checker = cls()
+    out = b""
+    for a, b in zip([0, *cuts], [*cuts, len(data)]):
+        good, why = checker.feed(data[a:b])
+        out += good
+        if why is not None:
+            return out, why, _state(checker)
+    good, why = checker.finish()
+    return out + good, why, _state(checker)
+
+
+@pytest.mark.parametrize("cls", [MessagesEventChecker, ResponsesEventChecker])
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(NAMED_PARTS, max_size=8), seps=st.data())
+def test_named_event_chunks_are_judged_as_byte_by_byte_feeding_judges_them(cls, parts, seps):
+    # A chunk that is one `event:` + `data:` event is read in place (named_fields); fed a byte at a
+    # time the same stream is read by the general path. Same bytes out, same verdict, same state.
+    chunks = [p + seps.draw(st.sampled_from([b"\n\n", b"\n\n\n", b"\r\n\r\n", b"\n"])) for p in parts]
+    raw = b"".join(chunks)
+    at = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
+    assert _feed_named(cls, raw, at) == _feed_named(cls, raw, list(range(1, len(raw))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(NAMED_PARTS, min_size=1, max_size=3))
+def test_named_fields_reads_an_event_as_event_fields_does(parts):
+    chunk = b"\n".join(parts) + b"\n\n"
+    fields = named_fields(chunk)
+    if fields is not None and CR not in chunk:  # (None: not the usual shape; the general reading takes it)
+        name, data = fields
+        assert (name, data[:-2]) == event_fields(chunk[:-2])
+        assert data.endswith(b"\n\n")
+
+
+def test_event_names_are_decoded_once_and_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(forward, "_NAMES", {})
+    for i in range(forward._MAX_NAMES + 10):
+        assert named_fields(b"event: n%d\ndata: {}\n\n" % i) == (f"n{i}", b"{}\n\n")
+    assert len(forward._NAMES) == forward._MAX_NAMES  # later names read as before, not kept
+    assert named_fields(b"event: n1\ndata: {}\n\n") == ("n1", b"{}\n\n")
+
+
+def test_the_done_marker_ends_a_chat_stream_without_a_parse_error():
+    checker = EventChecker()
+    assert checker.feed(b"data: [DONE]\n\n") == (b"data: [DONE]\n\n", None) and checker.done

@@ -108,6 +108,7 @@ def test_a_whole_stream_passes_byte_for_byte_with_its_usage():
 @pytest.mark.parametrize(("events", "says"), [
     ([START, *BLOCK], "before message_stop"),
     ([*BLOCK, *END], "before message_start"),
+    ([BLOCK[2], *END], "before message_start"),  # a delta first (the checker's shortcut for deltas)
     ([START, *END, {"type": "content_block_stop", "index": 0}], "after the end"),
 ])
 def test_streams_out_of_order_or_unfinished_are_broken(events, says):

@@ -328,12 +328,15 @@ def test_an_item_too_deep_to_write_is_refused_as_a_field_too_deep_is(protocol):
 
 
 @pytest.mark.parametrize("size", [200, 40_000], ids=["small", "large"])
-async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_proxy, priors):
+async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_proxy, priors, monkeypatch):
     """previous_response_id: the history is the upstream's. A small body is not even counted (a
     byte search spots the field); a large one goes through the reuse like any other; both are
     forwarded byte for byte, reported as untouched."""
     import aiohttp
 
+    parsed: list[bytes] = []  # every parse of a body by the Responses adapter, through the reuse or not
+    real = ResponsesAdapter.parse
+    monkeypatch.setattr(ResponsesAdapter, "parse", lambda self, raw, *a, **kw: parsed.append(raw) or real(self, raw, *a, **kw))
     fake = await RESPONSES.start_fake()
     try:
         proxy = await make_proxy(fake.base_url, RESPONSES.settings(fake, 1000))
@@ -349,8 +352,9 @@ async def test_a_stateful_responses_body_is_forwarded_as_it_came(size, make_prox
         assert RESPONSES.model_calls(fake)[-1].body == raw
     finally:
         await fake.stop()
-    # the first body is parsed through the reuse; the stateful one only when large
-    assert len(priors) == (2 if size > prefix.MIN_BYTES else 1)
+    # the first body is parsed (a large one through the reuse); the stateful one only when large
+    assert len(parsed) == (2 if size > prefix.MIN_BYTES else 1) and parsed[0] == first
+    assert len(priors) == (2 if size > prefix.MIN_BYTES else 0)
 
 
 async def test_websocket_turns_that_resend_the_history_reuse_the_previous_turns_parse(make_proxy, priors):

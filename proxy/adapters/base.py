@@ -106,13 +106,16 @@ class Request:
     def first_digest(self) -> bytes:
         """The stable digest of the first non-system envelope (or of the last): it names the conversation."""
         conv = self.conversation
-        i = min(conv.n_system, len(conv) - 1)
+        i = conv.n_system
+        last = len(conv.tokens) - 1  # (not min() and len(conv): every request asks)
+        if i > last:
+            i = last
         return self.digest_cache.digest(conv.values[i], self.keys[i])
 
     def total(self, conv: Conversation | None = None) -> int:
         """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""
-        conv = conv if conv is not None else self.conversation
-        return self.scaled(sum(conv.tokens) + self.tools_tokens + REPLY_OVERHEAD)
+        n = sum((conv if conv is not None else self.conversation).tokens) + self.tools_tokens + REPLY_OVERHEAD
+        return n if self.ratio == 1.0 else int(n * self.ratio)  # scaled(n), inline: asked several times a request
 
     def scaled(self, n: int) -> int:
         return n if self.ratio == 1.0 else int(n * self.ratio)

@@ -44,7 +44,7 @@ from proxy.errors import ProxyError
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _WS = b" \t\r\n"
 
-MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept
+MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept (and is never offloaded)
 PER_SCOPE = 16  # bodies kept per scope: conversations one client runs at once
 MAX_BYTES = 32 << 20  # estimated bytes held by all kept bodies (raw, written JSON, parsed values)
 
@@ -99,12 +99,24 @@ def written_and_keys(lead: list[Any], values: list[Any], prior: Prior | None) ->
     """The written JSON and keys of `lead` (a system prompt or instructions made an envelope) then
     `values`: the prior's for the values it shared, written and hashed here for the rest. Raises
     orjson.JSONEncodeError (nesting too deep to write) for the protocol to word."""
-    known = len(prior) if prior is not None else 0
-    written = [*(jsonbody.dumps(v) for v in lead), *(prior.written if prior is not None else ()),
-               *(jsonbody.dumps(v) for v in values[known:])]
-    n = len(lead) + known  # written, keyed and counted before: the lead, the shared values
-    keys = [*(hash(w) for w in written[:len(lead)]), *(prior.keys if prior is not None else ()),
-            *(hash(w) for w in written[n:])]
+    # One plain loop per part: generator expressions unpacked into lists cost a small body (two
+    # or three values) about three times the writing itself.
+    dumps = jsonbody.dumps
+    written: list[bytes] = []
+    keys: list[int] = []
+    for v in lead:
+        w = dumps(v)
+        written.append(w)
+        keys.append(hash(w))
+    known = 0
+    if prior is not None:
+        known = len(prior)
+        written += prior.written
+        keys += prior.keys
+    for v in values[known:] if known else values:
+        w = dumps(v)
+        written.append(w)
+        keys.append(hash(w))
     return written, keys
 
 
@@ -422,8 +434,12 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
                 ratio: float | None = None) -> Any:
     """The route's parse: the earlier body found here (comparing bytes is cheap), the rest parsed
     off the event loop when what is left to parse is large (offload's rule)."""
+    if len(raw) < MIN_BYTES and len(raw) <= offload.OFFLOAD_BYTES:
+        # Nothing to reuse or keep (parse_seen would find and keep nothing), and under offload's
+        # size: parsed here, without the calls that would say so.
+        return adapter.parse(raw, counter, cfg, ratio=ratio)
     field = getattr(adapter, "envelope_field", None)
-    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None and len(raw) >= MIN_BYTES else None
+    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None else None
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)

@@ -196,7 +196,9 @@ class ResponsesAdapter(Adapter):
         return self._count(envelope.value, encoding, counter, message_digest(envelope.value))
 
     def _count(self, value: Any, encoding: str, counter: TokenCounter, key: Any) -> int:
-        return counter.count_keyed(encoding, ("responses", key), lambda: self._count_uncached(value, encoding, counter))
+        key = ("responses", key)
+        n = counter.cached(encoding, key)  # (looked up first: no counting closure made for a count known)
+        return n if n is not None else counter.count_keyed(encoding, key, lambda: self._count_uncached(value, encoding, counter))
 
     def _count_uncached(self, value: Any, encoding: str, counter: TokenCounter) -> int:
         if _is_instructions(value):

@@ -149,8 +149,9 @@ class CompactionEngine:
     def leaves_alone(self, flow: Flow, conv: Conversation) -> bool:
         """Whether `process` would do nothing for `conv` but answer "none": under the threshold,
         and not far enough past it to prepare the next summary ahead."""
-        budget = self.budget(flow)
-        total = flow.total(conv)
+        request = flow.request  # (its budget and count asked directly: every request asks)
+        budget = self.budget_for(request.model, long_context=flow.identity.long_context)
+        total = request.total(conv)
         return total <= budget.threshold and not self.preparer.wants(flow, conv, budget, total)
 
     async def process(self, flow: Flow, conv: Conversation, *, budget: Budget | None = None) -> Outcome:

@@ -35,9 +35,10 @@ class CompactionStage(Stage):
         """Off or not for this request; or under the threshold with no summary to prepare ahead
         (then `request` would only report "none" and the tokens as they are, which the route
         reports anyway). A token count (count_only) is never idle: it has its own path."""
-        if not self.enabled or flow.request.stateful or flow.request.native_compaction:
+        request = flow.request
+        if not self.engine.cfg.compaction.enabled or request.stateful or request.native_compaction:
             return True
-        return not flow.request.extra.get("count_only") and self.engine.leaves_alone(flow, flow.forwarded)
+        return not request.extra.get("count_only") and self.engine.leaves_alone(flow, flow.forwarded)
 
     async def request(self, flow: Flow) -> None:
         if not self.enabled or flow.request.stateful or flow.request.native_compaction:

@@ -72,7 +72,7 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
             if t is not None and not isinstance(t, str):
                 raise _bad_type(f"input[{i}].type", "a string", t)
     try:  # the proxy writes it again
-        jsonbody.check_writable(jsonbody.writable_fields(body, None if whole else "input", head))
+        jsonbody.check_fields_writable(raw, body, None if whole else "input", head, spliced=whole and known > 0)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     return body

@@ -20,11 +20,12 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, jsonbody, offload
+from proxy.byheaders import ByHeaders, Caller
 from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
 from proxy.compaction.budget import could_overflow
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers, wants_bypass
+from proxy.forward import BodyPace, read_body, upstream_request_headers
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
@@ -40,10 +41,14 @@ from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("proxy.responses")
 ADAPTER = ResponsesAdapter()
+
+
 # A stream that fails for length can only be one whose request may be over the window: the first
 # events of any other go to the client at once (send: not_an_overflow), and an empty one is no overflow.
-EMPTY_STREAM_SMALL = ("the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
-                      "well under the model's {window}-token window, so it was not retried compacted")
+def empty_stream_small(tokens: int, window: int) -> str:
+    """(An f-string, as chat's: str.format of the long text costs every request ~10k instructions.)"""
+    return (f"the upstream ended the event stream without sending an event; the request ({tokens} tokens) is "
+            f"well under the model's {window}-token window, so it was not retried compacted")
 
 
 def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
@@ -85,13 +90,16 @@ def has_own_items(parsed: Any, items: list[Any]) -> bool:
 
 
 async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, incoming: Any, ex: Any, *,
-                  recall: bool = True) -> Prepared:
+                  recall: bool = True, caller: Caller | None = None) -> Prepared:
     """The stages for one Responses body (HTTP: `body` None, parsed here; a socket's
     response.create: parsed already). `recall`: the route answers the recall tool (HTTP:
-    proxy/send.py; a socket: socket_recall.py)."""
+    proxy/send.py; a socket: socket_recall.py). `caller`: what `incoming` says (else read here)."""
     cfg = state.cfg
-    api_key = secret(cfg.upstream.api_key)
-    creds = credentials.resolve(incoming, state.scope_secret, api_key)
+    if caller is not None:
+        creds, focus = caller.credentials, caller.focus
+    else:
+        creds = credentials.resolve(incoming, state.scope_secret, secret(cfg.upstream.api_key))
+        focus = incoming.get("x-compaction-focus") or None
     parsed = None
     if body is None and (len(raw) >= prefix.MIN_BYTES or not _maybe_stateful(raw)):
         # What the conversation's previous body shared is reused (per credential scope); the
@@ -122,8 +130,8 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         # this one's records, so none are kept or read for it (as on the chat path).
         over = cfg.compaction.enabled and before > state.compaction.budget_for(parsed.model).threshold
         return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
-    flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, incoming.get("x-compaction-focus") or None,
-                                          ex.conversation, **recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
+    flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
+                                          ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \
@@ -141,7 +149,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     if session is not None:
         headers["x-compaction-recalls"] = "0"
     after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
-    small = None if could_overflow(after, window) else EMPTY_STREAM_SMALL.format(tokens=after, window=window)
+    small = None if could_overflow(after, window) else empty_stream_small(after, window)
     return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall), session, small)
 
 
@@ -150,13 +158,13 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     cfg = state.cfg
     ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    api_key = secret(cfg.upstream.api_key)
-    up_headers = upstream_request_headers(request.headers, api_key, identity_encoding=True)
-    if wants_bypass(request.headers):
+    caller = CALLERS.of(request, (state.scope_secret, secret(cfg.upstream.api_key)))
+    up_headers = caller.forwarded()
+    if caller.bypass:
         return await send(request, state.session, ADAPTER,
                           _upstream(request, state, up_headers, b'"stream":true' in raw.replace(b" ", b"")), raw,
                           _headers("bypassed", 0, 0, 0, 0))
-    p = await prepare(state, raw, None, request.headers, ex)
+    p = await prepare(state, raw, None, request.headers, ex, caller=caller)
     recall = None
     if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
         session = p.recall
@@ -169,6 +177,14 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
                       p.headers, retry=p.retry, recall=recall, hooks=state.hooks, not_an_overflow=p.small)
     recall_answers.finished(state.hooks, "responses", p.body["model"], p.recall)
     return resp
+
+
+def _caller(headers: Any, scope_secret: bytes, api_key: str | None) -> Caller:
+    return Caller.of(headers, credentials.resolve(headers, scope_secret, api_key),
+                     upstream_request_headers(headers, api_key, identity_encoding=True))
+
+
+CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client's header list
 
 
 def _maybe_stateful(raw: bytes) -> bool:

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from proxy import errors
-from proxy.forward import EventChecker, event_fields
+from proxy.forward import NOT_SIMPLE, EventChecker, event_fields, named_fields
 from proxy.ops.exchange import Usage
 from proxy.upstream import is_context_overflow
 
@@ -55,10 +55,18 @@ class ResponsesEventChecker(EventChecker):
         self.end: str | None = None  # the end event's type
         self.response: Any = None  # the end event's response object
 
+    def simple(self, chunk: bytes) -> Any:
+        fields = named_fields(chunk)  # `event:` then `data:`, as OpenAI sends every event
+        return NOT_SIMPLE if fields is None else self.check(*fields)
+
     def event(self, event: bytes) -> str | None:
         name, data = event_fields(event)
         if data is None:
             return None  # a comment (keep-alive) or a lone field
+        return self.check(name, data)
+
+    def check(self, name: str | None, data: bytes) -> str | None:
+        """An event's name (None: none given) and data: why it is broken, or None."""
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -40,7 +40,7 @@ def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: b
             known = len(before)
         validate_messages_body(body, start=known)
         # the proxy writes the body again
-        jsonbody.check_writable(jsonbody.writable_fields(body, None if whole else "messages", head))
+        jsonbody.check_fields_writable(raw, body, None if whole else "messages", head, spliced=whole and known > 0)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     return body

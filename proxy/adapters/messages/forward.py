@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.config import secret
 from proxy.forward import upstream_request_headers
 
 CREDENTIAL_HEADERS = ("x-api-key", "authorization")  # either one feeds the scope HMAC
 
 
-def upstream_headers(request: web.Request, cfg: Any) -> CIMultiDict[str]:
+def upstream_headers(headers: Any, key: str | None) -> CIMultiDict[str]:
     """The client's headers (anthropic-version and anthropic-beta as sent), identity encoding so
-    the answer can be checked, `anthropic.api_key` as x-api-key when the client sent no key."""
-    key = secret(cfg.anthropic.api_key)
-    return upstream_request_headers(request.headers, key, identity_encoding=True, key_header="x-api-key")
+    the answer can be checked, `key` (anthropic.api_key) as x-api-key when the client sent no key."""
+    return upstream_request_headers(headers, key, identity_encoding=True, key_header="x-api-key")

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, errors, offload
+from proxy.byheaders import ByHeaders, Caller
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
@@ -25,7 +26,7 @@ from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
-from proxy.forward import BodyPace, passthrough, read_body, wants_bypass
+from proxy.forward import BodyPace, passthrough, read_body
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
@@ -81,22 +82,37 @@ def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
     return req.total(), req.stream
 
 
-def _credentials(request: web.Request, state: Any) -> credentials.Credentials:
-    key = secret(state.cfg.anthropic.api_key)
-    return credentials.resolve(request.headers, state.scope_secret, key, MESSAGES.credential_headers,
-                               key_header="x-api-key")
+@dataclass(frozen=True)
+class _Calls:
+    """What the proxy's own calls for a request carry (its credentials, anthropic-version and
+    -beta as sent), and whether it opted into the 1M window."""
+
+    headers: dict[str, str]
+    long_context: bool
 
 
-def _identity(request: web.Request, state: Any, req: Request, creds: credentials.Credentials) -> Identity | None:
+def _caller(headers: Any, scope_secret: bytes, key: str | None) -> Caller:
+    creds = credentials.resolve(headers, scope_secret, key, MESSAGES.credential_headers, key_header="x-api-key")
+    calls = {**creds.headers, **{h: headers[h] for h in VERSION_HEADERS if h in headers}}
+    return Caller.of(headers, creds, upstream_headers(headers, key), _Calls(calls, long_context(headers)))
+
+
+CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client's header list
+
+
+def _caller_of(request: web.Request, state: Any) -> Caller:
+    return CALLERS.of(request, (state.scope_secret, secret(state.cfg.anthropic.api_key)))
+
+
+def _identity(request: web.Request, state: Any, req: Request, caller: Caller) -> Identity | None:
     """Who the request is for: its credential's scope (None: no credential, no session id, so no
     records kept or read), the credentials and anthropic-version / -beta for the proxy's own calls."""
-    request[EXCHANGE].conversation = conversation_digest(creds.scope or "", req.first_digest())
-    if creds.scope is None:
+    scope = caller.credentials.scope
+    request[EXCHANGE].conversation = conversation_digest(scope or "", req.first_digest())
+    if scope is None:
         return None
-    calls = {**creds.headers, **{h: request.headers[h] for h in VERSION_HEADERS if h in request.headers}}
-    return Identity(creds.scope, calls, request.headers.get("x-compaction-focus") or None,
-                    request[EXCHANGE].conversation, long_context=long_context(request.headers),
-                    **recall_answers.identity_fields(RECALL, state, req))
+    return Identity(scope, caller.extra.headers, caller.focus, request[EXCHANGE].conversation,
+                    *recall_answers.identity_fields(RECALL, state, req), caller.extra.long_context)
 
 
 @dataclass
@@ -120,22 +136,21 @@ class Prepared:
         return await offload.sized(len(self.request.raw), self.body)
 
 
-async def prepare(request: web.Request, state: Any, raw: bytes, *, count_only: bool) -> Prepared:
+async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, *, count_only: bool) -> Prepared:
     """Parse; then the stages (tool-result notes, then the history unless Anthropic's own
     compaction covers it) on the request's flow; a bug in them forwards the request as sent.
     `count_only` (count_tokens): stored records and notes apply, none is made."""
     cfg = state.cfg
-    creds = _credentials(request, state)
     # What the conversation's previous body shared is reused (per credential scope); the rest is
     # parsed off the event loop when it is large.
-    req = await prefix.parse(MESSAGES, raw, state.counter, cfg, creds.scope)
+    req = await prefix.parse(MESSAGES, raw, state.counter, cfg, caller.credentials.scope)
     ex = request[EXCHANGE]
     ex.model, ex.stream = req.model, req.stream
-    identity = _identity(request, state, req, creds)
+    identity = _identity(request, state, req, caller)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
         before = req.total()
-        budget = state.compaction.budget_for(req.model, long_context=long_context(request.headers))
+        budget = state.compaction.budget_for(req.model, long_context=caller.extra.long_context)
         over = cfg.compaction.enabled and before > budget.threshold
         return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
@@ -161,12 +176,13 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
-    headers = upstream_headers(request, cfg)
-    if wants_bypass(request.headers):
+    caller = _caller_of(request, state)
+    headers = caller.forwarded()
+    if caller.bypass:
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
         return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
                           _headers("bypassed", tokens, tokens))
-    p = await prepare(request, state, raw, count_only=False)
+    p = await prepare(request, state, raw, caller, count_only=False)
     body = await p.rendered()
     extra = p.report.headers()
     if p.recall is not None:
@@ -184,9 +200,10 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     would forward now (spec 12.4), asked of the upstream."""
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
-    p = await prepare(request, state, raw, count_only=True)
+    caller = _caller_of(request, state)
+    p = await prepare(request, state, raw, caller, count_only=True)
     body = await p.rendered()
-    up = _upstream(request, state.cfg, upstream_headers(request, state.cfg), False, "/v1/messages/count_tokens")
+    up = _upstream(request, state.cfg, caller.forwarded(), False, "/v1/messages/count_tokens")
     return await send(request, state.session, MESSAGES, up, body, p.report.headers())
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from proxy.forward import MAX_EVENT_BYTES, EventChecker, event_fields
+from proxy.forward import MAX_EVENT_BYTES, NOT_SIMPLE, EventChecker, event_fields, named_fields
 from proxy.ops.exchange import Usage
 
 
@@ -22,10 +22,18 @@ class MessagesEventChecker(EventChecker):
         self.started = False  # message_start went by
         self.usage: dict[str, Any] = {}  # message_start's usage, updated by message_delta's
 
+    def simple(self, chunk: bytes) -> Any:
+        fields = named_fields(chunk)  # `event:` then `data:`, as Anthropic sends every event
+        return NOT_SIMPLE if fields is None else self.check(*fields)
+
     def event(self, event: bytes) -> str | None:
         name, data = event_fields(event)
         if data is None:
             return None  # a comment, or a field without data
+        return self.check(name, data)
+
+    def check(self, name: str | None, data: bytes) -> str | None:
+        """An event's name (None: none given) and data: why it is broken, or None."""
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -37,6 +45,8 @@ class MessagesEventChecker(EventChecker):
             return f"an event named {name[:40]!r} carries a {kind[:40]!r}"
         if self.done:
             return f"a {kind[:40]!r} event came after the end of the message"
+        if kind == "content_block_delta" and self.started:
+            return None  # (most events: nothing to note)
         if kind == "message_start":
             message = payload.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
