@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from proxy.flow import Flow, Stage
 from proxy.ops.exchange import Exchange, Usage
-from proxy.ops.logs import FLUSH_S, MAX_PENDING, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
+from proxy.ops.logs import BATCH_BYTES, FLUSH_S, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
 from proxy.fake_upstream import FakeUpstream
@@ -205,14 +205,14 @@ def _access_line(n: int) -> Exchange:
 
 
 @contextlib.contextmanager
-def own_handler():
+def own_handler(stream: io.StringIO | None = None):
     """setup_logging's handler as the root's only one (pytest's capture handler set aside, as in
     a proxy process), on a stream of the test's; the root's handlers and level restored after."""
     root = logging.getLogger()
     saved, level = list(root.handlers), root.level
     for h in saved:
         root.removeHandler(h)
-    stream = io.StringIO()
+    stream = stream or io.StringIO()
     handler = setup_logging("info", "text", stream=stream)
     try:
         yield handler, stream
@@ -241,16 +241,32 @@ async def test_access_lines_are_written_together_within_their_delay_and_before_a
         assert "request_id=0000000000000003" in tail[0] and "something else" in tail[1] and len(tail) == 2
 
 
-async def test_access_lines_waiting_are_bounded_and_flushed_at_the_end():
-    with own_handler() as (handler, stream):
+class _Writes(io.StringIO):
+    """A stream that keeps each write apart, as the system calls a pipe would see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+async def test_a_batch_is_at_most_one_atomic_pipe_write_and_what_waits_is_flushed_at_the_end():
+    with own_handler(_Writes()) as (handler, stream):
         log = AccessLog()
-        for n in range(MAX_PENDING):
+        n = 0
+        while len(stream.writes) < 3:  # short lines: a batch fills before its 50 ms are up
             log.request_done(_access_line(n))
-        assert len(stream.getvalue().splitlines()) == MAX_PENDING and handler.pending == []  # the bound reached: written
-        log.request_done(_access_line(MAX_PENDING))
-        assert len(handler.pending) == 1
-        flush_logs()  # what serving's end does (a worker process exits without exit handlers)
-        assert len(stream.getvalue().splitlines()) == MAX_PENDING + 1 and handler.pending == []
+            n += 1
+        assert all(len(w.encode()) <= BATCH_BYTES and w.endswith("\n") for w in stream.writes)
+        assert all(len(w.encode()) > BATCH_BYTES - 400 for w in stream.writes)  # full batches, not one line each
+        assert handler.pending  # the rest waits for its 50 ms...
+        flush_logs()  # ... or for serving's end (a worker process exits without exit handlers)
+        assert handler.pending == [] and handler.pending_bytes == 0
+        lines = stream.getvalue().splitlines()
+        assert [line.split("request_id=")[1].split()[0] for line in lines] == [f"{k:016x}" for k in range(n)]
 
 
 def test_an_access_line_outside_an_event_loop_is_written_at_once():

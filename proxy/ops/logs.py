@@ -169,7 +169,9 @@ def _sole_handler(logger: logging.Logger, level: int) -> logging.Handler | None:
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """setup_logging's handler: a stream handler that also takes access lines already formatted
     (`queue`) and writes them in batches, at most FLUSH_S after the first of them and at most
-    MAX_PENDING at a time (one write system call for many requests instead of one each). Every
+    BATCH_BYTES at a time (one write system call for many requests instead of one each; a write of
+    at most PIPE_BUF bytes to a pipe is atomic, so workers sharing stderr, as under Docker, never
+    interleave inside each other's lines). Every
     other record, `flush` and `close` (the shutdown: proxy/serve.py, logging.shutdown at exit)
     write the queued lines first, so lines stay in order and none is lost on SIGTERM; a process
     killed outright (SIGKILL) loses at most the last FLUSH_S of access lines."""
@@ -177,32 +179,35 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self.pending: list[str] = []
+        self.pending_bytes = 0
         _HANDLERS.add(self)
 
     def queue(self, line: str) -> None:
         """An access line (no terminator), written by the next flush. On the event loop's thread."""
-        pending = self.pending
-        pending.append(line)
-        n = len(pending)
-        if n == 1:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()  # no loop to flush later: now
+        size = (len(line) if line.isascii() else len(line.encode())) + 1
+        with self.lock:  # type: ignore[union-attr]  (another thread's record may be writing the batch)
+            if self.pending and self.pending_bytes + size > BATCH_BYTES:
+                self._write_pending()  # this line would take the batch past one atomic write
+                super().flush()
+            pending = self.pending  # (a new list after a write)
+            pending.append(line)
+            self.pending_bytes += size
+            if len(pending) > 1:
                 return
-            # The line that found the queue empty sets the clock for it and every line after it.
-            loop.call_later(FLUSH_S, self.flush)
-        elif n >= MAX_PENDING:
-            self.flush()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()  # no loop to flush later: now
+            return
+        # The line that found the queue empty sets the clock for it and every line after it.
+        loop.call_later(FLUSH_S, self.flush)
 
     def _write_pending(self) -> None:
-        """The queued lines written (the lock held). Only those seen here are taken off: a line
-        queued meanwhile stays for the next flush."""
-        pending = self.pending
-        lines = pending[:]
+        """The queued lines written (the lock held: `queue` takes it too)."""
+        lines = self.pending
         if not lines:
             return
-        del pending[:len(lines)]
+        self.pending, self.pending_bytes = [], 0
         try:
             self.stream.write(self.terminator.join(lines) + self.terminator)
         except Exception:
@@ -222,7 +227,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 FLUSH_S = 0.05  # how long an access line may wait to be written (documented in the README)
-MAX_PENDING = 256  # access lines written at once at most (a bound on what waits in memory)
+BATCH_BYTES = 4096  # PIPE_BUF on Linux: the most one write may carry and stay atomic on a pipe
 _HANDLERS: "weakref.WeakSet[LineHandler]" = weakref.WeakSet()
 
 
