@@ -18,15 +18,26 @@ CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, 
 
 
 def feed_all(data: bytes, cuts: list[int]) -> tuple[bytes, str | None]:
-    checker = EventChecker()
+    out, why, _ = feed_checker(EventChecker, data, cuts)
+    return out, why
+
+
+def _state(checker: EventChecker) -> dict:
+    return {k: v for k, v in vars(checker).items() if k != "_pending"}
+
+
+def feed_checker(cls: type, data: bytes, cuts: list[int]) -> tuple[bytes, str | None, dict]:
+    """`data` fed to a new `cls` in the pieces `cuts` makes: what it let through, why it stopped,
+    and its state after."""
+    checker = cls()
     out = b""
     for a, b in zip([0, *cuts], [*cuts, len(data)]):
         good, why = checker.feed(data[a:b])
         out += good
         if why is not None:
-            return out, why
+            return out, why, _state(checker)
     good, why = checker.finish()
-    return out + good, why
+    return out + good, why, _state(checker)
 
 
 def events(n: int, sep: bytes) -> bytes:
@@ -161,22 +172,6 @@ NAMED_PARTS = st.sampled_from([
 ])
 
 
-def _state(checker: EventChecker) -> dict:
-    return {k: v for k, v in vars(checker).items() if k != "_pending"}
-
-
-def _feed_named(cls: type, data: bytes, cuts: list[int]) -> tuple[bytes, str | None, dict]:
-    checker = cls()
-    out = b""
-    for a, b in zip([0, *cuts], [*cuts, len(data)]):
-        good, why = checker.feed(data[a:b])
-        out += good
-        if why is not None:
-            return out, why, _state(checker)
-    good, why = checker.finish()
-    return out + good, why, _state(checker)
-
-
 @pytest.mark.parametrize("cls", [MessagesEventChecker, ResponsesEventChecker])
 @settings(max_examples=300, deadline=None)
 @given(parts=st.lists(NAMED_PARTS, max_size=8), seps=st.data())
@@ -186,7 +181,7 @@ def test_named_event_chunks_are_judged_as_byte_by_byte_feeding_judges_them(cls, 
     chunks = [p + seps.draw(st.sampled_from([b"\n\n", b"\n\n\n", b"\r\n\r\n", b"\n"])) for p in parts]
     raw = b"".join(chunks)
     at = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
-    assert _feed_named(cls, raw, at) == _feed_named(cls, raw, list(range(1, len(raw))))
+    assert feed_checker(cls, raw, at) == feed_checker(cls, raw, list(range(1, len(raw))))
 
 
 @settings(max_examples=300, deadline=None)
