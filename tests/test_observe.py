@@ -1,11 +1,14 @@
-"""The exchange's figures read from an answer's x-compaction-* headers (proxy/ops/observe.py):
+"""The request's id (proxy/ops/exchange.py); the exchange's figures read from an answer's x-compaction-* headers (proxy/ops/observe.py):
 what a pass-through's upstream sends may be anything; a figure that does not parse is unknown."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from multidict import CIMultiDict
 
+from proxy.ops import exchange
 from proxy.ops.exchange import Exchange
 from proxy.ops.observe import _note
 
@@ -37,3 +40,18 @@ def test_an_answer_without_a_status_leaves_the_figures_unknown_and_keeps_the_ups
     _note(ex, h)
     assert ex.tokens_before is None and ex.compaction == ""
     assert ex.upstream_request_id == "req_upstream" == h["x-upstream-request-id"] and h["x-request-id"] == ex.request_id
+
+
+def test_request_ids_are_the_prefix_and_the_requests_number_in_eight_hex_digits_across_blocks():
+    """The id's head is made once per 256 requests: every id is still the prefix and n as `08x`
+    (also past 2**32), and a forked worker's ids start again under a prefix of its own."""
+    saved = exchange._PREFIX, exchange._SEQ, exchange._block, exchange._head
+    try:
+        for start in (1, 250, (1 << 32) - 3):
+            exchange._SEQ, exchange._block = itertools.count(start), -1
+            for n in range(start, start + 600):
+                assert exchange.new_request_id() == f"{exchange._PREFIX}{n:08x}"
+        exchange._new_process()
+        assert exchange._PREFIX != saved[0] and exchange.new_request_id() == f"{exchange._PREFIX}00000001"
+    finally:
+        exchange._PREFIX, exchange._SEQ, exchange._block, exchange._head = saved

@@ -191,9 +191,13 @@ class Metrics(Hooks):
             p.received += ex.tokens_before
             p.forwarded += ex.tokens_after or 0
             p.notes += ex.tool_notes
-            h, v = p.wait, ex.wait_ms / 1000
-            h.sum += v
-            h.counts[bisect_left(h.bounds, v)] += 1
+            h, v = p.wait, ex.wait_ms
+            if v == 0.0:  # (most requests wait for no summary: the first bucket, the sum as it is)
+                h.counts[0] += 1
+            else:
+                v /= 1000
+                h.sum += v
+                h.counts[bisect_left(h.bounds, v)] += 1
             v = ex.upstream_s
             if v is not None:
                 h = p.upstream
@@ -206,9 +210,16 @@ class Metrics(Hooks):
                 h.counts[bisect_left(h.bounds, v)] += 1
             u = ex.usage
             if u is not None:
-                p.prompt += max(0, u.prompt)
-                p.cached += max(0, u.cached)
-                p.completion += max(0, u.completion)
+                # (max(0, n) written out: a builtin's call costs more than the comparison)
+                n = u.prompt
+                if n > 0:
+                    p.prompt += n
+                n = u.cached
+                if n > 0:
+                    p.cached += n
+                n = u.completion
+                if n > 0:
+                    p.completion += n
         if self.shared is not None:
             self.flush()
 
