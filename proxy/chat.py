@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -83,7 +84,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     before = parsed.total()
     # The conversation's name for the journal and the bill (anonymous requests share one scope there).
     ex.conversation = conversation_digest(creds.scope or "", parsed.first_digest())
-    ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # the original's, for the bill
+    # The original's, for the bill (its lists as parsed: a Request's counts and keys never change).
+    ex.prefix = Prefix(parsed.keys, parsed.conversation.tokens, parsed.tools_tokens)
     up = Upstream.of(request, CHAT.upstream(cfg), CHAT.upstream_path, up_headers, parsed.stream)
 
     if cfg.server.log_content:
@@ -95,7 +97,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
-                                          ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)))
+                                          ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
+                   before)
     try:
         await run_request(state.stages, flow)
         recall = None
@@ -117,7 +120,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     log.debug("chat %s: %s, %d -> %d tokens, %d tool results summarized", parsed.model, report.status, before, after,
               report.tool_results)
     window = state.compaction.budget_for(parsed.model).window
-    small = None if could_overflow(after, window) else empty_stream_small(after, window)
+    small = None if could_overflow(after, window) else partial(empty_stream_small, after, window)
     headers = report.headers()
     if recall is not None:
         headers["x-compaction-recalls"] = "0"
@@ -176,7 +179,7 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
         tokens, streaming = parsed.total(), parsed.stream
         ex.model, ex.stream = parsed.model, streaming
         ex.conversation = conversation_digest(scope or "", parsed.first_digest())
-        ex.prefix = Prefix(parsed.keys, list(parsed.conversation.tokens), parsed.tools_tokens)  # billed: direct and proxied alike
+        ex.prefix = Prefix(parsed.keys, parsed.conversation.tokens, parsed.tools_tokens)  # billed: direct and proxied alike
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     up = Upstream.of(request, CHAT.upstream(state.cfg), CHAT.upstream_path, up_headers, streaming)

@@ -18,7 +18,7 @@ from proxy.adapters.base import Adapter, Request
 from proxy.model import Conversation
 
 
-@dataclass
+@dataclass(slots=True)  # (slotted, as Report and Flow: every request makes one of each)
 class Identity:
     """Who the request is for."""
 
@@ -43,7 +43,7 @@ class Identity:
         return n
 
 
-@dataclass
+@dataclass(slots=True)
 class Report:
     """What the stages did: it becomes the x-compaction-* headers (and the journal's event)."""
 
@@ -67,7 +67,7 @@ class Report:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class Flow:
     adapter: Adapter
     request: Request  # the client's request, parsed: its conversation is `original`
@@ -79,8 +79,10 @@ class Flow:
     marks: dict[str, Conversation] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, adapter: Adapter, request: Request, identity: Identity) -> "Flow":
-        return cls(adapter, request, identity, Report(request.total()), request.conversation)
+    def of(cls, adapter: Adapter, request: Request, identity: Identity, before: int | None = None) -> "Flow":
+        """`before`: request.total(), when the route has it already."""
+        return cls(adapter, request, identity, Report(request.total() if before is None else before),
+                   request.conversation)
 
     @property
     def original(self) -> Conversation:

@@ -104,9 +104,11 @@ class Conversation:
 
     __slots__ = ("_envelopes", "_build", "tokens", "_values", "_n_system")
 
-    def __init__(self, envelopes: list[Envelope] | None = None, tokens: list[int] | None = None, *,
+    def __init__(self, envelopes: list[Envelope] | None = None, tokens: list[int] | None = None,
                  build: Callable[[], list[Envelope]] | None = None, values: list[Any] | None = None,
                  n_system: int | None = None) -> None:
+        # (build, values, n_system may come positionally: an adapter's parse makes one every request,
+        # and a class called with keywords costs ~2.5k instructions more)
         assert envelopes is not None or build is not None
         self._envelopes, self._build = envelopes, build
         self.tokens: list[int] = tokens if tokens is not None else []

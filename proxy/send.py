@@ -98,10 +98,11 @@ def overflow_retry(stages: Sequence[Stage], flow: Flow, recall: Any = None) -> R
 
 async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapter, up: Upstream, data: bytes,
                extra: dict[str, str], *, retry: Retry | None = None, recall: Answering | None = None,
-               hooks: Any = None, not_an_overflow: str | None = None) -> web.StreamResponse:
-    """Forward `data`, relay the answer with `extra` headers. `not_an_overflow`: the error for an
-    empty stream when the request cannot be over the window (so no retry, and a stream's first
-    events are not held to see whether they say it was)."""
+               hooks: Any = None, not_an_overflow: Callable[[], str] | None = None) -> web.StreamResponse:
+    """Forward `data`, relay the answer with `extra` headers. `not_an_overflow`: makes the error for
+    an empty stream when the request cannot be over the window (so no retry, and a stream's first
+    events are not held to see whether they say it was); made only then (it names the counts:
+    formatting them cost every request ~2k instructions)."""
     ex = request[EXCHANGE]
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
@@ -140,7 +141,7 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                 ex.upstream_ttfb_s = time.perf_counter() - t0
                 if not held and attempt == 0 and not_an_overflow is not None:
                     log.warning("upstream sent an empty event stream for a request well under its window")
-                    return errors.upstream_bad_response(not_an_overflow).response(extra)
+                    return errors.upstream_bad_response(not_an_overflow()).response(extra)
                 # (llama.cpp answers a prompt over its window with 200 and an empty event stream)
                 why = "the stream failed for length" if overflow else \
                     "upstream sent an empty event stream" if not held and adapter.empty_stream_overflows else None

@@ -60,7 +60,7 @@ def test_a_field_too_deep_is_still_refused_and_one_level_less_still_passes():
 
 
 @pytest.mark.parametrize("raw", [
-    b'{"a":1}', b'{"a":1,"a":2}', b'{"a":"\\u003a","b":1,"b":2}', b'{"n":123456789012345678901234567890}',
+    b'{"a":1}', b'{"a":1,"a":2}', b'{"a":"\\u003a","b":1,"b":2}', b'{"n":123456789012345678901234567890}', b'{"n":-9223372036854775809}',
     b'{"s":"12345678901234567890"}', b'[1,2,3]', b'{"k\\u003A":1,"k:":2}',
 ])
 @pytest.mark.parametrize("pad", [0, jsonbody._PIECE])  # one piece (scanned inline) and several
@@ -94,3 +94,49 @@ def test_values_put_in_from_elsewhere_are_still_checked_in_a_short_body():
     with pytest.raises(ProxyError):
         parse_messages_body(raw, before=[item], whole=True)
     assert parse_messages_body(raw, before=[item], whole=False)["messages"] == [item]
+
+
+# JSON texts written compactly (as orjson and most clients write them), with what orjson's
+# round trip must not hide: repeated keys, integers beyond 64 bits, -0, exponents, escapes.
+_numbers = st.sampled_from([b"0", b"-0", b"7", b"1.5", b"1e5", b"1E+2", b"18446744073709551615",
+                            b"18446744073709551616", b"-9223372036854775809", b"123456789012345678901234567890"])
+_strings = st.sampled_from([b'"a"', b'"b"', b'"\\u003a"', b'"x:y"', b'"\\u00e9"', b'"\xc3\xa9"', b'"\\n"', b'""'])
+
+
+
+json_texts = st.recursive(
+    _numbers | _strings | st.sampled_from([b"true", b"null"]),
+    lambda inner: st.lists(inner, max_size=3).map(lambda xs: b"[" + b",".join(xs) + b"]")
+    | st.lists(st.tuples(_strings, inner), max_size=3).map(
+        lambda kv: b"{" + b",".join(k + b":" + v for k, v in kv) + b"}"),
+    max_leaves=12,
+)
+
+
+def _verdict(parse, raw):
+    try:
+        value = parse(raw)
+    except jsonbody.DuplicateKeys as e:
+        return "duplicates", e.names
+    return "value", orjson.dumps(value, option=orjson.OPT_SORT_KEYS) if not _has_big(value) else repr(value)
+
+
+def _has_big(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -2 ** 63 <= value < 2 ** 64
+    if isinstance(value, dict):
+        return any(_has_big(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_big(v) for v in value)
+    return False
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_texts)
+def test_a_body_orjson_writes_back_byte_for_byte_needs_no_other_check(raw):
+    """loads returns orjson's value at once when writing it gives the body's own bytes back: that
+    value is the exact parser's (no repeated key dropped, no integer turned into a float)."""
+    assert _verdict(jsonbody.loads, raw) == _verdict(jsonbody._exact, raw)
+    value = orjson.loads(raw)
+    if orjson.dumps(value) == raw:
+        assert jsonbody._exact(raw) == value and type(jsonbody._exact(raw)) is type(value)

@@ -114,8 +114,15 @@ class Request:
 
     def total(self, conv: Conversation | None = None) -> int:
         """Tokens of a forwarded request carrying `conv` (the client's by default), the proxy's count."""
-        n = sum((conv if conv is not None else self.conversation).tokens) + self.tools_tokens + REPLY_OVERHEAD
-        return n if self.ratio == 1.0 else int(n * self.ratio)  # scaled(n), inline: asked several times a request
+        if conv is None or conv is self.conversation:
+            # The client's: asked several times a request (route, flow, stages), summed once (its
+            # counts never change once parsed; a Request made by replace() sums its own).
+            n = self.__dict__.get("_total")
+            if n is None:
+                n = self.__dict__["_total"] = sum(self.conversation.tokens) + self.tools_tokens + REPLY_OVERHEAD
+        else:
+            n = sum(conv.tokens) + self.tools_tokens + REPLY_OVERHEAD
+        return n if self.ratio == 1.0 else int(n * self.ratio)  # scaled(n), inline
 
     def scaled(self, n: int) -> int:
         return n if self.ratio == 1.0 else int(n * self.ratio)

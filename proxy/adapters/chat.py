@@ -91,14 +91,12 @@ class ChatAdapter(Adapter):
             n_system += 1
         built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
         after = _built_before(prior)
-        conv = Conversation(build=lambda: self.envelopes(messages, after=after, built=built), tokens=tokens,
-                            values=messages, n_system=n_system)
-        return Request(
-            raw=raw, body=body, model=model, stream=bool(body.get("stream")), conversation=conv, keys=keys,
-            written=written, encoding=encoding, ratio=settings.token_ratio if ratio is None else ratio,
-            tools_tokens=prefix.tools_tokens(counter, body.get("tools"), encoding, prior), tools=body.get("tools"),
-            extra={_BUILT: built},
-        )
+        conv = Conversation(None, tokens, lambda: self.envelopes(messages, after=after, built=built), messages, n_system)
+        tools = body.get("tools")
+        # (positional, in Request's order: keywords cost every request ~5k instructions)
+        return Request(raw, body, model, bool(body.get("stream")), conv, keys, written, encoding,
+                       settings.token_ratio if ratio is None else ratio,
+                       prefix.tools_tokens(counter, tools, encoding, prior), tools, False, False, {_BUILT: built})
 
     def envelopes(self, messages: list[dict[str, Any]], *, after: _Built | None = None,
                   built: dict[str, Any] | None = None) -> list[Envelope]:

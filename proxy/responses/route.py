@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -66,7 +67,7 @@ class Prepared:
     retry: Any = None  # send.Retry: compacted harder after an overflow
     recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
     # send's not_an_overflow: the request is well under its window (None: it may be over it)
-    small: str | None = None
+    small: Callable[[], str] | None = None
 
 
 NOT_OWN = "not_own"  # Request.extra: none of its input items is one of our compaction items
@@ -131,7 +132,8 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         over = cfg.compaction.enabled and before > state.compaction.budget_for(parsed.model).threshold
         return Prepared(raw, body, _headers("failed-open" if over else "none", before, before, 0, 0), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
-                                          ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)))
+                                          ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)),
+                   before)
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \
@@ -149,7 +151,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     if session is not None:
         headers["x-compaction-recalls"] = "0"
     after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
-    small = None if could_overflow(after, window) else empty_stream_small(after, window)
+    small = None if could_overflow(after, window) else partial(empty_stream_small, after, window)
     return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall), session, small)
 
 
