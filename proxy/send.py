@@ -35,6 +35,7 @@ from proxy.forward import (
     map_client_error,
     relay_completion,
     relay_events,
+    upstream_body,
     upstream_url,
 )
 from proxy.ops.exchange import EXCHANGE
@@ -108,7 +109,7 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
         can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
         try:
-            async with http.post(up.url, data=data, headers=up.headers, timeout=up.timeout,
+            async with http.post(up.url, data=upstream_body(data), headers=up.headers, timeout=up.timeout,
                                  allow_redirects=False) as upstream:
                 ex.upstream_ttfb_s = time.perf_counter() - t0
                 if can_retry and upstream.status in OVERFLOW_STATUSES:
