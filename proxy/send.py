@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 import aiohttp
 import orjson
@@ -35,6 +35,7 @@ from proxy.forward import (
     map_client_error,
     relay_completion,
     relay_events,
+    upstream_body,
     upstream_url,
 )
 from proxy.ops.exchange import EXCHANGE
@@ -50,9 +51,9 @@ OVERFLOW_STATUSES = (400, 413, 422)  # an answer that may say the request was to
 Retry = Callable[[], Awaitable["tuple[bytes, dict[str, str]] | None"]]
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """Where a request goes: the URL, the headers sent along and the timeouts."""
+class Upstream(NamedTuple):
+    """Where a request goes: the URL, the headers sent along and the timeouts. (A named tuple:
+    immutable as a frozen dataclass, whose fields each cost an object.__setattr__ call.)"""
 
     url: URL
     headers: CIMultiDict[str]
@@ -108,7 +109,7 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
         can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
         try:
-            async with http.post(up.url, data=data, headers=up.headers, timeout=up.timeout,
+            async with http.post(up.url, data=upstream_body(data), headers=up.headers, timeout=up.timeout,
                                  allow_redirects=False) as upstream:
                 ex.upstream_ttfb_s = time.perf_counter() - t0
                 if can_retry and upstream.status in OVERFLOW_STATUSES:
