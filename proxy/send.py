@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 import aiohttp
 import orjson
@@ -51,9 +51,9 @@ OVERFLOW_STATUSES = (400, 413, 422)  # an answer that may say the request was to
 Retry = Callable[[], Awaitable["tuple[bytes, dict[str, str]] | None"]]
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """Where a request goes: the URL, the headers sent along and the timeouts."""
+class Upstream(NamedTuple):
+    """Where a request goes: the URL, the headers sent along and the timeouts. (A named tuple:
+    immutable as a frozen dataclass, whose fields each cost an object.__setattr__ call.)"""
 
     url: URL
     headers: CIMultiDict[str]

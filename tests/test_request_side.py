@@ -36,3 +36,41 @@ def test_the_flow_reports_the_total_the_route_gives_it_or_its_own():
     assert flow.report.tokens_before == flow.request.total() == flow.total()
     again = type(flow).of(flow.adapter, flow.request, flow.identity, flow.request.total())
     assert again.report.tokens_before == flow.report.tokens_before and again.forwarded is flow.request.conversation
+
+
+def _posted(body: bytes, *, whole: bool, length: int | None = None):
+    import asyncio
+
+    from aiohttp import streams
+    from aiohttp.test_utils import make_mocked_request
+
+    class Protocol:
+        _reading_paused = False
+
+        def pause_reading(self, *a: object, **k: object) -> None: ...
+
+        def resume_reading(self, *a: object, **k: object) -> None: ...
+
+    payload = streams.StreamReader(Protocol(), 2 ** 16, loop=asyncio.get_running_loop())
+    payload.feed_data(body)
+    if whole:
+        payload.feed_eof()
+    return make_mocked_request("POST", "/v1/chat/completions", headers={"Content-Length": str(len(body) if length is None else length)},
+                               payload=payload)
+
+
+async def test_a_body_that_came_whole_is_held_to_the_limit_by_its_length_and_one_still_coming_by_its_header():
+    import pytest
+
+    from proxy.errors import ProxyError
+    from proxy.forward import _arrived
+
+    body = b'{"model":"m","messages":[]}'
+    assert _arrived(_posted(body, whole=True), len(body)) == body
+    with pytest.raises(ProxyError) as e:
+        _arrived(_posted(body, whole=True), len(body) - 1)  # its Content-Length is not read: its length says it
+    assert e.value.status == 413
+    assert _arrived(_posted(body[:5], whole=False, length=len(body)), len(body)) is None  # more to come: read as it arrives
+    with pytest.raises(ProxyError) as e:
+        _arrived(_posted(body[:5], whole=False, length=len(body)), len(body) - 1)  # the header says it will be too long
+    assert e.value.status == 413

@@ -220,3 +220,26 @@ async def test_small_responses_and_messages_requests_are_idle_and_left_alone() -
         assert all(s.idle(flow) for s in stages)
         await assert_left_alone(flow, stages, store, calls)
         assert flow.report == Report(flow.report.tokens_before, tokens_after=flow.report.tokens_after)
+
+
+@pytest.mark.parametrize("percent", [0, 50, 80, 100])
+async def test_the_kept_bounds_say_what_the_budget_and_the_preparer_say(percent: int) -> None:
+    """leaves_alone keeps each model's threshold and preparing line (compared without asking the
+    budget or the preparer again): every size around them gets the answer those two give."""
+    cfg = config(tool_results={"enabled": False}, compaction={"prepare_percent": percent})
+    stages, store, calls, engine = stages_for(cfg)
+    base = make_flow(chat({"role": "user", "content": "x"}), cfg=cfg)
+    threshold = engine.budget(base).threshold
+    engine.start()
+    try:
+        seen = set()
+        for words in range(0, threshold + 40, 37):
+            flow = make_flow(chat({"role": "user", "content": "x" + " x" * words}), cfg=cfg)
+            budget, total = engine.budget(flow), flow.request.total()
+            plain = total <= budget.threshold and not engine.preparer.wants(flow, flow.forwarded, budget, total)
+            for _ in range(2):  # (the first call may make the budget; the second finds its bounds)
+                assert engine.leaves_alone(flow, flow.forwarded) is plain
+            seen.add(plain)
+        assert seen == {True, False}
+    finally:
+        await engine.stop()

@@ -10,6 +10,7 @@ request by `view`; summaries made ahead of time are `Preparer`'s.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import replace
@@ -100,6 +101,8 @@ class CompactionEngine:
         # Every request asks for its model's budgets (a few times): pure arithmetic on the config,
         # which does not change while the process runs, so worked out once per model.
         self._budgets: dict[tuple[str, bool], Budget] = {}
+        # per budget key: (threshold, threshold * prepare_percent), the bounds leaves_alone compares
+        self._calm: dict[tuple[str, bool], tuple[int, float]] = {}
 
     def now(self) -> float:
         return self.clock()
@@ -121,7 +124,10 @@ class CompactionEngine:
             )
             if len(self._budgets) >= MAX_BUDGETS:  # model names come from clients
                 self._budgets.clear()
+                self._calm.clear()
             self._budgets[key] = budget
+            pct = c.prepare_percent
+            self._calm[key] = (budget.threshold, budget.threshold * pct if pct > 0 else math.inf)
         return budget
 
     def budget(self, flow: Flow) -> Budget:
@@ -150,8 +156,11 @@ class CompactionEngine:
         """Whether `process` would do nothing for `conv` but answer "none": under the threshold,
         and not far enough past it to prepare the next summary ahead."""
         request = flow.request  # (its budget and count asked directly: every request asks)
-        budget = self.budget_for(request.model, long_context=flow.identity.long_context)
         total = request.total(conv)
+        calm = self._calm.get((request.model, flow.identity.long_context))
+        if calm is not None and total <= calm[0] and total * 100 < calm[1]:
+            return True  # under the threshold and short of preparing's line (Preparer.wants' own test)
+        budget = self.budget_for(request.model, long_context=flow.identity.long_context)
         return total <= budget.threshold and not self.preparer.wants(flow, conv, budget, total)
 
     async def process(self, flow: Flow, conv: Conversation, *, budget: Budget | None = None) -> Outcome:

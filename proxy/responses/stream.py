@@ -49,7 +49,6 @@ class ResponsesEventChecker(EventChecker):
     def __init__(self, max_event_bytes: int | None = None) -> None:
         super().__init__(*(() if max_event_bytes is None else (max_event_bytes,)))
         self.sequence = -1
-        self.events = 0
         self.output_started = False
         self.overflow = False
         self.end: str | None = None  # the end event's type
@@ -57,7 +56,8 @@ class ResponsesEventChecker(EventChecker):
 
     def simple(self, chunk: bytes) -> Any:
         fields = named_fields(chunk)  # `event:` then `data:`, as OpenAI sends every event
-        return NOT_SIMPLE if fields is None else self.check(*fields)
+        # (the two fields passed by index: a `*fields` call packs a new tuple every event)
+        return NOT_SIMPLE if fields is None else self.check(fields[0], fields[1])
 
     def event(self, event: bytes) -> str | None:
         name, data = event_fields(event)
@@ -80,7 +80,6 @@ class ResponsesEventChecker(EventChecker):
             return f"an event named {name!r} carries a {etype!r} payload"
         if self.done:
             return f"a {etype!r} event after the end of the response"
-        self.events += 1
         if isinstance(sequence := payload.get("sequence_number"), int):
             self.sequence = sequence
         if etype in END_EVENTS:

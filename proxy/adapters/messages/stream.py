@@ -24,7 +24,7 @@ class MessagesEventChecker(EventChecker):
 
     def simple(self, chunk: bytes) -> Any:
         fields = named_fields(chunk)  # `event:` then `data:`, as Anthropic sends every event
-        return NOT_SIMPLE if fields is None else self.check(*fields)
+        return NOT_SIMPLE if fields is None else self.check(fields[0], fields[1])  # (no tuple packed)
 
     def event(self, event: bytes) -> str | None:
         name, data = event_fields(event)
