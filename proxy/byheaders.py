@@ -21,8 +21,9 @@ from typing import Any, Callable, Generic, Hashable, TypeVar
 
 from multidict import CIMultiDict
 
+from proxy import credentials
 from proxy.credentials import Credentials
-from proxy.forward import wants_bypass
+from proxy.forward import upstream_request_headers, wants_bypass
 
 T = TypeVar("T")
 
@@ -91,3 +92,10 @@ class Caller:
     def forwarded(self) -> CIMultiDict[str]:
         """This request's upstream headers (its own copy: the send sets Content-Type on it)."""
         return CIMultiDict(self.upstream_headers)
+
+
+def openai_caller(headers: Any, scope_secret: bytes, api_key: str | None) -> Caller:
+    """The OpenAI routes' (Chat Completions, Responses) `make`: the credential from OpenAI's
+    headers, the configured key (`upstream.api_key`) as Authorization when the client sent none."""
+    return Caller.of(headers, credentials.resolve(headers, scope_secret, api_key),
+                     upstream_request_headers(headers, api_key, identity_encoding=True))

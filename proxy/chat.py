@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import secret
-from proxy import credentials, offload
-from proxy.byheaders import ByHeaders, Caller
+from proxy import offload
+from proxy.byheaders import ByHeaders, openai_caller
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
@@ -27,7 +27,7 @@ from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers
+from proxy.forward import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
@@ -52,12 +52,7 @@ def empty_stream_small(tokens: int, window: int) -> str:
             f"this for a request it rejects, such as a message it cannot template)")
 
 
-def _caller(headers: Any, scope_secret: bytes, api_key: str | None) -> Caller:
-    return Caller.of(headers, credentials.resolve(headers, scope_secret, api_key, CHAT.credential_headers),
-                     upstream_request_headers(headers, api_key, identity_encoding=True))
-
-
-CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client's header list
+CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list
 
 
 def _headers(status: str, before: int, after: int) -> dict[str, str]:

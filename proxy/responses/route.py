@@ -21,12 +21,12 @@ from aiohttp import web
 
 from proxy.config import secret
 from proxy import credentials, jsonbody, offload
-from proxy.byheaders import ByHeaders, Caller
+from proxy.byheaders import ByHeaders, Caller, openai_caller
 from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
 from proxy.compaction.budget import could_overflow
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body, upstream_request_headers
+from proxy.forward import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
@@ -181,12 +181,7 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _caller(headers: Any, scope_secret: bytes, api_key: str | None) -> Caller:
-    return Caller.of(headers, credentials.resolve(headers, scope_secret, api_key),
-                     upstream_request_headers(headers, api_key, identity_encoding=True))
-
-
-CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client's header list
+CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list
 
 
 def _maybe_stateful(raw: bytes) -> bool:
