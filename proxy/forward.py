@@ -434,6 +434,27 @@ def event_fields(event: bytes) -> tuple[str | None, bytes | None]:
     return _fields_by_line(event)
 
 
+class NamedEventChecker(EventChecker):
+    """An EventChecker for the protocols whose events are named (Responses, Messages): each event
+    read as its name and data (`event_fields`; the usual `event:` + `data:` chunk in place,
+    `named_fields`), judged by the protocol's `check`."""
+
+    def simple(self, chunk: bytes) -> Any:
+        fields = named_fields(chunk)
+        # (the two fields passed by index: a `*fields` call packs a new tuple every event)
+        return NOT_SIMPLE if fields is None else self.check(fields[0], fields[1])
+
+    def event(self, event: bytes) -> str | None:
+        name, data = event_fields(event)
+        if data is None:
+            return None  # a comment (a keep-alive) or a field without data
+        return self.check(name, data)
+
+    def check(self, name: str | None, data: bytes) -> str | None:
+        """An event's name (None: none given) and data: why it is broken, or None."""
+        raise NotImplementedError
+
+
 def _fields_by_line(event: bytes) -> tuple[str | None, bytes | None]:
     """event_fields read line by line: any event, however its lines are framed."""
     name: str | None = None

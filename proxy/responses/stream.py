@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from proxy import errors
-from proxy.forward import NOT_SIMPLE, EventChecker, event_fields, named_fields
+from proxy.forward import NamedEventChecker
 from proxy.ops.exchange import Usage
 from proxy.upstream import is_context_overflow
 
@@ -41,7 +41,7 @@ def is_overflow_failure(response: Any) -> bool:
     return is_context_overflow(400, orjson.dumps({"error": err}))  # the message patterns chat knows
 
 
-class ResponsesEventChecker(EventChecker):
+class ResponsesEventChecker(NamedEventChecker):
     """EventChecker for the Responses format. Besides the base's bookkeeping it knows the last
     sequence number (the proxy's error event follows it), whether output began, and whether the
     stream failed for the context window before that."""
@@ -53,17 +53,6 @@ class ResponsesEventChecker(EventChecker):
         self.overflow = False
         self.end: str | None = None  # the end event's type
         self.response: Any = None  # the end event's response object
-
-    def simple(self, chunk: bytes) -> Any:
-        fields = named_fields(chunk)  # `event:` then `data:`, as OpenAI sends every event
-        # (the two fields passed by index: a `*fields` call packs a new tuple every event)
-        return NOT_SIMPLE if fields is None else self.check(fields[0], fields[1])
-
-    def event(self, event: bytes) -> str | None:
-        name, data = event_fields(event)
-        if data is None:
-            return None  # a comment (keep-alive) or a lone field
-        return self.check(name, data)
 
     def check(self, name: str | None, data: bytes) -> str | None:
         """An event's name (None: none given) and data: why it is broken, or None."""

@@ -12,25 +12,15 @@ from typing import Any
 
 import orjson
 
-from proxy.forward import MAX_EVENT_BYTES, NOT_SIMPLE, EventChecker, event_fields, named_fields
+from proxy.forward import MAX_EVENT_BYTES, NamedEventChecker
 from proxy.ops.exchange import Usage
 
 
-class MessagesEventChecker(EventChecker):
+class MessagesEventChecker(NamedEventChecker):
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         super().__init__(max_event_bytes)
         self.started = False  # message_start went by
         self.usage: dict[str, Any] = {}  # message_start's usage, updated by message_delta's
-
-    def simple(self, chunk: bytes) -> Any:
-        fields = named_fields(chunk)  # `event:` then `data:`, as Anthropic sends every event
-        return NOT_SIMPLE if fields is None else self.check(fields[0], fields[1])  # (no tuple packed)
-
-    def event(self, event: bytes) -> str | None:
-        name, data = event_fields(event)
-        if data is None:
-            return None  # a comment, or a field without data
-        return self.check(name, data)
 
     def check(self, name: str | None, data: bytes) -> str | None:
         """An event's name (None: none given) and data: why it is broken, or None."""
