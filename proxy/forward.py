@@ -617,8 +617,11 @@ async def read_raw_body(request: web.Request, limit: int, pace: BodyPace) -> byt
     """The whole body as it came, within its pace: a client dripping a body byte by byte must not
     hold a connection (and its memory) open for ever."""
     body = _arrived(request, limit)
-    if body is not None:
-        return body
+    return body if body is not None else await _arriving(request, limit, pace)
+
+
+async def _arriving(request: web.Request, limit: int, pace: BodyPace) -> bytes:
+    """The whole of a body still arriving (`_arrived` said None), within its limit and pace."""
     if _timeout_at is None:
         return b"".join([chunk async for chunk in body_chunks(request, limit, pace)])
     # body_chunks' rules with one timer for the whole body instead of a wait_for (a task, a timer
@@ -668,13 +671,12 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     decoded size too; an unknown coding is refused before a byte is read)."""
     header = request.headers.get("Content-Encoding")
     found = bodycoding.check_codings(header) if header is not None else None
-    raw = _arrived(request, limit)  # (called here, not through read_raw_body: one coroutine fewer)
+    raw = _arrived(request, limit)  # (read_raw_body's two steps here: one coroutine fewer)
     if raw is None:
-        raw = await read_raw_body(request, limit, pace)
+        raw = await _arriving(request, limit, pace)
     if not found:
         return raw
     return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
-
 
 
 # A body larger than this goes upstream in two writes rather than one copy (`upstream_body`).
