@@ -164,6 +164,8 @@ async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # a worker is forked with them blocked (proxy/workers.py): one sent while it started is delivered now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
         await stop.wait()
         await site.stop()  # new connections are refused from now on
         if runner.server is not None:

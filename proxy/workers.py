@@ -12,6 +12,10 @@ one error, not one per worker), forwards SIGTERM/SIGINT to every worker (each dr
 proxy does: stop listening, `shutdown_grace_s` for requests in flight) and exits when all have.
 A worker that dies on its own is started again, unless it died right after starting (a start-up
 failure would only repeat): then the supervisor stops the others and exits with an error.
+
+A worker is forked with SIGTERM and SIGINT blocked, and serve() unblocks them once its loop handles
+them: a stop that comes while a worker is still starting waits for it and drains it (exit 0)
+instead of killing it with the default action halfway through its start.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ log = logging.getLogger("proxy")
 START_GRACE_S = 5.0  # a worker that exits sooner than this after its start failed to start
 STOP_MARGIN_S = 10.0  # beyond the shutdown grace: a worker still running then is killed
 POLL_S = 0.5
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -77,7 +82,11 @@ class Supervisor:
 
     def _start(self) -> tuple[Any, float]:
         p = self.ctx.Process(target=_worker, args=(self.cfg, self.metrics_dir), name="compaction-proxy-worker")
-        p.start()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the child inherits it: see the docstring
+        try:
+            p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return p, time.monotonic()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -92,7 +101,7 @@ class Supervisor:
             port = reserved.getsockname()[1]
             self.cfg = self.cfg.model_copy(update={"server": s.model_copy(update={"port": port})})
             self.metrics_dir = tempfile.mkdtemp(prefix="compaction-proxy-metrics-")
-            previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
             try:
                 self.procs = [self._start() for _ in range(self.count)]
                 log.info("%d workers on port %d (pids %s)", self.count, port, " ".join(str(p.pid) for p, _ in self.procs))
@@ -137,7 +146,9 @@ class Supervisor:
                 log.error("worker %d did not stop in time: killed", p.pid)
                 p.kill()
                 p.join()
-            clean = clean and p.exitcode == 0
+            if p.exitcode != 0:
+                log.error("worker %d ended with exit code %s", p.pid, p.exitcode)
+                clean = False
         return 0 if clean else 1
 
 

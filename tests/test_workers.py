@@ -124,3 +124,23 @@ async def test_sigterm_drains_and_ends_both_workers(proxy: Replica, fake: FakeUp
         await asyncio.sleep(0.05)
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
     assert "Traceback" not in proxy.log_text()
+
+
+def test_sigterm_while_the_workers_start_still_ends_cleanly(tmp_path: Path, fake: FakeUpstream) -> None:
+    """A stop that comes before the workers listen (the supervisor has just forked them) waits for
+    each to start and drains it: exit 0, not a worker killed halfway through its start."""
+    p = Replica(tmp_path, "early-stop", fake.base_url, f"sqlite:///{tmp_path / 'store.db'}", SETTINGS)
+    p.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "workers on port" not in p.log_text():
+            assert time.monotonic() < deadline and p.proc is not None and p.proc.poll() is None, p.log_text()
+            time.sleep(0.005)
+        assert p.proc is not None
+        workers = children(p.proc.pid)
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(30) == 0, p.log_text()
+    finally:
+        p.stop()
+    assert len(workers) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert "exit code" not in p.log_text() and "Traceback" not in p.log_text()
