@@ -4,11 +4,13 @@ once, a moment after a burst of large offloaded work; nothing after small work."
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from proxy import heap, offload
+from support.waiting import DEADLINE_S, until
 
 pytestmark = pytest.mark.skipif(not heap.TRIMMER.available, reason="the C library has no malloc_trim")
 
@@ -32,41 +34,65 @@ def test_a_trim_returns_the_free_pages_inside_the_heap() -> None:
     assert len(kept) == 625
 
 
-async def wait_for_trims(n: int, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while heap.TRIMMER.trims < n and loop.time() < end:
-        await asyncio.sleep(0.01)
+class LoopClock:
+    """The running loop's clock, moved only by the test: the trimmer's delay is measured on it, so a
+    loaded machine running the test slowly cannot stretch a burst's gaps past the delay."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        loop = asyncio.get_running_loop()
+        self.now = loop.time()
+        monkeypatch.setattr(loop, "time", lambda: self.now)
+
+    async def advance(self, seconds: float) -> None:
+        """Move the clock on, then let the loop run the timers now due (it resumes this task
+        before the timers it finds due, so twice)."""
+        self.now += seconds
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+
+async def trimmed(n: int) -> None:
+    """Until the trimmer has done `n` trims: one that is due runs in a worker thread. (The loop's
+    clock stands still: yield to the loop rather than sleep on a timer of it.)"""
+    deadline = time.monotonic() + DEADLINE_S
+    while heap.TRIMMER.trims < n:
+        assert time.monotonic() < deadline, f"{heap.TRIMMER.trims} trims, not {n}"
+        await asyncio.sleep(0)
+        time.sleep(0.001)
 
 
 async def test_large_offloaded_work_is_followed_by_one_trim(monkeypatch) -> None:
     monkeypatch.setattr(heap, "TRIMMER", heap.Trimmer(0.3, heap.TRIMMER._trim))
+    clock = LoopClock(monkeypatch)
     start = heap.TRIMMER.trims
     await offload.sized(10, len, b"small")
-    await asyncio.sleep(0.5)
+    await clock.advance(0.5)
     assert heap.TRIMMER.trims == start  # small work: nothing to give back
     for _ in range(6):  # a burst of large work, longer than the delay: one trim, after its end
         await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x" * 10)
-        await asyncio.sleep(0.1)
+        await clock.advance(0.1)
         assert heap.TRIMMER.trims == start
-    await wait_for_trims(start + 1)
-    await asyncio.sleep(0.5)
+    await clock.advance(0.25)  # past the delay since the last of it (not onto it: float sums)
+    await trimmed(start + 1)
+    await clock.advance(0.5)
     assert heap.TRIMMER.trims == start + 1
     await offload.sized(offload.OFFLOAD_BYTES + 1, len, b"x")  # later large work: trimmed again
-    await wait_for_trims(start + 2)
+    await clock.advance(0.35)
+    await trimmed(start + 2)
     assert heap.TRIMMER.trims == start + 2
 
 
 def test_a_trim_left_pending_on_a_closed_loop_does_not_block_the_next_loop() -> None:
     trimmer = heap.Trimmer(0.05, heap.TRIMMER._trim)
 
-    async def large_work(wait_s: float) -> None:
+    async def large_work(until_trimmed: bool) -> None:
         trimmer.soon()
-        await asyncio.sleep(wait_s)
+        if until_trimmed:
+            await until(lambda: trimmer.trims == 1, "the trim on the second loop")
 
-    asyncio.run(large_work(0))  # the loop ends before its trim is due
+    asyncio.run(large_work(False))  # the loop ends before its trim is due
     assert trimmer.trims == 0
-    asyncio.run(large_work(1.0))
+    asyncio.run(large_work(True))
     assert trimmer.trims == 1
 
 
