@@ -5,11 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from proxy.fake_upstream import FakeUpstream
 from support.client import KEY, openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import redis_server  # noqa: F401
+
+# Hypothesis's per-example deadline (200 ms) and its check on slow data generation time the
+# machine, not the code: a loaded 2-core machine trips them on any test. (Its own "ci" profile,
+# loaded when CI is set, drops them too; this one keeps the rest of whichever profile is loaded.)
+settings.register_profile("suite", parent=settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 # Real agent transcripts, copied into the repository (provenance and licence in its README.md).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
