@@ -31,6 +31,7 @@ from bench.workloads import agent_conversation, agent_tools, small_body
 from proxy.compaction.acceptance import missing_headings
 from proxy.compaction.summarizer import MAIN_HEADINGS
 from support.client import anthropic_client, openai_client
+from support.waiting import until
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARIZER_SYSTEM = (REPO / "prompts" / "summarization-system.md").read_text(encoding="utf-8")
@@ -162,11 +163,7 @@ async def test_held_streams_stay_open_until_the_client_leaves(fake):
     held = await hold_streams(fake.port, 5, req, timeout_s=10)
     assert len(held.ttfb) == 5 and fake.server.stats.open_streams == 5
     await held.close()
-    for _ in range(100):
-        if fake.server.stats.open_streams == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert fake.server.stats.open_streams == 0
+    await until(lambda: fake.server.stats.open_streams == 0, "the fake to see the streams close")
 
 
 # ---- load generator -----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ async def metrics_figures(proxy: Any) -> dict[str, float]:
     return out
 
 
-async def until(page: Any, expression: str, timeout_s: float = 20.0) -> Any:
+async def until(page: Any, expression: str, timeout_s: float = 60.0) -> Any:
     """Poll a page expression (the page's CSP forbids the eval that wait_for_function uses)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:

@@ -18,6 +18,7 @@ from proxy.fake_upstream import (
     fake_upstream,  # noqa: F401  (fixture)
 )
 from support.client import http, openai_client, post, sync_openai_client
+from support.waiting import until
 
 MODEL = "gpt-4o-mini"
 JSON = {"Content-Type": "application/json"}
@@ -460,10 +461,7 @@ async def test_client_disconnect_is_recorded(fake_upstream):
     async with aiohttp.ClientSession() as s:
         with pytest.raises(asyncio.TimeoutError):
             await s.post(fake_upstream.base_url + "/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.2))
-    for _ in range(100):
-        if fake_upstream.disconnects:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: fake_upstream.disconnects, "the fake to see the client leave")
     assert fake_upstream.records("summarizer")[0].disconnected and fake_upstream.disconnects == 1
 
 

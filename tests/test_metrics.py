@@ -6,6 +6,7 @@ recorded (summarizer calls, its usage reports)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from proxy.fake_upstream import FakeError
 from support.client import auth, get, openai_client, post, raw_chat
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
+from support.waiting import DEADLINE_S
 
 ROUTE = "/v1/chat/completions"
 
@@ -226,8 +228,7 @@ async def test_a_stream_is_counted_open_while_it_is_relayed(upstream, make_proxy
             assert value(await scrape(proxy), "compaction_proxy_streams_open") == 1
             upstream.release_last_chunk.set()
             await asyncio.wait_for(r.read(), 10)
-    for _ in range(100):  # the handler's end follows the last byte the client read
-        if value(m := await scrape(proxy), "compaction_proxy_streams_open") == 0:
-            break
+    deadline = time.monotonic() + DEADLINE_S  # the handler's end follows the last byte the client read
+    while value(await scrape(proxy), "compaction_proxy_streams_open") != 0:
+        assert time.monotonic() < deadline, "the stream still counted open"
         await asyncio.sleep(0.01)
-    assert value(m, "compaction_proxy_streams_open") == 0

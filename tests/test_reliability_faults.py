@@ -25,6 +25,7 @@ from support.client import auth, openai_client, post
 from support.compaction_helpers import chat_history, proxy_count
 from proxy.fake_upstream import FakeUpstream
 from support.invariants import check_forwarded
+from support.waiting import DEADLINE_S
 
 BOUND_S = 20  # no call below may take longer: a hang is a failure, not a slow test
 AUTH = auth("sk-faults")
@@ -368,7 +369,7 @@ async def test_an_unexpected_exception_in_the_overflow_retry_passes_the_upstream
 # -- the client goes away ----------------------------------------------------------------------
 
 
-async def _settled(baseline: int, timeout: float = 10.0) -> int:
+async def _settled(baseline: int, timeout: float = DEADLINE_S) -> int:
     """Wait until the loop's task count is back at (or below) `baseline`; returns the last count."""
     deadline = time.monotonic() + timeout
     while (n := len(asyncio.all_tasks())) > baseline and time.monotonic() < deadline:

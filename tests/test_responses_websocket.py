@@ -5,7 +5,6 @@ an overflow before any output retried with the route's compacted message."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -17,6 +16,7 @@ from proxy.fakes.responses import FakeResponses
 from proxy.responses.websocket import WsTurn, relay_websocket
 from support.client import openai_client, post
 from support.compaction_helpers import filler, main_summary
+from support.waiting import until
 
 MODEL = "gpt-5"
 
@@ -156,10 +156,7 @@ async def test_close_codes_are_passed_on_both_ways(recorder, make_proxy):
         await ws.send_str(json.dumps({"type": "response.create", "model": MODEL, "input": "x"}))
         assert json.loads((await ws.receive()).data)["type"] == "response.completed"
         await ws.close(code=4001)
-        for _ in range(50):
-            if recorder.codes:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: recorder.codes, "the upstream to see the close")
         assert recorder.codes == [4001]
         recorder.close_with = 4002
         ws = await s.ws_connect(ws_url(proxy.base_url))

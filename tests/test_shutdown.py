@@ -26,6 +26,7 @@ from support.compaction_helpers import chat_history
 from proxy.fake_upstream import FakeUpstream
 from proxy.serve import CANCEL_WAIT_S
 from support.replicas import Replica
+from support.waiting import until
 
 MODEL = "gpt-4"
 BOUND_S = 30
@@ -58,13 +59,6 @@ def _park_streams(fake: FakeUpstream) -> asyncio.Event:
     fake.release_last_chunk = release
     fake.last_chunk_waiting = asyncio.Event()
     return release
-
-
-async def _until(cond, what: str, timeout: float = BOUND_S) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def _refuses(port: int) -> bool:
@@ -103,9 +97,9 @@ async def test_sigterm_refuses_new_connections_and_lets_a_stream_finish(tmp_path
             release = _park_streams(fake)
             async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
                 first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
-                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
+                await until(fake.last_chunk_waiting.is_set, "the stream to park")
                 replica.proc.send_signal(signal.SIGTERM)
-                await _until(lambda: _refuses(replica.port), "new connections to be refused")
+                await until(lambda: _refuses(replica.port), "new connections to be refused")
                 assert replica.proc.poll() is None  # still serving the stream in flight
                 fake.loop.call_soon_threadsafe(release.set)
                 rest = await asyncio.wait_for(r.read(), BOUND_S)
@@ -131,11 +125,11 @@ async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits
                 {"model": MODEL, "messages": chat_history(12, 160)})))  # not a prefix of the first
             async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
                 await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
-                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
-                await _until(lambda: len(fake.summarizer_requests) == 2, "the second summary to start")
+                await until(fake.last_chunk_waiting.is_set, "the stream to park")
+                await until(lambda: len(fake.summarizer_requests) == 2, "the second summary to start")
                 replica.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
-                await _until(lambda: _refuses(replica.port), "new connections to be refused")
+                await until(lambda: _refuses(replica.port), "new connections to be refused")
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await asyncio.wait_for(r.read(), BOUND_S)  # cut: the body never completes
             with pytest.raises(aiohttp.ClientError):
@@ -174,7 +168,7 @@ async def test_a_grace_of_2_s_cuts_a_stream_after_2_s_not_twice_that(tmp_path, f
             _park_streams(fake)  # never released
             async with s.post(replica.base_url + "/chat/completions", data=STREAM) as r:
                 await asyncio.wait_for(r.content.readuntil(b"\n\n"), BOUND_S)
-                await _until(fake.last_chunk_waiting.is_set, "the stream to park")
+                await until(fake.last_chunk_waiting.is_set, "the stream to park")
                 replica.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 with pytest.raises(aiohttp.ClientPayloadError):

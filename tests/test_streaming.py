@@ -16,16 +16,10 @@ from proxy.app import create_app
 from proxy.config import Config
 from support.client import openai_client
 from support.loopback import serving
+from support.waiting import until
 
 MSGS = [{"role": "user", "content": "Tell me a story"}]
 STORY = "Once upon a time there was a proxy that never buffered a single stream chunk."
-
-
-async def _wait_until(cond, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_stream_is_incremental(upstream, client):
@@ -107,7 +101,7 @@ async def test_client_disconnect_mid_stream_closes_upstream(upstream, client):
     await asyncio.wait_for(stream.__aiter__().__anext__(), 10)
     await asyncio.wait_for(upstream.last_chunk_waiting.wait(), 10)
     await stream.close()
-    await _wait_until(lambda: upstream.disconnects == 1)
+    await until(lambda: upstream.disconnects == 1, "the upstream to see the client leave")
 
 
 async def test_client_disconnect_closes_upstream_under_any_runner(upstream):
@@ -122,7 +116,7 @@ async def test_client_disconnect_closes_upstream_under_any_runner(upstream):
             async with s.post(base + "/v1/chat/completions", data=body) as r:
                 await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
                 await asyncio.wait_for(upstream.last_chunk_waiting.wait(), 10)
-        await _wait_until(lambda: upstream.disconnects == 1)
+        await until(lambda: upstream.disconnects == 1, "the upstream to see the client leave")
 
 
 async def test_stream_after_done_client_close_is_clean(upstream, proxy, client, caplog):

@@ -25,8 +25,10 @@ from typing import Any
 
 import yaml
 
-_READY_TIMEOUT_S = 30.0
-_STOP_TIMEOUT_S = 10.0
+# Deadlines for a hang only, so generous: on a loaded 2-core machine a start (imports, a worker's
+# fork) and a drain (a worker still starting finishes its start first) take seconds.
+_READY_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 60.0
 
 
 def _free_port() -> int:
