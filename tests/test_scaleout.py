@@ -126,10 +126,10 @@ async def test_a_replica_killed_holding_the_lock_is_taken_over(
         messages = synthetic("killed mid-summary")
         upstream_fake.summarizer_delay_s = 60.0  # the victim's summary never comes back
         doomed = asyncio.create_task(send(client_for(victim), messages))
-        await upstream_fake.wait_for_requests(1, "summarizer", timeout=10)
+        await upstream_fake.wait_for_requests(1, "summarizer", timeout=30)
         victim.kill()
         upstream_fake.summarizer_delay_s = 0.0
-        turn = await asyncio.wait_for(send(client_for(replicas[1]), messages), 20)
+        turn = await asyncio.wait_for(send(client_for(replicas[1]), messages), 30)
     finally:
         victim.kill()
     assert turn.status == "summarized"

@@ -115,7 +115,7 @@ class FakeServer:
 
         self._thread = threading.Thread(target=run, name=self.thread_name, daemon=True)
         self._thread.start()
-        ready.wait(10)
+        ready.wait(60)  # a loaded machine can take seconds to schedule the thread
         if not started or started[0] is not None:
             raise RuntimeError(f"{type(self).__name__} failed to start: {started[0] if started else 'timeout'}")
         return self
@@ -148,7 +148,7 @@ class FakeServer:
         self.errors.clear()
         self.disconnects = 0
 
-    async def wait_for_requests(self, n: int, kind: str | None = None, timeout: float = 5.0) -> list[RecordedRequest]:
+    async def wait_for_requests(self, n: int, kind: str | None = None, timeout: float = 30.0) -> list[RecordedRequest]:
         """Wait until at least n requests (of `kind`) were received; TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
         while len(self.records(kind)) < n:
