@@ -387,3 +387,38 @@ def test_cpu_time_is_read_finer_than_clock_ticks_and_counts_every_thread():
     finally:
         done.set()
         worker.join()
+
+
+@pytest.mark.parametrize("phase, expected", [
+    # each measured request (the 2nd and 3rd: one warm-up) switches collection on and off once
+    ("first", ["on", "off", "on", "off"]),
+    ("pre", ["on", "off", "on", "off"]),
+    ("answer", ["on", "off", "on", "off"]),
+])
+async def test_phase_probe_collects_each_measured_request_once_from_its_start_to_its_end(fake, phase, expected):
+    from bench.phase_probe import Probe, install
+
+    switches: list[str] = []
+    probe = Probe(lambda: switches.append("off" if probe.on else "on"), phase, warmup=1)
+    uninstall = install(probe)
+    server = TestServer(bare_forwarder.create_app(f"http://127.0.0.1:{fake.port}"), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        for _ in range(3):  # one after another, as bench/phases.py sends them
+            stream = await run_load(server.port, [Request(small_body("m", stream=True))], count=1)
+            assert [r.events for r in stream.results] == [len(sse_events(6))]
+    finally:
+        await server.close()
+        uninstall()
+    assert switches == expected
+    assert not probe.on
+    from aiohttp import web_response
+
+    assert web_response.StreamResponse.write.__name__ == "write"  # taken off again
+
+
+def test_phase_probe_refuses_an_unknown_phase():
+    from bench.phase_probe import Probe
+
+    with pytest.raises(ValueError, match="phase"):
+        Probe(lambda: None, "everything", 0)
