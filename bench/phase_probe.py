@@ -31,10 +31,15 @@ PHASES = ("first", "pre", "answer", "all")
 class Probe:
     """Collection on or off, from the events of a phase; `toggle` flips callgrind's state."""
 
-    def __init__(self, toggle: Callable[[], Any], phase: str, warmup: int) -> None:
+    def __init__(self, toggle: Callable[[], Any], phase: str, warmup: int,
+                 instrument: Callable[[], Any] | None = None) -> None:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
         self.toggle, self.phase, self.warmup = toggle, phase, warmup
+        # callgrind's instrumentation switched on at the first request: the server starts
+        # uninstrumented (importing the proxy instrumented takes many minutes on a loaded
+        # machine), and the warm-up runs instrumented code, as the measured requests do
+        self.instrument = instrument
         self.on = False
         self.posts = 0  # POSTs arrived (the warm-up ones included)
 
@@ -50,6 +55,8 @@ class Probe:
     def arrived(self, data: bytes) -> None:
         if data[:5] == b"POST ":
             self.posts += 1
+            if self.posts == 1 and self.instrument is not None:
+                self.instrument()
             if self.measuring and self.phase in ("first", "pre", "all"):
                 self._set(True)
 
@@ -122,7 +129,7 @@ def install(probe: Probe) -> Callable[[], None]:
 def main(argv: list[str]) -> None:
     lib, phase, warmup, target, *rest = argv
     helper = ctypes.CDLL(lib)
-    install(Probe(helper.cg_toggle, phase, int(warmup)))
+    install(Probe(helper.cg_toggle, phase, int(warmup), helper.cg_instrument))
     sys.argv = [target, *rest]
     if target == "proxy":
         from proxy.cli import main as proxy_main

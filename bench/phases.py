@@ -45,6 +45,7 @@ from bench.workloads import small_protocol_body  # noqa: E402
 
 HELPER_C = """#include <valgrind/callgrind.h>
 void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+void cg_instrument(void) { CALLGRIND_START_INSTRUMENTATION; }
 """
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}}
@@ -122,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     out = work / "callgrind.out"
     upstream = procs.start_fake_upstream(work, chunks=args.chunks, chunk_delay_ms=args.chunk_delay_ms)
     port = procs.free_port()
-    # Instrumented from the start: callgrind starts the interpreter slowly, but measures the same
-    # code the warm-up ran (collection alone is switched by the probe).
-    valgrind = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}"]
+    # Instrumented from the first request on (the probe switches it on: the warm-up runs the code
+    # the measured requests run); collection is the probe's to switch.
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+                f"--callgrind-out-file={out}"]
     probe = [sys.executable, str(BENCH_DIR / "phase_probe.py"), str(lib), args.phase, str(args.warmup)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     env["PYTHONPATH"] = str(BENCH_DIR.parent)

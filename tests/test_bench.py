@@ -390,16 +390,18 @@ def test_cpu_time_is_read_finer_than_clock_ticks_and_counts_every_thread():
 
 
 @pytest.mark.parametrize("phase, expected", [
-    # each measured request (the 2nd and 3rd: one warm-up) switches collection on and off once
-    ("first", ["on", "off", "on", "off"]),
-    ("pre", ["on", "off", "on", "off"]),
-    ("answer", ["on", "off", "on", "off"]),
+    # instrumented from the first request; each measured request (the 2nd and 3rd: one warm-up)
+    # switches collection on and off once
+    ("first", ["instrumented", "on", "off", "on", "off"]),
+    ("pre", ["instrumented", "on", "off", "on", "off"]),
+    ("answer", ["instrumented", "on", "off", "on", "off"]),
 ])
 async def test_phase_probe_collects_each_measured_request_once_from_its_start_to_its_end(fake, phase, expected):
     from bench.phase_probe import Probe, install
 
     switches: list[str] = []
-    probe = Probe(lambda: switches.append("off" if probe.on else "on"), phase, warmup=1)
+    probe = Probe(lambda: switches.append("off" if probe.on else "on"), phase, warmup=1,
+                  instrument=lambda: switches.append("instrumented"))
     uninstall = install(probe)
     server = TestServer(bare_forwarder.create_app(f"http://127.0.0.1:{fake.port}"), host="127.0.0.1", port=0)
     await server.start_server()
