@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import os
 import time
 from bisect import bisect_left
@@ -49,6 +50,22 @@ def share_metrics(directory: str) -> None:
     _shared_dir = directory
 
 
+class _WorkerFiles(MultiProcessCollector):
+    """The sum of the workers' files, without a file another worker is creating this instant:
+    prometheus-client makes it empty, then sizes it, and reading it empty raises struct.error
+    (a worker's first dashboard sample at start, or /metrics, died of it while another started)."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return self.merge([f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)], accumulate=True)
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) >= 8  # its header: the bytes used, and padding
+    except OSError:
+        return False  # gone meanwhile (a dead worker's live gauges)
+
+
 class Metrics(Hooks):
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
@@ -59,7 +76,7 @@ class Metrics(Hooks):
         self._task: asyncio.Task[None] | None = None
         if self.shared is not None:
             self.view = CollectorRegistry()
-            MultiProcessCollector(self.view, self.shared)
+            _WorkerFiles(self.view, self.shared)
         self.requests = Counter(P + "requests_total", "HTTP requests answered, by route, protocol, status code and "
                                 "x-compaction-status", ["route", "protocol", "code", "compaction"], registry=r)
         self.duration = Histogram(P + "request_duration_seconds", "Time from request to the end of the answer",
