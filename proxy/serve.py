@@ -38,6 +38,7 @@ log = logging.getLogger("proxy")
 INFLIGHT = web.AppKey("inflight", set)  # handler tasks of the requests being served (app.serve_request adds them)
 LOOP = web.AppKey("loop", asyncio.AbstractEventLoop)  # the loop serving the app
 CANCEL_WAIT_S = 2.0  # after the grace: how long cancelled handlers get to unwind
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # each drains the proxy (a worker's supervisor forwards them)
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,10 @@ async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) 
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         # a worker is forked with them blocked (proxy/workers.py): one sent while it started is delivered now
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         await stop.wait()
         await site.stop()  # new connections are refused from now on
         if runner.server is not None:

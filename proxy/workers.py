@@ -33,13 +33,13 @@ import time
 from typing import Any
 
 from proxy.config import Config
+from proxy.serve import STOP_SIGNALS
 
 log = logging.getLogger("proxy")
 
 START_GRACE_S = 5.0  # a worker that exits sooner than this after its start failed to start
 STOP_MARGIN_S = 10.0  # beyond the shutdown grace: a worker still running then is killed
 POLL_S = 0.5
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
