@@ -45,7 +45,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the careless summarizer and the session generators live there
 
 import openai  # noqa: E402
-import orjson  # noqa: E402
 
 from support.careless import CarelessSummarizer  # noqa: E402
 from support.client import openai_client  # noqa: E402

@@ -12,7 +12,8 @@ from proxy import errors, logsafe
 from proxy.adapters.messages import routes as messages
 from proxy.chat import handle_chat
 from proxy.config import Config
-from proxy.forward import BodyPace, passthrough
+from proxy.body import BodyPace
+from proxy.forward import passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops import observe

@@ -27,7 +27,7 @@ from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body
+from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 
 from proxy import jsonbody
 from proxy.errors import ProxyError, bad_request, unreadable

@@ -26,6 +26,7 @@ from yarl import URL
 from proxy import errors, jsonbody, offload
 from proxy.adapters.base import Adapter
 from proxy.flow import Flow, Stage, run_overflow
+from proxy.body import upstream_body
 from proxy.forward import (
     NOT_PARSED,
     UPSTREAM_ERRORS,
@@ -35,7 +36,6 @@ from proxy.forward import (
     map_client_error,
     relay_completion,
     relay_events,
-    upstream_body,
     upstream_url,
 )
 from proxy.ops.exchange import EXCHANGE

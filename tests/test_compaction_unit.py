@@ -20,7 +20,8 @@ from proxy.compaction import extract
 from proxy.compaction.budget import HYSTERESIS
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.records import key
-from proxy.compaction.serialize import escape_untrusted, serialize_envelopes
+from proxy.compaction.serialize import serialize_envelopes
+from proxy.escaping import escape_untrusted
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob
 from proxy.config import Config
 from proxy.prompts import Prompts

@@ -1,4 +1,4 @@
-"""The SSE check on chat completion streams (proxy/forward.py EventChecker), without sockets: a valid
+"""The SSE check on chat completion streams (proxy/sse.py EventChecker), without sockets: a valid
 stream comes out byte for byte however the network splits it; a broken one stops after its last
 whole, valid event and says why."""
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import forward
+from proxy import sse
 from proxy.adapters.messages.stream import MessagesEventChecker
-from proxy.forward import CR, EventChecker, _check_event, _event_usage, _fields_by_line, event_fields, named_fields
+from proxy.sse import CR, EventChecker, _check_event, _event_usage, _fields_by_line, event_fields, named_fields
 from proxy.responses.stream import ResponsesEventChecker
 
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hé \n"}}]}
@@ -196,10 +196,10 @@ def test_named_fields_reads_an_event_as_event_fields_does(parts):
 
 
 def test_event_names_are_decoded_once_and_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(forward, "_NAMES", {})
-    for i in range(forward._MAX_NAMES + 10):
+    monkeypatch.setattr(sse, "_NAMES", {})
+    for i in range(sse._MAX_NAMES + 10):
         assert named_fields(b"event: n%d\ndata: {}\n\n" % i) == (f"n{i}", b"{}\n\n")
-    assert len(forward._NAMES) == forward._MAX_NAMES  # later names read as before, not kept
+    assert len(sse._NAMES) == sse._MAX_NAMES  # later names read as before, not kept
     assert named_fields(b"event: n1\ndata: {}\n\n") == ("n1", b"{}\n\n")
 
 

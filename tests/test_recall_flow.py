@@ -5,7 +5,6 @@ between credentials, the round limit, a store outage, and a turn that mixes reca
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import openai
@@ -18,7 +17,7 @@ from proxy.recall.handles import in_text
 from support.client import openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import RedisServer, redis_server_fixture
-from support.recall_facts import NOT_FOUND, TOOLS, build_session, model_reply, shape
+from support.recall_facts import NOT_FOUND, TOOLS, build_session, model_reply
 
 WINDOW = 24000
 SETTINGS = {

@@ -63,7 +63,7 @@ async def test_a_body_that_came_whole_is_held_to_the_limit_by_its_length_and_one
     import pytest
 
     from proxy.errors import ProxyError
-    from proxy.forward import _arrived
+    from proxy.body import _arrived
 
     body = b'{"model":"m","messages":[]}'
     assert _arrived(_posted(body, whole=True), len(body)) == body

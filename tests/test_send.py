@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.adapters.chat import ChatAdapter
-from proxy.forward import EventChecker
+from proxy.sse import EventChecker
 from proxy.ops.exchange import EXCHANGE, Exchange, Usage
 from proxy.send import Upstream, send
 from support.loopback import serving

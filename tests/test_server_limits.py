@@ -135,7 +135,7 @@ def test_a_slow_body_is_cut_at_its_deadline_on_every_route(proxy, path):
 
 @pytest.mark.parametrize("path, body", [
     ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "x" * (640 * 1024)}),
-    # read whole before its parse (forward.read_raw_body: its one timer goes off at body_timeout_s
+    # read whole before its parse (body.read_raw_body: its one timer goes off at body_timeout_s
     # and is set again at the deadline the bytes since have moved)
     ("/v1/chat/completions", {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * (640 * 1024)}]}),
 ], ids=["pass-through", "chat"])

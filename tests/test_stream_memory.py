@@ -1,6 +1,6 @@
 """Memory under upstream events that never end (issue 19 item 10): 16 streams whose upstream sends
 `data: {"...` and then megabytes without an event end. Each stream holds at most one event's
-bound (forward.MAX_EVENT_BYTES), then ends with an `error` event, and the proxy process's RSS
+bound (sse.MAX_EVENT_BYTES), then ends with an `error` event, and the proxy process's RSS
 stays bounded. Before the bound was lowered from 16 MiB (and the pending event copied on every
 chunk), 16 such streams pushed RSS from 169 to 484 MB.
 """
@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.forward import MAX_EVENT_BYTES
+from proxy.sse import MAX_EVENT_BYTES
 from support.replicas import Replica
 
 STREAMS = 16

@@ -10,7 +10,6 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from aiohttp import web
 
 from proxy.app import create_app
 from proxy.config import Config

@@ -1,5 +1,5 @@
 """A large forwarded body goes upstream in two writes instead of one joined copy
-(proxy/forward.py upstream_body): the same bytes on the wire, request line and headers included,
+(proxy/body.py upstream_body): the same bytes on the wire, request line and headers included,
 at every size around its thresholds; the pieces are views of the body, not copies of it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.forward import FIRST_PIECE, PIECES_FROM, upstream_body
+from proxy.body import FIRST_PIECE, PIECES_FROM, upstream_body
 
 
 async def _capture(*bodies: Any) -> list[bytes]:

@@ -24,7 +24,7 @@ import orjson
 from proxy import jsonbody
 from proxy.config import Config
 from proxy.errors import ProxyError
-from proxy.forward import EventChecker
+from proxy.sse import EventChecker
 from proxy.hashing import DigestCache, hash_chain
 from proxy.model import Conversation, Envelope, Injected
 from proxy.ops.exchange import Usage

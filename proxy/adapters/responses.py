@@ -28,7 +28,7 @@ from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
-from proxy.forward import EventChecker
+from proxy.sse import EventChecker
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.ops.exchange import Usage

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from proxy.escaping import escape_client_text, escape_untrusted, tool_name  # noqa: F401 (escape_untrusted: callers import it here)
+from proxy.escaping import escape_client_text, tool_name
 from proxy.model import Envelope, Item, Kind, calls_by_id
 from proxy.text import clamp_middle
 

@@ -123,7 +123,7 @@ def masked(view: View, record: SummaryRecord | None) -> Conversation:
 def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     """What `record` makes of the request: its stubs and clamps on the kept part, and (when it
     summarizes anything) the summary in place of what it covers."""
-    conv, request = view.conv, view.flow.request
+    conv = view.conv
     cut = view.n_system + record.covered
     changed: dict[int, tuple[Envelope, int]] = {}
     for i in range(cut, len(conv)):

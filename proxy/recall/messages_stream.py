@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from proxy import errors
-from proxy.forward import event_fields
+from proxy.sse import event_fields
 from proxy.recall.answers import Call, add_usage
 from proxy.recall.messages import USAGE_KEYS, continuation, is_client_call, is_recall, stop_reason
 

@@ -26,7 +26,8 @@ import orjson
 from aiohttp import web
 
 from proxy import errors
-from proxy.forward import CLIENT_GONE, UPSTREAM_ERRORS, EventChecker, client_response_headers, is_event_stream, map_client_error
+from proxy.forward import CLIENT_GONE, UPSTREAM_ERRORS, client_response_headers, is_event_stream, map_client_error
+from proxy.sse import EventChecker
 from proxy.recall.answers import Call
 from proxy.recall.session import RecallSession
 

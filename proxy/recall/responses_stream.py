@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from proxy import errors
-from proxy.forward import event_fields
+from proxy.sse import event_fields
 from proxy.recall.answers import Call, add_usage
 from proxy.recall.responses import continuation, is_client_call, is_recall, without_tool
 from proxy.responses.stream import END_EVENTS, PREAMBLE, error_event

@@ -16,13 +16,12 @@ from proxy import credentials, errors, jsonbody, offload
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
+from proxy.body import BodyPace, read_body
 from proxy.forward import (
     UPSTREAM_ERRORS,
-    BodyPace,
     client_timeout,
     map_client_error,
     passthrough,
-    read_body,
     relay,
     upstream_request_headers,
     upstream_url,

@@ -26,7 +26,7 @@ from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
 from proxy.compaction.budget import could_overflow
 from proxy.flow import Flow, Identity, Report, run_request
-from proxy.forward import BodyPace, read_body
+from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from proxy import errors
-from proxy.forward import NamedEventChecker
+from proxy.sse import NamedEventChecker
 from proxy.ops.exchange import Usage
 from proxy.upstream import is_context_overflow
 

@@ -77,7 +77,7 @@ def _file_body(t: int, path: str, lines: int) -> str:
     for j in range(lines):
         fn = _FUNCS[(t + j) % len(_FUNCS)]
         out += [f"def {fn}_{t}_{j}(entries, period):",
-                f"    total = sum((e.amount for e in entries if e.period == period), Decimal(0))",
+                "    total = sum((e.amount for e in entries if e.period == period), Decimal(0))",
                 f"    return total.quantize(Decimal('0.01'))  # step {j} of {lines}", ""]
     return "\n".join(out)
 

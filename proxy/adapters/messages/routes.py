@@ -26,7 +26,8 @@ from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
-from proxy.forward import BodyPace, passthrough, read_body
+from proxy.body import BodyPace, read_body
+from proxy.forward import passthrough
 from proxy.hashing import conversation_digest
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers

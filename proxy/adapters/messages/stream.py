@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from proxy.forward import MAX_EVENT_BYTES, NamedEventChecker
+from proxy.sse import MAX_EVENT_BYTES, NamedEventChecker
 from proxy.ops.exchange import Usage
 
 
