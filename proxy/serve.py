@@ -171,14 +171,27 @@ async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) 
         await site.stop()  # new connections are refused from now on
         if runner.server is not None:
             runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones take no next request
-        inflight = set(app[INFLIGHT])
-        if inflight:
-            _, late = await asyncio.wait(inflight, timeout=s.shutdown_grace_s)
-            for task in late:
-                task.cancel()
-            if late:
-                log.info("shutdown grace over: cut %d requests still in flight", len(late))
-                await asyncio.wait(late, timeout=CANCEL_WAIT_S)
+        cut = await drain(app[INFLIGHT], s.shutdown_grace_s)
+        if cut:
+            log.info("shutdown grace over: cut %d requests still in flight", cut)
     finally:
         await runner.cleanup()
         flush_logs()  # the access lines still queued (a worker process ends without exit handlers)
+
+
+async def drain(inflight: set[asyncio.Task[Any]], grace_s: float) -> int:
+    """Wait for the requests in flight, up to `grace_s` in all, counting those whose handler starts
+    meanwhile (a request read before the listener closed whose task had not yet run when the wait
+    began: looked at once, it would get only the cleanup's CANCEL_WAIT_S); then cancel what is
+    left and give it CANCEL_WAIT_S to unwind. How many were cut."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while pending := {t for t in inflight if not t.done()}:
+        left = deadline - loop.time()
+        if left <= 0:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+            return len(pending)
+        await asyncio.wait(pending, timeout=left)
+    return 0

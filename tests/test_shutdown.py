@@ -24,7 +24,7 @@ import pytest
 
 from support.compaction_helpers import chat_history
 from proxy.fake_upstream import FakeUpstream
-from proxy.serve import CANCEL_WAIT_S
+from proxy.serve import CANCEL_WAIT_S, drain
 from support.replicas import Replica
 from support.waiting import until
 
@@ -184,3 +184,46 @@ async def test_a_grace_of_2_s_cuts_a_stream_after_2_s_not_twice_that(tmp_path, f
     # all of its time (the test's own upstream, in this process, answers slowly), so the exit is
     # held to those bounds rather than to an idle machine's timing.
     assert exited - cut < 2 * CANCEL_WAIT_S + 1.0, (cut, exited)
+
+
+# -- the drain itself, without a process: its tasks are the in-flight set serve() hands it --------
+async def test_a_handler_that_starts_during_the_grace_gets_the_grace_too() -> None:
+    """A request read before the listener closed can start its handler after the wait began; it is
+    waited for like the others (looked at once, the set would miss it and it would be cut by the
+    cleanup's CANCEL_WAIT_S, long before the grace ends)."""
+    inflight: set[asyncio.Task[None]] = set()
+    early = asyncio.create_task(asyncio.sleep(0.2))
+    inflight.add(early)
+    late = asyncio.create_task(asyncio.sleep(0.6))
+
+    async def arrives() -> None:
+        await asyncio.sleep(0.1)  # while drain waits for `early`
+        inflight.add(late)
+
+    joining = asyncio.create_task(arrives())
+    cut = await drain(inflight, grace_s=30)
+    await joining
+    assert cut == 0
+    assert late.done() and not late.cancelled()  # finished within the grace, not left running
+
+
+async def test_what_outlives_the_grace_is_cut_at_its_end_late_arrivals_included() -> None:
+    inflight: set[asyncio.Task[None]] = set()
+    slow = asyncio.create_task(asyncio.sleep(60))
+    inflight.add(slow)
+    late = asyncio.create_task(asyncio.sleep(60))
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.1, inflight.add, late)
+    started = time.monotonic()
+    cut = await drain(inflight, grace_s=0.5)
+    took = time.monotonic() - started
+    assert cut == 2 and slow.cancelled() and late.cancelled()
+    assert 0.5 <= took < 0.5 + CANCEL_WAIT_S, took  # the grace once, in all: not a grace per arrival
+
+
+async def test_nothing_in_flight_drains_at_once() -> None:
+    done = asyncio.create_task(asyncio.sleep(0))
+    await done
+    started = time.monotonic()
+    assert await drain({done}, grace_s=30) == 0
+    assert time.monotonic() - started < 1
