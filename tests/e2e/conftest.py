@@ -131,7 +131,7 @@ def _script(*args: str) -> subprocess.CompletedProcess:
 def _e2e_venv_required() -> None:
     if _script("model-path").returncode == 0:
         return
-    reason = "e2e venv not installed (run scripts/e2e-upstream install; first build takes ~11 min)"
+    reason = "e2e venv not installed (run scripts/e2e-upstream install; first build takes ~5 min)"
     if os.environ.get("CI"):
         pytest.fail(reason + " -- CI is set, so this is an error", pytrace=False)
     pytest.skip(reason)
