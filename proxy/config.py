@@ -223,6 +223,16 @@ class StoreConfig(_Section):
             raise ValueError("must be sqlite:///path, memory://, or redis://host:port/db")
         return v
 
+    @model_validator(mode="after")
+    def _lock_outlives_a_beat(self) -> "StoreConfig":
+        # A live holder rewrites its lock once a beat; a lock that expires sooner than a beat late
+        # frees itself under a holder that is still working, and another replica makes the same
+        # summary again.
+        if self.lock_ttl_s < 2 * self.lock_heartbeat_s:
+            raise ValueError(f"lock_ttl_s ({self.lock_ttl_s:g} s) must be at least twice lock_heartbeat_s "
+                             f"({self.lock_heartbeat_s:g} s), or a working holder's lock expires between its beats")
+        return self
+
 
 class AdminConfig(_Section):
     # /metrics, /dashboard and /admin/* answer only to loopback peers unless this is set; then only

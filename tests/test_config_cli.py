@@ -126,7 +126,14 @@ BAD = [
     ("env-wrong-type", "", {"COMPACTION_PROXY_SERVER__PORT": "http"}, "server.port:"),
     ("no-workers", "server: {workers: 0}\n", {}, "server.workers: Value error, must be a number of processes"),
     ("workers-word", "", {"COMPACTION_PROXY_SERVER__WORKERS": "many"}, "server.workers: Value error"),
+    ("lock-expires-between-beats", "store: {lock_ttl_s: 3, lock_heartbeat_s: 2}\n", {},
+     "store: Value error, lock_ttl_s (3 s) must be at least twice lock_heartbeat_s (2 s)"),
 ]
+
+
+def test_a_lock_twice_its_beat_is_accepted():
+    store = load_config(environ={"COMPACTION_PROXY_STORE__LOCK_TTL_S": "4", "COMPACTION_PROXY_STORE__LOCK_HEARTBEAT_S": "2"}).store
+    assert (store.lock_ttl_s, store.lock_heartbeat_s) == (4, 2)
 
 
 def test_workers_auto_is_one_per_core():

@@ -29,13 +29,13 @@ from support.replicas import Replica
 
 pytestmark = pytest.mark.redis
 
-LOCK_TTL_S = 2.0
+LOCK_TTL_S = 2.0  # short, so that a summary outlasts it and the holder's beats must keep the lock
 SETTINGS = {
     "models": {MODEL: {"context_window": WINDOW}},
     # count summarizer calls of compaction events only; each process learns its token ratio at its
     # own pace, so byte-for-byte comparisons between processes run without learning
     "compaction": {"prepare_percent": 0, "learn_token_ratio": False},
-    "store": {"lock_ttl_s": LOCK_TTL_S},
+    "store": {"lock_ttl_s": LOCK_TTL_S, "lock_heartbeat_s": LOCK_TTL_S / 2},  # two beats to an expiry
 }
 
 scaleout_redis = redis_server_fixture("scaleout_redis", scope="module")
@@ -105,8 +105,9 @@ async def test_ten_concurrent_requests_make_one_summary(
         upstream_fake.summarizer_delay_s = 0.5  # long enough for all ten to arrive meanwhile
         targets = [replicas[0]] * 10
     else:
-        # Longer than the lock's expiry: the holder must keep its lock alive.
-        upstream_fake.summarizer_delay_s = LOCK_TTL_S + 0.5
+        # Twice the lock's expiry and more: only the holder's beats keep its lock (at LOCK_TTL_S + 0.5
+        # the waiters' polls could miss the short gap between the expiry and the summary's end).
+        upstream_fake.summarizer_delay_s = 2 * LOCK_TTL_S + 0.5
         targets = [replicas[i % 2] for i in range(10)]
     turns = await asyncio.gather(*(send(client_for(r), messages) for r in targets))
     assert len(upstream_fake.summarizer_requests) == 1
