@@ -185,31 +185,36 @@ async def test_a_dead_lock_holder_is_replaced_after_the_lock_expires(store: Memo
 
 
 async def test_a_live_holder_keeps_its_lock_past_the_expiry(store: MemoryStore, clock: FakeClock) -> None:
-    """The holder refreshes its lock while it works, so another replica does not take over."""
-    lock_ttl = 0.3  # real seconds between heartbeats: lock_ttl / 3; expiry follows the fake clock
+    """The holder's beats rewrite its lock while it works, so another replica does not take over.
+    Only the beats may keep it: the other replica reads the lock once (its own beat, and so its
+    look at the lock, is an hour), because a memory store's expiry slides on every read."""
+    lock_ttl = 0.3  # expiry follows the fake clock, moved 0.25 s after each beat
     refreshed = asyncio.Event()
 
     class Watched(MemoryStore):
-        async def get_many(self, keys: list[str]) -> dict[str, bytes]:
-            if any(k.startswith("lock:") for k in keys):
-                refreshed.set()
-            return await super().get_many(keys)
+        async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
+            await super().put(key, value, ttl_s)
+            if key.startswith("lock:"):
+                refreshed.set()  # a beat
 
     shared = Watched(ttl_s=3600, max_records=100, clock=clock)
-    holder: SingleFlight[str] = SingleFlight(shared, lock_ttl_s=lock_ttl, poll_s=0.01)
-    other: SingleFlight[str] = SingleFlight(shared, lock_ttl_s=lock_ttl, poll_s=0.01)
+    holder: SingleFlight[str] = SingleFlight(shared, lock_ttl_s=lock_ttl, heartbeat_s=0.05, poll_s=0.01)
+    other: SingleFlight[str] = SingleFlight(shared, lock_ttl_s=lock_ttl, heartbeat_s=3600, poll_s=0.01)
     records = Records(shared, "rec")
     slow, second = Maker("holder's"), Maker("other's")
     first = asyncio.create_task(holder.run("k", records.storing(slow), records.existing))
     await slow.started.wait()
     waiter = asyncio.create_task(other.run("k", records.storing(second), records.existing))
-    for _ in range(5):  # 5 x 0.25 s of fake time: far past one lock_ttl, refreshed each time
-        refreshed.clear()
-        await asyncio.wait_for(refreshed.wait(), 5)
-        clock.advance(0.25)
-        await asyncio.sleep(0.03)  # the other replica polls meanwhile
-    assert second.calls == 0
-    slow.release.set()
+    try:
+        for _ in range(5):  # 5 x 0.25 s of fake time: far past one lock_ttl, a beat each time
+            refreshed.clear()
+            await asyncio.wait_for(refreshed.wait(), 5)
+            clock.advance(0.25)
+            await asyncio.sleep(0.03)  # the other replica polls meanwhile
+        assert second.calls == 0
+    finally:
+        slow.release.set()
+        second.release.set()  # (when the lock was lost: the other's summary, so that both end)
     assert await asyncio.wait_for(asyncio.gather(first, waiter), 5) == ["holder's", "holder's"]
     assert second.calls == 0
 
