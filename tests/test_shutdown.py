@@ -66,6 +66,9 @@ def _refuses(port: int) -> bool:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        # A connect that met the listener as it closed (queued, then reset): not yet a refusal; look again.
+        return False
     return False
 
 
