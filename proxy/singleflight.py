@@ -3,7 +3,8 @@
 Within a process, callers of the same key share one task: its result, or its exception, reaches
 every one of them. Across replicas, the task first takes a lock in the shared store (set-if-absent
 with an expiry); a replica that finds the lock taken polls the store for the record until it
-appears, or until the lock is gone and it can take the lock itself.
+appears, or until the lock is gone and it can take the lock itself. Waiters look at a lock with
+`peek`, which refreshes nothing: only its holder's writes keep it alive.
 
 A lock names its owner (host, process id, and a random id for this process's life) and carries a
 heartbeat: the holder rewrites the lock with the time of its latest beat every `heartbeat_s`.
@@ -187,7 +188,7 @@ class SingleFlight(Generic[T]):
             now = loop.time()
             if now >= next_check:  # not on every poll: one more read per beat is plenty
                 next_check = now + self.heartbeat_s / 2
-                held = await self.store.get(lock_key)
+                held = await self.store.peek(lock_key)
                 if held is not None and stopped_beating(held, self.clock()):
                     log.info("taking over a summary lock whose holder stopped its heartbeat")
                     await self.store.delete(lock_key, expected=held)
@@ -211,7 +212,7 @@ class SingleFlight(Generic[T]):
             await self._release(lock_key, token)
 
     async def _release(self, lock_key: str, token: str) -> None:
-        held = await self.store.get(lock_key)
+        held = await self.store.peek(lock_key)
         if held is not None and (_parse_lock(held) or {}).get("token") == token:
             await self.store.delete(lock_key, expected=held)
 
@@ -219,7 +220,7 @@ class SingleFlight(Generic[T]):
         """Beat while the holder works: rewrite the lock with the time, while it is still ours."""
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            held = await self.store.get(lock_key)
+            held = await self.store.peek(lock_key)
             if held is not None and (_parse_lock(held) or {}).get("token") == token:
                 await self.store.put(lock_key, _lock_value(token, self.clock(), self.heartbeat_s), self.lock_ttl_s)
             elif self._healthy():

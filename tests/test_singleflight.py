@@ -16,6 +16,7 @@ from proxy.store.base import StoreUnavailable
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
+from proxy.store.sqlite import SqliteStore
 from support.clock import FakeClock
 from support.redis_server import RedisServer
 
@@ -186,8 +187,9 @@ async def test_a_dead_lock_holder_is_replaced_after_the_lock_expires(store: Memo
 
 async def test_a_live_holder_keeps_its_lock_past_the_expiry(store: MemoryStore, clock: FakeClock) -> None:
     """The holder's beats rewrite its lock while it works, so another replica does not take over.
-    Only the beats may keep it: the other replica reads the lock once (its own beat, and so its
-    look at the lock, is an hour), because a memory store's expiry slides on every read."""
+    Only the beats may keep it: the other replica's looks at the lock are peeks, which refresh
+    nothing, and it looks once (its own beat, and so its look, is an hour: the fake clock jumps
+    past the holder's missed-beat bound between beats)."""
     lock_ttl = 0.3  # expiry follows the fake clock, moved 0.25 s after each beat
     refreshed = asyncio.Event()
 
@@ -310,12 +312,36 @@ async def test_a_live_holder_keeps_its_lock_and_a_waiter_gives_up_at_max_wait():
     slow = Maker("holder's")
     held = asyncio.create_task(holder.run("k", rec.storing(slow), rec.existing))
     await slow.started.wait()
+    never = Maker("never")
+    never.release.set()  # were the lock taken over, the waiter's value would come back at once: a failure, not a hang
     t0 = time.monotonic()
-    with pytest.raises(Busy):
-        await waiter.run("k", rec.storing(Maker("never")), rec.existing)
+    try:
+        with pytest.raises(Busy):
+            await asyncio.wait_for(waiter.run("k", rec.storing(never), rec.existing), 5)
+    finally:
+        slow.release.set()
     assert 0.8 <= time.monotonic() - t0 < 3  # beats kept the lock; the wait is bounded
-    slow.release.set()
-    assert await held == "holder's"
+    assert await held == "holder's" and never.calls == 0
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_lock_without_a_beat_expires_while_a_waiter_polls_it(backend: str, tmp_path) -> None:
+    """A lock with no heartbeat in it (an older version's, or garbage) is freed only by its expiry.
+    The waiter looks at it every half beat, and those looks must not refresh it: were they reads,
+    the lock would live as long as anyone waited, and the waiter would give up at max_wait."""
+    store = MemoryStore(ttl_s=3600, max_records=100) if backend == "memory" else \
+        SqliteStore(str(tmp_path / "s.db"), ttl_s=3600, max_records=100)
+    try:
+        await store.put("lock:k", b"an older version's lock", 0.5)
+        flight: SingleFlight[str] = SingleFlight(store, lock_ttl_s=3600, heartbeat_s=0.05, max_wait_s=3, poll_s=0.01)
+        rec = Records(store, "k")
+        maker = Maker("mine")
+        maker.release.set()
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(flight.run("k", rec.storing(maker), rec.existing), 10) == "mine"
+        assert 0.4 <= time.monotonic() - t0 < 3 and maker.calls == 1  # the lock's expiry, not max_wait
+    finally:
+        await store.close()
 
 
 async def test_a_second_request_in_the_process_waits_at_most_max_wait_for_the_first_ones_value():

@@ -193,6 +193,18 @@ async def test_read_refreshes_ttl(store: Store, clock: FakeClock) -> None:
     assert await store.get("a") is None
 
 
+async def test_peek_reads_without_refreshing(store: Store, clock: FakeClock) -> None:
+    await store.put("a", b"1")
+    await store.put("p", b"2", ttl_s=None)
+    assert await store.peek("missing") is None
+    clock.advance(TTL * 0.9)
+    assert await store.peek("a") == b"1"
+    clock.advance(TTL * 0.2)  # 1.1 x TTL after the write: the peek was no use
+    assert await store.peek("a") is None
+    assert await store.get("a") is None
+    assert await store.peek("p") == b"2"  # permanent
+
+
 async def test_a_key_keeps_its_own_ttl_across_refreshes(store: Store, clock: FakeClock) -> None:
     await store.put("lock", b"1", ttl_s=10)
     clock.advance(5)

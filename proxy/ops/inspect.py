@@ -54,6 +54,10 @@ class DryRunStore(Store):
         found.update(await self.overlay.get_many(keys))
         return found
 
+    async def peek(self, key: str) -> bytes | None:
+        found = await self.overlay.peek(key)
+        return found if found is not None else await self.inner.peek(key)
+
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         await self.overlay.put(key, value, ttl_s)
 

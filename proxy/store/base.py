@@ -5,6 +5,8 @@ guarantees, which tests/test_store_contract.py checks against all three:
 
 - `ttl_s` None means permanent (never expires, never evicted: the scope secret); otherwise the key
   expires `ttl_s` after its last use, and a read (`get`/`get_many`) counts as a use and refreshes it;
+  `peek` reads without using: a lock's waiters look at it that way, so that their polling does not
+  keep a lock alive whose holder stopped writing it;
 - at most `max_records` expiring keys are kept; past that the least recently used are evicted;
 - `add` is set-if-absent (locks, the generated secret); `delete(key, expected)` deletes only while
   the value is still `expected` (releasing a lock one still holds);
@@ -47,6 +49,10 @@ class Store(ABC):
 
     async def get(self, key: str) -> bytes | None:
         return (await self.get_many([key])).get(key)
+
+    @abstractmethod
+    async def peek(self, key: str) -> bytes | None:
+        """The value of a live key, or None; neither refreshes its expiry nor counts as a use."""
 
     @abstractmethod
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]

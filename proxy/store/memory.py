@@ -56,6 +56,9 @@ class MemoryStore(Store):
                 self._lru.move_to_end(key)
         return found
 
+    async def peek(self, key: str) -> bytes | None:
+        return self._live(key, self.clock())
+
     def _set(self, key: str, value: bytes, ttl_s: float | None, now: float, terms: tuple[str, ...] = ()) -> None:
         self._drop(key)
         if ttl_s is None:

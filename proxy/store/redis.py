@@ -98,6 +98,9 @@ end
 return out
 """
 
+# ARGV: now. The value (or nil), refreshing nothing.
+_PEEK = _LIB + "return live(KEYS[3], tonumber(ARGV[1]))"
+
 # ARGV: value, now, ttl ms or '', max_records.
 _PUT = _LIB + "return store(KEYS[3], tonumber(ARGV[2]), false)"
 
@@ -194,6 +197,7 @@ class RedisStore(Store):
         self._ns = namespace
         self._meta = [f"{namespace}lru", f"{namespace}ttl"]
         self._get_many = self._redis.register_script(_GET_MANY)
+        self._peek = self._redis.register_script(_PEEK)
         self._put = self._redis.register_script(_PUT)
         self._add = self._redis.register_script(_ADD)
         self._delete = self._redis.register_script(_DELETE)
@@ -222,6 +226,9 @@ class RedisStore(Store):
             values = await self._call(self._get_many, [self._key(k) for k in chunk], [now])
             found.update((k, v) for k, v in zip(chunk, values) if v is not None)
         return found
+
+    async def peek(self, key: str) -> bytes | None:
+        return await self._call(self._peek, [self._key(key)], [repr(self.clock())])
 
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]

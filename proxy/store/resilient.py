@@ -78,6 +78,9 @@ class ResilientStore(Store):
     async def get(self, key: str) -> bytes | None:
         return await self._guard(lambda: self.inner.get(key), None)
 
+    async def peek(self, key: str) -> bytes | None:
+        return await self._guard(lambda: self.inner.peek(key), None)
+
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         await self._guard(lambda: self.inner.put(key, value, ttl_s), None)
 

@@ -274,6 +274,13 @@ class SqliteStore(Store):
             return {}
         return await self._run(self._get_many, list(keys), self.clock())
 
+    async def peek(self, key: str) -> bytes | None:
+        def value(conn: sqlite3.Connection, now: float) -> bytes | None:
+            row = conn.execute(f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, now)).fetchone()
+            return None if row is None else row[0]
+
+        return await self._run(value, self.clock())
+
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         await self._run(self._put, key, value, self._ttl(ttl_s), self.clock())
 
