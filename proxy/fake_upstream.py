@@ -14,6 +14,9 @@ would fail against OpenAI:
   tests can compare exactly what arrived;
 - fault flags for reliability tests, and a recording of every request.
 
+This module is the server and its settings; OpenAI's validation of a chat request, the default
+answers and the stream of an answer are in proxy/fakes/chat/.
+
 Use it in the test's event loop::
 
     async with FakeUpstream(window=8000) as fake:
@@ -34,11 +37,9 @@ import asyncio
 import base64
 import hashlib
 import logging
-import re
 import secrets
 import struct
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
 import orjson
@@ -46,26 +47,20 @@ from aiohttp import web
 
 from proxy.fakes.common import (
     FakeError,
-    Invalid as _Invalid,
     RecordedRequest,
     count_text_tokens,
     rand as _rand,
     resolve as _resolve,
-    split_args as _split_args,
-    split_text as _split_text,
     truncate_to_tokens as _truncate_to_tokens,
-    type_phrase as _type_phrase,
     utf8_or_none as _utf8_or_none,
 )
+from proxy.fakes.chat.events import SYSTEM_FINGERPRINT, Reply, sse_events
+from proxy.fakes.chat.replies import content_text, default_history_summary, default_reply, default_tool_summary
+from proxy.fakes.chat.validate import llama_rejection, parse_error, validation_error
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.faults import FaultInjection
 from proxy.fakes.server import FakeServer
-from proxy.fakes.summarizer_match import (  # noqa: F401 (the prompt file names stay importable from here)
-    HISTORY_PROMPT_FILE,
-    PROMPT_MATCH_CHARS,
-    TOOL_OUTPUT_BEGIN,
-    TOOL_OUTPUT_END,
-    TOOL_PROMPT_FILE,
+from proxy.fakes.summarizer_match import (
     is_cached_history_request,
     summarizer_kind as _summarizer_kind,
 )
@@ -73,9 +68,7 @@ from proxy.prompts import SUMMARY_HEADINGS, default_dir
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image)
-SYSTEM_FINGERPRINT = "fp_fake0000"
 
 # The format our summarizer prompts ask for: the fake's default summaries are valid ones.
 HISTORY_SUMMARY_HEADINGS = SUMMARY_HEADINGS
@@ -120,132 +113,7 @@ def _fmt_num(x: float | int) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Helpers on chat bodies
-
-
-def content_text(content: Any) -> str:
-    """The text of a message content: a string, or the text parts of a list joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def last_user_text(body: dict[str, Any]) -> str:
-    for m in reversed(body.get("messages") or []):
-        if isinstance(m, dict) and m.get("role") == "user":
-            return content_text(m.get("content"))
-    return ""
-
-
-def default_reply(body: dict[str, Any]) -> str:
-    """What the fake answers when `reply` is None: "ok: " + first 50 chars of the last user text."""
-    return "ok: " + last_user_text(body)[:50]
-
-
-_LABEL_RE = re.compile(r"\n\[(?:User|Assistant|System|Tool call|Tool result[^\]\n]*)\]:|</conversation>")
-
-
-def _last_block(text: str, label: str) -> str | None:
-    i = text.rfind(label)
-    if i < 0:
-        return None
-    rest = text[i + len(label) :]
-    m = _LABEL_RE.search(rest)
-    return (rest[: m.start()] if m else rest).strip()
-
-
-def default_history_summary(body: dict[str, Any]) -> str:
-    """A valid history summary (every required heading), deterministic for the same input.
-
-    The Critical Context line carries `fake-summary-<hash of the summarizer's user message>` so a
-    test can tell which summary ended up in a forwarded request. About 200 tokens.
-    """
-    convo = last_user_text(body)
-    digest = hashlib.sha256(convo.encode("utf-8")).hexdigest()[:12]
-    task = _last_block(convo, "[User]:") or "(no user request found)"
-    if len(task) > 300:
-        task = task[:300] + " ..."
-    update = "<previous-summary>" in convo
-    return (
-        "## Active Task\n"
-        f"{task}\n\n"
-        "## Goal\n"
-        "Complete the user's request described in the conversation.\n\n"
-        "## Constraints & Preferences\n"
-        "- (none recorded)\n\n"
-        "## Progress\n"
-        "### Done\n"
-        f"- [x] {'Updated the previous summary with newer messages' if update else 'Reviewed the earlier conversation'}\n\n"
-        "### In Progress\n"
-        "- [ ] Continue the active task\n\n"
-        "### Blocked\n"
-        "- (none)\n\n"
-        "## Key Decisions\n"
-        "- **Keep going**: the conversation so far is on track\n\n"
-        "## Answered Questions\n"
-        "- (none)\n\n"
-        "## Next Steps\n"
-        "1. Continue the active task\n\n"
-        "## Critical Context\n"
-        f"- fake-summary-{digest}\n"
-    )
-
-
-_TOOL_NAME_RES = (
-    re.compile(r"\[Summary of ([\w.\-]+) output\]"),
-    re.compile(r"(?im)^\W*tool(?:[ _-]?name)?\W*[:=]\s*[`'\"*]*([\w.\-]+)"),
-    re.compile(r"<tool(?:_name)?>\s*([\w.\-]+)\s*</tool(?:_name)?>"),
-    re.compile(r"(?i)\btool\s+[`'\"]([\w.\-]+)[`'\"]"),
-)
-
-
-def tool_output_payload(text: str) -> str | None:
-    """The raw tool output between the BEGIN/END marker lines, or None."""
-    i = text.find(TOOL_OUTPUT_BEGIN)
-    j = text.rfind(TOOL_OUTPUT_END)
-    if i < 0 or j < i:
-        return None
-    return text[i + len(TOOL_OUTPUT_BEGIN) : j].strip("\n")
-
-
-def default_tool_summary(body: dict[str, Any]) -> str:
-    """A short tool-result summary: `[Summary of <tool> output]`, `## Key facts`, `## Original size`.
-
-    The tool name is guessed from the request ("Tool: name", "tool name: name", "<tool>name</tool>",
-    "tool `name`"; else "tool"). About 60-90 tokens, so keep test payloads bigger than that.
-    """
-    text = "\n".join(content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
-    user = last_user_text(body)
-    payload = tool_output_payload(user)
-    if payload is None:
-        payload = tool_output_payload(text) or ""
-    outside = user.replace(payload, "") if payload else user
-    name = "tool"
-    for rx in _TOOL_NAME_RES:
-        m = rx.search(outside)
-        if m:
-            name = m.group(1)
-            break
-    lines = payload.splitlines() or [""]
-    first, last = lines[0].strip()[:80], lines[-1].strip()[:80]
-    return (
-        f"[Summary of {name} output]\n"
-        f"Fake summary of a {len(lines)}-line tool output.\n\n"
-        "## Key facts\n"
-        f"- First line: {first}\n"
-        f"- Last line: {last}\n\n"
-        "## Original size\n"
-        f"{len(payload)} characters, {len(lines)} lines\n"
-    )
-
-
-@dataclass
-class _Reply:
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
+# What a test scripts (the `reply` and `summarizer` settings)
 
 
 Scripted = Union[str, dict, FakeError, None]
@@ -467,244 +335,7 @@ class FakeUpstream(FakeServer, FaultInjection):
 
     def validate_chat(self, body: Any) -> FakeError | None:
         """OpenAI's 400 for an invalid chat completion request, or None when it is valid."""
-        try:
-            self._check_chat(body)
-        except _Invalid as e:
-            return FakeError.openai(400, e.message, "invalid_request_error", e.code, e.param)
-        return None
-
-    def _check_chat(self, body: Any) -> None:
-        if not isinstance(body, dict):
-            raise _Invalid(f"Invalid type for request body: expected an object, but got {_type_phrase(body)} instead.",
-                           None, "invalid_type")
-        model = body.get("model")
-        if model is None:
-            raise _Invalid("you must provide a model parameter")
-        if not isinstance(model, str):
-            raise _Invalid(f"Invalid type for 'model': expected a string, but got {_type_phrase(model)} instead.",
-                           "model", "invalid_type")
-        if self.reject_param and body.get(self.reject_param) is not None:
-            other = "max_completion_tokens" if self.reject_param == "max_tokens" else "max_tokens"
-            raise _Invalid(
-                f"Unsupported parameter: '{self.reject_param}' is not supported with this model. Use '{other}' instead.",
-                self.reject_param,
-                "unsupported_parameter",
-            )
-        for p in ("max_tokens", "max_completion_tokens"):
-            v = body.get(p)
-            if v is None:
-                continue
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise _Invalid(f"Invalid type for '{p}': expected an integer, but got {_type_phrase(v)} instead.",
-                               p, "invalid_type")
-            if v < 1:
-                raise _Invalid(f"Invalid '{p}': integer below minimum value. Expected a value >= 1, but got {v} instead.",
-                               p, "integer_below_min_value")
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise _Invalid(f"Invalid type for 'stream': expected a boolean, but got {_type_phrase(stream)} instead.",
-                           "stream", "invalid_type")
-        if body.get("stream_options") is not None and not stream:
-            raise _Invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
-        self._check_tools(body.get("tools"))
-
-        msgs = body.get("messages")
-        if msgs is None:
-            raise _Invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
-        if not isinstance(msgs, list):
-            raise _Invalid(f"Invalid type for 'messages': expected an array, but got {_type_phrase(msgs)} instead.",
-                           "messages", "invalid_type")
-        if not msgs:
-            raise _Invalid("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an "
-                           "empty array instead.", "messages", "empty_array")
-        for i, m in enumerate(msgs):
-            self._check_message(i, m)
-        self._check_tool_pairing(msgs)
-        if self.reject_consecutive_user:
-            for i in range(1, len(msgs)):
-                if msgs[i]["role"] == "user" and msgs[i - 1]["role"] == "user":
-                    raise _Invalid("Conversation roles must alternate user/assistant/user/assistant/...", "messages")
-
-    def _llama_validation(self, body: dict[str, Any]) -> FakeError | None:
-        """llama.cpp's server-only rejections that are switched on: a 500 with a pydantic message."""
-        if not self.reject_null_content_with_tool_calls:
-            return None
-        for i, m in enumerate(body["messages"]):
-            if m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None:
-                return FakeError.openai(
-                    500,
-                    f"1 validation error:\n  {{'type': 'string_type', 'loc': ('body', 'messages', {i}, "
-                    "'content'), 'msg': 'Input should be a valid string', 'input': None}",
-                    "internal_server_error",
-                )
-        return None
-
-    def _check_tools(self, tools: Any) -> None:
-        if tools is None:
-            return
-        if not isinstance(tools, list):
-            raise _Invalid(f"Invalid type for 'tools': expected an array, but got {_type_phrase(tools)} instead.",
-                           "tools", "invalid_type")
-        if not tools:
-            raise _Invalid("Invalid 'tools': empty array. Expected an array with minimum length 1, but got an empty "
-                           "array instead.", "tools", "empty_array")
-        for j, t in enumerate(tools):
-            if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
-                raise _Invalid(f"Invalid value for 'tools[{j}]': expected an object with type 'function' and a "
-                               "'function' object.", f"tools[{j}]", "invalid_value")
-            name = t["function"].get("name")
-            if not isinstance(name, str):
-                raise _Invalid(f"Missing required parameter: 'tools[{j}].function.name'.", f"tools[{j}].function.name",
-                               "missing_required_parameter")
-            if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name):
-                raise _Invalid(f"Invalid 'tools[{j}].function.name': string does not match pattern. Expected a string "
-                               "that matches the pattern '^[a-zA-Z0-9_-]+$'.", f"tools[{j}].function.name",
-                               "invalid_value")
-
-    def _check_message(self, i: int, m: Any) -> None:
-        at = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _Invalid(f"Invalid type for '{at}': expected an object, but got {_type_phrase(m)} instead.",
-                           at, "invalid_type")
-        role = m.get("role")
-        if role is None:
-            raise _Invalid(f"Missing required parameter: '{at}.role'.", f"{at}.role", "missing_required_parameter")
-        if role not in ROLES:
-            raise _Invalid(f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'tool', "
-                           "and 'developer'.", f"{at}.role", "invalid_value")
-        if m.get("name") is not None and not isinstance(m["name"], str):
-            raise _Invalid(f"Invalid type for '{at}.name': expected a string, but got {_type_phrase(m['name'])} instead.",
-                           f"{at}.name", "invalid_type")
-        tool_calls = m.get("tool_calls")
-        if tool_calls is not None and role == "assistant":
-            self._check_tool_calls(at, tool_calls)
-
-        content = m.get("content")
-        if content is None:
-            if role == "assistant":
-                if not tool_calls and m.get("function_call") is None:
-                    raise _Invalid("Invalid value for 'content': expected a string, got null.",
-                                   f"messages.[{i}].content")
-            elif "content" not in m:
-                raise _Invalid(f"Missing required parameter: '{at}.content'.", f"{at}.content",
-                               "missing_required_parameter")
-            else:
-                raise _Invalid(f"Invalid type for '{at}.content': expected one of a string or array of objects, but "
-                               "got null instead.", f"{at}.content", "invalid_type")
-        elif isinstance(content, list):
-            self._check_parts(at, role, content)
-        elif not isinstance(content, str):
-            raise _Invalid(f"Invalid type for '{at}.content': expected one of a string or array of objects, but got "
-                           f"{_type_phrase(content)} instead.", f"{at}.content", "invalid_type")
-        if role == "tool":
-            tcid = m.get("tool_call_id")
-            if tcid is None:
-                raise _Invalid(f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id",
-                               "missing_required_parameter")
-            if not isinstance(tcid, str):
-                raise _Invalid(f"Invalid type for '{at}.tool_call_id': expected a string, but got {_type_phrase(tcid)} "
-                               "instead.", f"{at}.tool_call_id", "invalid_type")
-
-    def _check_parts(self, at: str, role: str, parts: list) -> None:
-        if not parts:
-            raise _Invalid(f"Invalid '{at}.content': empty array. Expected an array with minimum length 1, but got an "
-                           "empty array instead.", f"{at}.content", "empty_array")
-        allowed = {
-            "user": ("text", "image_url", "input_audio", "file"),
-            "assistant": ("text", "refusal"),
-        }.get(role, ("text",))
-        for j, p in enumerate(parts):
-            pat = f"{at}.content[{j}]"
-            if not isinstance(p, dict):
-                raise _Invalid(f"Invalid type for '{pat}': expected an object, but got {_type_phrase(p)} instead.",
-                               pat, "invalid_type")
-            ptype = p.get("type")
-            if ptype is None:
-                raise _Invalid(f"Missing required parameter: '{pat}.type'.", f"{pat}.type", "missing_required_parameter")
-            if ptype not in allowed:
-                supported = ", ".join(f"'{a}'" for a in allowed)
-                raise _Invalid(f"Invalid value: '{ptype}'. Supported values are: {supported}.", f"{pat}.type",
-                               "invalid_value")
-            if ptype in ("text", "refusal") and not isinstance(p.get(ptype), str):
-                if p.get(ptype) is None:
-                    raise _Invalid(f"Missing required parameter: '{pat}.{ptype}'.", f"{pat}.{ptype}",
-                                   "missing_required_parameter")
-                raise _Invalid(f"Invalid type for '{pat}.{ptype}': expected a string, but got "
-                               f"{_type_phrase(p.get(ptype))} instead.", f"{pat}.{ptype}", "invalid_type")
-            if ptype == "image_url" and not (isinstance(p.get("image_url"), dict)
-                                             and isinstance(p["image_url"].get("url"), str)):
-                raise _Invalid(f"Missing required parameter: '{pat}.image_url.url'.", f"{pat}.image_url.url",
-                               "missing_required_parameter")
-
-    def _check_tool_calls(self, at: str, tool_calls: Any) -> None:
-        if not isinstance(tool_calls, list):
-            raise _Invalid(f"Invalid type for '{at}.tool_calls': expected an array, but got {_type_phrase(tool_calls)} "
-                           "instead.", f"{at}.tool_calls", "invalid_type")
-        if not tool_calls:
-            raise _Invalid(f"Invalid '{at}.tool_calls': empty array. Expected an array with minimum length 1, but got "
-                           "an empty array instead.", f"{at}.tool_calls", "empty_array")
-        for j, tc in enumerate(tool_calls):
-            tat = f"{at}.tool_calls[{j}]"
-            if not isinstance(tc, dict):
-                raise _Invalid(f"Invalid type for '{tat}': expected an object, but got {_type_phrase(tc)} instead.",
-                               tat, "invalid_type")
-            for key in ("id", "type", "function"):
-                if tc.get(key) is None:
-                    raise _Invalid(f"Missing required parameter: '{tat}.{key}'.", f"{tat}.{key}",
-                                   "missing_required_parameter")
-            if not isinstance(tc["id"], str):
-                raise _Invalid(f"Invalid type for '{tat}.id': expected a string, but got {_type_phrase(tc['id'])} "
-                               "instead.", f"{tat}.id", "invalid_type")
-            if tc["type"] != "function":
-                raise _Invalid(f"Invalid value: '{tc['type']}'. Supported values are: 'function'.", f"{tat}.type",
-                               "invalid_value")
-            fn = tc["function"]
-            if not isinstance(fn, dict):
-                raise _Invalid(f"Invalid type for '{tat}.function': expected an object, but got {_type_phrase(fn)} "
-                               "instead.", f"{tat}.function", "invalid_type")
-            for key in ("name", "arguments"):
-                if fn.get(key) is None:
-                    raise _Invalid(f"Missing required parameter: '{tat}.function.{key}'.", f"{tat}.function.{key}",
-                                   "missing_required_parameter")
-                if not isinstance(fn[key], str):
-                    raise _Invalid(f"Invalid type for '{tat}.function.{key}': expected a string, but got "
-                                   f"{_type_phrase(fn[key])} instead.", f"{tat}.function.{key}", "invalid_type")
-
-    @staticmethod
-    def _check_tool_pairing(msgs: list[dict[str, Any]]) -> None:
-        """Each tool message answers a call of the assistant message right before its run of tool
-        messages; each call of an assistant is answered before the next non-tool message."""
-        owner: int | None = None  # index of the assistant whose tool results may follow
-        ids: set[str] = set()
-        pending: dict[str, None] = {}  # ordered set of unanswered ids
-
-        def missing() -> _Invalid:
-            return _Invalid(
-                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-                "'tool_call_id'. The following tool_call_ids did not have response messages: " + ", ".join(pending),
-                f"messages.[{owner}].role",
-            )
-
-        for i, m in enumerate(msgs):
-            if m["role"] == "tool":
-                if owner is None:
-                    raise _Invalid("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
-                                   "message with 'tool_calls'.", f"messages.[{i}].role")
-                tcid = m["tool_call_id"]
-                if tcid not in ids:
-                    raise _Invalid(f"Invalid parameter: 'tool_call_id' of '{tcid}' not found in 'tool_calls' of "
-                                   "previous message.", f"messages.[{i}].tool_call_id")
-                pending.pop(tcid, None)
-                continue
-            if pending:
-                raise missing()
-            owner, ids, pending = None, set(), {}
-            if m["role"] == "assistant" and m.get("tool_calls"):
-                owner = i
-                ids = {tc["id"] for tc in m["tool_calls"]}
-                pending = dict.fromkeys(tc["id"] for tc in m["tool_calls"])
-        if pending:
-            raise missing()
+        return validation_error(body, reject_param=self.reject_param, reject_consecutive_user=self.reject_consecutive_user)
 
     # ---- request handling --------------------------------------------------------------------
 
@@ -767,7 +398,7 @@ class FakeUpstream(FakeServer, FaultInjection):
     async def _embeddings(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
         body = rec.json
         if not isinstance(body, dict):
-            return await self._send_error(request, rec, _parse_error())
+            return await self._send_error(request, rec, parse_error())
         inp = body.get("input")
         if not isinstance(body.get("model"), str):
             return await self._send_error(request, rec, FakeError.openai(400, "you must provide a model parameter"))
@@ -794,9 +425,9 @@ class FakeUpstream(FakeServer, FaultInjection):
     async def _chat(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
         body = rec.json
         if body is None:
-            return await self._send_error(request, rec, _parse_error())
+            return await self._send_error(request, rec, parse_error())
         err = self.validate_chat(body)
-        if err is None and (err := self._llama_validation(body)) is not None:
+        if err is None and self.reject_null_content_with_tool_calls and (err := llama_rejection(body)) is not None:
             if self.empty_stream_on_llama_error and body.get("stream"):
                 return await self._empty_stream(request, rec)
         if err is not None:
@@ -854,7 +485,7 @@ class FakeUpstream(FakeServer, FaultInjection):
         created = int(time.time())
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = _sse_events(cid, created, model, reply, usage if include_usage else None)
+            events = sse_events(cid, created, model, reply, usage if include_usage else None)
             return await self._stream(request, rec, events, fault)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None, "annotations": []}
         if reply.tool_calls:
@@ -871,7 +502,7 @@ class FakeUpstream(FakeServer, FaultInjection):
         }
         return await self._send_json(request, rec, payload, fault=fault)
 
-    def _make_reply(self, result: Any, body: dict[str, Any], truncate: bool) -> _Reply:
+    def _make_reply(self, result: Any, body: dict[str, Any], truncate: bool) -> Reply:
         if result is None:
             result = default_reply(body)
         if isinstance(result, str):
@@ -891,7 +522,7 @@ class FakeUpstream(FakeServer, FaultInjection):
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         if truncate and self.truncate_to_max_tokens and limit and content and self._count(content) > limit:
             content, finish = _truncate_to_tokens(content, limit, self.encoding), "length"
-        return _Reply(content, calls, finish or ("tool_calls" if calls else "stop"))
+        return Reply(content, calls, finish or ("tool_calls" if calls else "stop"))
 
     # ---- writing answers -----------------------------------------------------------------------
 
@@ -935,46 +566,6 @@ class FakeUpstream(FakeServer, FaultInjection):
 
 
 
-def _sse_events(cid: str, created: int, model: str, reply: _Reply, usage: dict | None) -> list[tuple[bytes, bool]]:
-    """The stream of a reply as OpenAI sends it: (bytes of one `data:` event, is the finish chunk)."""
-    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "service_tier": "default", "system_fingerprint": SYSTEM_FINGERPRINT}
-
-    def event(obj: Any) -> bytes:
-        return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[bytes, bool]:
-        obj = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        if usage is not None:
-            obj["usage"] = None  # with include_usage every chunk carries "usage": null
-        return event(obj), finish is not None
-
-    out: list[tuple[bytes, bool]] = []
-    pieces = _split_text(reply.content) if reply.content else []
-    calls = reply.tool_calls
-    if calls and not pieces:  # a tool-call-only answer opens with the first call, content null
-        first = {"role": "assistant", "content": None,
-                 "tool_calls": [{"index": 0, "id": calls[0]["id"], "type": "function",
-                                 "function": {"name": calls[0]["function"]["name"], "arguments": ""}}],
-                 "refusal": None}
-        out.append(chunk(first))
-    else:
-        out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
-    for p in pieces:
-        out.append(chunk({"content": p}))
-    for idx, tc in enumerate(calls):
-        if idx > 0 or pieces:
-            out.append(chunk({"tool_calls": [{"index": idx, "id": tc["id"], "type": "function",
-                                              "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
-        for frag in _split_args(tc["function"]["arguments"]):
-            out.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": frag}}]}))
-    out.append(chunk({}, reply.finish_reason))
-    if usage is not None:
-        out.append((event({**base, "choices": [], "usage": usage}), False))
-    out.append((b"data: [DONE]\n\n", False))
-    return out
-
-
 def _embed(text: str, dims: int) -> list[float]:
     """A deterministic unit vector from the text's hash (float32-exact values)."""
     raw = b""
@@ -985,15 +576,6 @@ def _embed(text: str, dims: int) -> list[float]:
     vals = [(int.from_bytes(raw[2 * k : 2 * k + 2], "big") - 32768) / 32768 for k in range(dims)]
     norm = sum(v * v for v in vals) ** 0.5 or 1.0
     return [struct.unpack("<f", struct.pack("<f", v / norm))[0] for v in vals]
-
-
-def _parse_error() -> FakeError:
-    return FakeError.openai(
-        400,
-        "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP "
-        "library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. If you have "
-        "trouble figuring out how to fix this, please contact us through our help center at help.openai.com.)",
-    )
 
 
 try:  # a ready-made fixture: `from proxy.fake_upstream import fake_upstream`

@@ -14,7 +14,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.fake_upstream import FakeUpstream, _utf8_or_none
+from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.common import utf8_or_none
 from support.client import get, http, post
 from support.loopback import serving
 
@@ -28,7 +29,7 @@ def _echo_bytes(fake: FakeUpstream) -> bytes:
         "raw_path": rec.raw_path,
         "query": rec.query_string,
         "headers": rec.headers,
-        "body_text": _utf8_or_none(rec.body),
+        "body_text": utf8_or_none(rec.body),
         "body_b64": base64.b64encode(rec.body).decode(),
     }
     return orjson.dumps(echo, option=orjson.OPT_INDENT_2)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from proxy.fake_upstream import default_history_summary, default_reply, default_tool_summary
+from proxy.fakes.chat.replies import default_history_summary, default_reply, default_tool_summary
 from proxy.fakes.common import FakeError, RecordedRequest, count_text_tokens, resolve
 from proxy.fakes.faults import FaultInjection
 from proxy.fakes.server import FakeServer

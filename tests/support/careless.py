@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.fake_upstream import TOOL_OUTPUT_BEGIN, content_text
+from proxy.fakes.chat.replies import content_text
+from proxy.fakes.summarizer_match import TOOL_OUTPUT_BEGIN
 
 # Tokens a model might treat as identifiers: anything with a digit, a slash or an @ in it.
 _TOKEN = re.compile(r"[\w./@:#+-]*[\d/@][\w./@:#+-]*")

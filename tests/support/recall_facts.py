@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from proxy.fake_upstream import content_text
+from proxy.fakes.chat.replies import content_text
 
 RECALL_PREFIX = "context_recall"
 NOT_FOUND = "I could not find that."

@@ -53,7 +53,8 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from proxy.fake_upstream import _parse_error, status_error
+from proxy.fake_upstream import status_error
+from proxy.fakes.chat.validate import parse_error
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.responses import events as ev
@@ -196,7 +197,7 @@ class FakeResponses(ModelFake):
                       local: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
         """The response's events (the last one carries the final response). Raises Failure."""
         if body is None:
-            raise Failure(_parse_error())
+            raise Failure(parse_error())
         try:
             items = check_request(body, ctx)
         except Invalid as e:
@@ -280,7 +281,7 @@ class FakeResponses(ModelFake):
         """OpenAI's /responses/compact: all user messages, then one opaque compaction item."""
         body = rec.json
         if body is None:
-            return self._error_response(rec, _parse_error())
+            return self._error_response(rec, parse_error())
         try:
             items = check_request(body, self._context(False), compact=True)
         except Invalid as e:
@@ -326,7 +327,7 @@ class FakeResponses(ModelFake):
             try:
                 event = orjson.loads(msg.data)
             except orjson.JSONDecodeError:
-                await ws.send_str(_ws_error(400, _parse_error()))
+                await ws.send_str(_ws_error(400, parse_error()))
                 continue
             if not isinstance(event, dict) or event.get("type") != "response.create":
                 got = event.get("type") if isinstance(event, dict) else None
