@@ -103,3 +103,23 @@ def test_a_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_path: Path):
     assert out.returncode == 1 and "would answer 400" in out.stderr and "'messages' must be an array" in out.stderr
     missing = subprocess.run([str(SCRIPT), "inspect", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+async def test_a_dry_run_leaves_the_real_stores_keys_as_they_were() -> None:
+    """The dry run's store writes into memory only, and its looks at the real store refresh nothing
+    they only check: a lock it finds taken keeps its own expiry (a running proxy's, or a dead one's)."""
+    from proxy.ops.inspect import DryRunStore
+    from proxy.store.memory import MemoryStore
+    from support.clock import FakeClock
+
+    clock = FakeClock()
+    real = MemoryStore(ttl_s=3600, max_records=100, clock=clock)
+    await real.put("lock:k", b"a running proxy's lock", 10)
+    dry = DryRunStore(real)
+    clock.advance(9)
+    assert await dry.add("lock:k", b"the dry run's") is False  # taken
+    assert await dry.add("lock:other", b"the dry run's") is True
+    await dry.put("rec", b"made in the dry run")
+    clock.advance(2)  # 11 s after the lock was written, 2 s after the dry run looked at it
+    assert await real.peek("lock:k") is None
+    assert await real.peek("lock:other") is None and await real.peek("rec") is None

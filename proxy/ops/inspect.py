@@ -62,7 +62,7 @@ class DryRunStore(Store):
         await self.overlay.put(key, value, ttl_s)
 
     async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
-        if await self.inner.get(key) is not None:
+        if await self.inner.peek(key) is not None:  # (a look: a dry run refreshes nothing it only checks)
             return False
         return await self.overlay.add(key, value, ttl_s)
 
