@@ -86,6 +86,17 @@ class Invalid(Exception):
         self.message, self.param, self.code = message, param, code
 
 
+def missing(param: str) -> Invalid:
+    """OpenAI's failure for a required parameter that is absent (or null)."""
+    return Invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+
+
+def bad_type(param: str, expected: str, got: Any) -> Invalid:
+    """OpenAI's failure for a parameter of the wrong JSON type (`expected`: "a string", ...)."""
+    return Invalid(f"Invalid type for '{param}': expected {expected}, but got {type_phrase(got)} instead.",
+                   param, "invalid_type")
+
+
 # --------------------------------------------------------------------------------------------
 # Recording
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.fakes.common import FakeError, Invalid, type_phrase
+from proxy.fakes.common import FakeError, Invalid, bad_type, missing, type_phrase
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -28,13 +28,12 @@ def check(body: Any, *, reject_param: str | None = None, reject_consecutive_user
     `reject_param`, `reject_consecutive_user`: the FakeUpstream settings of those names."""
     if not isinstance(body, dict):
         raise Invalid(f"Invalid type for request body: expected an object, but got {type_phrase(body)} instead.",
-                       None, "invalid_type")
+                      None, "invalid_type")
     model = body.get("model")
     if model is None:
         raise Invalid("you must provide a model parameter")
     if not isinstance(model, str):
-        raise Invalid(f"Invalid type for 'model': expected a string, but got {type_phrase(model)} instead.",
-                       "model", "invalid_type")
+        raise bad_type("model", "a string", model)
     if reject_param and body.get(reject_param) is not None:
         other = "max_completion_tokens" if reject_param == "max_tokens" else "max_tokens"
         raise Invalid(
@@ -47,28 +46,25 @@ def check(body: Any, *, reject_param: str | None = None, reject_consecutive_user
         if v is None:
             continue
         if not isinstance(v, int) or isinstance(v, bool):
-            raise Invalid(f"Invalid type for '{p}': expected an integer, but got {type_phrase(v)} instead.",
-                           p, "invalid_type")
+            raise bad_type(p, "an integer", v)
         if v < 1:
             raise Invalid(f"Invalid '{p}': integer below minimum value. Expected a value >= 1, but got {v} instead.",
-                           p, "integer_below_min_value")
+                          p, "integer_below_min_value")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise Invalid(f"Invalid type for 'stream': expected a boolean, but got {type_phrase(stream)} instead.",
-                       "stream", "invalid_type")
+        raise bad_type("stream", "a boolean", stream)
     if body.get("stream_options") is not None and not stream:
         raise Invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
     _check_tools(body.get("tools"))
 
     msgs = body.get("messages")
     if msgs is None:
-        raise Invalid("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+        raise missing("messages")
     if not isinstance(msgs, list):
-        raise Invalid(f"Invalid type for 'messages': expected an array, but got {type_phrase(msgs)} instead.",
-                       "messages", "invalid_type")
+        raise bad_type("messages", "an array", msgs)
     if not msgs:
         raise Invalid("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an "
-                       "empty array instead.", "messages", "empty_array")
+                      "empty array instead.", "messages", "empty_array")
     for i, m in enumerate(msgs):
         _check_message(i, m)
     _check_tool_pairing(msgs)
@@ -96,39 +92,35 @@ def _check_tools(tools: Any) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise Invalid(f"Invalid type for 'tools': expected an array, but got {type_phrase(tools)} instead.",
-                       "tools", "invalid_type")
+        raise bad_type("tools", "an array", tools)
     if not tools:
         raise Invalid("Invalid 'tools': empty array. Expected an array with minimum length 1, but got an empty "
-                       "array instead.", "tools", "empty_array")
+                      "array instead.", "tools", "empty_array")
     for j, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
             raise Invalid(f"Invalid value for 'tools[{j}]': expected an object with type 'function' and a "
-                           "'function' object.", f"tools[{j}]", "invalid_value")
+                          "'function' object.", f"tools[{j}]", "invalid_value")
         name = t["function"].get("name")
         if not isinstance(name, str):
-            raise Invalid(f"Missing required parameter: 'tools[{j}].function.name'.", f"tools[{j}].function.name",
-                           "missing_required_parameter")
+            raise missing(f"tools[{j}].function.name")
         if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name):
             raise Invalid(f"Invalid 'tools[{j}].function.name': string does not match pattern. Expected a string "
-                           "that matches the pattern '^[a-zA-Z0-9_-]+$'.", f"tools[{j}].function.name",
-                           "invalid_value")
+                          "that matches the pattern '^[a-zA-Z0-9_-]+$'.", f"tools[{j}].function.name",
+                          "invalid_value")
 
 
 def _check_message(i: int, m: Any) -> None:
     at = f"messages[{i}]"
     if not isinstance(m, dict):
-        raise Invalid(f"Invalid type for '{at}': expected an object, but got {type_phrase(m)} instead.",
-                       at, "invalid_type")
+        raise bad_type(at, "an object", m)
     role = m.get("role")
     if role is None:
-        raise Invalid(f"Missing required parameter: '{at}.role'.", f"{at}.role", "missing_required_parameter")
+        raise missing(f"{at}.role")
     if role not in ROLES:
         raise Invalid(f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'tool', "
-                       "and 'developer'.", f"{at}.role", "invalid_value")
+                      "and 'developer'.", f"{at}.role", "invalid_value")
     if m.get("name") is not None and not isinstance(m["name"], str):
-        raise Invalid(f"Invalid type for '{at}.name': expected a string, but got {type_phrase(m['name'])} instead.",
-                       f"{at}.name", "invalid_type")
+        raise bad_type(f"{at}.name", "a string", m["name"])
     tool_calls = m.get("tool_calls")
     if tool_calls is not None and role == "assistant":
         _check_tool_calls(at, tool_calls)
@@ -138,32 +130,27 @@ def _check_message(i: int, m: Any) -> None:
         if role == "assistant":
             if not tool_calls and m.get("function_call") is None:
                 raise Invalid("Invalid value for 'content': expected a string, got null.",
-                               f"messages.[{i}].content")
+                              f"messages.[{i}].content")
         elif "content" not in m:
-            raise Invalid(f"Missing required parameter: '{at}.content'.", f"{at}.content",
-                           "missing_required_parameter")
+            raise missing(f"{at}.content")
         else:
-            raise Invalid(f"Invalid type for '{at}.content': expected one of a string or array of objects, but "
-                           "got null instead.", f"{at}.content", "invalid_type")
+            raise bad_type(f"{at}.content", "one of a string or array of objects", content)  # (null)
     elif isinstance(content, list):
         _check_parts(at, role, content)
     elif not isinstance(content, str):
-        raise Invalid(f"Invalid type for '{at}.content': expected one of a string or array of objects, but got "
-                       f"{type_phrase(content)} instead.", f"{at}.content", "invalid_type")
+        raise bad_type(f"{at}.content", "one of a string or array of objects", content)
     if role == "tool":
         tcid = m.get("tool_call_id")
         if tcid is None:
-            raise Invalid(f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id",
-                           "missing_required_parameter")
+            raise missing(f"{at}.tool_call_id")
         if not isinstance(tcid, str):
-            raise Invalid(f"Invalid type for '{at}.tool_call_id': expected a string, but got {type_phrase(tcid)} "
-                           "instead.", f"{at}.tool_call_id", "invalid_type")
+            raise bad_type(f"{at}.tool_call_id", "a string", tcid)
 
 
 def _check_parts(at: str, role: str, parts: list) -> None:
     if not parts:
         raise Invalid(f"Invalid '{at}.content': empty array. Expected an array with minimum length 1, but got an "
-                       "empty array instead.", f"{at}.content", "empty_array")
+                      "empty array instead.", f"{at}.content", "empty_array")
     allowed = {
         "user": ("text", "image_url", "input_audio", "file"),
         "assistant": ("text", "refusal"),
@@ -171,60 +158,49 @@ def _check_parts(at: str, role: str, parts: list) -> None:
     for j, p in enumerate(parts):
         pat = f"{at}.content[{j}]"
         if not isinstance(p, dict):
-            raise Invalid(f"Invalid type for '{pat}': expected an object, but got {type_phrase(p)} instead.",
-                           pat, "invalid_type")
+            raise bad_type(pat, "an object", p)
         ptype = p.get("type")
         if ptype is None:
-            raise Invalid(f"Missing required parameter: '{pat}.type'.", f"{pat}.type", "missing_required_parameter")
+            raise missing(f"{pat}.type")
         if ptype not in allowed:
             supported = ", ".join(f"'{a}'" for a in allowed)
             raise Invalid(f"Invalid value: '{ptype}'. Supported values are: {supported}.", f"{pat}.type",
-                           "invalid_value")
+                          "invalid_value")
         if ptype in ("text", "refusal") and not isinstance(p.get(ptype), str):
             if p.get(ptype) is None:
-                raise Invalid(f"Missing required parameter: '{pat}.{ptype}'.", f"{pat}.{ptype}",
-                               "missing_required_parameter")
-            raise Invalid(f"Invalid type for '{pat}.{ptype}': expected a string, but got "
-                           f"{type_phrase(p.get(ptype))} instead.", f"{pat}.{ptype}", "invalid_type")
+                raise missing(f"{pat}.{ptype}")
+            raise bad_type(f"{pat}.{ptype}", "a string", p.get(ptype))
         if ptype == "image_url" and not (isinstance(p.get("image_url"), dict)
                                          and isinstance(p["image_url"].get("url"), str)):
-            raise Invalid(f"Missing required parameter: '{pat}.image_url.url'.", f"{pat}.image_url.url",
-                           "missing_required_parameter")
+            raise missing(f"{pat}.image_url.url")
 
 
 def _check_tool_calls(at: str, tool_calls: Any) -> None:
     if not isinstance(tool_calls, list):
-        raise Invalid(f"Invalid type for '{at}.tool_calls': expected an array, but got {type_phrase(tool_calls)} "
-                       "instead.", f"{at}.tool_calls", "invalid_type")
+        raise bad_type(f"{at}.tool_calls", "an array", tool_calls)
     if not tool_calls:
         raise Invalid(f"Invalid '{at}.tool_calls': empty array. Expected an array with minimum length 1, but got "
-                       "an empty array instead.", f"{at}.tool_calls", "empty_array")
+                      "an empty array instead.", f"{at}.tool_calls", "empty_array")
     for j, tc in enumerate(tool_calls):
         tat = f"{at}.tool_calls[{j}]"
         if not isinstance(tc, dict):
-            raise Invalid(f"Invalid type for '{tat}': expected an object, but got {type_phrase(tc)} instead.",
-                           tat, "invalid_type")
+            raise bad_type(tat, "an object", tc)
         for key in ("id", "type", "function"):
             if tc.get(key) is None:
-                raise Invalid(f"Missing required parameter: '{tat}.{key}'.", f"{tat}.{key}",
-                               "missing_required_parameter")
+                raise missing(f"{tat}.{key}")
         if not isinstance(tc["id"], str):
-            raise Invalid(f"Invalid type for '{tat}.id': expected a string, but got {type_phrase(tc['id'])} "
-                           "instead.", f"{tat}.id", "invalid_type")
+            raise bad_type(f"{tat}.id", "a string", tc["id"])
         if tc["type"] != "function":
             raise Invalid(f"Invalid value: '{tc['type']}'. Supported values are: 'function'.", f"{tat}.type",
-                           "invalid_value")
+                          "invalid_value")
         fn = tc["function"]
         if not isinstance(fn, dict):
-            raise Invalid(f"Invalid type for '{tat}.function': expected an object, but got {type_phrase(fn)} "
-                           "instead.", f"{tat}.function", "invalid_type")
+            raise bad_type(f"{tat}.function", "an object", fn)
         for key in ("name", "arguments"):
             if fn.get(key) is None:
-                raise Invalid(f"Missing required parameter: '{tat}.function.{key}'.", f"{tat}.function.{key}",
-                               "missing_required_parameter")
+                raise missing(f"{tat}.function.{key}")
             if not isinstance(fn[key], str):
-                raise Invalid(f"Invalid type for '{tat}.function.{key}': expected a string, but got "
-                               f"{type_phrase(fn[key])} instead.", f"{tat}.function.{key}", "invalid_type")
+                raise bad_type(f"{tat}.function.{key}", "a string", fn[key])
 
 
 def _check_tool_pairing(msgs: list[dict[str, Any]]) -> None:
@@ -234,7 +210,7 @@ def _check_tool_pairing(msgs: list[dict[str, Any]]) -> None:
     ids: set[str] = set()
     pending: dict[str, None] = {}  # ordered set of unanswered ids
 
-    def missing() -> Invalid:
+    def unanswered() -> Invalid:
         return Invalid(
             "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
             "'tool_call_id'. The following tool_call_ids did not have response messages: " + ", ".join(pending),
@@ -245,22 +221,22 @@ def _check_tool_pairing(msgs: list[dict[str, Any]]) -> None:
         if m["role"] == "tool":
             if owner is None:
                 raise Invalid("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
-                               "message with 'tool_calls'.", f"messages.[{i}].role")
+                              "message with 'tool_calls'.", f"messages.[{i}].role")
             tcid = m["tool_call_id"]
             if tcid not in ids:
                 raise Invalid(f"Invalid parameter: 'tool_call_id' of '{tcid}' not found in 'tool_calls' of "
-                               "previous message.", f"messages.[{i}].tool_call_id")
+                              "previous message.", f"messages.[{i}].tool_call_id")
             pending.pop(tcid, None)
             continue
         if pending:
-            raise missing()
+            raise unanswered()
         owner, ids, pending = None, set(), {}
         if m["role"] == "assistant" and m.get("tool_calls"):
             owner = i
             ids = {tc["id"] for tc in m["tool_calls"]}
             pending = dict.fromkeys(tc["id"] for tc in m["tool_calls"])
     if pending:
-        raise missing()
+        raise unanswered()
 
 
 def parse_error() -> FakeError:

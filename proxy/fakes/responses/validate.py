@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from proxy.fakes.common import Invalid, type_phrase
+from proxy.fakes.common import Invalid, bad_type, missing, type_phrase
 from proxy.fakes.responses.items import MODEL_ITEM_TYPES, input_items, item_type
 from proxy.fakes.signing import Signer
 
@@ -98,15 +98,6 @@ class Context:
     websocket: bool = False
 
 
-def _missing(param: str) -> Invalid:
-    return Invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-
-
-def _bad_type(param: str, expected: str, got: Any) -> Invalid:
-    return Invalid(f"Invalid type for '{param}': expected {expected}, but got {type_phrase(got)} instead.",
-                   param, "invalid_type")
-
-
 def _bad_value(param: str, got: Any, allowed: tuple[str, ...]) -> Invalid:
     listed = ", ".join(f"'{a}'" for a in allowed[:-1]) + (f", and '{allowed[-1]}'" if len(allowed) > 1 else
                                                           f"'{allowed[0]}'")
@@ -125,14 +116,14 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
             raise Invalid(f"Unknown parameter: '{key}'.", key, "unknown_parameter")
     model = body.get("model")
     if model is None:
-        raise _missing("model")
+        raise missing("model")
     if not isinstance(model, str):
-        raise _bad_type("model", "a string", model)
+        raise bad_type("model", "a string", model)
     inp = body.get("input")
     if inp is not None and not isinstance(inp, (str, list)):
-        raise _bad_type("input", "one of a string or array of input items", inp)
+        raise bad_type("input", "one of a string or array of input items", inp)
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
-        raise _bad_type("instructions", "a string", body["instructions"])
+        raise bad_type("instructions", "a string", body["instructions"])
     if not compact:
         _check_options(body, ctx)
     prefix: list[Any] = []
@@ -152,7 +143,7 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
         raise Invalid(f"Conversation with id '{cid}' not found.", "conversation", "conversation_not_found")
     items = input_items(body)
     if inp is None and not prefix and not compact:
-        raise _missing("input")
+        raise missing("input")
     for i, item in enumerate(items):
         _check_item(i, item, ctx)
     # An item_reference stands for the stored item it names.
@@ -166,7 +157,7 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
 def _check_options(body: dict[str, Any], ctx: Context) -> None:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _bad_type("stream", "a boolean", stream)
+        raise bad_type("stream", "a boolean", stream)
     if body.get("stream_options") is not None and not stream and not ctx.websocket:
         raise Invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options",
                       "invalid_value")
@@ -175,31 +166,31 @@ def _check_options(body: dict[str, Any], ctx: Context) -> None:
     mot = body.get("max_output_tokens")
     if mot is not None:
         if not isinstance(mot, int) or isinstance(mot, bool):
-            raise _bad_type("max_output_tokens", "an integer", mot)
+            raise bad_type("max_output_tokens", "an integer", mot)
         if mot < 16:
             raise Invalid(f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but "
                           f"got {mot} instead.", "max_output_tokens", "integer_below_min_value")
     include = body.get("include")
     if include is not None and not isinstance(include, list):
-        raise _bad_type("include", "an array", include)
+        raise bad_type("include", "an array", include)
     tools = body.get("tools")
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise _bad_type("tools", "an array", tools)
+        raise bad_type("tools", "an array", tools)
     for j, t in enumerate(tools):
         at = f"tools[{j}]"
         if not isinstance(t, dict):
-            raise _bad_type(at, "an object", t)
+            raise bad_type(at, "an object", t)
         ttype = t.get("type")
         if ttype is None:
-            raise _missing(f"{at}.type")
+            raise missing(f"{at}.type")
         if ttype not in TOOL_TYPES:
             raise _bad_value(f"{at}.type", ttype, TOOL_TYPES)
         if ttype in ("function", "custom"):
             name = t.get("name")
             if name is None:
-                raise _missing(f"{at}.name")
+                raise missing(f"{at}.name")
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise Invalid(f"Invalid '{at}.name': string does not match pattern. Expected a string that matches "
                               "the pattern '^[a-zA-Z0-9_-]+$'.", f"{at}.name", "invalid_value")
@@ -208,32 +199,32 @@ def _check_options(body: dict[str, Any], ctx: Context) -> None:
 def _check_item(i: int, item: Any, ctx: Context) -> None:
     at = f"input[{i}]"
     if not isinstance(item, dict):
-        raise _bad_type(at, "an object", item)
+        raise bad_type(at, "an object", item)
     t = item_type(item)
     if t is None:
-        raise _missing(f"{at}.type")
+        raise missing(f"{at}.type")
     if t in ctx.extra_item_types:
         return  # opaque by request of the test
     if t not in REQUIRED:
         raise _bad_value(f"{at}.type", t, ITEM_TYPES)
     for key in REQUIRED[t]:
         if item.get(key) is None:
-            raise _missing(f"{at}.{key}")
+            raise missing(f"{at}.{key}")
     if t == "message":
         _check_message(at, item)
     elif t in ("function_call", "custom_tool_call"):
         for key in ("call_id", "name") + (("arguments",) if t == "function_call" else ("input",)):
             if not isinstance(item[key], str):
-                raise _bad_type(f"{at}.{key}", "a string", item[key])
+                raise bad_type(f"{at}.{key}", "a string", item[key])
     elif t in ("function_call_output", "custom_tool_call_output"):
         out = item["output"]
         if not isinstance(out, (str, list)):
-            raise _bad_type(f"{at}.output", "one of a string or array of objects", out)
+            raise bad_type(f"{at}.output", "one of a string or array of objects", out)
         if isinstance(out, list):
             _check_parts(f"{at}.output", out, INPUT_PARTS)
     elif t == "reasoning":
         if not isinstance(item["summary"], list):
-            raise _bad_type(f"{at}.summary", "an array", item["summary"])
+            raise bad_type(f"{at}.summary", "an array", item["summary"])
         _check_reasoning_item(at, item, ctx)
     elif t == "item_reference":
         if item["id"] not in ctx.stored_items:
@@ -327,7 +318,7 @@ def _check_message(at: str, item: dict[str, Any]) -> None:
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _bad_type(f"{at}.content", "one of a string or array of input content", content)
+        raise bad_type(f"{at}.content", "one of a string or array of input content", content)
     _check_parts(f"{at}.content", content, OUTPUT_PARTS if role == "assistant" else INPUT_PARTS)
 
 
@@ -335,17 +326,17 @@ def _check_parts(at: str, parts: list, allowed: tuple[str, ...]) -> None:
     for j, p in enumerate(parts):
         pat = f"{at}[{j}]"
         if not isinstance(p, dict):
-            raise _bad_type(pat, "an object", p)
+            raise bad_type(pat, "an object", p)
         ptype = p.get("type")
         if ptype is None:
-            raise _missing(f"{pat}.type")
+            raise missing(f"{pat}.type")
         if ptype not in allowed:
             raise _bad_value(f"{pat}.type", ptype, allowed)
         if ptype in ("input_text", "output_text") and not isinstance(p.get("text"), str):
-            raise _missing(f"{pat}.text") if p.get("text") is None else _bad_type(f"{pat}.text", "a string",
+            raise missing(f"{pat}.text") if p.get("text") is None else bad_type(f"{pat}.text", "a string",
                                                                                    p["text"])
         if ptype == "refusal" and not isinstance(p.get("refusal"), str):
-            raise _missing(f"{pat}.refusal")
+            raise missing(f"{pat}.refusal")
         if ptype == "input_image" and not (p.get("image_url") or p.get("file_id")):
             raise Invalid(f"Invalid '{pat}': one of 'image_url' or 'file_id' must be provided.", pat,
                           "missing_required_parameter")
