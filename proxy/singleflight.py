@@ -64,6 +64,11 @@ def _parse_lock(raw: bytes) -> dict[str, Any] | None:
     return lock if isinstance(lock, dict) else None
 
 
+def _ours(raw: bytes | None, token: str) -> bool:
+    """Whether a lock as read (None: none) is the one this holder took."""
+    return raw is not None and (_parse_lock(raw) or {}).get("token") == token
+
+
 def stopped_beating(raw: bytes, now: float) -> bool:
     """Whether a lock's holder missed two beats (and a half, for slack) by `now`."""
     lock = _parse_lock(raw)
@@ -213,15 +218,14 @@ class SingleFlight(Generic[T]):
 
     async def _release(self, lock_key: str, token: str) -> None:
         held = await self.store.peek(lock_key)
-        if held is not None and (_parse_lock(held) or {}).get("token") == token:
+        if _ours(held, token):
             await self.store.delete(lock_key, expected=held)
 
     async def _keep_lock(self, lock_key: str, token: str) -> None:
         """Beat while the holder works: rewrite the lock with the time, while it is still ours."""
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            held = await self.store.peek(lock_key)
-            if held is not None and (_parse_lock(held) or {}).get("token") == token:
+            if _ours(await self.store.peek(lock_key), token):
                 await self.store.put(lock_key, _lock_value(token, self.clock(), self.heartbeat_s), self.lock_ttl_s)
             elif self._healthy():
                 # Taken over (this process stalled for two beats) and maybe by another replica:
