@@ -105,8 +105,8 @@ async def test_ten_concurrent_requests_make_one_summary(
         upstream_fake.summarizer_delay_s = 0.5  # long enough for all ten to arrive meanwhile
         targets = [replicas[0]] * 10
     else:
-        # Twice the lock's expiry and more: only the holder's beats keep its lock (at LOCK_TTL_S + 0.5
-        # the waiters' polls could miss the short gap between the expiry and the summary's end).
+        # Twice the lock's expiry and more: only the holder's beats keep its lock, whatever the
+        # waiters do meanwhile.
         upstream_fake.summarizer_delay_s = 2 * LOCK_TTL_S + 0.5
         targets = [replicas[i % 2] for i in range(10)]
     turns = await asyncio.gather(*(send(client_for(r), messages) for r in targets))
