@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import ssl
 from typing import Any
 
 import aiohttp
@@ -129,7 +131,9 @@ def map_client_error(e: BaseException) -> errors.ProxyError:
     if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return errors.upstream_timeout("no response within the configured timeout")
     if isinstance(e, aiohttp.ClientConnectorError):
-        return errors.upstream_unreachable(f"cannot connect ({e.os_error.__class__.__name__})")
+        # The operator's first question is which address failed and why (a wrong base_url, a
+        # server that is down, no DNS); the host and port are config, never a credential.
+        return errors.upstream_unreachable(f"cannot connect to {e.host}:{e.port} ({_connect_reason(e.os_error)})")
     if isinstance(e, aiohttp.ServerDisconnectedError):
         return errors.upstream_unreachable("the upstream closed the connection")
     if isinstance(e, aiohttp.ClientPayloadError):
@@ -137,6 +141,16 @@ def map_client_error(e: BaseException) -> errors.ProxyError:
     if isinstance(e, aiohttp.ClientResponseError):
         return errors.upstream_bad_response(e.message)
     return errors.upstream_unreachable(e.__class__.__name__)
+
+
+def _connect_reason(err: OSError) -> str:
+    if isinstance(err, socket.gaierror):
+        return "the host name did not resolve"
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(err, ssl.SSLError):
+        return f"TLS failed: {err.reason or err.__class__.__name__}"
+    return err.strerror or err.__class__.__name__
 
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)

@@ -7,6 +7,7 @@ import asyncio
 import socket
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 
 from proxy.chat_request import parse_chat_body
 from support.compaction_helpers import analyze
+from aiohttp.client_reqrep import ConnectionKey
 from proxy.errors import ProxyError
+from proxy.forward import map_client_error
 from proxy.tokens import MESSAGE_OVERHEAD, REPLY_OVERHEAD, TokenCounter
 from support.client import get, http, post, raw_http
 
@@ -128,15 +131,26 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("path,stream", [("/chat/completions", False), ("/chat/completions", True), ("/models", False)])
 async def test_unreachable_upstream_is_502(make_proxy, path, stream):
-    p = await make_proxy(f"http://127.0.0.1:{_closed_port()}/v1")
+    port = _closed_port()
+    p = await make_proxy(f"http://127.0.0.1:{port}/v1")
     data = orjson.dumps({"model": "gpt-4o", "messages": [_user()], "stream": stream})
     status, headers, body = await (post(p, data, path=path) if "chat" in path else get(p, path))
     assert status == 502
     err = _assert_openai_error(body)
     assert (err["type"], err["code"]) == ("upstream_error", "upstream_unreachable")
+    # which address failed, and why: what an operator with a wrong base_url needs first
+    assert err["message"] == f"Upstream unreachable: cannot connect to 127.0.0.1:{port} (connection refused)"
     if "chat" in path:
         assert headers["x-compaction-status"] == "none"
         assert int(headers["x-compaction-tokens-before"]) > 0
+
+
+def test_an_unresolved_upstream_host_is_named_with_the_reason():
+    key = ConnectionKey("api.example.invalid", 443, True, True, None, None, None)
+    e = aiohttp.ClientConnectorError(key, socket.gaierror(-2, "Name or service not known"))
+    assert map_client_error(e).message == (
+        "Upstream unreachable: cannot connect to api.example.invalid:443 (the host name did not resolve)"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
