@@ -10,6 +10,7 @@ from typing import Any
 
 from proxy import __version__
 from proxy.config import Config, ConfigError, load_config
+from proxy.logsafe import shown_url
 from proxy.ops.logs import setup_logging
 
 log = logging.getLogger("proxy")
@@ -19,7 +20,8 @@ SWITCH_INTERVAL_S = 0.001
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compaction-proxy",
-        description="OpenAI-compatible reverse proxy that compacts long conversations and oversized tool results.",
+        description="Reverse proxy for OpenAI (Chat Completions, Responses) and Anthropic (Messages) clients that "
+        "compacts long conversations and oversized tool results.",
         epilog="Other commands: `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
         "no network), `compaction-proxy events --help` (the journal of compaction events), "
         "`compaction-proxy inspect --help` (what the proxy would forward for a request body).",
@@ -27,7 +29,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8787)")
-    p.add_argument("--upstream", metavar="URL", help="upstream base URL (default https://api.openai.com/v1)")
+    p.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream base URL (default https://api.openai.com/v1)")
+    p.add_argument(
+        "--anthropic-upstream", metavar="URL",
+        help="Messages API upstream for Anthropic clients (default https://api.anthropic.com)",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p.parse_args(argv)
 
@@ -40,6 +46,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out.setdefault("server", {})["port"] = args.port
     if args.upstream is not None:
         out.setdefault("upstream", {})["base_url"] = args.upstream
+    if args.anthropic_upstream is not None:
+        out.setdefault("anthropic", {})["base_url"] = args.anthropic_upstream
     return out
 
 
@@ -79,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.serve import raise_fd_limit, serve
 
     log.info(
-        "compaction-proxy %s listening on http://%s:%d -> %s (store %s)",
-        __version__, cfg.server.host, cfg.server.port, cfg.upstream.base_url, cfg.store.url.split("@")[-1],
+        "compaction-proxy %s listening on http://%s:%d -> %s, Anthropic clients -> %s (store %s)",
+        __version__, cfg.server.host, cfg.server.port, shown_url(cfg.upstream.base_url),
+        shown_url(cfg.anthropic.base_url), shown_url(cfg.store.url),
     )
     raise_fd_limit(cfg)
     # Large requests are parsed, hashed and scanned in worker threads (proxy/offload.py); the event

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
 
 MAX_ARG_CHARS = 2000  # one argument of a log line, at most
 
@@ -31,6 +32,18 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def _escape_char(m: re.Match[str]) -> str:
     c = m.group()
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def shown_url(url: str) -> str:
+    """A configured URL as a log line may show it: without a user or password in it
+    (`redis://:pw@host:6379/0` -> `redis://host:6379/0`)."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parsed.user is None and parsed.password is None:
+        return url
+    return str(parsed.with_user(None))
 
 
 def log_text(value: object, limit: int = MAX_ARG_CHARS) -> str:

@@ -108,6 +108,9 @@ def test_flags_parse():
     assert args.config == "c.yaml"
     assert flag_overrides(args) == {"server": {"host": "0.0.0.0", "port": 9000}, "upstream": {"base_url": "http://u/v1"}}
     assert flag_overrides(parse_args([])) == {}
+    args = parse_args(["--anthropic-upstream", "http://127.0.0.1:4000"])
+    assert flag_overrides(args) == {"anthropic": {"base_url": "http://127.0.0.1:4000"}}
+    assert load_config(None, environ={}, overrides=flag_overrides(args)).anthropic.base_url == "http://127.0.0.1:4000"
 
 
 BAD = [
@@ -172,7 +175,7 @@ def test_console_script_exits_2_naming_the_key(tmp_path, case):
 def test_python_m_proxy_help():
     r = subprocess.run([sys.executable, "-m", "proxy", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    for flag in ("--config", "--host", "--port", "--upstream"):
+    for flag in ("--config", "--host", "--port", "--upstream", "--anthropic-upstream"):
         assert flag in r.stdout
 
 
@@ -265,7 +268,11 @@ def test_console_script_serves_and_stops_on_sigterm(tmp_path):
             code, err = _stop(proc, signal_sent=sigterm_sent)
     assert code == 0, err
     assert "Traceback" not in err
-    assert f"listening on http://127.0.0.1:{port}" in err
+    # the start-up line says where each kind of client's requests go
+    assert (
+        f"listening on http://127.0.0.1:{port} -> {fake.base_url}, Anthropic clients -> https://api.anthropic.com"
+        " (store memory://)"
+    ) in err
 
 
 def test_counts_exactly_offline_with_an_empty_tiktoken_cache(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.logsafe import clean_record, log_text
+from proxy.logsafe import clean_record, log_text, shown_url
 from proxy.fake_upstream import FakeUpstream, status_error
 from support.client import auth, post, raw_http, status_of
 from support.replicas import Replica
@@ -117,6 +117,19 @@ async def test_a_model_or_tool_name_cannot_forge_a_log_line(upstream, make_proxy
     assert not [line for line in text.splitlines() if line.startswith(FORGED)], text
     for bad in ("\r", "\u2028", "\x85", "\x1b"):
         assert bad not in text
+
+
+@pytest.mark.parametrize("url,shown", [
+    (f"redis://:{KEY}@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    (f"rediss://default:{KEY}@cache.internal:6380/2", "rediss://cache.internal:6380/2"),
+    (f"https://{TAG}:{KEY}@llm.internal/v1", "https://llm.internal/v1"),
+    ("sqlite:///compaction-proxy.db", "sqlite:///compaction-proxy.db"),
+    ("memory://", "memory://"),
+    ("https://api.openai.com/v1", "https://api.openai.com/v1"),
+], ids=["redis", "rediss-user", "https-user", "sqlite", "memory", "plain"])
+def test_a_configured_url_is_logged_without_its_user_and_password(url, shown):
+    """The start-up line names the upstreams and the store; a password in their URL stays out."""
+    assert shown_url(url) == shown
 
 
 def test_log_text_escapes_every_line_breaking_and_control_character():
