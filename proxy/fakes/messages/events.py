@@ -40,6 +40,8 @@ def normalize_reply(result: Any) -> Reply:
 
 
 def content(reply: Reply, thinking_on: bool, sign_thinking, sign_redacted) -> list[dict[str, Any]]:
+    """`sign_thinking(text)` and `sign_redacted()` sign the reply's thinking (bound to the request
+    when the model binds its blocks: the caller's closures know the request)."""
     out: list[dict[str, Any]] = []
     if thinking_on:
         if reply.redacted:

@@ -58,7 +58,8 @@ from proxy.fakes.messages.blocks import (
     view,
 )
 from proxy.fakes.messages.cache import BreakpointCache
-from proxy.fakes.messages.validate import Context, check_request, thinking_enabled, thinking_signature
+from proxy.fakes.messages import binding
+from proxy.fakes.messages.validate import Context, bound_prefix, check_request, thinking_enabled, thinking_signature
 from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
@@ -103,12 +104,16 @@ class FakeMessages(ModelFake):
 
     # ---- helpers for tests -------------------------------------------------------------------
 
-    def sign_thinking(self, thinking: str) -> str:
-        """A signature this fake accepts for that thinking text (for recorded sessions)."""
-        return thinking_signature(self.signer, thinking)
+    def sign_thinking(self, thinking: str, prefix: str | None = None) -> str:
+        """A signature this fake accepts for that thinking text (for recorded sessions); bound to
+        `prefix` (binding.prefix_digest) when given."""
+        return thinking_signature(self.signer, thinking, prefix)
 
-    def redacted_data(self) -> str:
-        return self.signer.sign("redacted_thinking", {"n": rand(8)})
+    def redacted_data(self, prefix: str | None = None) -> str:
+        payload: dict[str, Any] = {"n": rand(8)}
+        if prefix is not None:
+            payload["prefix"] = prefix
+        return self.signer.sign("redacted_thinking", payload)
 
     # ---- counting ----------------------------------------------------------------------------
 
@@ -237,8 +242,16 @@ class FakeMessages(ModelFake):
                             headers=self._headers({"Content-Type": "application/json"}))
 
     async def _create(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
+        transformations: list[dict[str, Any]] = []
         try:
             body = self._validate(rec)
+            bound = binding.checks_prefix(body["model"])
+            if bound:
+                try:
+                    body, transformations = binding.check(body, lambda b: bound_prefix(self.signer, b),
+                                                          rec.headers.get("anthropic-beta", ""))
+                except Invalid as e:
+                    raise Failure(FakeError.anthropic(400, e.message)) from None
             total = self.count_input_tokens(body)
             rec.prompt_tokens = total
             window = self.window_for(body["model"])
@@ -249,7 +262,9 @@ class FakeMessages(ModelFake):
             return self._error_response(rec, f.err)
         usage = self._usage(body, total)
         rec.cached_tokens = usage["cache_read_input_tokens"]
-        blocks = ev.content(reply, thinking_enabled(body), self.sign_thinking, self.redacted_data)
+        prefix = binding.reply_prefix(body) if bound else None
+        blocks = ev.content(reply, thinking_enabled(body) or (bound and body.get("thinking") is None),
+                            lambda text: self.sign_thinking(text, prefix), lambda: self.redacted_data(prefix))
         out_tokens = sum(block_tokens(b, self._count) for b in blocks)
         stop = "tool_use" if reply.tool_uses else "end_turn"
         if out_tokens > body["max_tokens"]:
@@ -257,6 +272,8 @@ class FakeMessages(ModelFake):
         rec.completion_tokens = out_tokens
         final = ev.message_object("msg_01" + rand(22), body["model"], blocks, stop,
                                   {**usage, "output_tokens": out_tokens, "service_tier": "standard"})
+        if transformations:
+            final["input_transformations"] = transformations
         if not body.get("stream"):
             return await self._send_body(request, rec, orjson.dumps(final), status=200, fault=fault,
                                          headers=self._headers({"Content-Type": "application/json"}))

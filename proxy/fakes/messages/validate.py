@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.fakes.common import Invalid
+from proxy.fakes.messages import binding
 from proxy.fakes.messages.blocks import content_blocks, has_breakpoint, system_blocks
 from proxy.fakes.signing import Signer
 
@@ -42,8 +43,22 @@ class Context:
     merge_consecutive_roles: bool = False  # the API's documented merging instead of rejecting
 
 
-def thinking_signature(signer: Signer, thinking: str) -> str:
-    return signer.sign("thinking", {"sha256": hashlib.sha256(thinking.encode()).hexdigest()})
+def thinking_signature(signer: Signer, thinking: str, prefix: str | None = None) -> str:
+    """Over the text, and (on a model that binds its blocks, proxy/fakes/messages/binding.py) the
+    digest of the prefix the block was made under."""
+    payload = {"sha256": hashlib.sha256(thinking.encode()).hexdigest()}
+    if prefix is not None:
+        payload["prefix"] = prefix
+    return signer.sign("thinking", payload)
+
+
+def bound_prefix(signer: Signer, block: dict[str, Any]) -> str | None:
+    """The prefix digest a (well-signed) thinking or redacted_thinking block carries, if any."""
+    if block.get("type") == "thinking":
+        payload = signer.verify("thinking", block.get("signature"))
+    else:
+        payload = signer.verify("redacted_thinking", block.get("data"))
+    return payload.get("prefix") if isinstance(payload, dict) else None
 
 
 def _signature_ok(signer: Signer, block: dict[str, Any]) -> bool:
@@ -94,7 +109,10 @@ def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> lis
         raise Invalid('messages: first message must use the "user" role')
     _check_breakpoints(body)
     _check_tool_pairing(turns, ctx)
-    if thinking_enabled(body):
+    if thinking_enabled(body) and not binding.checks_prefix(body["model"]):
+        # On models that bind their blocks the API drops stale thinking itself (drop_block) and
+        # its docs tell summarizing integrations to remove the kept turns' thinking: the old
+        # rule that the tool loop's assistant turn must start with its thinking cannot hold there.
         _check_thinking_kept(turns)
     return turns
 
