@@ -194,6 +194,16 @@ class Adapter(ABC):
         conv's envelopes from `cut` on (the summary merged into the first kept one when the
         protocol needs it)."""
 
+    def binds_reasoning(self, request: Request) -> bool:
+        """Whether the request's model rejects signed reasoning sent back under a prefix that
+        changed since it was made (Anthropic's preserved thinking): then the reasoning before a
+        compaction is left out of the kept part (`unbound`). Default: no protocol does."""
+        return False
+
+    def unbound(self, envelope: Envelope) -> Envelope | None:
+        """The envelope without its signed reasoning, or None when it carries none."""
+        return None
+
     @abstractmethod
     def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
         """Tokens of one envelope as the upstream's template frames it."""

@@ -24,7 +24,7 @@ from proxy.compaction.prepare import Preparer
 from proxy.compaction.record import SummaryRecord
 from proxy.compaction.records import Records, key
 from proxy.compaction.summarizer import HistorySummarizer
-from proxy.compaction.view import Outcome, Planner, View, apply, masked
+from proxy.compaction.view import Outcome, Planner, View, apply, live_from, masked
 from proxy.config import Config
 from proxy.flow import Flow
 from proxy.model import Conversation
@@ -179,7 +179,7 @@ class CompactionEngine:
             return out  # type: ignore[return-value]
         if record is not None and out is not None:
             if record.prepared:
-                out.record, first = await self.records.carry(scope, record)
+                out, first = await self._carry(view, record, out)
                 if first:
                     out.status = "summarized"
                     self.hooks.prepared("used")
@@ -207,7 +207,7 @@ class CompactionEngine:
             if out.tokens_after is not None and out.tokens_after <= budget.target:
                 first = True
                 if joined.prepared:
-                    out.record, first = await self.records.carry(scope, joined)
+                    out, first = await self._carry(view, joined, out)
                     if first:
                         self.hooks.prepared("used")
                 out.status = "summarized" if first else "reused"
@@ -232,7 +232,7 @@ class CompactionEngine:
             self.cooldown.failed(failure_key)
             return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000)
         if new_record.prepared:  # made ahead by another path and reached here first
-            new_record = replace(new_record, prepared=False)
+            new_record = replace(new_record, prepared=False, live_from=live_from(view, new_record))
             await self.records.save(scope, new_record)
         out = self.apply(view, new_record)
         out.wait_ms = (time.perf_counter() - started) * 1000
@@ -242,6 +242,19 @@ class CompactionEngine:
         self.stats["events_summarized"] += 1
         out.status = "summarized"
         return out
+
+    async def _carry(self, view: View, record: SummaryRecord, out: Outcome) -> tuple[Outcome, bool]:
+        """`out` (what the prepared `record` makes of the request) as carried, and whether this is
+        the first request to carry it. When another replica carried it first, it went live
+        there: the kept turns' reasoning is left out as from then (design 12.2)."""
+        assumed = live_from(view, record)
+        carried, first = await self.records.carry(view.scope, record, assumed)  # type: ignore[arg-type]
+        if carried.live_from != assumed:
+            status, wait_ms = out.status, out.wait_ms
+            out = self.apply(view, carried)
+            out.status, out.wait_ms = status, wait_ms
+        out.record = carried
+        return out, first
 
     async def _floor(
         self, view: View, base: SummaryRecord | None, budget: Budget, forced: bool, why: str, wait_ms: float,

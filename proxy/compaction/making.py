@@ -229,6 +229,7 @@ class RecordMaker:
             identifiers=d.candidates[-MAX_KNOWN_IDENTIFIERS:], clamped=d.clamped, created=self.clock(),
             prepared=prepared, masks=d.masks, errors=d.errors[-MAX_KNOWN_IDENTIFIERS:], constraints=d.constraints,
             recall_identifiers=_union(d.recall, rest), recall_spans=d.spans,
+            live_from=None if prepared else len(view.conv) - view.n_system,
         )
 
     def fit_identifiers(self, d: Draft, present: str, room_tokens: int, encoding: str) -> tuple[list[str], list[str]]:
@@ -281,7 +282,8 @@ class RecordMaker:
             return None
         prev = record or SummaryRecord(covered=0, chain="", summary="")
         return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, recall_identifiers=recall,
-                       masked_until=extent, created=self.clock(), prepared=False, expires=None)
+                       masked_until=extent, created=self.clock(), prepared=False, expires=None,
+                       live_from=len(view.conv) - n_sys)
 
     def digest_record(self, view: View, plan: Plan, previous: SummaryRecord | None, work: Conversation,
                       budget: Budget) -> SummaryRecord:
@@ -309,6 +311,7 @@ class RecordMaker:
             identifiers=identifiers[-MAX_KNOWN_IDENTIFIERS:], errors=errors[-MAX_KNOWN_IDENTIFIERS:],
             recall_identifiers=recall, constraints=constraints, masks=masks, created=self.clock(),
             expires=self.clock() + self.cfg.compaction.digest_ttl_s, recall_spans=spans,
+            live_from=len(view.conv) - n_sys,
         )
 
 

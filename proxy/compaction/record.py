@@ -43,6 +43,11 @@ class SummaryRecord:
     # the summarized spans, each [handle, first, last] (message numbers from 1): the summary's
     # `## Recall` block names them, and the originals are kept under those handles (design 13.1)
     recall_spans: list[list] = field(default_factory=list)
+    # non-system messages of the first request forwarded with this record: the assistant turns
+    # before that were made under another prefix, those from there on under this record's (models
+    # that bind their reasoning to its prefix reject the former; None: a record from before this
+    # was kept, nothing left out)
+    live_from: int | None = None
 
     @property
     def extent(self) -> int:

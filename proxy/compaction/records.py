@@ -96,15 +96,16 @@ class Records:
         self._cache.put(k, rec)
         return rec
 
-    async def carry(self, scope: str, rec: SummaryRecord) -> tuple[SummaryRecord, bool]:
-        """A prepared record as carried by a request, and True when no request (on any replica)
-        carried it before, so the status says `summarized` once. Another replica may have carried
-        it already: the stored copy tells, since our cached one still says prepared."""
-        carried = replace(rec, prepared=False)
+    async def carry(self, scope: str, rec: SummaryRecord, live_from: int) -> tuple[SummaryRecord, bool]:
+        """A prepared record as carried by a request of `live_from` non-system messages, and True
+        when no request (on any replica) carried it before, so the status says `summarized` once.
+        Another replica may have carried it already: the stored copy tells (and when it went
+        live), since our cached one still says prepared."""
+        carried = replace(rec, prepared=False, live_from=live_from)
         k = key(scope, rec.chain)
         stored = _read(await self.store.get(k))
         if stored is not None and not stored.prepared:
-            self._cache.put(k, carried)
-            return carried, False
+            self._cache.put(k, stored)
+            return stored, False
         await self.save(scope, carried)
         return carried, True

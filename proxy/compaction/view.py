@@ -137,6 +137,7 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
         if new is None:
             continue
         changed[i] = (new, view.count(new))
+    _unbind(view, record, cut, changed)
     fwd = conv.with_envelopes(changed) if changed else conv
     status = _STATUS_OF_TIER[record.tier]
     if record.covered == 0:  # masking only: nothing summarized, nothing injected
@@ -147,6 +148,31 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     head = [view.count(e) for e in injected.envelopes[:injected.head]]
     out = Conversation(injected.envelopes, head + fwd.tokens[injected.tail_start:])
     return Outcome(status, conversation=out, tokens_after=_total(view, out), record=record)
+
+
+def live_from(view: View, record: SummaryRecord) -> int | None:
+    """Where the turns made under `record`'s prefix begin (non-system messages): a record made
+    ahead and not yet carried goes live with this request."""
+    return len(view.conv) - view.n_system if record.prepared else record.live_from
+
+
+def _unbind(view: View, record: SummaryRecord, cut: int, changed: dict[int, tuple[Envelope, int]]) -> None:
+    """On a model that binds its reasoning to its prefix, the kept turns made before the record
+    went live lose their reasoning (made under the prefix the record changed; design 12.2): from
+    the cut when a summary is injected (the annotation changes the system part) or the recall
+    tool is declared (the tools change), else from the first stub. The turns made since keep
+    theirs: the record forwards the same prefix to them."""
+    start = live_from(view, record)
+    if start is None or not view.flow.adapter.binds_reasoning(view.flow.request):
+        return
+    first = cut if record.covered or view.flow.identity.recall else min(changed, default=None)
+    if first is None:
+        return
+    adapter = view.flow.adapter
+    for i in range(first, min(view.n_system + start, len(view.conv))):
+        env = changed[i][0] if i in changed else view.conv.envelopes[i]
+        if (new := adapter.unbound(env)) is not None:
+            changed[i] = (new, view.count(new))
 
 
 def _total(view: View, conv: Conversation) -> int:

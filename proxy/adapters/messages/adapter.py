@@ -24,7 +24,7 @@ from proxy import jsonbody
 from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
-from proxy.adapters.messages import breakpoints
+from proxy.adapters.messages import binding, breakpoints
 from proxy.adapters.messages.body import block_text, blocks, parse_messages_body, too_deep
 from proxy.adapters.messages.count import count_message, count_system
 from proxy.adapters.messages.errors import ANTHROPIC
@@ -209,6 +209,18 @@ class MessagesAdapter(Adapter):
         if kept and kept[0].value.get("role") == "user":
             return Injected([*head, first, *kept[1:]], 2, cut + 1)
         return Injected([*head, first, *kept], 2, cut)
+
+    def binds_reasoning(self, request: Request) -> bool:
+        return binding.binds(request.model)
+
+    def unbound(self, envelope: Envelope) -> Envelope | None:
+        value = binding.without_thinking(envelope.value)
+        if value is None:
+            return None
+        items = tuple(it for it in envelope.items
+                      if not (isinstance(it.raw, dict) and it.raw.get("type") in binding.THINKING))
+        items = items or tuple(_item(b, "assistant") for b in value["content"])
+        return Envelope(items, envelope.turn, envelope.cut_before, value, kind=envelope.kind)
 
     def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
         items = tuple(_item(b, value["role"]) for b in blocks(value.get("content")))

@@ -1,0 +1,101 @@
+"""Compaction under preserved thinking (design 12.2): on models that bind a thinking block to its
+prefix, the proxy's summary and stubs change the prefix of the kept turns' thinking. The strict
+fake (proxy/fakes/messages/binding.py) answers a stale block with the API's 400; through the proxy
+a long tool-using session with thinking on never gets one, the thinking made before a change is
+left out of the kept turns, and the thinking made after it is forwarded, and stays valid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.adapters.messages import binding
+from proxy.compaction.record import SummaryRecord
+from proxy.fakes.messages import FakeMessages
+from support.client import anthropic_client
+from support.compaction_helpers import filler
+
+MODEL = "claude-fable-5-1"
+KEY = "sk-ant-bound"
+READ = {"name": "Read", "description": "Read a file.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+SYSTEM = [{"type": "text", "text": "You are a coding agent. " + filler(40, 99), "cache_control": {"type": "ephemeral"}}]
+
+
+@pytest.fixture
+async def fake():
+    async with FakeMessages() as f:
+        yield f
+
+
+def thinking_in(msg: dict[str, Any]) -> list[str]:
+    return [b["thinking"] for b in msg["content"] if isinstance(b, dict) and b.get("type") == "thinking"]
+
+
+async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 300) -> list[str]:
+    """A tool loop: every turn thinks ("step N") and reads a file; returns the statuses."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(60, 1)}]
+    statuses = []
+    async with anthropic_client(proxy, KEY) as c:
+        for step in range(steps):
+            fake.reply = {"thinking": f"step {step}", "tool_calls": [{"name": "Read", "input": {"path": f"{step}.py"}}]}
+            raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, tools=[READ],
+                                                            system=SYSTEM, messages=msgs)
+            r = await raw.parse()
+            statuses.append(raw.headers["x-compaction-status"])
+            turn = [b.model_dump(exclude_none=True) for b in r.content]
+            assert turn[0]["type"] == "thinking"
+            msgs.append({"role": "assistant", "content": turn})
+            use = next(b for b in turn if b["type"] == "tool_use")
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                                      "content": filler(tool_words, step)}]})
+    return statuses
+
+
+@pytest.mark.parametrize("compaction", [{"prepare_percent": 0, "mask_tool_outputs": False},
+                                        {"prepare_percent": 0}, {"mask_tool_outputs": False}],
+                         ids=["summary", "masking-first", "prepared-ahead"])
+async def test_a_bound_session_compacts_without_a_stale_thinking_block(fake, make_proxy, compaction):
+    proxy = await make_proxy(fake.base_url, {
+        "anthropic": {"base_url": fake.base_url}, "models": {MODEL: {"context_window": 6000}},
+        "compaction": compaction})
+    statuses = await session(proxy, fake, 16)
+    bad = [(r.kind, r.status, r.body[:300]) for r in fake.requests if r.status != 200]
+    assert not bad, bad
+    assert "summarized" in statuses or "masked" in statuses
+    # the thinking made since the last change is forwarded: the newest turns keep their reasoning,
+    # and only the turns before the change lost theirs
+    last = fake.messages_requests[-1]
+    kept = [t for m in last["messages"] for t in thinking_in(m)]
+    assert len(kept) >= 2 and kept == [f"step {k}" for k in range(15 - len(kept), 15)], kept
+
+
+@pytest.mark.parametrize("model, bound", [
+    ("claude-fable-5-1", True), ("claude-fable-5-2-20261104", True), ("claude-opus-5-5", True),
+    ("claude-sonnet-5-5", True), ("anthropic/claude-haiku-5-5", True), ("Claude-Sonnet-5-5", True),
+    ("claude-mythos-5-1", False), ("claude-opus-5", False), ("claude-sonnet-4-6", False),
+    ("claude-fable-5", False), ("gpt-5", False)])
+def test_the_models_whose_thinking_is_bound_to_its_prefix(model, bound):
+    assert binding.binds(model) is bound
+
+
+def test_an_assistant_message_without_its_thinking():
+    think = {"type": "thinking", "thinking": "t", "signature": "s"}
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}
+    msg = {"role": "assistant", "content": [think, {"type": "redacted_thinking", "data": "d"}, use]}
+    assert binding.without_thinking(msg) == {"role": "assistant", "content": [use]}
+    assert msg["content"][0] is think  # the client's message is left as it was
+    only = binding.without_thinking({"role": "assistant", "content": [think]})
+    assert only == {"role": "assistant", "content": [{"type": "text", "text": binding.LEFT_OUT}]}
+    assert binding.without_thinking({"role": "assistant", "content": "plain"}) is None
+    assert binding.without_thinking({"role": "user", "content": [use]}) is None
+
+
+def test_a_record_keeps_when_it_went_live_and_an_older_one_reads_as_unknown():
+    rec = SummaryRecord(covered=4, chain="ab", summary="s", live_from=9)
+    assert SummaryRecord.from_bytes(rec.to_bytes()) == rec
+    old = orjson.loads(rec.to_bytes())
+    del old["live_from"]
+    assert SummaryRecord.from_bytes(orjson.dumps(old)).live_from is None
