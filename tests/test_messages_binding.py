@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
 import orjson
 import pytest
 
 from proxy.adapters.messages import binding
 from proxy.compaction.record import SummaryRecord
 from proxy.fakes.messages import FakeMessages
+from proxy.fakes.messages.binding import BETA
 from support.client import anthropic_client
 from support.compaction_helpers import filler
 
@@ -34,14 +36,14 @@ def thinking_in(msg: dict[str, Any]) -> list[str]:
     return [b["thinking"] for b in msg["content"] if isinstance(b, dict) and b.get("type") == "thinking"]
 
 
-async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 300) -> list[str]:
+async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 300, model: str = MODEL) -> list[str]:
     """A tool loop: every turn thinks ("step N") and reads a file; returns the statuses."""
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(60, 1)}]
     statuses = []
     async with anthropic_client(proxy, KEY) as c:
         for step in range(steps):
             fake.reply = {"thinking": f"step {step}", "tool_calls": [{"name": "Read", "input": {"path": f"{step}.py"}}]}
-            raw = await c.messages.with_raw_response.create(model=MODEL, max_tokens=2000, tools=[READ],
+            raw = await c.messages.with_raw_response.create(model=model, max_tokens=2000, tools=[READ],
                                                             system=SYSTEM, messages=msgs)
             r = await raw.parse()
             statuses.append(raw.headers["x-compaction-status"])
@@ -70,6 +72,42 @@ async def test_a_bound_session_compacts_without_a_stale_thinking_block(fake, mak
     last = fake.messages_requests[-1]
     kept = [t for m in last["messages"] for t in thinking_in(m)]
     assert len(kept) >= 2 and kept == [f"step {k}" for k in range(15 - len(kept), 15)], kept
+
+
+async def test_a_model_newer_than_the_table_is_sent_again_with_drop_block(fake, make_proxy):
+    """The proxy does not know this model binds its thinking, so it forwards the kept turns' blocks;
+    the upstream's 400 is answered by sending once more with drop_block and its beta header, and
+    the client sees only the answer."""
+    fake.prefix_check = True
+    newer = "claude-fable-6"
+    proxy = await make_proxy(fake.base_url, {
+        "anthropic": {"base_url": fake.base_url}, "models": {newer: {"context_window": 6000}},
+        "compaction": {"prepare_percent": 0, "mask_tool_outputs": False}})
+    statuses = await session(proxy, fake, 16, model=newer)
+    assert "summarized" in statuses
+    records = fake.records("messages")
+    refused = [i for i, r in enumerate(records) if r.status == 400]
+    assert refused
+    for i in refused:  # each refusal is followed by the same request asking for the drop
+        again = records[i + 1]
+        assert again.status == 200 and BETA in again.headers["anthropic-beta"]
+        assert again.json["thinking"] == {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
+        assert again.json["messages"] == records[i].json["messages"]
+
+
+async def test_a_clients_own_stale_thinking_is_its_400(fake, make_proxy):
+    """The proxy changed nothing: the upstream's refusal goes to the client as it came, once."""
+    proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.base_url}})
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    fake.reply = {"thinking": "t", "content": "a"}
+    async with anthropic_client(proxy, KEY) as c:
+        r = await c.messages.create(model=MODEL, max_tokens=500, system="one", messages=msgs)
+        msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                 {"role": "user", "content": "q2"}]
+        with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
+            await c.with_options(max_retries=0).messages.create(model=MODEL, max_tokens=500, system="two",
+                                                                messages=msgs)
+    assert [r.status for r in fake.records("messages")] == [200, 400]
 
 
 @pytest.mark.parametrize("model, bound", [

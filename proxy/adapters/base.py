@@ -204,6 +204,13 @@ class Adapter(ABC):
         """The envelope without its signed reasoning, or None when it carries none."""
         return None
 
+    def without_stale_reasoning(self, status: int, answer: bytes, data: bytes,
+                                headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]] | None:
+        """When the upstream refused a compacted request for signed reasoning whose prefix the
+        compaction changed: the body to send once more (and headers to set) that has the upstream
+        leave the stale reasoning out; else None. Default: no protocol's upstream refuses so."""
+        return None
+
     @abstractmethod
     def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
         """Tokens of one envelope as the upstream's template frames it."""

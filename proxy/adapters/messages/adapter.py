@@ -222,6 +222,19 @@ class MessagesAdapter(Adapter):
         items = items or tuple(_item(b, "assistant") for b in value["content"])
         return Envelope(items, envelope.turn, envelope.cut_before, value, kind=envelope.kind)
 
+    def without_stale_reasoning(self, status: int, answer: bytes, data: bytes,
+                                headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]] | None:
+        if not binding.is_stale_thinking(status, answer):
+            return None
+        try:
+            body = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        again = binding.dropping_stale(body, headers.get("anthropic-beta"))
+        if again is None:
+            return None
+        return jsonbody.dumps(again[0]), {"anthropic-beta": again[1]}
+
     def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
         items = tuple(_item(b, value["role"]) for b in blocks(value.get("content")))
         return Envelope(items, turn, True, value, kind=_kind(value["role"], items))

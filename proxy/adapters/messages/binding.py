@@ -6,12 +6,19 @@ old tool outputs. The API's own advice to integrations that summarize older turn
 newest is to leave the kept turns' thinking out; the thinking made after the change is bound to
 the compacted prefix, which the proxy forwards byte for byte from then on, and stays valid
 (platform.claude.com/docs/en/build-with-claude/preserved-thinking/prefix-checks).
+
+Where the proxy cannot know (a model newer than the table below, a record kept by an older
+version, a note that changed after its failure's cool-down), the upstream's 400 is answered by
+sending the request once more with `block_binding.prefix_mismatch_behavior: "drop_block"`: the
+API then leaves out exactly the stale blocks and says which in `input_transformations`.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import orjson
 
 from proxy.adapters.messages.body import blocks
 
@@ -38,3 +45,32 @@ def without_thinking(message: Any) -> dict[str, Any] | None:
     if len(kept) == len(content):
         return None
     return {**message, "content": kept or [{"type": "text", "text": LEFT_OUT}]}
+
+
+BETA = "thinking-binding-controls-2026-08-01"
+_BOUND_ERROR = "bound to a different conversation"
+
+
+def is_stale_thinking(status: int, answer: bytes) -> bool:
+    """Whether the upstream refused a thinking block whose prefix changed (the API's 400 "The
+    block is bound to a different conversation")."""
+    if status != 400 or _BOUND_ERROR.encode() not in answer:
+        return False
+    try:
+        err = orjson.loads(answer).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(err, dict) and _BOUND_ERROR in str(err.get("message", ""))
+
+
+def dropping_stale(body: dict[str, Any], beta: str | None) -> tuple[dict[str, Any], str] | None:
+    """The request asking the API to drop the stale blocks instead (its documented immediate
+    fix), and the `anthropic-beta` value that field needs; None when it asked so already or chose
+    the error itself (a client's explicit "error" is its own)."""
+    thinking = body.get("thinking")
+    thinking = dict(thinking) if isinstance(thinking, dict) else {"type": "adaptive"}
+    if thinking.get("type") == "disabled" or thinking.get("block_binding") is not None:
+        return None
+    thinking["block_binding"] = {"prefix_mismatch_behavior": "drop_block"}
+    betas = [b.strip() for b in (beta or "").split(",") if b.strip()]
+    return {**body, "thinking": thinking}, ",".join([*betas, BETA] if BETA not in betas else betas)

@@ -190,7 +190,8 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
         extra["x-compaction-recalls"] = "0"
     recall = Answering(p.recall, RECALL, RecallRounds) if p.recall is not None else None
     resp = await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, p.request.stream), body,
-                      extra, retry=p.retry, recall=recall, hooks=state.hooks)
+                      extra, retry=p.retry, recall=recall, hooks=state.hooks,
+                      compacted=p.forwarded is not p.request.conversation)
     recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
     return resp
 

@@ -26,6 +26,8 @@ Settings (attributes, settable any time, or keyword arguments):
                       (default False: the fake insists on alternation)
   extra_block_types   block types accepted as opaque in either role (default none)
   cache_min_tokens    None: the model's minimum cacheable length | int
+  prefix_check        None: thinking is bound to its prefix on the models that run the check
+                      (proxy/fakes/messages/binding.py) | True | False: on every model, on none
   signing_key         None: a random key per fake | bytes: the key of thinking signatures and
                       redacted_thinking data (recorded sessions carry signatures made with a known key)
   fault_target, fault_times, fail_status, retry_after, stall_before_headers_s, stall_mid_stream_s,
@@ -85,6 +87,7 @@ class FakeMessages(ModelFake):
         self.extra_block_types: set[str] = set()
         self.cache_min_tokens: int | None = None
         self.error_mid_stream: str | None = None
+        self.prefix_check: bool | None = None
         super().__init__(**settings)
         self._cache = BreakpointCache()
 
@@ -245,7 +248,7 @@ class FakeMessages(ModelFake):
         transformations: list[dict[str, Any]] = []
         try:
             body = self._validate(rec)
-            bound = binding.checks_prefix(body["model"])
+            bound = binding.checks_prefix(body["model"]) if self.prefix_check is None else self.prefix_check
             if bound:
                 try:
                     body, transformations = binding.check(body, lambda b: bound_prefix(self.signer, b),
