@@ -1,6 +1,7 @@
 """Context windows of well-known models, for requests whose model `models:` does not name.
 
-The figures are the providers' published input windows, as of 2025-09 (sources per family below).
+The figures are the providers' published input windows, as of 2025-09 and for Anthropic's fifth
+generation 2026-11 (sources per family below).
 Self-hosted servers serve the window they were started with (llama.cpp's `--ctx-size`, Ollama's
 `num_ctx`, vLLM's `--max-model-len`), often far below the model's own: set `models:` (or
 `models.default`) for them, which always wins over this table. Names are matched without a
@@ -34,6 +35,10 @@ _TABLE: list[tuple[str, int]] = [
     (r"o1-(mini|preview)", 128_000),
     (r"o[134](-|$)", 200_000),
     # Anthropic: docs.anthropic.com/en/docs/about-claude/models (2025-09; 1M for Sonnet 4 is a beta)
+    # The fifth generation's windows are 1M natively (the model overview pages at
+    # platform.claude.com/docs/en/models, 2026-11: Fable 5 / 5.1 / 5.2, Mythos, Opus 5 / 5.5,
+    # Sonnet 5 / 5.5, Haiku 5.5)
+    (r"claude-(fable|mythos|opus|sonnet|haiku)-5", 1_000_000),
     (r"claude-(3|sonnet-4|opus-4|haiku-4|2\.1)", 200_000),
     (r"claude-(2|instant)", 100_000),
     # Meta Llama: the model cards on huggingface.co/meta-llama (3.1: 2024-07, 3.2: 2024-09,

@@ -18,6 +18,8 @@ from support.compaction_helpers import chat_history, proxy_count
     ("gpt-4.1-mini", 1_047_576), ("gpt-5", 400_000), ("o3-mini", 200_000), ("o1-mini", 128_000),
     ("gpt-4", 8_192), ("gpt-4-0613", 8_192), ("gpt-4-turbo", 128_000), ("gpt-3.5-turbo", 16_385),
     ("claude-3-5-sonnet-20241022", 200_000), ("claude-sonnet-4-20250514", 200_000), ("claude-2.0", 100_000),
+    ("claude-fable-5-1", 1_000_000), ("claude-opus-5-5", 1_000_000), ("claude-haiku-5-5", 1_000_000),
+    ("anthropic/claude-sonnet-5-5-20261001", 1_000_000), ("claude-haiku-4-5", 200_000),
     ("llama3.1:8b", 128 * 1024), ("meta-llama/Llama-3.3-70B-Instruct", 128 * 1024),
     ("Meta-Llama-3-8B-Instruct", 8_192), ("llama-2-7b-chat", 4_096),
     ("qwen2.5:7b", 32_768), ("Qwen/Qwen3-8B", 32_768), ("qwen3-235b-a22b-instruct-2507", 262_144),
