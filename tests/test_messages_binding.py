@@ -36,8 +36,10 @@ def thinking_in(msg: dict[str, Any]) -> list[str]:
     return [b["thinking"] for b in msg["content"] if isinstance(b, dict) and b.get("type") == "thinking"]
 
 
-async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 300, model: str = MODEL) -> list[str]:
-    """A tool loop: every turn thinks ("step N") and reads a file; returns the statuses."""
+async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 300, model: str = MODEL,
+                  history: bool = False) -> Any:
+    """A tool loop: every turn thinks ("step N") and reads a file; returns the statuses (or, with
+    `history`, the messages)."""
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py. " + filler(60, 1)}]
     statuses = []
     async with anthropic_client(proxy, KEY) as c:
@@ -53,7 +55,7 @@ async def session(proxy: Any, fake: FakeMessages, steps: int, tool_words: int = 
             use = next(b for b in turn if b["type"] == "tool_use")
             msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
                                                       "content": filler(tool_words, step)}]})
-    return statuses
+    return msgs if history else statuses
 
 
 @pytest.mark.parametrize("compaction", [{"prepare_percent": 0, "mask_tool_outputs": False},
@@ -72,6 +74,49 @@ async def test_a_bound_session_compacts_without_a_stale_thinking_block(fake, mak
     last = fake.messages_requests[-1]
     kept = [t for m in last["messages"] for t in thinking_in(m)]
     assert len(kept) >= 2 and kept == [f"step {k}" for k in range(15 - len(kept), 15)], kept
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_recall_round_leaves_its_later_thinking_out_of_the_clients_message(fake, make_proxy, stream):
+    """The model looks something up (design 13.3) and answers in a second round: the client gets
+    one message, which it sends back next turn. The second round's thinking was made after the
+    recall round the client never sees, so on this model it would be invalid there: it is left
+    out, and the next request is valid."""
+    proxy = await make_proxy(fake.base_url, {
+        "anthropic": {"base_url": fake.base_url}, "models": {MODEL: {"context_window": 6000}},
+        "compaction": {"prepare_percent": 0, "mask_tool_outputs": False}})
+    msgs = await session(proxy, fake, 12, history=True)
+
+    asked: list[str] = []
+
+    def reply(view: dict[str, Any]) -> Any:
+        recall = next((t["function"]["name"] for t in view.get("tools") or ()
+                       if t["function"]["name"].startswith("context_recall")), None)
+        if recall and not asked:  # the first round looks up, the second answers
+            asked.append(recall)
+            return {"thinking": "look it up", "content": "Looking.",
+                    "tool_calls": [{"name": recall, "arguments": {"query": "step"}}]}
+        return {"thinking": "found it", "content": "Here it is."}
+
+    fake.reply = reply
+    msgs[-1]["content"].append({"type": "text", "text": "what did step 2 read?"})
+    async with anthropic_client(proxy, KEY) as c:
+        kw = dict(model=MODEL, max_tokens=2000, tools=[READ], system=SYSTEM, messages=msgs)
+        if stream:
+            async with c.messages.stream(**kw) as s:
+                r = await s.get_final_message()
+        else:
+            r = await c.messages.create(**kw)
+        content = [b.model_dump(exclude_none=True) for b in r.content]
+        assert [b["type"] for b in content] == ["thinking", "text", "text"], content
+        assert content[0]["thinking"] == "look it up"
+        fake.reply = {"thinking": "next", "content": "ok"}
+        await c.messages.create(model=MODEL, max_tokens=2000, tools=[READ], system=SYSTEM,
+                                messages=[*msgs, {"role": "assistant", "content": content},
+                                          {"role": "user", "content": "thanks"}])
+    assert asked  # the recall tool was declared, and the model called it
+    bad = [(r.kind, r.status) for r in fake.requests if r.status != 200]
+    assert not bad, bad
 
 
 async def test_a_model_newer_than_the_table_is_sent_again_with_drop_block(fake, make_proxy):

@@ -5,7 +5,8 @@ The tool is a `{"name", "description", "input_schema"}` entry. An answer's calls
 blocks kept, first, as the API requires before tool results) and a user message whose
 `tool_result` blocks answer the recall calls. The client's answer is one message: every round's
 blocks without the recall calls (`stop_reason: tool_use` only when its own tool_use blocks are
-left), usage summed. Empty text blocks are left out: the API refuses them in a request.
+left), usage summed. Empty text blocks are left out: the API refuses them in a request; so are
+the later rounds' thinking blocks on a model that binds thinking to its prefix.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from proxy.adapters.messages import binding
 from proxy.recall.answers import Call, Split, summed_usage
 from proxy.recall.tool import description, parameters
 
@@ -42,6 +44,13 @@ def continuation(body: dict[str, Any], content: list[Any], calls: list[Call], re
     if last:
         out["tool_choice"] = {"type": "none"}
     return out
+
+
+def later_thinking(block: Any) -> bool:
+    """A thinking block of a round after the first: made after a recall round the client never
+    sees, so on a model that binds thinking to its prefix it is invalid in the client's one
+    message (proxy/adapters/messages/binding.py), and is left out of it there."""
+    return isinstance(block, dict) and block.get("type") in binding.THINKING
 
 
 def stop_reason(reason: Any, blocks: list[Any], name: str, dropped: bool) -> Any:
@@ -82,7 +91,9 @@ class MessagesDialect:
 
     def merged(self, answers: list[dict[str, Any]], name: str) -> dict[str, Any]:
         data = dict(answers[-1])
-        blocks = [b for a in answers for b in a["content"] if not is_recall(b, name) and _sendable(b)]
+        bound = binding.binds(str(data.get("model", "")))
+        blocks = [b for k, a in enumerate(answers) for b in a["content"] if not is_recall(b, name) and _sendable(b)
+                  and not (k and bound and later_thinking(b))]
         if not blocks:  # (a turn of nothing but an empty text block keeps it)
             blocks = [b for b in data["content"] if not is_recall(b, name)]
         dropped = any(is_recall(b, name) for b in data["content"])

@@ -6,7 +6,8 @@ later rounds' message_start / message_delta / message_stop), every round's conte
 consecutive `index`es, then one `message_delta` (the last round's stop reason, `end_turn` when only
 dropped recall calls made it `tool_use`; the usage of every round, as totals, which the SDK takes
 over message_start's) and one `message_stop`. A recall `tool_use` block is told apart by its
-`content_block_start` and held back whole; thinking blocks go out (signed, valid to send back).
+`content_block_start` and held back whole; thinking blocks go out (signed, valid to send back),
+but for a later round's on a model that binds thinking to its prefix (invalid in the one message).
 Each round's blocks are rebuilt from their deltas for the continuation.
 """
 
@@ -20,7 +21,8 @@ import orjson
 from proxy import errors
 from proxy.sse import event_fields
 from proxy.recall.answers import Call, add_usage
-from proxy.recall.messages import USAGE_KEYS, continuation, is_client_call, is_recall, stop_reason
+from proxy.adapters.messages import binding
+from proxy.recall.messages import USAGE_KEYS, continuation, is_client_call, is_recall, later_thinking, stop_reason
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -73,6 +75,7 @@ class Rounds:
     delta: dict[str, Any] | None = None  # the round's message_delta
     stopped: bool = False
     round: int = 0
+    bound: bool = False  # the model binds thinking to its prefix: later rounds' thinking is held back
 
     def start(self) -> None:
         self.blocks, self.round_usage, self.delta, self.stopped = {}, {}, None, False
@@ -93,6 +96,7 @@ class Rounds:
                 self.round_usage.update(message["usage"])
             if self.round == 1:
                 self.opened = True
+                self.bound = binding.binds(str(message.get("model", "")))
                 return [event]
             return []
         if t == "ping":
@@ -117,7 +121,7 @@ class Rounds:
         if t == "content_block_start":
             cb = payload.get("content_block")
             b = self.blocks[i] = _Block(dict(cb) if isinstance(cb, dict) else {})
-            if not is_recall(b.block, self.name):
+            if not is_recall(b.block, self.name) and not (self.round > 1 and self.bound and later_thinking(b.block)):
                 b.index = self.next_index
                 self.next_index += 1
         b = self.blocks.get(i)
