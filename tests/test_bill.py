@@ -110,6 +110,8 @@ def test_prices_are_found_by_the_longest_matching_name():
     assert table.find("gpt-4o-mini-2024-07-18") == table.prices["gpt-4o-mini"]
     assert table.find("gpt-4o-2024-08-06") == table.prices["gpt-4o"]
     assert table.find("o3-mini") == table.prices["o3-mini"]
+    assert table.find("claude-opus-5-5-20261001") == Price(4.0, 0.40, 20.0)  # not Opus 5's
+    assert table.find("claude-sonnet-5-5") == table.find("claude-sonnet-5") == Price(2.0, 0.20, 10.0)
     assert table.find("my-llama") == Price(1.0, 1.0, 2.0)  # no cached rate: the input rate
     assert table.find("gpt-4") is None and table.find("unknown") is None
     assert Price(2.0, 0.5, 8.0).cost(prompt=1_000_000, cached=400_000, completion=10_000) == pytest.approx(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-PRICES_DATE = "2025-08"  # the providers' published list prices at that date
+PRICES_DATE = "2025-08, Claude 5.x 2026-11"  # the providers' published list prices at those dates
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,13 @@ DEFAULT_PRICES: dict[str, Price] = {
     "o3-mini": Price(1.10, 0.55, 4.40),
     "o4-mini": Price(1.10, 0.275, 4.40),
     # Anthropic (cached input: a cache read; cache writes cost more and are not modelled)
+    # (the fifth generation: the model overview pages at platform.claude.com/docs/en/models,
+    # 2026-11; Sonnet 5 and 5.5 share a price, and a cache read is a tenth of the input rate)
+    "claude-fable-5-2": Price(8.0, 0.80, 40.0),
+    "claude-fable-5-1": Price(10.0, 1.0, 50.0),
+    "claude-opus-5-5": Price(4.0, 0.40, 20.0),
+    "claude-opus-5": Price(5.0, 0.50, 25.0),
+    "claude-sonnet-5": Price(2.0, 0.20, 10.0),
     "claude-opus-4": Price(15.0, 1.50, 75.0),
     "claude-sonnet-4": Price(3.0, 0.30, 15.0),
     "claude-3-7-sonnet": Price(3.0, 0.30, 15.0),
