@@ -135,9 +135,9 @@ async def test_error_event_mid_stream(fake):
 
 async def test_every_request_is_recorded(fake, client):
     await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "a"}])
-    await post(fake, body([{"role": "assistant", "content": "b"}]), HEADERS, path="/v1/messages")
+    await post(fake, body([{"role": "user", "content": []}]), HEADERS, path="/v1/messages")
     assert [r.status for r in fake.records("messages")] == [200, 400]
-    assert fake.records("messages")[1].json["messages"] == [{"role": "assistant", "content": "b"}]
+    assert fake.records("messages")[1].json["messages"] == [{"role": "user", "content": []}]
 
 
 # ---- the prompt cache honours breakpoints ------------------------------------------------------
@@ -232,9 +232,28 @@ async def test_max_tokens_required(fake):
     assert await rejected(fake, b) == "max_tokens: Field required"
 
 
-async def test_first_message_from_the_user(fake):
-    msg = await rejected(fake, body([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]))
-    assert msg == 'messages: first message must use the "user" role'
+async def test_first_message_may_be_the_assistants(fake, client):
+    """Anthropic's API takes an assistant message first (Bedrock still refuses it:
+    anthropics/anthropic-sdk-typescript#622); no messages at all is still an error."""
+    r = await client.messages.create(model=MODEL, max_tokens=10, messages=[
+        {"role": "assistant", "content": "How can I help?"}, {"role": "user", "content": "x"}])
+    assert r.content[0].text == "ok: x"
+    assert await rejected(fake, body([])) == 'messages: first message must use the "user" role'
+
+
+async def test_prefill_may_not_end_in_whitespace(fake, client):
+    msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is "}]
+    assert await rejected(fake, body(msgs)) == "messages: final assistant content cannot end with trailing whitespace"
+    msgs[1]["content"] = [{"type": "text", "text": "The colour"}, {"type": "text", "text": "is\n"}]
+    assert await rejected(fake, body(msgs)) == "messages: final assistant content cannot end with trailing whitespace"
+    msgs[1]["content"] = "The colour is"
+    r = await client.messages.create(model=MODEL, max_tokens=10, messages=msgs)
+    assert r.stop_reason == "end_turn"
+    # Whitespace ending an earlier assistant turn is no prefill.
+    msgs += [{"role": "user", "content": "Another."}]
+    msgs[1]["content"] = "Blue. "
+    r = await client.messages.create(model=MODEL, max_tokens=10, messages=msgs)
+    assert r.stop_reason == "end_turn"
 
 
 async def test_roles_alternate(fake):

@@ -165,9 +165,11 @@ async def test_the_client_raises_the_matching_error_class(both):
 
 async def test_upstream_errors_pass_through_as_they_came(both, fake):
     status, headers, raw = await post(both.root, {"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "assistant", "content": "x"}]}, {**HEADERS, **JSON}, path="/v1/messages")
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "y "}]}, {**HEADERS, **JSON},
+        path="/v1/messages")
     payload = json.loads(raw)
-    assert status == 400 and 'first message must use the "user" role' in anthropic_error(payload, "invalid_request_error")
+    assert status == 400 and "final assistant content cannot end with trailing whitespace" in \
+        anthropic_error(payload, "invalid_request_error")
     assert headers["x-compaction-status"] == "none"
 
 

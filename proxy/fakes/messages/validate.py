@@ -105,8 +105,11 @@ def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> lis
     for i, m in enumerate(msgs):
         _check_message(i, m, ctx)
     turns = _turns(msgs, ctx)
-    if not turns or turns[0]["role"] != "user":
+    if not turns:
         raise Invalid('messages: first message must use the "user" role')
+    # A first assistant message is no error on Anthropic's own API (it was, and on Bedrock still is:
+    # anthropics/anthropic-sdk-typescript#622), and the SDK's `messages` docs no longer ask for it.
+    _check_prefill(turns)
     _check_breakpoints(body)
     _check_tool_pairing(turns, ctx)
     if thinking_enabled(body) and not binding.checks_prefix(body["model"]):
@@ -208,6 +211,19 @@ def _turns(msgs: list[dict[str, Any]], ctx: Context) -> list[dict[str, Any]]:
             continue
         turns.append({"role": m["role"], "content": m["content"], "_index": i})
     return turns
+
+
+def _check_prefill(turns: list[dict[str, Any]]) -> None:
+    """A final assistant turn is a prefill the answer continues: its text may not end in
+    whitespace ("messages: final assistant content cannot end with trailing whitespace")."""
+    last = turns[-1]
+    if last["role"] != "assistant":
+        return
+    blocks = content_blocks(last["content"])
+    tail = blocks[-1] if blocks else None
+    if isinstance(tail, dict) and tail.get("type") == "text" and isinstance(tail.get("text"), str) and \
+            tail["text"] != tail["text"].rstrip():
+        raise Invalid("messages: final assistant content cannot end with trailing whitespace")
 
 
 def _check_breakpoints(body: dict[str, Any]) -> None:
