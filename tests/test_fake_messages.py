@@ -363,6 +363,14 @@ async def test_empty_text_blocks_rejected(fake):
     assert await rejected(fake, body(msgs)) == "messages.0.content.0: text content blocks must be non-empty"
 
 
+async def test_empty_text_blocks_rejected_with_a_breakpoint_too(fake):
+    """Anthropic's words (anthropics/claude-code#55302)."""
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "q"},
+                                         {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]}]
+    assert await rejected(fake, body(msgs)) == \
+        "messages.0.content.1.text: cache_control cannot be set for empty text blocks"
+
+
 async def test_thinking_budget_below_max_tokens(fake):
     b = body([{"role": "user", "content": "x"}], thinking={"type": "enabled", "budget_tokens": 4000})
     assert "`max_tokens` must be greater than `thinking.budget_tokens`" in await rejected(fake, b)

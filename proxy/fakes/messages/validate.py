@@ -183,7 +183,9 @@ def _check_message(i: int, m: Any, ctx: Context) -> None:
         for key in REQUIRED.get(t, ()):
             if key not in b:
                 raise Invalid(f"{at}.{t}.{key}: Field required")
-        if t == "text" and not b["text"] and not has_breakpoint(b):
+        if t == "text" and not b["text"]:
+            if has_breakpoint(b):
+                raise Invalid(f"{at}.text: cache_control cannot be set for empty text blocks")
             raise Invalid(f"{at}: text content blocks must be non-empty")
         if t == "thinking":
             if has_breakpoint(b):
