@@ -335,6 +335,39 @@ async def test_at_most_four_breakpoints(fake):
         "A maximum of 4 blocks with cache_control may be provided. Found 5."
 
 
+@pytest.mark.parametrize(("cc", "says"), [
+    ({"type": "persistent"}, "messages.0.content.0.text.cache_control.type: Input should be 'ephemeral'"),
+    ({"type": "ephemeral", "ttl": "10m"}, "messages.0.content.0.text.cache_control.ttl: Input should be '5m' or '1h'"),
+], ids=["type", "ttl"])
+async def test_cache_control_is_ephemeral_with_a_known_ttl(fake, client, cc, says):
+    """anthropic/types/cache_control_ephemeral_param.py: type "ephemeral", ttl "5m" or "1h"."""
+    assert await rejected(fake, body([{"role": "user", "content": [{"type": "text", "text": "q",
+                                                                     "cache_control": cc}]}])) == says
+    for ttl in ("5m", "1h"):
+        r = await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": ttl}}]}])
+        assert r.stop_reason == "end_turn"
+
+
+async def test_an_hour_long_breakpoint_comes_before_the_five_minute_ones(fake, client):
+    """Anthropic's words (cnighswonger/claude-code-cache-fix#44); ttl left out is 5m, and the
+    tools come before the system."""
+    hour, five = {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral"}
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": five},
+                                         {"type": "text", "text": "b", "cache_control": hour}]}]
+    assert await rejected(fake, body(msgs)) == (
+        "messages.0.content.1.cache_control.ttl: a ttl='1h' cache_control block must not come after a ttl='5m' "
+        "cache_control block. Note that blocks are processed in the following order: `tools`, `system`, `messages`.")
+    system = [{"type": "text", "text": "rules", "cache_control": hour}]
+    msg = await rejected(fake, body([{"role": "user", "content": "q"}], system=system,
+                                    tools=[{**READ, "cache_control": five}]))
+    assert msg.startswith("system.0.cache_control.ttl: a ttl='1h' cache_control block must not come after")
+    msgs[0]["content"].reverse()  # 1h, then 5m
+    r = await client.messages.create(model=MODEL, max_tokens=10, system=system, messages=msgs,
+                                     tools=[{**READ, "cache_control": hour}])
+    assert r.stop_reason == "end_turn"
+
+
 async def test_thinking_blocks_take_no_cache_control(fake, client):
     turn = await thinking_turn(fake, client)
     marked = {"role": "assistant", "content": [{**turn["content"][0], "cache_control": {"type": "ephemeral"}},

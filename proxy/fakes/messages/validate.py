@@ -228,18 +228,57 @@ def _check_prefill(turns: list[dict[str, Any]]) -> None:
         raise Invalid("messages: final assistant content cannot end with trailing whitespace")
 
 
+def _marked(body: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Every block-level breakpoint in cache order (tools, system, messages; a tool_result's inner
+    blocks before the tool_result): (where, as the validation names it with the block's tag,
+    cache_control)."""
+    out: list[tuple[str, str, Any]] = []
+    for j, t in enumerate(body.get("tools") or []):
+        if has_breakpoint(t):
+            out.append((f"tools.{j}", f"tools.{j}.{t.get('type') or 'custom'}", t["cache_control"]))
+    for j, b in enumerate(system_blocks(body)):
+        if has_breakpoint(b):
+            out.append((f"system.{j}", f"system.{j}.text", b["cache_control"]))
+    for i, m in enumerate(body["messages"]):
+        for j, b in enumerate(content_blocks(m.get("content"))):
+            if not isinstance(b, dict):
+                continue
+            at = f"messages.{i}.content.{j}"
+            if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+                out += [(f"{at}.content.{k}", f"{at}.tool_result.content.{k}.{x.get('type')}", x["cache_control"])
+                        for k, x in enumerate(b["content"]) if has_breakpoint(x)]
+            if has_breakpoint(b):
+                out.append((at, f"{at}.{b.get('type')}", b["cache_control"]))
+    return out
+
+
+def _check_cache_control(tagged: str, cc: Any) -> None:
+    """`type` "ephemeral", `ttl` "5m" or "1h" (anthropic/types/cache_control_ephemeral_param.py)."""
+    if not isinstance(cc, dict):
+        raise Invalid(f"{tagged}.cache_control: Input should be a valid dictionary")
+    if cc.get("type") != "ephemeral":
+        raise Invalid(f"{tagged}.cache_control.type: Input should be 'ephemeral'")
+    if "ttl" in cc and cc["ttl"] not in ("5m", "1h"):
+        raise Invalid(f"{tagged}.cache_control.ttl: Input should be '5m' or '1h'")
+
+
 def _check_breakpoints(body: dict[str, Any]) -> None:
     """"A maximum of 4 blocks with cache_control may be provided. Found 5." (top-level
-    cache_control counts as one: it marks the last cacheable block)."""
-    n = sum(has_breakpoint(t) for t in body.get("tools") or [])
-    n += sum(has_breakpoint(b) for b in system_blocks(body))
-    for m in body["messages"]:
-        for b in content_blocks(m.get("content")):
-            n += has_breakpoint(b)
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                n += sum(has_breakpoint(x) for x in content_blocks(b.get("content")) if isinstance(b.get("content"),
-                                                                                                    list))
-    n += body.get("cache_control") is not None
+    cache_control counts as one: it marks the last cacheable block), each one well-formed, and no
+    1h breakpoint after a 5m one (the default is 5m) in the cache's order."""
+    marked = _marked(body)
+    if body.get("cache_control") is not None:
+        _check_cache_control("cache_control", body["cache_control"])
+    five = False
+    for where, tagged, cc in marked:
+        _check_cache_control(tagged, cc)
+        ttl = cc.get("ttl", "5m")
+        if ttl == "1h" and five:
+            raise Invalid(f"{where}.cache_control.ttl: a ttl='1h' cache_control block must not come after a "
+                          "ttl='5m' cache_control block. Note that blocks are processed in the following order: "
+                          "`tools`, `system`, `messages`.")
+        five = five or ttl == "5m"
+    n = len(marked) + (body.get("cache_control") is not None)
     if n > MAX_BREAKPOINTS:
         raise Invalid(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {n}.")
 
