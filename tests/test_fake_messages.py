@@ -409,6 +409,23 @@ async def test_thinking_budget_below_max_tokens(fake):
     assert "`max_tokens` must be greater than `thinking.budget_tokens`" in await rejected(fake, b)
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "Read"}], ids=["any", "tool"])
+async def test_thinking_takes_no_forced_tool_choice(fake, client, choice):
+    """The API's words (run-llama/llama_index#19641, mastra-ai/mastra#7507); the
+    extended-thinking docs allow only tool_choice auto or none with thinking."""
+    msgs = [{"role": "user", "content": "read a.py"}]
+    with pytest.raises(BadRequestError) as e:
+        await client.messages.create(model=MODEL, max_tokens=2000, thinking=THINK, tools=[READ], tool_choice=choice,
+                                     messages=msgs)
+    assert e.value.body["error"]["message"] == "Thinking may not be enabled when tool_choice forces tool use."
+    fake.reply = {"tool_calls": [{"name": "Read", "input": {"path": "a.py"}}]}
+    r = await client.messages.create(model=MODEL, max_tokens=2000, tools=[READ], tool_choice=choice, messages=msgs)
+    assert r.stop_reason == "tool_use"  # without thinking it is fine
+    r = await client.messages.create(model=MODEL, max_tokens=2000, thinking=THINK, tools=[READ],
+                                     tool_choice={"type": "auto"}, messages=msgs)
+    assert r.stop_reason == "tool_use"
+
+
 async def test_unknown_block_rejected_unless_allowed_and_then_kept(fake):
     odd = {"type": "future_block", "data": [1, 2]}
     msgs = [{"role": "user", "content": [{"type": "text", "text": "x"}, odd]}]

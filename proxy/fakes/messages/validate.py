@@ -91,6 +91,10 @@ def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> lis
         if mt < 0:
             raise Invalid("max_tokens: Input should be greater than or equal to 0")
         _check_thinking_config(body)
+        choice = body.get("tool_choice")
+        if thinking_enabled(body) and isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+            # The extended-thinking docs: thinking with tools takes tool_choice auto or none only.
+            raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):
         raise Invalid("system: Input should be a valid string")
