@@ -462,6 +462,16 @@ async def test_fail_status_in_anthropics_shape(fake, client):
     assert r.stop_reason == "end_turn"
 
 
+@pytest.mark.parametrize(("status", "kind", "says"), [(402, "billing_error", "Billing error"),
+                                                  (504, "timeout_error", "Request timeout")], ids=["402", "504"])
+async def test_fail_status_has_the_apis_error_type(fake, status, kind, says):
+    """The error types of https://platform.claude.com/docs/en/api/errors (402 billing_error) and the
+    SDK's error objects (BillingErrorObject, GatewayTimeoutErrorObject: timeout_error)."""
+    fake.fail_status, fake.fault_times = status, 1
+    got, _, raw = await post(fake, body([{"role": "user", "content": "x"}]), HEADERS, path="/v1/messages")
+    assert got == status and json.loads(raw)["error"] == {"type": kind, "message": says}
+
+
 async def test_a_summary_asked_inside_the_conversation_is_recognized(fake, client):
     """The cache-riding summary call (spec 9.4): the conversation's own request with the request
     for a summary as its last block is the proxy's summarizer call, not the agent's."""

@@ -69,9 +69,9 @@ def openai_error_type(status: int) -> str:
 
 
 # https://docs.anthropic.com/en/api/errors: one error type per status.
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                    500: "api_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
 
 
 def anthropic_error_type(status: int) -> str:

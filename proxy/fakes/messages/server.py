@@ -66,9 +66,11 @@ from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
 
-_MESSAGES = {401: "invalid x-api-key", 403: "Your API key does not have permission to use the specified resource.",
+# 402 and 504: the defaults of BillingError and GatewayTimeoutError in the API reference's shared models.
+_MESSAGES = {401: "invalid x-api-key", 402: "Billing error",
+             403: "Your API key does not have permission to use the specified resource.",
              404: "Not found", 429: "Number of request tokens has exceeded your per-minute rate limit",
-             500: "Internal server error", 529: "Overloaded"}
+             500: "Internal server error", 504: "Request timeout", 529: "Overloaded"}
 
 
 _BROKEN_SSE = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":\n\n'
