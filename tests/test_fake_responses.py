@@ -258,6 +258,24 @@ async def test_reasoning_without_encrypted_content_needs_store(fake, client):
     assert "not found" in err["message"] and "`store` is set to false" in err["message"]
 
 
+async def test_a_stored_call_comes_back_with_its_reasoning(fake, client):
+    """OpenAI's words (mastra-ai/mastra#8738, VRSEN/agency-swarm#367). A call sent without its
+    item id is not looked up (laravel/ai#1052: the API pairs the output on call_id)."""
+    fake.reply = {"reasoning": "plan", "content": "Listing.", "tool_calls": [{"name": "shell", "arguments": {"cmd": "ls"}}]}
+    r = await client.responses.create(model=MODEL, input="go", tools=[SHELL])
+    fake.reply = "ok"
+    rs, msg, fc = (o.model_dump(exclude_none=True) for o in r.output)
+    assert (rs["type"], fc["type"]) == ("reasoning", "function_call")
+    err = await rejected(fake, {"model": MODEL, "input": [user("go"), msg, fc, output(fc["call_id"])]})
+    assert err["message"] == (f"Item '{fc['id']}' of type 'function_call' was provided without its required "
+                              f"'reasoning' item: '{rs['id']}'.")
+    assert err["param"] == "input" and err["code"] is None
+    for items in ([rs, msg, fc], [msg, {k: v for k, v in fc.items() if k != "id"}]):
+        status, _, _ = await post(fake, {"model": MODEL, "input": [user("go"), *items, output(fc["call_id"])]}, AUTH,
+                                  path="/responses")
+        assert status == 200
+
+
 async def test_item_reference_resolves_only_stored_items(fake, client):
     err = await rejected(fake, {"model": MODEL, "input": [user("x"), {"type": "item_reference", "id": "msg_nope"}]})
     assert "Item with id 'msg_nope' not found" in err["message"]

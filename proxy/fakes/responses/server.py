@@ -4,7 +4,8 @@
   a context window (400 `context_length_exceeded`, or with `overflow_as_failed_event` a stream
   that ends in `response.failed` with that code); stored responses for `previous_response_id`
   and `item_reference` (unless `store: false`); reasoning items whose `encrypted_content` the fake
-  signs and checks (they must come back unchanged, right before the item they preceded);
+  signs and checks (they must come back unchanged, right before the item they preceded), and a
+  stored function_call the fake made after a reasoning item comes back (by its id) with it;
 - WebSocket on `/v1/responses`: each `response.create` message is a request; the events come
   back as JSON text messages; errors as `{"type": "error", "status", "error": {...}}` and the
   socket stays open; one response at a time per socket, in order;
@@ -83,6 +84,7 @@ class FakeResponses(ModelFake):
         self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
         self._items: dict[str, dict[str, Any]] = {}
         self._next: dict[str, list[Any]] = {}
+        self._call_reasoning: dict[str, str] = {}  # stored function_call id -> the reasoning before it
 
     # ---- recordings --------------------------------------------------------------------------
 
@@ -191,7 +193,8 @@ class FakeResponses(ModelFake):
             return self._responses.get(rid)
 
         return Context(signer=self.signer, stored_items=self._items, stored_next=self._next, find_response=find,
-                       extra_item_types=frozenset(self.extra_item_types), websocket=websocket)
+                       call_reasoning=self._call_reasoning, extra_item_types=frozenset(self.extra_item_types),
+                       websocket=websocket)
 
     async def _answer(self, body: Any, rec: RecordedRequest, ctx: Context, stream: bool,
                       local: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
@@ -250,8 +253,13 @@ class FakeResponses(ModelFake):
         if body.get("store") is False:
             return
         self._responses[rid] = items + output
+        reasoning = None
         for it in output:
             self._items[it["id"]] = it
+            if it["type"] == "reasoning":
+                reasoning = it["id"]
+            elif it["type"] == "function_call" and reasoning is not None:
+                self._call_reasoning[it["id"]] = reasoning
 
     async def _reply(self, body: dict[str, Any], items: list[Any], rec: RecordedRequest) -> ev.Reply:
         return await self._scripted(view(body, items), rec, ev.normalize_reply, lambda m: FakeError.openai(500, m))

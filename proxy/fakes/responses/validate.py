@@ -94,6 +94,7 @@ class Context:
     stored_items: dict[str, dict[str, Any]] = field(default_factory=dict)  # by id (store != false)
     stored_next: dict[str, list[Any]] = field(default_factory=dict)  # reasoning id -> what it precedes
     find_response: Callable[[str], Any] = lambda _id: None  # previous_response_id -> its items or None
+    call_reasoning: dict[str, str] = field(default_factory=dict)  # stored function_call id -> its reasoning id
     extra_item_types: frozenset[str] = frozenset()  # accepted as opaque (beyond OpenAI's list)
     websocket: bool = False
 
@@ -150,6 +151,8 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
     items = [ctx.stored_items[x["id"]] if item_type(x) == "item_reference" else x for x in items]
     everything = prefix + items
     _check_reasoning_order(everything, len(prefix), ctx)
+    if not compact and body.get("store") is not False:
+        _check_calls_keep_reasoning(everything, ctx)
     _check_pairs(everything, len(prefix))
     return everything
 
@@ -279,9 +282,28 @@ def _check_reasoning_order(items: list[Any], offset: int, ctx: Context) -> None:
         if ok and expected is not None:
             ok = follow_descriptor(nxt) == list(expected)
         if not ok:
-            rid = item.get("id") or (ctx.signer.verify("reasoning", item.get("encrypted_content")) or {}).get("id")
+            rid = _reasoning_id(item, ctx)
             raise Invalid(f"Item '{rid}' of type 'reasoning' was provided without its required following item.",
                           "input")
+
+
+def _reasoning_id(item: dict[str, Any], ctx: Context) -> Any:
+    return item.get("id") or (ctx.signer.verify("reasoning", item.get("encrypted_content")) or {}).get("id")
+
+
+def _check_calls_keep_reasoning(items: list[Any], ctx: Context) -> None:
+    """A stored function_call (named by its id) that a reasoning item preceded in its response
+    comes back with that reasoning item: "Item 'fc_..' of type 'function_call' was provided
+    without its required 'reasoning' item: 'rs_..'." (param input). Only for the calls this fake
+    made; a call sent without its id is not looked up."""
+    present = {_reasoning_id(it, ctx) for it in items if item_type(it) == "reasoning"}
+    for item in items:
+        if item_type(item) != "function_call":
+            continue
+        rs = ctx.call_reasoning.get(item.get("id") or "")
+        if rs is not None and rs not in present:
+            raise Invalid(f"Item '{item['id']}' of type 'function_call' was provided without its required "
+                          f"'reasoning' item: '{rs}'.", "input")
 
 
 def _check_pairs(items: list[Any], offset: int) -> None:
