@@ -1,11 +1,12 @@
 """A strict fake Anthropic Messages API (design.md sections 8 and 12) on 127.0.0.1.
 
 - `POST /v1/messages`: Anthropic's validation (proxy/fakes/messages/validate.py): roles alternate
-  and start with the user, every `tool_use` answered by `tool_result` blocks at the beginning of
-  the very next user message, thinking / redacted_thinking blocks carrying the fake's own
-  signature unchanged, at most 4 `cache_control` breakpoints; 400 "prompt is too long" above
-  its window; JSON or SSE; `x-api-key` (or `Authorization: Bearer`) and `anthropic-version`
-  required as the API requires them;
+  (an assistant message may come first), every `tool_use` answered by `tool_result` blocks at the
+  beginning of the very next user message, thinking / redacted_thinking blocks carrying the fake's
+  own signature unchanged, at most 4 `cache_control` breakpoints (ephemeral, 5m or 1h, no 1h after
+  a 5m), no prefill ending in whitespace, no forced tool_choice with thinking; 400 "prompt is too
+  long" above its window; JSON or SSE; `x-api-key` (or `Authorization: Bearer`) and
+  `anthropic-version` required as the API requires them;
 - `POST /v1/messages/count_tokens`: the same validation, `{"input_tokens": N}`;
 - a prompt cache that honours breakpoints (proxy/fakes/messages/cache.py) and reports
   cache_read_input_tokens / cache_creation_input_tokens; a recording of every request.
