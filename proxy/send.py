@@ -125,6 +125,8 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                         up = up._replace(headers=headers)
                         log.warning("upstream refused thinking that compaction made stale (model %s); sent again "
                                     "asking it to leave the stale blocks out", ex.model)
+                        if hooks is not None:
+                            hooks.stale_reasoning(adapter.protocol)
                         continue
                     if can_retry and adapter.is_overflow(upstream.status, err_body) and (
                             again := await _compacted(retry)):

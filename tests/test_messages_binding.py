@@ -18,6 +18,7 @@ from proxy.fakes.messages import FakeMessages
 from proxy.fakes.messages.binding import BETA
 from support.client import anthropic_client
 from support.compaction_helpers import filler
+from test_recall_streams import metric
 
 MODEL = "claude-fable-5-1"
 KEY = "sk-ant-bound"
@@ -138,6 +139,8 @@ async def test_a_model_newer_than_the_table_is_sent_again_with_drop_block(fake, 
         assert again.status == 200 and BETA in again.headers["anthropic-beta"]
         assert again.json["thinking"] == {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
         assert again.json["messages"] == records[i].json["messages"]
+    assert await metric(proxy.root, "compaction_proxy_stale_reasoning_retries_total",
+                        protocol="messages") == len(refused)
 
 
 async def test_a_clients_own_stale_thinking_is_its_400(fake, make_proxy):

@@ -15,7 +15,7 @@ from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
-          "prepared", "recall", "recall_rounds", "recall_after_headers")
+          "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning")
 
 
 @dataclass(slots=True)
@@ -79,6 +79,11 @@ class Hooks:
     def recall_after_headers(self, calls: int, protocol: str) -> None:
         """A stream's recall calls made after its headers went out (its x-compaction-recalls
         header did not count them; an SSE comment at its end carries the final count)."""
+
+    def stale_reasoning(self, protocol: str) -> None:
+        """The upstream refused a compacted request for reasoning the compaction made stale (a
+        model that binds thinking to its prefix, not known to the proxy as one); it was sent again
+        asking the upstream to leave the stale reasoning out."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and

@@ -115,6 +115,10 @@ class Metrics(Hooks):
         self.recall_late = Counter(P + "recall_calls_after_headers_total", "Recall calls answered in a stream after "
                                    "its headers went out (not in its x-compaction-recalls header), by protocol",
                                    ["protocol"], registry=r)
+        self.stale_reasoning_total = Counter(P + "stale_reasoning_retries_total", "Compacted requests the "
+                                             "upstream refused for reasoning the compaction made stale, sent again "
+                                             "asking it to leave that out (Anthropic drop_block), by protocol",
+                                             ["protocol"], registry=r)
         self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
                                multiprocess_mode="livesum")
         self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
@@ -275,6 +279,9 @@ class Metrics(Hooks):
 
     def prepared(self, outcome: str) -> None:
         self.prepared_summaries.labels(outcome).inc()
+
+    def stale_reasoning(self, protocol: str) -> None:
+        self.stale_reasoning_total.labels(protocol).inc()
 
 
 class Tally:
