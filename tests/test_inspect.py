@@ -13,9 +13,12 @@ import orjson
 import yaml
 
 from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.messages import FakeMessages
+from support.client import anthropic_client
+from support.compaction_helpers import filler
 from support.conversations import synthetic
 from support.ops_replay import MODEL, SETTINGS, conversation, replay
-from support.proxy_server import merge
+from support.proxy_server import merge, start_proxy
 
 SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 KEY = "sk-inspect-key"
@@ -32,6 +35,16 @@ def write(tmp_path: Path, upstream_url: str, messages: list[dict[str, Any]], **s
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT), "inspect", *args, "--api-key", KEY], capture_output=True, text=True, timeout=120)
+
+
+async def run_async(*args: str) -> str:
+    """The console script run off the event loop (a fake upstream in this process answers it): its
+    output, after asserting it succeeded."""
+    proc = await asyncio.create_subprocess_exec(str(SCRIPT), "inspect", *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, stderr.decode()
+    return stdout.decode()
 
 
 def test_a_dry_run_shows_counts_notes_cut_and_diff_and_calls_no_upstream(tmp_path: Path):
@@ -79,12 +92,7 @@ async def test_inspect_shows_the_stored_record_and_forwards_what_the_proxy_forwa
     await proxy.close()
 
     body, cfg = write(tmp_path, upstream.base_url, points[-1], store={"url": store})
-    proc = await asyncio.create_subprocess_exec(
-        str(SCRIPT), "inspect", str(body), "--config", str(cfg), "--api-key", KEY, "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode == 0, stderr.decode()
-    report = orjson.loads(stdout)
+    report = orjson.loads(await run_async(str(body), "--config", str(cfg), "--api-key", KEY, "--json"))
     assert report["status"] == "reused" and report["record"]["reused"] is True
     assert report["calls"] == {"history": 0, "tool_result": 0}
     assert report["tool_notes"][0]["source"] == "note from the store"
@@ -123,3 +131,59 @@ async def test_a_dry_run_leaves_the_real_stores_keys_as_they_were() -> None:
     clock.advance(2)  # 11 s after the lock was written, 2 s after the dry run looked at it
     assert await real.peek("lock:k") is None
     assert await real.peek("lock:other") is None and await real.peek("rec") is None
+
+
+def messages_history(turns: int) -> list[dict[str, Any]]:
+    """An Anthropic conversation: text turns and a tool call with its result, the newest a question."""
+    msgs: list[dict[str, Any]] = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": [{"type": "text", "text": f"question {t}: " + filler(120, t)}]})
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"reading {t}"},
+            {"type": "tool_use", "id": f"toolu_{t:02d}", "name": "Read", "input": {"path": f"src/mod{t}.py"}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t:02d}",
+                                                  "content": f"def f{t}(): pass  # " + filler(60, t + 9)}]})
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {t}: " + filler(40, t + 50)}]})
+    msgs.append({"role": "user", "content": [{"type": "text", "text": "What next?"}]})
+    return msgs
+
+
+async def test_a_messages_body_is_inspected_as_the_messages_route_forwards_it(tmp_path: Path):
+    """An Anthropic body (told from its fields): the stored record a Claude client's request made
+    is found with its key (under the header the anthropic package sends it in), and the forwarded body is
+    byte for byte the one the proxy sent; a first look at a longer one calls nobody."""
+    read = {"name": "Read", "description": "Read a file.", "input_schema": {"type": "object", "properties": {}}}
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    async with FakeMessages() as fake:
+        settings = {"anthropic": {"base_url": fake.base_url}, "store": {"url": store},
+                    "models": {"claude-sonnet-4-6": {"context_window": 6000}},
+                    "compaction": {"prepare_percent": 0}}
+        proxy = await start_proxy(fake.base_url, settings)
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 1000, "system": "You are a coding agent.",
+                "tools": [read], "messages": messages_history(24)}
+        try:
+            async with anthropic_client(proxy, KEY) as c:
+                raw = await c.messages.with_raw_response.create(**body)
+            assert raw.headers["x-compaction-status"] == "summarized"
+        finally:
+            await proxy.close()
+        sent = fake.messages_requests[-1]
+        seen = len(fake.requests)
+        path = tmp_path / "messages.json"
+        path.write_bytes(orjson.dumps(body))
+        cfg = tmp_path / "proxy.yaml"
+        cfg.write_text(yaml.safe_dump(settings))
+        report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
+        assert report["status"] == "reused" and report["calls"] == {"history": 0, "tool_result": 0}
+        # byte for byte what the proxy sent (the route declares the recall tool after the stages)
+        assert (report["forwarded"]["system"], report["forwarded"]["messages"]) == (sent["system"], sent["messages"])
+        # another client's: no record of its own, a new summary in the dry run, the diff in
+        # Messages terms, no call
+        text = await run_async(str(path), "--config", str(cfg), "--api-key", "sk-another", "--key-header",
+                               "x-api-key")
+        assert "model claude-sonnet-4-6" in text and "history: summarized" in text, text
+        lines = text.splitlines()
+        assert "-### system" in lines or " ### system" in lines
+        assert "--> Read({\"path\":\"src/mod0.py\"})  [toolu_00]" in lines  # the oldest call leaves ...
+        assert any(line.startswith("+<summary>") for line in lines)  # ... and the summary comes in
+        assert len(fake.requests) == seen  # inspect called nobody

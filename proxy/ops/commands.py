@@ -25,6 +25,8 @@ def _config(args: argparse.Namespace) -> Config | None:
         overrides["store"] = {"url": args.store}
     if getattr(args, "upstream", None):
         overrides["upstream"] = {"base_url": args.upstream}
+    if getattr(args, "anthropic_upstream", None):
+        overrides["anthropic"] = {"base_url": args.anthropic_upstream}
     try:
         return load_config(args.config, overrides=overrides)
     except ConfigError as e:
@@ -92,18 +94,28 @@ def inspect_main(argv: list[str]) -> int:
     import os
 
     from proxy.errors import ProxyError
-    from proxy.ops.inspect import format_report, inspect, request_headers
+    from proxy.ops.inspect import format_report, inspect, protocol_of, request_headers
 
     p = argparse.ArgumentParser(
         prog="compaction-proxy inspect",
         description="Show what the proxy would forward for a request body: token counts against the threshold and "
                     "window, the cut, the tool results that become notes, the stored record reused, and a diff of "
                     "original vs forwarded. Calls no upstream unless --summarize; never writes the store.")
-    p.add_argument("file", metavar="FILE", help="a request body (JSON), e.g. a POST /v1/chat/completions body; - reads stdin")
+    p.add_argument("file", metavar="FILE", help="a request body (JSON): a POST /v1/chat/completions or an Anthropic "
+                   "POST /v1/messages body; - reads stdin")
     p.add_argument("--config", metavar="FILE", help="the proxy's YAML config (windows, thresholds, store, upstream)")
     p.add_argument("--store", metavar="URL", help="store URL to look for stored summaries and notes (overrides the config's)")
     p.add_argument("--upstream", metavar="URL", help="upstream base URL for --summarize (overrides the config's)")
-    p.add_argument("--api-key", help="the client's key: stored records are per credential (default: $OPENAI_API_KEY)")
+    p.add_argument("--anthropic-upstream", metavar="URL",
+                   help="Anthropic upstream base URL for --summarize of a Messages body (overrides the config's)")
+    p.add_argument("--protocol", choices=("chat", "messages"),
+                   help="the body's API: chat completions or Anthropic Messages (default: told from the body)")
+    p.add_argument("--api-key", help="the client's key: stored records are per credential (default: $OPENAI_API_KEY, "
+                                     "for a Messages body $ANTHROPIC_API_KEY)")
+    p.add_argument("--key-header", choices=("authorization", "x-api-key"), default="authorization",
+                   help="the header the client sends its key in: records are per credential and header "
+                        "(default: Authorization: Bearer, as the openai and anthropic packages send it; Claude "
+                        "Code with an API key sends x-api-key)")
     p.add_argument("--session", help="the client's x-compaction-session, if it sends one")
     p.add_argument("--focus", help="the client's x-compaction-focus, if it sends one")
     p.add_argument("--summarize", action="store_true",
@@ -118,9 +130,14 @@ def inspect_main(argv: list[str]) -> int:
     except OSError as e:
         print(f"compaction-proxy inspect: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
         return 2
-    headers = request_headers(args.api_key or os.environ.get("OPENAI_API_KEY"), args.session, args.focus)
     try:
-        report = asyncio.run(inspect(cfg, raw, headers=headers, summarize=args.summarize))
+        protocol = args.protocol or protocol_of(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        protocol = "chat"  # (the dry run names the error)
+    env = "ANTHROPIC_API_KEY" if protocol == "messages" else "OPENAI_API_KEY"
+    headers = request_headers(args.api_key or os.environ.get(env), args.session, args.focus, args.key_header)
+    try:
+        report = asyncio.run(inspect(cfg, raw, headers=headers, summarize=args.summarize, protocol=protocol))
     except ProxyError as e:
         print(f"compaction-proxy inspect: the proxy would answer {e.status}: {e.message}", file=sys.stderr)
         return 1

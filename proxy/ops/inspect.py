@@ -17,14 +17,20 @@ from typing import Any, Sequence
 import aiohttp
 from multidict import CIMultiDict
 
+import orjson
+
 from proxy import credentials, jsonbody
 from proxy.adapters.chat import ChatAdapter
+from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.chat_request import parse_chat_body
 from proxy.compaction.stage import MARK as COMPACTION_MARK
 from proxy.flow import Flow, Identity, run_request
 from proxy.config import Config, secret
 from proxy.hashing import conversation_digest
-from proxy.recall.chat import declaration_tokens
+from proxy.model import Kind
+from proxy.recall import answers as recall_answers
+from proxy.recall import chat as recall_chat
+from proxy.recall import messages as recall_messages
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store
@@ -33,6 +39,26 @@ from proxy.toolresults.select import BEGIN as TOOL_OUTPUT_BEGIN
 from proxy.upstream import SummaryCaller
 
 CHAT = ChatAdapter()
+MESSAGES = MessagesAdapter()
+# Anthropic-only fields: a body with one of them is a Messages body (a chat body has none)
+_MESSAGES_FIELDS = ("system", "thinking", "anthropic_version", "stop_sequences", "top_k", "container",
+                    "context_management", "mcp_servers")
+_MESSAGES_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
+
+
+def protocol_of(body: Any) -> str:
+    """"messages" for an Anthropic Messages body, else "chat": a top-level Anthropic field, or a
+    content block only Messages has (tool_use, tool_result, thinking)."""
+    if not isinstance(body, dict):
+        return "chat"
+    if any(k in body for k in _MESSAGES_FIELDS):
+        return "messages"
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _MESSAGES_BLOCKS
+                                             for b in content):
+            return "messages"
+    return "chat"
 
 PLACEHOLDER = ("## Active Task\n(dry run: no summarizer was called; `compaction-proxy inspect --summarize` "
                "asks the configured upstream for the real text)")
@@ -158,9 +184,15 @@ def inspect_config(cfg: Config) -> Config:
     })
 
 
-async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize: bool = False) -> Report:
-    """The dry run of one request body (raises ProxyError for a body the proxy would refuse)."""
-    body = parse_chat_body(raw)
+async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize: bool = False,
+                  protocol: str | None = None) -> Report:
+    """The dry run of one request body, a chat completions or an Anthropic Messages one (`protocol`,
+    else told from the body); raises ProxyError for a body the proxy would refuse."""
+    try:
+        protocol = protocol or protocol_of(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        protocol = "chat"  # (the chat parse names the error)
+    body = parse_chat_body(raw) if protocol == "chat" else None
     cfg = inspect_config(cfg)
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
@@ -170,18 +202,24 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
 
     state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
     try:
-        return await _run(state, body, headers, summarize, log)
+        return await _run(state, jsonbody.dumps(body) if body is not None else raw, headers, summarize, log,
+                          protocol)
     finally:
         await state.close()
 
 
-async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str], summarize: bool, log: CallLog) -> Report:
+async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize: bool, log: CallLog,
+               protocol: str) -> Report:
     cfg = state.cfg
-    parsed = CHAT.parse(jsonbody.dumps(body), state.counter, cfg)
+    adapter, dialect = (CHAT, recall_chat.CHAT) if protocol == "chat" else (MESSAGES, recall_messages.MESSAGES)
+    parsed = adapter.parse(raw, state.counter, cfg)
+    parsed.extra.setdefault("count_only", False)  # (the Messages stages read it: a request, not a count)
     before = parsed.total()
     budget = state.compaction.budget_for(parsed.model)
-    api_key = secret(cfg.upstream.api_key)
-    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, CHAT.credential_headers)
+    api_key = secret((cfg.upstream if protocol == "chat" else cfg.anthropic).api_key)
+    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
+                                key_header="Authorization" if protocol == "chat" else "x-api-key")
+    recall, recall_count = recall_answers.identity_fields(dialect, state, parsed)
     identity = Identity(
         # Without a credential no stored record can be matched; the stages still show what a
         # first request of this conversation would get.
@@ -189,11 +227,11 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
         upstream_headers=creds.headers,
         focus=headers.get("x-compaction-focus"),
         conversation=conversation_digest(creds.scope or "", parsed.first_digest()),
-        # as the chat route: handles in notes and summaries, room and count for the recall tool
-        recall=state.recall is not None,
-        recall_count=declaration_tokens(state.recall, state.prompts, state.counter, parsed) if state.recall else 0,
+        # as the route: handles in notes and summaries, room and count for the recall tool
+        recall=recall,
+        recall_count=recall_count,
     )
-    flow = Flow.of(CHAT, parsed, identity)
+    flow = Flow.of(adapter, parsed, identity)
     await run_request(state.stages, flow)
     outcome = flow.report
     after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
@@ -206,9 +244,12 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
     noted = flow.marks.get(COMPACTION_MARK, flow.forwarded)  # after the tool-result stage
     for i, (old, new) in enumerate(zip(original.envelopes, noted.envelopes)):
         if new is not old:
+            calls = [it.call_id for it in old.items if it.kind is Kind.TOOL_RESULT]
             report.tool_notes.append({
-                "index": i, "tool_call_id": old.value.get("tool_call_id"), "tokens_before": original.tokens[i],
-                "tokens_after": noted.tokens[i], "source": _note_source(str(new.value.get("content")), summarize),
+                "index": i - original.n_system if protocol == "messages" else i,
+                "tool_call_id": ", ".join(str(c) for c in calls), "tokens_before": original.tokens[i],
+                "tokens_after": noted.tokens[i],
+                "source": _note_source(" ".join(it.text for it in new.items), summarize),
             })
     record = outcome.record
     n_system = original.n_system
@@ -217,10 +258,16 @@ async def _run(state: ProxyState, body: dict[str, Any], headers: dict[str, str],
                       "kept": len(original) - n_system - record.covered, "messages": len(original)}
         report.record = {"chain": record.chain, "created": record.created, "reused": outcome.status == "reused",
                          "summary": record.summary}
-    messages = flow.forwarded.values
-    report.diff = diff_lines(original.values, messages)
-    report.forwarded = {**body, "messages": messages}
+    client = orjson.loads(raw)
+    report.forwarded = orjson.loads(adapter.render(parsed, flow.forwarded))  # what the proxy would send
+    report.diff = diff_lines(_shown(client), _shown(report.forwarded))
     return report
+
+
+def _shown(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A body's messages for the diff; a Messages body's top-level system as the first."""
+    system = body.get("system")
+    return ([{"role": "system", "content": system}] if system else []) + list(body.get("messages") or [])
 
 
 def _note_source(text: str, summarize: bool) -> str:
@@ -241,7 +288,20 @@ def message_lines(msg: dict[str, Any]) -> list[str]:
         lines.append(f"-> {fn.get('name')}({_clip(str(fn.get('arguments', '')), 120)})  [{call.get('id')}]")
     content = msg.get("content")
     if isinstance(content, list):
-        content = "\n".join(str(p.get("text", f"[{p.get('type')}]")) for p in content if isinstance(p, dict))
+        parts = []
+        for p in content:
+            if not isinstance(p, dict):
+                continue
+            if p.get("type") == "tool_use":  # (Messages blocks)
+                lines.append(f"-> {p.get('name')}({_clip(orjson.dumps(p.get('input')).decode(), 120)})  [{p.get('id')}]")
+            elif p.get("type") == "tool_result":
+                inner = p.get("content")
+                said = inner if isinstance(inner, str) else "\n".join(
+                    str(x.get("text", f"[{x.get('type')}]")) for x in inner or [] if isinstance(x, dict))
+                parts.append(f"(answers {p.get('tool_use_id')})\n{said}")
+            else:
+                parts.append(str(p.get("text", f"[{p.get('type')}]")))
+        content = "\n".join(parts)
     text = content.splitlines() if isinstance(content, str) else []
     if len(text) > HEAD_LINES + TAIL_LINES:
         text = text[:HEAD_LINES] + [f"[... {len(text) - HEAD_LINES - TAIL_LINES} lines ...]"] + text[-TAIL_LINES:]
@@ -263,7 +323,8 @@ def format_report(r: Report) -> str:
            f"tokens: {r.tokens_before} received -> {r.tokens_after} forwarded "
            f"({'over' if r.tokens_before > r.threshold else 'under'} the threshold)"]
     if r.scope is None:
-        out.append("no credential given (--api-key, or OPENAI_API_KEY): stored records of a client cannot be matched")
+        out.append("no credential given (--api-key, or OPENAI_API_KEY / ANTHROPIC_API_KEY): stored records of a "
+                   "client cannot be matched")
     n = len(r.tool_notes)
     out.append(f"tool results: {n} {'becomes a note' if n == 1 else 'become notes'}")
     for n in r.tool_notes:
@@ -288,9 +349,15 @@ def format_report(r: Report) -> str:
     return "\n".join(out)
 
 
-def request_headers(api_key: str | None, session: str | None, focus: str | None) -> dict[str, str]:
+def request_headers(api_key: str | None, session: str | None, focus: str | None,
+                    key_header: str = "authorization") -> dict[str, str]:
+    """The headers the client would send, its key under the header its client uses (the scope of
+    stored records depends on it): `Authorization: Bearer` (the openai and anthropic Python
+    packages) or a raw `x-api-key` (Claude Code with an API key)."""
     h: dict[str, str] = {}
-    if api_key:
+    if api_key and key_header == "x-api-key":
+        h["x-api-key"] = api_key
+    elif api_key:
         h["Authorization"] = f"Bearer {api_key}"
     if session:
         h["x-compaction-session"] = session
