@@ -12,6 +12,7 @@ from openai import BadRequestError
 from proxy.fakes.responses import FakeResponses
 from proxy.responses import compact
 from support.compaction_helpers import main_summary
+from support.protocols import compaction_input
 
 MODEL = "gpt-5"
 
@@ -67,7 +68,7 @@ async def test_served_here_when_the_upstream_has_no_compact(make_proxy, client_f
         assert out.usage.output_tokens > 0
         # Learned: the next compact is served here without asking the upstream again, and a
         # compact carrying our item updates its summary (a previous summary in the call).
-        again = await c.responses.compact(model=MODEL, input=[*[o.model_dump(exclude_none=True) for o in out.output],
+        again = await c.responses.compact(model=MODEL, input=[*compaction_input(out.output),
                                                               user("And commit it.")])
         assert [r.path for r in fake.requests].count("/v1/responses/compact") == 1
         assert "<previous-summary>" in fake.summarizer_requests[-1]["input"][0]["content"]
@@ -79,7 +80,7 @@ async def test_another_credentials_or_an_altered_token_is_a_400(make_proxy, clie
     async with FakeResponses(serve_compact=False) as fake:
         proxy = await make_proxy(fake.base_url)
         out = await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=HISTORY)
-        carried = [o.model_dump(exclude_none=True) for o in out.output]
+        carried = compaction_input(out.output)
         before = len(fake.requests)
         with pytest.raises(BadRequestError) as e:
             await client_for(proxy, "sk-bob").responses.compact(model=MODEL, input=[*carried, user("more")])
@@ -137,7 +138,7 @@ async def test_a_summary_served_here_carries_the_blocks_code_writes(make_proxy, 
         proxy = await make_proxy(fake.base_url)
         c = client_for(proxy, "sk-test")
         out = await c.responses.compact(model=MODEL, input=SESSION)
-        carried = [o.model_dump(exclude_none=True) for o in out.output]
+        carried = compaction_input(out.output)
         # the item comes back in a request: the upstream gets the summary message it stands for
         await c.responses.create(model=MODEL, input=[*carried, user("Go on.")])
         summary = fake.responses_requests[-1]["input"][1]["content"][0]["text"]
@@ -148,7 +149,7 @@ async def test_a_summary_served_here_carries_the_blocks_code_writes(make_proxy, 
         # a second compaction, over a span that names none of them, still carries them
         more = [*carried, user("Now the docs."), assistant("Docs updated.")]
         again = await c.responses.compact(model=MODEL, input=more)
-        await c.responses.create(model=MODEL, input=[*[o.model_dump(exclude_none=True) for o in again.output],
+        await c.responses.create(model=MODEL, input=[*compaction_input(again.output),
                                                      user("Thanks.")])
         summary2 = next(it["content"][0]["text"] for it in fake.responses_requests[-1]["input"]
                         if "<summary>" in it["content"][0]["text"])

@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
 from support.client import sync_openai_client
+from support.protocols import compaction_input
 
 MODEL = "gpt-5"
 WINDOW = 6000
@@ -226,7 +227,7 @@ async def test_our_compaction_item_is_expanded_and_a_foreign_one_passes(make_pro
         proxy = await make_proxy(fake.base_url, settings())
         c = client_for(proxy, "sk-test")
         compacted = await c.responses.compact(model=MODEL, input=history(3))
-        carried = [o.model_dump(exclude_none=True) for o in compacted.output]
+        carried = compaction_input(compacted.output)
         headers, r = await create(c, input=[*carried, user("go on")])
         assert r.status == "completed"
         sent = fake.responses_requests[-1]["input"]
@@ -239,7 +240,7 @@ async def test_our_compaction_item_is_expanded_and_a_foreign_one_passes(make_pro
         proxy = await make_proxy(openai_like.base_url, settings())
         c = client_for(proxy, "sk-test")
         theirs = await c.responses.compact(model=MODEL, input=history(3))
-        carried = [o.model_dump(exclude_none=True) for o in theirs.output]
+        carried = compaction_input(theirs.output)
         _, r = await create(c, input=[*carried, user("go on")])
         assert r.status == "completed"
         assert openai_like.responses_requests[-1]["input"][:len(carried)] == carried  # untouched

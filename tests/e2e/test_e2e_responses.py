@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from proxy.compaction.summarizer import clean_output
+from support.protocols import compaction_input
 
 from .session import BIG, COMPACTION, MAX_ROUNDS, TOOL_RESULTS, Session, Shape, file_text
 
@@ -163,7 +164,7 @@ def test_compact_behind_litellm(start_proxy, litellm_server, tap):
     assert (made.kind, made.status, made.path) == ("history", 200, "/v1/responses")
     written = clean_output(answer_text(made))
 
-    carried = [o.model_dump(exclude_none=True) for o in out.output]
+    carried = compaction_input(out.output)
     raw = client.responses.with_raw_response.create(model=model, input=[*carried, user("And commit it.")],
                                                     max_output_tokens=16)
     assert raw.status_code == 200 and raw.parse().status in ("completed", "incomplete")

@@ -38,6 +38,13 @@ class Reply(NamedTuple):
     text: str  # the answer's text (streams read to their end)
 
 
+def compaction_input(items: Any) -> list[dict[str, Any]]:
+    """A compaction's output as the next request's input, as an agent sends it back. (The openai
+    SDK types that output as output items, though its own docs say it is the user messages and a
+    compaction item: a user message's `input_text` parts make pydantic warn when dumped.)"""
+    return [o.model_dump(exclude_none=True, warnings=False) for o in items]
+
+
 # -- speaking a chat conversation in each protocol ------------------------------------------
 
 
