@@ -100,12 +100,13 @@ def overflow_retry(stages: Sequence[Stage], flow: Flow, recall: Any = None) -> R
 async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapter, up: Upstream, data: bytes,
                extra: dict[str, str], *, retry: Retry | None = None, recall: Answering | None = None,
                hooks: Any = None, not_an_overflow: Callable[[], str] | None = None,
-               compacted: bool = False) -> web.StreamResponse:
+               mend_reasoning: bool = False) -> web.StreamResponse:
     """Forward `data`, relay the answer with `extra` headers. `not_an_overflow`: makes the error for
     an empty stream when the request cannot be over the window (so no retry, and a stream's first
     events are not held to see whether they say it was); made only then (it names the counts:
-    formatting them cost every request ~2k instructions). `compacted`: the proxy changed the
-    body, so a refusal of reasoning made stale by that change is the proxy's to mend (once)."""
+    formatting them cost every request ~2k instructions). `mend_reasoning`: the proxy changed
+    this body or an earlier one of the conversation, so a refusal of reasoning made stale by that
+    change is the proxy's to mend (once)."""
     ex = request[EXCHANGE]
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
@@ -114,10 +115,10 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
             async with http.post(up.url, data=upstream_body(data), headers=up.headers, timeout=up.timeout,
                                  allow_redirects=False) as upstream:
                 ex.upstream_ttfb_s = time.perf_counter() - t0
-                if attempt == 0 and (retry is not None or compacted) and upstream.status in OVERFLOW_STATUSES:
+                if attempt == 0 and (retry is not None or mend_reasoning) and upstream.status in OVERFLOW_STATUSES:
                     # Nothing has gone to the client yet: an overflow can still be compacted and retried.
                     err_body = await upstream.read()
-                    if compacted and (mended := adapter.without_stale_reasoning(upstream.status, err_body, data,
+                    if mend_reasoning and (mended := adapter.without_stale_reasoning(upstream.status, err_body, data,
                                                                                 up.headers)):
                         data, set_headers = mended
                         headers = up.headers.copy()

@@ -143,6 +143,31 @@ async def test_a_model_newer_than_the_table_is_sent_again_with_drop_block(fake, 
                         protocol="messages") == len(refused)
 
 
+async def test_a_restart_that_lost_the_summary_still_mends_the_thinking_made_under_it(fake, make_proxy):
+    """The session compacted, the kept turns' thinking was made under the summary; the proxy
+    restarts (its memory store gone) and cannot summarize again: it forwards the client's history
+    (failed-open), whose newest thinking is stale on that prefix. Sent once more with drop_block,
+    the conversation goes on instead of ending in a 400."""
+    settings = {"anthropic": {"base_url": fake.base_url}, "models": {MODEL: {"context_window": 6000}},
+                "compaction": {"prepare_percent": 0, "mask_tool_outputs": False}}
+    first = await make_proxy(fake.base_url, settings)
+    msgs = await session(first, fake, 12, history=True)
+    await first.close()
+    fake.fault_target, fake.fail_status = "summarizer", 500
+    again = await make_proxy(fake.base_url, settings)
+    fake.reply = {"thinking": "go on", "content": "done"}
+    async with anthropic_client(again, KEY) as c:
+        raw = await c.with_options(max_retries=0).messages.with_raw_response.create(
+            model=MODEL, max_tokens=2000, tools=[READ], system=SYSTEM, messages=msgs)
+    assert raw.headers["x-compaction-status"] == "failed-open"
+    assert (await raw.parse()).content[-1].text == "done"
+    refused, mended = fake.records("messages")[-2:]
+    assert refused.status == 400 and refused.json["messages"] == msgs  # failed-open: the history as sent
+    assert mended.status == 200 and BETA in mended.headers["anthropic-beta"] and mended.json["messages"] == msgs
+    assert mended.json["thinking"]["block_binding"] == {"prefix_mismatch_behavior": "drop_block"}
+    assert await metric(again.root, "compaction_proxy_stale_reasoning_retries_total", protocol="messages") == 1
+
+
 async def test_a_clients_own_stale_thinking_is_its_400(fake, make_proxy):
     """The proxy changed nothing: the upstream's refusal goes to the client as it came, once."""
     proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.base_url}})

@@ -150,10 +150,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
     identity = _identity(request, state, req, caller)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
-        before = req.total()
-        budget = state.compaction.budget_for(req.model, long_context=caller.extra.long_context)
-        over = cfg.compaction.enabled and before > budget.threshold
-        return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
+        return _unchanged(state, req, caller, req.total())
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
     try:
@@ -165,11 +162,18 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
                 flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        return Prepared(req, req.conversation, Report(flow.report.tokens_before))
+        return _unchanged(state, req, caller, flow.report.tokens_before)
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
     retry = None if count_only else overflow_retry(state.stages, flow, state.recall)
     return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
+
+
+def _unchanged(state: Any, req: Request, caller: Caller, before: int) -> Prepared:
+    """The request forwarded as the client sent it: failed-open when it needed compacting."""
+    budget = state.compaction.budget_for(req.model, long_context=caller.extra.long_context)
+    over = state.cfg.compaction.enabled and before > budget.threshold
+    return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
 
 
 @anthropic_route
@@ -189,9 +193,12 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     if p.recall is not None:
         extra["x-compaction-recalls"] = "0"
     recall = Answering(p.recall, RECALL, RecallRounds) if p.recall is not None else None
+    # Thinking made stale by the proxy is the proxy's to mend: a body it changed, or one it could
+    # not compact this time though it may have before (its record lost with a restart or evicted):
+    # the kept turns' thinking was then made under the summary.
+    mend = p.forwarded is not p.request.conversation or p.report.status == "failed-open"
     resp = await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, p.request.stream), body,
-                      extra, retry=p.retry, recall=recall, hooks=state.hooks,
-                      compacted=p.forwarded is not p.request.conversation)
+                      extra, retry=p.retry, recall=recall, hooks=state.hooks, mend_reasoning=mend)
     recall_answers.finished(state.hooks, "messages", p.request.model, p.recall)
     return resp
 
