@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from proxy import credentials
+from proxy.flow import Flow, Stage
 from proxy.recall.handles import in_text
 from support.compaction_helpers import main_summary
 from support.protocols import CHAT, DRIVERS, MESSAGES, RESPONSES, Driver, tool_conversation
@@ -209,6 +210,28 @@ async def test_a_failing_summarizer_forwards_the_original_and_recovers(driver, f
     numbered(driver, fake)
     reply = await driver.send(proxy, convo, key="sk-key-A", bearer=True)
     assert reply.status == "summarized" and made_by_summary(driver, fake)
+
+
+@pytest.mark.parametrize("needed", [True, False], ids=["over-threshold", "under-threshold"])
+async def test_a_bug_in_a_stage_forwards_the_original_and_says_whether_it_needed_compacting(
+        driver, fake, make_proxy, needed):
+    """Every route's stages fail open alike: the client's bytes go upstream, and the status says
+    failed-open when the request was over its threshold (the operator's signal), else none."""
+    fake.window = 100_000
+    proxy = await make_proxy(fake.base_url, driver.settings(fake, 7600 if needed else 50_000,
+                                                            compaction={"prepare_percent": 0}))
+
+    class Broken(Stage):
+        async def request(self, flow: Flow) -> None:
+            raise RuntimeError("a bug in the stage")
+
+    proxy.state.stages[1] = Broken()
+    convo = tool_conversation()
+    sent = driver.raw_body(convo)
+    answer = await driver.send_raw(proxy, convo, {"Authorization": "Bearer sk-key-A"})
+    assert answer.headers["x-compaction-status"] == ("failed-open" if needed else "none")
+    assert answer.headers["x-compaction-tokens-before"] == answer.headers["x-compaction-tokens-after"]
+    assert driver.model_calls(fake)[-1].body == sent and driver.model_calls(fake)[-1].status == 200
 
 
 def made_by_summary(driver: Driver, fake: Any) -> bool:
