@@ -89,7 +89,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it.
         _warn_anonymous()
-        status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
+        status = state.compaction.unchanged_status(parsed.model, before)
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
                                           ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
@@ -103,7 +103,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
-        status = "failed-open" if _needs_compaction(state, parsed.model, before) else "none"
+        status = state.compaction.unchanged_status(parsed.model, before)
         if status != "none":
             state.hooks.compaction(compaction_event(ex, creds.scope, parsed.conversation,
                                                     Outcome(status, reason="internal error"), before, before))
@@ -147,10 +147,6 @@ def _warn_anonymous() -> None:
         _anonymous_warned = True
         log.warning("a request with no credential and no x-compaction-session is forwarded uncompacted "
                     "(set upstream.api_key, or send a credential or an x-compaction-session id)")
-
-
-def _needs_compaction(state: ProxyState, model: str, tokens: int) -> bool:
-    return state.cfg.compaction.enabled and tokens > state.compaction.budget_for(model).threshold
 
 
 def _log_content(body: dict[str, Any]) -> None:

@@ -108,6 +108,13 @@ class CompactionEngine:
         return self.clock()
 
     # -- budgets -------------------------------------------------------------------------------
+    def unchanged_status(self, model: str, tokens: int, *, long_context: bool = False) -> str:
+        """The status of a request forwarded as the client sent it (no credential, a bug in a
+        stage): failed-open when compaction is on and the request was over its threshold, so that
+        operators see what was not done; else none."""
+        over = self.cfg.compaction.enabled and tokens > self.budget_for(model, long_context=long_context).threshold
+        return "failed-open" if over else "none"
+
     def budget_for(self, model: str, *, long_context: bool = False) -> Budget:
         """The budgets of `model`'s window (`long_context`: the longer one the request opted into,
         Claude's 1M beta)."""

@@ -52,12 +52,6 @@ def empty_stream_small(tokens: int, window: int) -> str:
             f"well under the model's {window}-token window, so it was not retried compacted")
 
 
-def _unchanged(state: Any, model: str, before: int) -> str:
-    """The status of a request forwarded as the client sent it: failed-open when it needed compacting."""
-    return "failed-open" if state.cfg.compaction.enabled and before > state.compaction.budget_for(model).threshold \
-        else "none"
-
-
 def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
     return Report(before, status=status, tokens_after=after, tool_results=tool_results, wait_ms=wait_ms).headers()
 
@@ -135,7 +129,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     if creds.scope is None:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it (as on the chat path).
-        return Prepared(raw, body, _headers(_unchanged(state, parsed.model, before), before, before, 0, 0), streaming)
+        return Prepared(raw, body, _headers(state.compaction.unchanged_status(parsed.model, before), before, before, 0, 0), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
                                           ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)),
                    before)
@@ -148,7 +142,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         # A bug in our own stages (or a message the view cannot map back) must never cost the
         # client its request: forward what it sent.
         log.exception("shrinking the Responses request failed unexpectedly; forwarding it unchanged")
-        return Prepared(raw, body, _headers(_unchanged(state, parsed.model, before), before, before, 0, 0), streaming)
+        return Prepared(raw, body, _headers(state.compaction.unchanged_status(parsed.model, before), before, before, 0, 0), streaming)
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
 

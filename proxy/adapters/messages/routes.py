@@ -170,10 +170,9 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
 
 
 def _unchanged(state: Any, req: Request, caller: Caller, before: int) -> Prepared:
-    """The request forwarded as the client sent it: failed-open when it needed compacting."""
-    budget = state.compaction.budget_for(req.model, long_context=caller.extra.long_context)
-    over = state.cfg.compaction.enabled and before > budget.threshold
-    return Prepared(req, req.conversation, Report(before, status="failed-open" if over else "none"))
+    """The request forwarded as the client sent it."""
+    status = state.compaction.unchanged_status(req.model, before, long_context=caller.extra.long_context)
+    return Prepared(req, req.conversation, Report(before, status=status))
 
 
 @anthropic_route
