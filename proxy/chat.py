@@ -25,14 +25,13 @@ from proxy.adapters.base import Request
 from proxy.adapters.chat import ChatAdapter
 from proxy.chat_request import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
-from proxy.compaction.view import Outcome
+from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
-from proxy.ops.events import compaction_event
 from proxy.ops.exchange import EXCHANGE, Prefix
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
@@ -104,9 +103,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
         status = state.compaction.unchanged_status(parsed.model, before)
-        if status != "none":
-            state.hooks.compaction(compaction_event(ex, creds.scope, parsed.conversation,
-                                                    Outcome(status, reason="internal error"), before, before))
+        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, status, before)
         return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
     report = flow.report
     if report.tokens_after is None:

@@ -16,6 +16,7 @@ import pytest
 from proxy import credentials
 from proxy.flow import Flow, Stage
 from proxy.recall.handles import in_text
+from support.client import get
 from support.compaction_helpers import main_summary
 from support.protocols import CHAT, DRIVERS, MESSAGES, RESPONSES, Driver, tool_conversation
 
@@ -232,6 +233,16 @@ async def test_a_bug_in_a_stage_forwards_the_original_and_says_whether_it_needed
     assert answer.headers["x-compaction-status"] == ("failed-open" if needed else "none")
     assert answer.headers["x-compaction-tokens-before"] == answer.headers["x-compaction-tokens-after"]
     assert driver.model_calls(fake)[-1].body == sent and driver.model_calls(fake)[-1].status == 200
+    # the journal says why a request that needed compacting went as sent (none: no event)
+    await proxy.state.journal.flush()
+    events = (await get(proxy.root, "/admin/api/events")).json()["events"]
+    if needed:
+        (event,) = events
+        assert (event["tier"], event["reason"]) == ("failed-open", "internal error")
+        assert event["request_id"] == answer.headers["x-request-id"]
+        assert event["tokens_before"] == event["tokens_after"] == int(answer.headers["x-compaction-tokens-before"])
+    else:
+        assert events == []
 
 
 def made_by_summary(driver: Driver, fake: Any) -> bool:

@@ -7,7 +7,8 @@ from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Stage
 from proxy.ops.events import compaction_event, is_event
-from proxy.ops.exchange import CURRENT
+from proxy.model import Conversation
+from proxy.ops.exchange import CURRENT, Exchange
 from proxy.ops.hooks import Hooks
 
 MARK = "compaction"  # flow.marks: the conversation this stage started from (tool results as notes)
@@ -20,6 +21,15 @@ def not_larger(outcome: Outcome, before: int) -> Outcome:
         return outcome
     return Outcome("failed-open", wait_ms=outcome.wait_ms,
                    reason=f"the compacted request ({outcome.tokens_after} tokens) is not smaller than the original ({before})")
+
+
+def journal_fault(hooks: Hooks, ex: Exchange | None, scope: str | None, conv: Conversation, status: str,
+                  before: int) -> None:
+    """A request forwarded as sent because a stage of ours failed: a journal event (reason
+    "internal error") when it needed compacting (failed-open), so the operator sees it beside the
+    summarizer's failures. Every route's exception path calls this."""
+    if status != "none" and ex is not None and scope is not None:
+        hooks.compaction(compaction_event(ex, scope, conv, Outcome(status, reason="internal error"), before, before))
 
 
 class CompactionStage(Stage):

@@ -25,6 +25,7 @@ from proxy.byheaders import ByHeaders, Caller, openai_caller
 from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
 from proxy.compaction.budget import could_overflow
+from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
@@ -142,7 +143,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         # A bug in our own stages (or a message the view cannot map back) must never cost the
         # client its request: forward what it sent.
         log.exception("shrinking the Responses request failed unexpectedly; forwarding it unchanged")
-        return Prepared(raw, body, _headers(state.compaction.unchanged_status(parsed.model, before), before, before, 0, 0), streaming)
+        status = state.compaction.unchanged_status(parsed.model, before)
+        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, status, before)
+        return Prepared(raw, body, _headers(status, before, before, 0, 0), streaming)
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
 

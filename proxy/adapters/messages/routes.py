@@ -24,6 +24,7 @@ from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
 from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
+from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
 from proxy.body import BodyPace, read_body
@@ -162,7 +163,10 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
                 flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        return _unchanged(state, req, caller, flow.report.tokens_before)
+        unchanged = _unchanged(state, req, caller, flow.report.tokens_before)
+        journal_fault(state.hooks, ex, identity.scope, req.conversation, unchanged.report.status,
+                      flow.report.tokens_before)
+        return unchanged
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
     retry = None if count_only else overflow_retry(state.stages, flow, state.recall)
