@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 
 from proxy.fake_upstream import FakeUpstream
@@ -17,6 +18,7 @@ from proxy.fakes.messages import FakeMessages
 from support.client import anthropic_client
 from support.compaction_helpers import filler
 from support.conversations import synthetic
+from support.protocols import DRIVERS, tool_conversation
 from support.ops_replay import MODEL, SETTINGS, conversation, replay
 from support.proxy_server import merge, start_proxy
 
@@ -175,8 +177,7 @@ async def test_a_messages_body_is_inspected_as_the_messages_route_forwards_it(tm
         cfg.write_text(yaml.safe_dump(settings))
         report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
         assert report["status"] == "reused" and report["calls"] == {"history": 0, "tool_result": 0}
-        # byte for byte what the proxy sent (the route declares the recall tool after the stages)
-        assert (report["forwarded"]["system"], report["forwarded"]["messages"]) == (sent["system"], sent["messages"])
+        assert report["forwarded"] == sent  # what the proxy sent, the recall tool declared
         # another client's: no record of its own, a new summary in the dry run, the diff in
         # Messages terms, no call
         text = await run_async(str(path), "--config", str(cfg), "--api-key", "sk-another", "--key-header",
@@ -187,3 +188,75 @@ async def test_a_messages_body_is_inspected_as_the_messages_route_forwards_it(tm
         assert "--> Read({\"path\":\"src/mod0.py\"})  [toolu_00]" in lines  # the oldest call leaves ...
         assert any(line.startswith("+<summary>") for line in lines)  # ... and the summary comes in
         assert len(fake.requests) == seen  # inspect called nobody
+
+
+@pytest.mark.parametrize("driver", DRIVERS, ids=repr)
+async def test_every_protocols_body_is_inspected_as_its_route_forwards_it(driver, make_proxy, tmp_path: Path):
+    """Chat, Responses and Messages bodies, each told from its fields: after the route compacted
+    one, inspect of the same bytes reuses the stored record and forwards the whole body the route
+    forwarded, the recall tool declared as the route declares it; and calls nobody."""
+    fake = await driver.start_fake()
+    try:
+        store = f"sqlite:///{tmp_path / 'store.db'}"
+        settings = driver.settings(fake, 7600, store={"url": store}, compaction={"prepare_percent": 0},
+                                   upstream={"base_url": fake.base_url})
+        proxy = await make_proxy(fake.base_url, settings)
+        convo = tool_conversation()
+        answer = await driver.send_raw(proxy, convo, {"Authorization": f"Bearer {KEY}"})
+        assert answer.headers["x-compaction-status"] == "summarized"
+        sent = orjson.loads(driver.model_calls(fake)[-1].body)
+        names = [t.get("name") or t["function"]["name"] for t in sent["tools"]]
+        assert names == ["context_recall"]  # the route declared it
+        await proxy.close()
+        seen = len(fake.requests)
+        path = tmp_path / "body.json"
+        path.write_bytes(driver.raw_body(convo))
+        cfg = tmp_path / "proxy.yaml"
+        cfg.write_text(yaml.safe_dump(settings))
+        report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
+        assert report["status"] == "reused" and report["calls"] == {"history": 0, "tool_result": 0}
+        assert report["forwarded"] == sent  # the whole body, the recall tool in it
+        text = await run_async(str(path), "--config", str(cfg), "--api-key", KEY)
+        assert "reuses the stored record" in text and "history: reused" in text, text
+        lines = text.splitlines()
+        assert any(line.startswith("+<summary>") for line in lines)  # the summary comes in ...
+        assert "-### user" in lines  # ... for the oldest turns, which leave
+        assert len(fake.requests) == seen  # inspect called nobody
+    finally:
+        await fake.stop()
+
+
+async def test_a_responses_body_with_its_history_at_the_upstream_is_forwarded_as_it_came(tmp_path: Path):
+    """previous_response_id: the proxy cannot see the history and changes nothing; inspect says so."""
+    body = {"model": "gpt-4o", "previous_response_id": "resp_0123", "input": [
+        {"type": "function_call_output", "call_id": "call_1", "output": "x " * 20000}]}
+    path = tmp_path / "stateful.json"
+    path.write_bytes(orjson.dumps(body))
+    out = run(str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    report = orjson.loads(out.stdout)
+    assert report["status"] == "none" and "stored at the upstream" in report["reason"]
+    assert report["forwarded"] == body and report["diff"] == [] and report["tool_notes"] == []
+    text = run(str(path)).stdout
+    assert "history: none (the history is stored at the upstream" in text and "forwarded unchanged" in text
+
+
+def test_a_responses_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_path: Path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "gpt-4o", "input": 7}')
+    out = subprocess.run([str(SCRIPT), "inspect", str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "would answer 400" in out.stderr and "'input'" in out.stderr, out.stderr
+
+
+def test_a_responses_items_read_in_the_diff_as_calls_and_answers():
+    from proxy.ops.inspect import message_lines
+
+    call = {"type": "function_call", "call_id": "call_7", "name": "grep", "arguments": '{"q": "TODO"}'}
+    out = {"type": "function_call_output", "call_id": "call_7", "output": "a.py:3: TODO\nb.py:9: TODO"}
+    parts = {"type": "function_call_output", "call_id": "call_8", "output": [{"type": "input_text", "text": "ok"}]}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Found two."}]}
+    assert message_lines(call) == ["### assistant (function_call)", '-> grep({"q": "TODO"})  [call_7]']
+    assert message_lines(out) == ["### tool (answers call_7)", "a.py:3: TODO", "b.py:9: TODO"]
+    assert message_lines(parts) == ["### tool (answers call_8)", "ok"]
+    assert message_lines(said) == ["### assistant", "Found two."]
+    assert message_lines({"type": "reasoning", "encrypted_content": "x"}) == ["### [reasoning]"]

@@ -101,15 +101,15 @@ def inspect_main(argv: list[str]) -> int:
         description="Show what the proxy would forward for a request body: token counts against the threshold and "
                     "window, the cut, the tool results that become notes, the stored record reused, and a diff of "
                     "original vs forwarded. Calls no upstream unless --summarize; never writes the store.")
-    p.add_argument("file", metavar="FILE", help="a request body (JSON): a POST /v1/chat/completions or an Anthropic "
-                   "POST /v1/messages body; - reads stdin")
+    p.add_argument("file", metavar="FILE", help="a request body (JSON): a POST /v1/chat/completions, a POST "
+                   "/v1/responses or an Anthropic POST /v1/messages body; - reads stdin")
     p.add_argument("--config", metavar="FILE", help="the proxy's YAML config (windows, thresholds, store, upstream)")
     p.add_argument("--store", metavar="URL", help="store URL to look for stored summaries and notes (overrides the config's)")
     p.add_argument("--upstream", metavar="URL", help="upstream base URL for --summarize (overrides the config's)")
     p.add_argument("--anthropic-upstream", metavar="URL",
                    help="Anthropic upstream base URL for --summarize of a Messages body (overrides the config's)")
-    p.add_argument("--protocol", choices=("chat", "messages"),
-                   help="the body's API: chat completions or Anthropic Messages (default: told from the body)")
+    p.add_argument("--protocol", choices=("chat", "responses", "messages"),
+                   help="the body's API: chat completions, Responses or Anthropic Messages (default: told from the body)")
     p.add_argument("--api-key", help="the client's key: stored records are per credential (default: $OPENAI_API_KEY, "
                                      "for a Messages body $ANTHROPIC_API_KEY)")
     p.add_argument("--key-header", choices=("authorization", "x-api-key"), default="authorization",

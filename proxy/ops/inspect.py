@@ -1,7 +1,7 @@
 """`compaction-proxy inspect FILE`: what the proxy would forward for one request body.
 
-It runs the request's real stages (chat.shrink: tool results to notes, then the history) on a
-real ProxyState, with two things swapped for the dry run: the store is read through but never
+It runs the request's real stages (tool results to notes, then the history) on a real ProxyState,
+for a chat completions, a Responses or an Anthropic Messages body, with two things swapped for the dry run: the store is read through but never
 written (DryRunStore), and the summarizers' upstream caller answers a placeholder instead of
 calling anyone (DryRunCaller). With `--summarize` the caller is the real one: the configured
 upstream writes the summary (and the notes) the proxy would make; the store is still not written.
@@ -22,6 +22,7 @@ import orjson
 from proxy import credentials, jsonbody
 from proxy.adapters.chat import ChatAdapter
 from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.adapters.responses import ResponsesAdapter
 from proxy.chat_request import parse_chat_body
 from proxy.compaction.stage import MARK as COMPACTION_MARK
 from proxy.flow import Flow, Identity, run_request
@@ -31,6 +32,9 @@ from proxy.model import Kind
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import messages as recall_messages
+from proxy.recall import responses as recall_responses
+from proxy.responses import compact, items as response_items
+from proxy.responses.body import parse_responses_body
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store
@@ -40,6 +44,10 @@ from proxy.upstream import SummaryCaller
 
 CHAT = ChatAdapter()
 MESSAGES = MessagesAdapter()
+RESPONSES = ResponsesAdapter()
+# each protocol's adapter and recall dialect
+PROTOCOLS = {"chat": (CHAT, recall_chat.CHAT), "messages": (MESSAGES, recall_messages.MESSAGES),
+             "responses": (RESPONSES, recall_responses.RESPONSES)}
 # Anthropic-only fields: a body with one of them is a Messages body (a chat body has none)
 _MESSAGES_FIELDS = ("system", "thinking", "anthropic_version", "stop_sequences", "top_k", "container",
                     "context_management", "mcp_servers")
@@ -47,10 +55,13 @@ _MESSAGES_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 def protocol_of(body: Any) -> str:
-    """"messages" for an Anthropic Messages body, else "chat": a top-level Anthropic field, or a
-    content block only Messages has (tool_use, tool_result, thinking)."""
+    """"responses" for a Responses body (an `input`, no `messages`); "messages" for an Anthropic
+    Messages body (a top-level Anthropic field, or a content block only Messages has: tool_use,
+    tool_result, thinking); else "chat"."""
     if not isinstance(body, dict):
         return "chat"
+    if "messages" not in body and ("input" in body or "previous_response_id" in body):
+        return "responses"
     if any(k in body for k in _MESSAGES_FIELDS):
         return "messages"
     for m in body.get("messages") or []:
@@ -193,6 +204,8 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     except orjson.JSONDecodeError:
         protocol = "chat"  # (the chat parse names the error)
     body = parse_chat_body(raw) if protocol == "chat" else None
+    if protocol == "responses":
+        parse_responses_body(raw)  # (its error, as the route would answer it)
     cfg = inspect_config(cfg)
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
@@ -211,14 +224,16 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
 async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize: bool, log: CallLog,
                protocol: str) -> Report:
     cfg = state.cfg
-    adapter, dialect = (CHAT, recall_chat.CHAT) if protocol == "chat" else (MESSAGES, recall_messages.MESSAGES)
+    adapter, dialect = PROTOCOLS[protocol]
+    api_key = secret((cfg.anthropic if protocol == "messages" else cfg.upstream).api_key)
+    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
+                                key_header="x-api-key" if protocol == "messages" else "Authorization")
+    if protocol == "responses":
+        raw = await _expanded(state, raw, creds.scope)
     parsed = adapter.parse(raw, state.counter, cfg)
     parsed.extra.setdefault("count_only", False)  # (the Messages stages read it: a request, not a count)
     before = parsed.total()
     budget = state.compaction.budget_for(parsed.model)
-    api_key = secret((cfg.upstream if protocol == "chat" else cfg.anthropic).api_key)
-    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
-                                key_header="Authorization" if protocol == "chat" else "x-api-key")
     recall, recall_count = recall_answers.identity_fields(dialect, state, parsed)
     identity = Identity(
         # Without a credential no stored record can be matched; the stages still show what a
@@ -232,7 +247,17 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
         recall_count=recall_count,
     )
     flow = Flow.of(adapter, parsed, identity)
-    await run_request(state.stages, flow)
+    if parsed.stateful:
+        # The history lives at the upstream (previous_response_id, conversation): the route
+        # forwards such a body as it came.
+        flow.report.reason = "the history is stored at the upstream (previous_response_id or conversation)"
+    else:
+        await run_request(state.stages, flow)
+        # as the route: the recall tool declared once anything was replaced (nothing kept here)
+        declared = await recall_answers.prepare(dialect, state.recall, state.prompts, flow, keep=False) \
+            if identity.recall and flow.changed else None
+        if declared is not None:
+            flow.request = declared[0]
     outcome = flow.report
     after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
     report = Report(
@@ -242,11 +267,13 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
     )
     original = parsed.conversation
     noted = flow.marks.get(COMPACTION_MARK, flow.forwarded)  # after the tool-result stage
+    # envelopes before the client's list: a Messages system, a Responses instructions
+    lead = {"messages": original.n_system, "responses": int(isinstance(parsed.body.get("instructions"), str))}.get(protocol, 0)
     for i, (old, new) in enumerate(zip(original.envelopes, noted.envelopes)):
         if new is not old:
             calls = [it.call_id for it in old.items if it.kind is Kind.TOOL_RESULT]
             report.tool_notes.append({
-                "index": i - original.n_system if protocol == "messages" else i,
+                "index": i - lead,
                 "tool_call_id": ", ".join(str(c) for c in calls), "tokens_before": original.tokens[i],
                 "tokens_after": noted.tokens[i],
                 "source": _note_source(" ".join(it.text for it in new.items), summarize),
@@ -259,15 +286,30 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
         report.record = {"chain": record.chain, "created": record.created, "reused": outcome.status == "reused",
                          "summary": record.summary}
     client = orjson.loads(raw)
-    report.forwarded = orjson.loads(adapter.render(parsed, flow.forwarded))  # what the proxy would send
+    report.forwarded = orjson.loads(flow.body())  # what the proxy would send
     report.diff = diff_lines(_shown(client), _shown(report.forwarded))
     return report
 
 
+async def _expanded(state: ProxyState, raw: bytes, scope: str | None) -> bytes:
+    """A Responses body with the proxy's own compaction items (from /responses/compact) replaced
+    by their stored summaries, as the route does before the stages."""
+    body = parse_responses_body(raw)
+    items = body.get("input")
+    if not isinstance(items, list) or not compact.has_own(items):
+        return raw
+    expanded = await compact.expand(items, state.store, state.scope_secret, scope, state.prompts)
+    return jsonbody.dumps({**body, "input": expanded})
+
+
 def _shown(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """A body's messages for the diff; a Messages body's top-level system as the first."""
-    system = body.get("system")
-    return ([{"role": "system", "content": system}] if system else []) + list(body.get("messages") or [])
+    """A body's messages for the diff: a Messages body's top-level system, a Responses body's
+    instructions as the first; a Responses body's input items (a string: one user message)."""
+    system = body.get("system", body.get("instructions"))
+    lead = [{"role": "system", "content": system}] if system else []
+    if "messages" in body or "input" not in body:
+        return lead + list(body.get("messages") or [])
+    return lead + response_items.input_items(body)
 
 
 def _note_source(text: str, summarize: bool) -> str:
@@ -279,6 +321,9 @@ def _note_source(text: str, summarize: bool) -> str:
 def message_lines(msg: dict[str, Any]) -> list[str]:
     """One message as readable lines, long content clipped head and tail (the same way on both
     sides of the diff, so an unchanged message stays unchanged)."""
+    kind = msg.get("type")
+    if kind not in (None, "message"):  # a Responses item that is no message
+        return _item_lines(msg)
     head = f"### {msg.get('role')}"
     if msg.get("tool_call_id"):
         head += f" (answers {msg['tool_call_id']})"
@@ -302,10 +347,31 @@ def message_lines(msg: dict[str, Any]) -> list[str]:
             else:
                 parts.append(str(p.get("text", f"[{p.get('type')}]")))
         content = "\n".join(parts)
-    text = content.splitlines() if isinstance(content, str) else []
+    return lines + (_clipped(content) if isinstance(content, str) else [])
+
+
+def _item_lines(item: dict[str, Any]) -> list[str]:
+    """A Responses input item other than a message: a call as `-> name(arguments) [call_id]`, an
+    output as a tool message answering its call, anything else by its type."""
+    kind = str(item.get("type"))
+    if kind.endswith("_call") and "output" not in item:
+        args = item.get("arguments", item.get("input", item.get("action", "")))
+        args = args if isinstance(args, str) else orjson.dumps(args).decode()
+        return [f"### assistant ({kind})", f"-> {item.get('name', kind)}({_clip(args, 120)})  [{item.get('call_id')}]"]
+    if kind.endswith("_output"):
+        out = item.get("output")
+        said = out if isinstance(out, str) else "\n".join(
+            str(p.get("text", f"[{p.get('type')}]")) for p in out or [] if isinstance(p, dict)) \
+            if isinstance(out, list) else orjson.dumps(out).decode()
+        return [f"### tool (answers {item.get('call_id')})"] + _clipped(said)
+    return [f"### [{kind}]"]
+
+
+def _clipped(content: str) -> list[str]:
+    text = content.splitlines()
     if len(text) > HEAD_LINES + TAIL_LINES:
         text = text[:HEAD_LINES] + [f"[... {len(text) - HEAD_LINES - TAIL_LINES} lines ...]"] + text[-TAIL_LINES:]
-    return lines + [_clip(line, LINE_CHARS) for line in text]
+    return [_clip(line, LINE_CHARS) for line in text]
 
 
 def _clip(s: str, n: int) -> str:
