@@ -260,3 +260,37 @@ def test_a_responses_items_read_in_the_diff_as_calls_and_answers():
     assert message_lines(parts) == ["### tool (answers call_8)", "ok"]
     assert message_lines(said) == ["### assistant", "Found two."]
     assert message_lines({"type": "reasoning", "encrypted_content": "x"}) == ["### [reasoning]"]
+
+
+async def test_a_responses_body_carrying_the_proxys_compaction_item_is_read_with_its_summary(make_proxy, tmp_path: Path):
+    """An item /responses/compact served here goes upstream as its stored summary (the route
+    expands it before the stages): inspect expands it the same way, under the same credential."""
+    from proxy.fakes.responses import FakeResponses
+    from support.client import openai_client
+    from support.protocols import compaction_input
+
+    history = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]}
+               for t in ("Fix the rounding bug in src/ledger/posting.py (LEDGER-4211).", "Now run the suite.")]
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    async with FakeResponses(serve_compact=False) as fake:
+        settings = {"store": {"url": store}, "upstream": {"base_url": fake.base_url}}
+        proxy = await make_proxy(fake.base_url, settings)
+        async with openai_client(proxy, KEY) as c:
+            out = await c.responses.compact(model="gpt-5", input=history)
+        await proxy.close()
+        body = {"model": "gpt-5", "input": [*compaction_input(out.output), history[0] | {"content": [
+            {"type": "input_text", "text": "And commit it."}]}]}
+        path = tmp_path / "compacted.json"
+        path.write_bytes(orjson.dumps(body))
+        cfg = tmp_path / "proxy.yaml"
+        cfg.write_text(yaml.safe_dump(settings))
+        seen = len(fake.requests)
+        report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
+        assert len(fake.requests) == seen
+    forwarded = report["forwarded"]["input"]
+    assert "compaction" not in [it.get("type") for it in forwarded]  # our item, read back as its summary
+    assert len(forwarded) == len(body["input"]) and "<summary>" in orjson.dumps(forwarded).decode()
+    assert "-### [compaction]" in report["diff"]  # the diff's left side is the body as sent
+    other = subprocess.run([str(SCRIPT), "inspect", str(path), "--config", str(cfg), "--api-key", "sk-another"],
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 1 and "would answer 400" in other.stderr  # another credential's item

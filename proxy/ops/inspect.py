@@ -228,6 +228,7 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
     api_key = secret((cfg.anthropic if protocol == "messages" else cfg.upstream).api_key)
     creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
                                 key_header="x-api-key" if protocol == "messages" else "Authorization")
+    sent = raw  # the diff's left side: the body as the client sent it
     if protocol == "responses":
         raw = await _expanded(state, raw, creds.scope)
     parsed = adapter.parse(raw, state.counter, cfg)
@@ -285,7 +286,7 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
                       "kept": len(original) - n_system - record.covered, "messages": len(original)}
         report.record = {"chain": record.chain, "created": record.created, "reused": outcome.status == "reused",
                          "summary": record.summary}
-    client = orjson.loads(raw)
+    client = orjson.loads(sent)
     report.forwarded = orjson.loads(flow.body())  # what the proxy would send
     report.diff = diff_lines(_shown(client), _shown(report.forwarded))
     return report
