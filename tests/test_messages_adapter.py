@@ -117,7 +117,7 @@ def test_counts_per_envelope_match_the_parse():
 
 
 def test_native_compaction_and_the_protocol_pieces():
-    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "context_management": {"edits": []},
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
             "messages": [{"role": "user", "content": "q"}]}
     flow, _ = flow_of(body)
     assert flow.request.native_compaction and flow.forwarded.n_system == 0

@@ -245,6 +245,21 @@ async def test_native_compaction_passes_through_untouched(fake, make_proxy, nati
     assert fake.records("messages")[-1].body == raw and fake.records("summarizer") == []
 
 
+async def test_thinking_clearing_alone_leaves_the_history_to_the_proxy(fake, make_proxy):
+    """Claude Code asks for context management on every request, to clear no thinking (keep
+    "all": its cache stays): that covers no span the proxy summarizes, so an over-threshold
+    history is compacted as it would be without it, and the field goes upstream as sent."""
+    proxy = await make_proxy(fake.base_url, settings(fake, 6000))
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    body = {"model": MODEL, "max_tokens": 100, "system": SYSTEM, "messages": history(14), "context_management": edits}
+    answer = await post(proxy, json.dumps(body).encode(), {**HEADERS, "Content-Type": "application/json"},
+                        path="/messages", expect=200)
+    assert answer.headers["x-compaction-status"] == "summarized"
+    forwarded = fake.records("messages")[-1].json
+    assert forwarded["context_management"] == edits and len(forwarded["messages"]) < len(body["messages"])
+    assert fake.records("summarizer")  # (a call that rides the cache carries it too: test_summary_riding.py)
+
+
 # ---- count_tokens ----------------------------------------------------------------------------------
 
 async def test_count_tokens_counts_what_would_be_forwarded_without_making_a_summary(fake, make_proxy):

@@ -219,6 +219,21 @@ def test_native_compaction_is_seen():
     assert "compaction blocks" in native_compaction(with_block)
 
 
+@pytest.mark.parametrize("edits, native", [
+    ([{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 30000}}], True),
+    ([{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "compact_20260112"}], True),
+    ([{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "clear_tool_uses_20250919"}], True),
+    ([{"type": "a_later_edit_20270101"}], True),  # unknown: the API's to judge, the proxy steps aside
+    ([{"type": "clear_thinking_20251015", "keep": "all"}], False),  # what Claude Code sends every request
+    ([{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}}], False),
+    ([], False),
+], ids=["tool-uses", "compact", "thinking-and-tool-uses", "unknown", "thinking-keep-all", "thinking-turns", "none"])
+def test_only_edits_that_clear_or_compact_history_step_the_proxy_aside(edits, native):
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "context_management": {"edits": edits}}
+    assert (native_compaction(body) is not None) is native
+    assert native_compaction({**body, "context_management": "not an object"}) is not None
+
+
 _block = st.one_of(st.builds(lambda t: {"type": t}, st.sampled_from(["text", "compaction", "tool_use", "thinking"])),
                    st.sampled_from(["compaction", 7, None]))
 _message = st.one_of(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),

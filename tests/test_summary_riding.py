@@ -146,9 +146,13 @@ M_SETTINGS: dict[str, Any] = {
                    "threshold_tokens": 4000}}
 
 
-async def claude_session(send: Any, turns: int = 26) -> list[str]:
+# what Claude Code asks on every request: clear no thinking (its cache stays)
+KEEP_THINKING = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+
+
+async def claude_session(send: Any, turns: int = 26, **fields: Any) -> list[str]:
     """A Claude Code-like session: `send(body)` -> its x-compaction-status, turn by turn, with the
-    breakpoints Claude Code sets (the system prompt, the newest user message)."""
+    breakpoints Claude Code sets (the system prompt, the newest user message); `fields` in every body."""
     msgs: list[dict[str, Any]] = []
     statuses = []
     for t in range(turns):
@@ -156,7 +160,7 @@ async def claude_session(send: Any, turns: int = 26) -> list[str]:
         msgs.append({"role": "user", "content": [
             {"type": "text", "text": f"step {t}: " + filler(120, t), "cache_control": EPH}]})
         statuses.append(await send({"model": M_MODEL, "max_tokens": 1000, "system": SYSTEM, "tools": [READ],
-                                    "messages": msgs}))
+                                    "messages": msgs, **fields}))
         msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"done {t}: " + filler(120, t + 7)}]})
     return statuses
 
@@ -175,6 +179,8 @@ def check_messages_riding(fake: FakeMessages, statuses: list[str], credential: t
         # the answer it got, then our ask: Anthropic has it cached up to that request's breakpoint
         assert n == m + 1 and unmarked(body["messages"][:m]) == unmarked(was["messages"])
         assert body["system"] == was["system"] and body["tools"] == was["tools"]
+        # the server edits the call's prefix as it edited the request's (Claude Code's thinking clearing)
+        assert body.get("context_management") == was.get("context_management")
         assert was["tools"][0] == READ and [t["name"] for t in was["tools"][1:]] in ([], ["context_recall"])
         assert body["tool_choice"] == {"type": "none"} and r.headers[credential[0]] == credential[1]
         assert body["messages"][n - 1]["content"][-1]["cache_control"] == EPH  # ours: read up to the prefix's end
@@ -212,11 +218,15 @@ async def test_the_messages_route_rides_anthropics_cache(make_proxy):
         async with AsyncAnthropic(base_url=proxy.root, api_key=HEADERS["x-api-key"], max_retries=0) as client:
 
             async def send(body: dict[str, Any]) -> str:
-                raw = await client.messages.with_raw_response.create(**body)
+                managed = body.pop("context_management")  # (a beta field: this SDK's create has no parameter for it)
+                raw = await client.messages.with_raw_response.create(
+                    **body, extra_body={"context_management": managed},
+                    extra_headers={"anthropic-beta": "context-management-2025-06-27"})
                 return raw.headers["x-compaction-status"]
 
-            statuses = await claude_session(send)
+            statuses = await claude_session(send, context_management=KEEP_THINKING)
         check_messages_riding(fake, statuses, ("authorization", f"Bearer {HEADERS['x-api-key']}"))  # as this SDK sends it
+        assert all(r.json["context_management"] == KEEP_THINKING for r in fake.requests if r.kind == "messages")
 
 
 # -- one summarizer for every protocol ---------------------------------------------------------

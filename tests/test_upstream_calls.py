@@ -197,6 +197,11 @@ def test_messages_riding_body_stays_within_four_breakpoints_and_keeps_thinking()
     assert body["messages"][1]["content"][1].get("cache_control") == marked  # the prefix's end: read from cache
     assert "cache_control" not in body["system"][0]  # the oldest of the client's gave way
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048} and body["max_tokens"] == 2148
+    assert "context_management" not in body
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}  # Claude Code's
+    again = summary_body(CLAUDE, "Summarize.", 100, prefix=prefix, request_body={
+        "thinking": {"type": "adaptive"}, "context_management": edits})
+    assert again["context_management"] == edits  # the server edits the prefix as it edited the client's
 
 
 def test_messages_riding_repeats_the_last_request_up_to_where_it_ended():

@@ -63,6 +63,11 @@ def summary_body(model: str, prompt: str, output_cap: int, system: str = "", pre
         body["thinking"] = thinking
         if isinstance(thinking.get("budget_tokens"), int):
             body["max_tokens"] = output_cap + thinking["budget_tokens"]  # max_tokens counts the thinking too
+    managed = request_body.get("context_management") if isinstance(request_body, dict) else None
+    if managed is not None:
+        # (only thinking clearing, when the proxy compacts: native_compaction) The server edits
+        # the prefix as it edited the client's, so the cached prefix is the one the call reads.
+        body["context_management"] = managed
     body["stream"] = False
     body, _ = breakpoints.fit(body, mark)
     return body

@@ -36,10 +36,11 @@ def cut_allowed(messages: list[dict[str, Any]]) -> list[bool]:
 
 def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
     """Why the client's own (Anthropic's) compaction covers this request, or None (spec 12.5):
-    `context_management` (context editing, the compact edit), or `compaction` blocks in the
-    history (from message `start` on: those before are known to carry none). The proxy then does
-    not compact the history; tool notes still apply."""
-    if body.get("context_management") is not None:
+    `context_management` with an edit that clears or compacts history (tool-result clearing, the
+    compact edit, or one this code does not know), or `compaction` blocks in the history (from
+    message `start` on: those before are known to carry none). The proxy then does not compact
+    the history; tool notes still apply."""
+    if _edits_history(body.get("context_management")):
         return "the request asks for Anthropic's context management"
     messages = body.get("messages") or ()
     for i in range(start, len(messages)):
@@ -49,6 +50,22 @@ def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
         if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "compaction" for b in content):
             return "the history carries Anthropic compaction blocks"
     return None
+
+
+def _edits_history(cm: Any) -> bool:
+    """Whether `context_management` asks the API to clear or compact history. Thinking-block
+    clearing alone does not: it touches no span the proxy summarizes (thinking never reaches the
+    summarizer), and Claude Code sends it, with keep "all", on every request."""
+    if cm is None:
+        return False
+    edits = cm.get("edits") if isinstance(cm, dict) else None
+    if not isinstance(edits, list):
+        return True  # a shape this code does not know (the API judges it): step aside
+    return any(not (isinstance(e, dict) and isinstance(e.get("type"), str) and e["type"].startswith(THINKING_EDIT))
+               for e in edits)
+
+
+THINKING_EDIT = "clear_thinking_"  # clear_thinking_20251015, and its later versions
 
 
 def summary_block(text: str, cache_control: dict[str, Any] | None = SUMMARY_CACHE) -> dict[str, Any]:
