@@ -10,6 +10,8 @@ Fixtures
   litellm_server      session; LiteLLM's proxy on 127.0.0.1:$E2E_LITELLM_PORT (8790) speaking
                       Anthropic Messages and OpenAI Responses, bridged to llama_server's chat
                       (needs scripts/e2e-upstream install-litellm; skipped without, failed under CI)
+  claude_code         session; the path of the real Claude Code CLI's executable (needs
+                      scripts/e2e-upstream install-claude-code; skipped without, failed under CI)
   start_proxy         factory; start_proxy(llama=None, **config_overrides) -> Proxy
   tap                 factory; tap(server) -> Tap, a recording pass-through to that server (tap.py):
                       start_proxy(llama, upstream={"base_url": t.base_url}) puts it in between
@@ -177,6 +179,19 @@ def litellm_server(llama_server):
     yield LiteLLM(port=port, upstream=llama_server)
     if not reused:
         _script("stop-litellm", "--port", str(port))
+
+
+@pytest.fixture(scope="session")
+def claude_code() -> Path:
+    """The real Claude Code CLI (scripts/e2e-upstream install-claude-code; skipped without, failed
+    under CI): the path of its `claude` executable."""
+    r = _script("claude-code-path")
+    if r.returncode != 0:
+        reason = "Claude Code not installed (run scripts/e2e-upstream install-claude-code)"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " -- CI is set, so this is an error", pytrace=False)
+        pytest.skip(reason)
+    return Path(r.stdout.strip())
 
 
 def _free_port() -> int:
