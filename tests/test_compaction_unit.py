@@ -446,3 +446,22 @@ def test_identifier_block_is_dense_and_puts_exceptions_before_tallies():
     assert lines[1].startswith("- ") and sorted(lines[1][2:].split(", ")) == sorted(idents[:3])  # one line
     assert "ledger/a/b.py" not in "\n".join(lines) + "".join(rest)  # already present: not repeated
     assert rest == [errors[0]]
+
+
+@pytest.mark.parametrize("line", [
+    "src/main.rs:12:5: error[E0382]: borrow of moved value: `v`",
+    "posting.c:3:1: error: expected ';' before '}' token",
+    "cc1: fatal error: ledger.h: No such file or directory",
+    "2026-12-04 10:01:07 ERROR E1017: test_ledger_1 failed at src/pkg1/ledger.py:41",
+    "panic: runtime error: index out of range [3] with length 3",
+])
+def test_a_compilers_or_a_logs_error_line_comes_before_the_identifiers(line):
+    """Not only exceptions: a diagnostic that names an error is kept ahead of a block of paths
+    that would fill the budget; a test run's tally still comes after them."""
+    from proxy.compaction.record import identifier_lines
+
+    tally = "==== 1 failed, 40 passed in 3.00s ===="
+    idents = [f"src/pkg/mod_{i:03d}.py" for i in range(40)]
+    lines, rest = identifier_lines(idents, [tally, line], present="", budget_chars=400, user_text="", text="")
+    assert lines[0] == f"- error: {line}"
+    assert tally in rest and lines[1].startswith("- src/pkg/mod_")

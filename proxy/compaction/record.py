@@ -15,7 +15,10 @@ import orjson
 
 from proxy.compaction.extract import rank_identifiers, render_files
 
-_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
+# A line that names an error: an exception (type and message), a compiler's diagnostic ("error:",
+# "error[E0382]:", "fatal error:"), a log's ERROR / FATAL / PANIC line. Lines that only say
+# "failed" (a test run's tally) are not one.
+_DIAGNOSTIC = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\b(?:ERROR|FATAL|PANIC)\b|\b(?:error|fatal|panic)(?:\[\w+\])?:")
 
 
 @dataclass(frozen=True)
@@ -178,10 +181,10 @@ def identifier_lines(
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
-    # Exception lines (type plus message) are the most needed and the least recoverable; other
-    # lines that say "failed" (a test run's tally) come after the identifiers, if room is left.
-    exceptions = [e for e in errors if _EXCEPTION.search(e)]
-    others = [e for e in errors if not _EXCEPTION.search(e)]
+    # Lines that name an error are the most needed and the least recoverable; other lines that
+    # say "failed" (a test run's tally) come after the identifiers, if room is left.
+    exceptions = [e for e in errors if _DIAGNOSTIC.search(e)]
+    others = [e for e in errors if not _DIAGNOSTIC.search(e)]
     lines: list[str] = []
     used = 0
     for e in exceptions:
