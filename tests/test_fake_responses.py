@@ -153,6 +153,13 @@ async def test_unknown_top_level_parameter(fake):
     assert err["code"] == "unknown_parameter" and err["param"] == "messages"
 
 
+async def test_codexs_client_metadata_is_taken(fake):
+    """Not in the SDK's types, but sent by Codex on every request, which the API answers."""
+    answer = await post(fake, {"model": MODEL, "input": "x", "client_metadata": {"session_id": "s-1"}}, AUTH,
+                        path="/responses")
+    assert answer.status == 200
+
+
 async def test_model_required(fake):
     err = await rejected(fake, {"input": "x"})
     assert err["param"] == "model" and err["code"] == "missing_required_parameter"

@@ -10,8 +10,9 @@ Fixtures
   litellm_server      session; LiteLLM's proxy on 127.0.0.1:$E2E_LITELLM_PORT (8790) speaking
                       Anthropic Messages and OpenAI Responses, bridged to llama_server's chat
                       (needs scripts/e2e-upstream install-litellm; skipped without, failed under CI)
-  claude_code         session; the path of the real Claude Code CLI's executable (needs
-                      scripts/e2e-upstream install-claude-code; skipped without, failed under CI)
+  claude_code, codex  session; the path of the real Claude Code / Codex CLI's executable (needs
+                      scripts/e2e-upstream install-claude-code / install-codex; skipped without,
+                      failed under CI)
   start_proxy         factory; start_proxy(llama=None, **config_overrides) -> Proxy
   tap                 factory; tap(server) -> Tap, a recording pass-through to that server (tap.py):
                       start_proxy(llama, upstream={"base_url": t.base_url}) puts it in between
@@ -181,17 +182,28 @@ def litellm_server(llama_server):
         _script("stop-litellm", "--port", str(port))
 
 
-@pytest.fixture(scope="session")
-def claude_code() -> Path:
-    """The real Claude Code CLI (scripts/e2e-upstream install-claude-code; skipped without, failed
-    under CI): the path of its `claude` executable."""
-    r = _script("claude-code-path")
+def _agent(command: str, name: str) -> Path:
+    r = _script(f"{command}-path")
     if r.returncode != 0:
-        reason = "Claude Code not installed (run scripts/e2e-upstream install-claude-code)"
+        reason = f"{name} not installed (run scripts/e2e-upstream install-{command})"
         if os.environ.get("CI"):
             pytest.fail(reason + " -- CI is set, so this is an error", pytrace=False)
         pytest.skip(reason)
     return Path(r.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def claude_code() -> Path:
+    """The real Claude Code CLI (scripts/e2e-upstream install-claude-code; skipped without, failed
+    under CI): the path of its `claude` executable."""
+    return _agent("claude-code", "Claude Code")
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    """The real Codex CLI (scripts/e2e-upstream install-codex; skipped without, failed under CI):
+    the path of its `codex` executable."""
+    return _agent("codex", "Codex")
 
 
 def _free_port() -> int:

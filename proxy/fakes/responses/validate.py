@@ -26,6 +26,9 @@ TOP_LEVEL = frozenset({
     "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
     "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "store", "stream",
     "stream_options", "temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
+    # not in the SDK's types: Codex (codex-rs, 0.171) sends it on every request, a map of strings
+    # (its installation, session and turn ids), and the API takes it
+    "client_metadata",
 })
 # Extra fields of a WebSocket `response.create` envelope (the WebSocket events reference).
 WS_ONLY = frozenset({"stream_id", "generate"})
