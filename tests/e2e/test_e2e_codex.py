@@ -7,7 +7,8 @@ What Codex sends is what it sends: its developer messages and tools, `client_met
 `prompt_cache_key`, `include: ["reasoning.encrypted_content"]`, its own headers. The proxy must
 compact that history (older items as a summary, reasoning kept with its calls) without breaking
 it: every request reaches the fake valid (each call with its output, each reasoning item as the
-fake made it), and Codex finishes its task.
+fake made it), and Codex finishes its task. Over a WebSocket (`supports_websockets`) Codex chains its
+turns by `previous_response_id`, and the proxy relays them as they came.
 """
 
 from __future__ import annotations
@@ -54,35 +55,47 @@ def forwarded_summary(body: dict[str, Any]) -> str | None:
     return None
 
 
-def test_codex_finishes_a_task_the_proxy_compacts_along_the_way(codex: Path, start_proxy, tmp_path: Path):
-    work = tmp_path / "work"
-    work.mkdir()
-    logs = write_logs(work)
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    with FakeResponses() as fake:
-        fake.reply = agent(logs)
-        proxy = start_proxy(upstream={"base_url": fake.base_url}, models={MODEL: {"context_window": WINDOW}},
-                            compaction={"prepare_percent": 0})
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "CODEX_HOME": str(home),
-               "OPENAI_API_KEY": "sk-e2e-codex"}
-        provider = ["-c", 'model_provider="proxy"', "-c", 'model_providers.proxy.name="compaction-proxy"',
-                    "-c", f'model_providers.proxy.base_url="{proxy.base_url}"',
-                    "-c", 'model_providers.proxy.env_key="OPENAI_API_KEY"',
-                    "-c", 'model_providers.proxy.wire_api="responses"']
-        # (no sandbox: the kernel's may be missing here; the fake model only asks for `cat`)
-        run = subprocess.run(
-            [str(codex), "exec", "--skip-git-repo-check", "--json", "-s", "danger-full-access", "-m", MODEL,
-             *provider, TASK],
-            cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-        requests = list(fake.requests)
-    calls = [r for r in requests if r.kind == "responses"]
+def run_codex(codex: Path, proxy: Any, work: Path, home: Path, *config: str) -> subprocess.CompletedProcess[str]:
+    """`codex exec` of the task, its model provider the proxy; `config`: more `-c` settings."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home.parent), "CODEX_HOME": str(home),
+           "OPENAI_API_KEY": "sk-e2e-codex"}
+    provider = ["-c", 'model_provider="proxy"', "-c", 'model_providers.proxy.name="compaction-proxy"',
+                "-c", f'model_providers.proxy.base_url="{proxy.base_url}"',
+                "-c", 'model_providers.proxy.env_key="OPENAI_API_KEY"',
+                "-c", 'model_providers.proxy.wire_api="responses"', *config]
+    # (no sandbox: the kernel's may be missing here; the fake model only asks for `cat`)
+    return subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "--json", "-s", "danger-full-access", "-m", MODEL, *provider, TASK],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+def finished(run: subprocess.CompletedProcess[str], requests: list[Any]) -> None:
+    """Codex exited 0 and its last message is the task's answer."""
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-2000:], [(r.kind, r.status) for r in requests])
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     said = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
             and e["item"].get("type") == "agent_message"]
     assert said and said[-1] == DONE, events[-5:]
     assert any(e.get("type") == "turn.completed" for e in events)
+
+
+def setup(tmp_path: Path) -> tuple[list[Path], Path, Path]:
+    work, home = tmp_path / "work", tmp_path / "codex-home"
+    work.mkdir()
+    home.mkdir()
+    return write_logs(work), work, home
+
+
+def test_codex_finishes_a_task_the_proxy_compacts_along_the_way(codex: Path, start_proxy, tmp_path: Path):
+    logs, work, home = setup(tmp_path)
+    with FakeResponses() as fake:
+        fake.reply = agent(logs)
+        proxy = start_proxy(upstream={"base_url": fake.base_url}, models={MODEL: {"context_window": WINDOW}},
+                            compaction={"prepare_percent": 0})
+        run = run_codex(codex, proxy, work, home)
+        requests = list(fake.requests)
+    calls = [r for r in requests if r.kind == "responses"]
+    finished(run, requests)
 
     # Codex ran every command for real (its tool's output came back each time) ...
     assert [last_log_read(r.json) for r in calls if r.status == 200][-1] == LOGS
@@ -103,4 +116,28 @@ def test_codex_finishes_a_task_the_proxy_compacts_along_the_way(codex: Path, sta
     own = sum(1 for it in calls[-1].json["input"] if it.get("type") == "function_call_output")
     assert own < LOGS  # fewer tool outputs upstream than Codex holds
     assert all(r.status == 200 for r in calls), [(r.status, r.body[:300]) for r in calls if r.status != 200]
+    assert "Traceback" not in proxy.log_text()
+
+
+def test_codex_over_a_websocket_finishes_through_the_proxy(codex: Path, start_proxy, tmp_path: Path):
+    """With `supports_websockets`, Codex opens one socket to the proxy and the proxy one to the
+    upstream: a prewarm `response.create` with `generate: false`, then every turn chained to the
+    one before by `previous_response_id` (store false: the socket's own cache). Its history lives
+    at the upstream then, which the proxy cannot see, so it forwards each turn as it came (design
+    11.1) and Codex finishes."""
+    logs, work, home = setup(tmp_path)
+    with FakeResponses() as fake:
+        fake.reply = agent(logs)
+        proxy = start_proxy(upstream={"base_url": fake.base_url}, models={MODEL: {"context_window": WINDOW}},
+                            compaction={"prepare_percent": 0})
+        run = run_codex(codex, proxy, work, home, "-c", "model_providers.proxy.supports_websockets=true")
+        requests = list(fake.requests)
+    finished(run, requests)
+    sockets = [r for r in requests if r.kind == "websocket"]
+    turns = [r for r in requests if r.kind == "responses"]
+    assert len(sockets) == 1 and all(r.transport == "websocket" for r in turns), [(r.kind, r.transport) for r in requests]
+    assert turns[0].json.get("generate") is False  # the prewarm
+    assert all(r.json.get("previous_response_id") for r in turns[1:])  # each turn chained
+    assert [last_log_read(r.json) for r in turns][-1] == LOGS
+    assert not [r for r in requests if r.kind == "summarizer"]  # (stateful: nothing to compact here)
     assert "Traceback" not in proxy.log_text()
