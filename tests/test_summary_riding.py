@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from anthropic import AsyncAnthropic
 
 from proxy.adapters.messages import breakpoints
@@ -61,13 +62,14 @@ def r_settings(**compaction: Any) -> dict[str, Any]:
             "compaction": {"prepare_percent": 0, "cached_summary_call": True, "mask_tool_outputs": False, **compaction}}
 
 
-async def responses_session(proxy: Any, turns: int) -> list[str]:
+async def responses_session(proxy: Any, turns: int, **fields: Any) -> list[str]:
+    """`fields` in every body (Codex sends a prompt_cache_key: its thread id)."""
     items: list[dict[str, Any]] = []
     statuses = []
     for t in range(turns):
         items.append({"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": f"step {t}: " + filler(120, t)}]})
-        body = {"model": R_MODEL, "instructions": "You are a coding agent.", "tools": [SHELL], "input": items}
+        body = {"model": R_MODEL, "instructions": "You are a coding agent.", "tools": [SHELL], "input": items, **fields}
         answer = await post(proxy, body, {"Authorization": f"Bearer {KEY}"}, path="/responses", expect=200)
         statuses.append(answer.headers["x-compaction-status"])
         items.append({"type": "message", "role": "assistant", "content": [
@@ -81,10 +83,13 @@ def last_item_text(record: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def test_a_responses_summary_rides_the_forwarded_prefix(make_proxy):
+@pytest.mark.parametrize("key", [None, "thread-0193"], ids=["no-cache-key", "cache-key"])
+async def test_a_responses_summary_rides_the_forwarded_prefix(make_proxy, key):
+    """With a prompt_cache_key the call carries it too: OpenAI routes by prefix and key (the fake's
+    cache hits only under the same key)."""
     async with FakeResponses(window=6000) as fake:
         proxy = await make_proxy(fake.base_url, r_settings())
-        statuses = await responses_session(proxy, 26)
+        statuses = await responses_session(proxy, 26, **({"prompt_cache_key": key} if key else {}))
         calls = [r for r in fake.requests if riding(r, last_item_text(r))]
         assert statuses.count("summarized") >= 2 and len(calls) >= 2, (statuses, [(r.kind, r.status) for r in fake.requests if r.kind != "messages"])
         for r in calls:
@@ -96,6 +101,7 @@ async def test_a_responses_summary_rides_the_forwarded_prefix(make_proxy):
             assert r.json["instructions"] == prev.json["instructions"] and r.json["tools"] == prev.json["tools"]
             assert prev.json["tools"][0] == SHELL and [t["name"] for t in prev.json["tools"][1:]] in ([], ["context_recall"])
             assert r.json["tool_choice"] == "none" and r.json["store"] is False
+            assert r.json.get("prompt_cache_key") == key
             assert r.headers["authorization"] == f"Bearer {KEY}"
             assert r.cached_tokens > 0.5 * r.prompt_tokens  # billed at the cached rate
         assert "<summary>" in json.dumps(calls[-1].json["input"])  # the second one repeats the first summary

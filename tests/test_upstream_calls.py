@@ -6,6 +6,7 @@ fallback, and how answers and errors are read."""
 from __future__ import annotations
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.adapters.base import SummaryCall
@@ -19,6 +20,7 @@ from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.prompts import Prompts
+from proxy.tokens import TokenCounter
 from proxy.upstream import SummarizerError, SummaryCaller, is_context_overflow
 
 SYSTEM = Prompts().text("summarization-system")
@@ -169,6 +171,22 @@ def test_overflow_detection_shapes():
 
 
 # -- the cache-riding form, as each protocol renders it (pure) -------------------------------------
+
+
+@pytest.mark.parametrize("adapter, field", [(ChatAdapter(), "messages"), (ResponsesAdapter(), "input")],
+                         ids=["chat", "responses"])
+def test_an_openai_riding_call_repeats_the_conversations_cache_key(adapter, field):
+    """OpenAI routes by the prefix and the prompt_cache_key together: the summary call that rides
+    the cache carries the conversation's key and retention (Codex sends a key on every request);
+    the transcript form, which reads no cache, carries none."""
+    raw = orjson.dumps({"model": "gpt-5", field: [{"role": "user", "content": "q"}], "prompt_cache_key": "thread-7",
+                        "prompt_cache_retention": "24h", "metadata": {"a": "b"}})
+    request = adapter.parse(raw, TokenCounter(), Config())
+    riding = SummaryCall("gpt-5", "Summarize.", 100, prefix=[{"role": "user", "content": "q"}], request=request)
+    body = orjson.loads(adapter.summary_request(riding, "http://up/v1").body)
+    assert (body["prompt_cache_key"], body["prompt_cache_retention"]) == ("thread-7", "24h") and "metadata" not in body
+    plain = SummaryCall("gpt-5", "Summarize.", 100, system="S", request=request)
+    assert "prompt_cache_key" not in orjson.loads(adapter.summary_request(plain, "http://up/v1").body)
 
 
 def test_messages_riding_body_merges_into_a_last_user_message_and_marks_the_prefix_end():

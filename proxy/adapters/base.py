@@ -146,6 +146,18 @@ class SummaryCall:
     request: "Request | None" = None
 
 
+# OpenAI routes a request to a cache machine by its prefix combined with its prompt_cache_key: a
+# summary call that rides the cache repeats the conversation's key (and the retention it asked
+# for), or it is routed where that prefix was never cached.
+OPENAI_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention")
+
+
+def repeated_fields(request: "Request | None", names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of `request`'s body among `names` that it carries, as it carries them."""
+    body = request.body if request is not None else None
+    return {k: body[k] for k in names if k in body} if isinstance(body, dict) else {}
+
+
 @dataclass(frozen=True)
 class SummaryRequest:
     """A summarizer call as this protocol sends it: POST `body` to `base_url + path`, with

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapters.base import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
 from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
 from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
@@ -193,6 +193,7 @@ class ChatAdapter(Adapter):
             body: dict[str, Any] = {"model": call.model, "messages": [*call.prefix, prompt]}
             if call.tools:
                 body.update(tools=call.tools, tool_choice="none")
+            body.update(repeated_fields(call.request, OPENAI_CACHE_FIELDS))
         else:
             body = {"model": call.model, "messages": [{"role": "system", "content": call.system}, prompt]}
         body.update({"stream": False, param: call.output_cap})

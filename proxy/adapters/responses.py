@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapters.base import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
 from proxy.adapters.chat import ChatAdapter
 from proxy.adapters import prefix
 from proxy.adapters.prefix import Prior
@@ -248,6 +248,7 @@ class ResponsesAdapter(Adapter):
             body["input"] = [*items, prompt]
             if call.tools:
                 body.update(tools=call.tools, tool_choice="none")
+            body.update(repeated_fields(call.request, OPENAI_CACHE_FIELDS))
         else:
             body.update(instructions=call.system, input=[prompt])
         body.update(store=False, stream=False, max_output_tokens=max(MIN_OUTPUT_TOKENS, call.output_cap))

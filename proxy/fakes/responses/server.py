@@ -12,7 +12,9 @@
 - `POST /v1/responses/compact`: the user messages plus one signed `compaction` item (or 404, as
   a server without it answers, when `serve_compact` is False);
 - a recording of every request (each WebSocket message too) and a prefix cache reporting
-  `usage.input_tokens_details.cached_tokens` as OpenAI does.
+  `usage.input_tokens_details.cached_tokens` as OpenAI does. OpenAI routes a request to a cache
+  machine by a hash of its prefix combined with its `prompt_cache_key`: here a prefix is a hit
+  only under the same key (or the same absence of one).
 
     async with FakeResponses(window=8000) as fake:
         client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test")
@@ -117,7 +119,7 @@ class FakeResponses(ModelFake):
         return int(n * self.token_scale)
 
     def _cached_tokens(self, body: dict[str, Any], items: list[Any]) -> int:
-        head = [body.get("model"), body.get("instructions"), body.get("tools")]
+        head = [body.get("model"), body.get("instructions"), body.get("tools"), body.get("prompt_cache_key")]
         segments = [(segment_key(it), item_tokens(it, self._count, self._compaction_tokens)) for it in items]
         return openai_cached_tokens(int(self._prefix_cache.longest_seen(head, segments) * self.token_scale))
 
