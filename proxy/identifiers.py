@@ -14,8 +14,9 @@ _IDENT_PATTERNS = [
     _TICKET,
     re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
     re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
-    # paths: absolute, home- or dot-relative, or relative with a directory and an extension
-    re.compile(r"(?<![\w/.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"),
+    # paths: absolute, home- or dot-relative, or relative with a directory and an extension (the
+    # slash of a closing tag, </system-reminder>, starts none: agents wrap context in such tags)
+    re.compile(r"(?<![\w/.<])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"),
     re.compile(r"\b(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b"),
     # hex hashes (7+), containing at least one digit and one letter
     re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b"),

@@ -142,6 +142,12 @@ def test_identifiers_found_once_each_and_numbers_kept():
     assert "426614174000" not in found
 
 
+def test_a_closing_tag_is_no_path():
+    """Claude Code wraps its context in <system-reminder> tags: their closing slash starts no path."""
+    text = "<system-reminder>\nRead /etc/hosts and <b>~/.bashrc</b>\n</system-reminder>\n</system-reminder>"
+    assert extract.find_identifiers(text) == ["/etc/hosts", "~/.bashrc"]
+
+
 def test_files_block_marks_read_write_both_and_caps():
     msgs = [{"role": "assistant", "content": None, "tool_calls": [
         tool_call("a", "read_file", '{"path": "src/a.py"}'),
