@@ -70,13 +70,31 @@ def points(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 async def test_a_careless_replay_keeps_what_code_keeps(driver, fake, make_proxy):
+    await careless_replay(driver, fake, make_proxy)
+
+
+async def test_a_careless_replay_of_a_claude_code_shaped_session_keeps_what_code_keeps(make_proxy):
+    """As Claude Code sends it: `context_management` clearing no thinking, on every request. The
+    history is still compacted, and what code keeps still holds."""
+    fake = await MESSAGES.start_fake(window=WINDOW)
+    try:
+        await careless_replay(MESSAGES, fake, make_proxy, extra_body={"context_management": {
+            "edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+        assert all(r.json.get("context_management") for r in MESSAGES.model_calls(fake))
+    finally:
+        await fake.stop()
+
+
+async def careless_replay(driver: Driver, fake: Any, make_proxy: Any, extra_body: dict[str, Any] | None = None) -> None:
+    """A 30-turn coding session through a careless summarizer (`extra_body`: in every request)."""
     s = coding_session(30)
     fake.summarizer = careless = CarelessSummarizer()
     proxy = await make_proxy(fake.base_url, settings(driver, fake))
     statuses, summaries, missing_latest = [], [], []
     seen, verbatim = Counter(), Counter()  # kind -> (request, identifier sent so far) pairs
     for history in points(s.messages):
-        reply = await driver.send(proxy, history, key="sk-careless", tools=s.tools)  # a 200, or it raises
+        reply = await driver.send(proxy, history, key="sk-careless", tools=s.tools,
+                                  extra_body=extra_body)  # a 200, or it raises
         statuses.append(reply.status)
         text = strings(driver.forwarded_body(fake))
         sent = strings(history)

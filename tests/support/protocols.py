@@ -171,12 +171,13 @@ class Driver:
     # -- sending --------------------------------------------------------------------------------
     async def send(self, proxy: Any, messages: list[dict[str, Any]], *, key: str = "sk-test-key",
                    bearer: bool = False, session: str | None = None, stream: bool = False,
-                   tools: list[dict[str, Any]] | None = None, headers: dict[str, str] | None = None) -> Reply:
+                   tools: list[dict[str, Any]] | None = None, headers: dict[str, str] | None = None,
+                   extra_body: dict[str, Any] | None = None) -> Reply:
         """Through the protocol's real client. `key` is the credential (Messages: as x-api-key,
         or as `Authorization: Bearer` with `bearer`; the OpenAI protocols always use Bearer);
-        `session` an x-compaction-session id."""
+        `session` an x-compaction-session id; `extra_body` fields the client's types lack."""
         extra = {**({"x-compaction-session": session} if session is not None else {}), **(headers or {})}
-        body = self.body(messages, tools)
+        body = {**self.body(messages, tools), **({"extra_body": extra_body} if extra_body else {})}
         return await asyncio.wait_for(self._send(proxy, body, key, bearer, extra, stream), BOUND_S)
 
     async def _send(self, proxy: Any, body: dict[str, Any], key: str, bearer: bool, extra: dict[str, str],
