@@ -26,13 +26,17 @@ SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 KEY = "sk-inspect-key"
 
 
+def files(tmp_path: Path, body: bytes, settings: dict[str, Any]) -> tuple[Path, Path]:
+    """The request body and the proxy's config as the files inspect reads."""
+    path, cfg = tmp_path / "request.json", tmp_path / "proxy.yaml"
+    path.write_bytes(body)
+    cfg.write_text(yaml.safe_dump(settings))
+    return path, cfg
+
+
 def write(tmp_path: Path, upstream_url: str, messages: list[dict[str, Any]], **settings: Any) -> tuple[Path, Path]:
-    body = tmp_path / "request.json"
-    body.write_bytes(orjson.dumps({"model": MODEL, "messages": messages}))
-    cfg = tmp_path / "proxy.yaml"
-    cfg.write_text(yaml.safe_dump(merge(merge(SETTINGS, {"upstream": {"base_url": upstream_url},
-                                                         "store": {"url": "memory://"}}), settings)))
-    return body, cfg
+    return files(tmp_path, orjson.dumps({"model": MODEL, "messages": messages}),
+                 merge(merge(SETTINGS, {"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"}}), settings))
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -171,10 +175,7 @@ async def test_a_messages_body_is_inspected_as_the_messages_route_forwards_it(tm
             await proxy.close()
         sent = fake.messages_requests[-1]
         seen = len(fake.requests)
-        path = tmp_path / "messages.json"
-        path.write_bytes(orjson.dumps(body))
-        cfg = tmp_path / "proxy.yaml"
-        cfg.write_text(yaml.safe_dump(settings))
+        path, cfg = files(tmp_path, orjson.dumps(body), settings)
         report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
         assert report["status"] == "reused" and report["calls"] == {"history": 0, "tool_result": 0}
         assert report["forwarded"] == sent  # what the proxy sent, the recall tool declared
@@ -209,10 +210,7 @@ async def test_every_protocols_body_is_inspected_as_its_route_forwards_it(driver
         assert names == ["context_recall"]  # the route declared it
         await proxy.close()
         seen = len(fake.requests)
-        path = tmp_path / "body.json"
-        path.write_bytes(driver.raw_body(convo))
-        cfg = tmp_path / "proxy.yaml"
-        cfg.write_text(yaml.safe_dump(settings))
+        path, cfg = files(tmp_path, driver.raw_body(convo), settings)
         report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
         assert report["status"] == "reused" and report["calls"] == {"history": 0, "tool_result": 0}
         assert report["forwarded"] == sent  # the whole body, the recall tool in it
@@ -280,10 +278,7 @@ async def test_a_responses_body_carrying_the_proxys_compaction_item_is_read_with
         await proxy.close()
         body = {"model": "gpt-5", "input": [*compaction_input(out.output), history[0] | {"content": [
             {"type": "input_text", "text": "And commit it."}]}]}
-        path = tmp_path / "compacted.json"
-        path.write_bytes(orjson.dumps(body))
-        cfg = tmp_path / "proxy.yaml"
-        cfg.write_text(yaml.safe_dump(settings))
+        path, cfg = files(tmp_path, orjson.dumps(body), settings)
         seen = len(fake.requests)
         report = orjson.loads(await run_async(str(path), "--config", str(cfg), "--api-key", KEY, "--json"))
         assert len(fake.requests) == seen

@@ -152,9 +152,9 @@ class SummaryCall:
 OPENAI_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention")
 
 
-def repeated_fields(request: "Request | None", names: tuple[str, ...]) -> dict[str, Any]:
-    """The fields of `request`'s body among `names` that it carries, as it carries them."""
-    body = request.body if request is not None else None
+def repeated_fields(body: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields among `names` that a request's `body` carries, as it carries them: what a summary
+    call riding that request's cache must repeat (each protocol names its own)."""
     return {k: body[k] for k in names if k in body} if isinstance(body, dict) else {}
 
 

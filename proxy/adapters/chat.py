@@ -193,7 +193,7 @@ class ChatAdapter(Adapter):
             body: dict[str, Any] = {"model": call.model, "messages": [*call.prefix, prompt]}
             if call.tools:
                 body.update(tools=call.tools, tool_choice="none")
-            body.update(repeated_fields(call.request, OPENAI_CACHE_FIELDS))
+            body.update(repeated_fields(call.request.body if call.request is not None else None, OPENAI_CACHE_FIELDS))
         else:
             body = {"model": call.model, "messages": [{"role": "system", "content": call.system}, prompt]}
         body.update({"stream": False, param: call.output_cap})

@@ -248,7 +248,7 @@ class ResponsesAdapter(Adapter):
             body["input"] = [*items, prompt]
             if call.tools:
                 body.update(tools=call.tools, tool_choice="none")
-            body.update(repeated_fields(call.request, OPENAI_CACHE_FIELDS))
+            body.update(repeated_fields(call.request.body if call.request is not None else None, OPENAI_CACHE_FIELDS))
         else:
             body.update(instructions=call.system, input=[prompt])
         body.update(store=False, stream=False, max_output_tokens=max(MIN_OUTPUT_TOKENS, call.output_cap))

@@ -1,10 +1,11 @@
 """`compaction-proxy inspect FILE`: what the proxy would forward for one request body.
 
 It runs the request's real stages (tool results to notes, then the history) on a real ProxyState,
-for a chat completions, a Responses or an Anthropic Messages body, with two things swapped for the dry run: the store is read through but never
-written (DryRunStore), and the summarizers' upstream caller answers a placeholder instead of
-calling anyone (DryRunCaller). With `--summarize` the caller is the real one: the configured
-upstream writes the summary (and the notes) the proxy would make; the store is still not written.
+for a chat completions, a Responses or an Anthropic Messages body, with two things swapped for
+the dry run: the store is read through but never written (DryRunStore), and the summarizers'
+upstream caller answers a placeholder instead of calling anyone (DryRunCaller). With
+`--summarize` the caller is the real one: the configured upstream writes the summary (and the
+notes) the proxy would make; the store is still not written.
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     except orjson.JSONDecodeError:
         protocol = "chat"  # (the chat parse names the error)
     body = parse_chat_body(raw) if protocol == "chat" else None
-    if protocol == "responses":
-        parse_responses_body(raw)  # (its error, as the route would answer it)
+    # (a Responses body is checked here, its error as the route would answer it)
+    checked = parse_responses_body(raw) if protocol == "responses" else None
     cfg = inspect_config(cfg)
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
@@ -216,21 +217,21 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
     try:
         return await _run(state, jsonbody.dumps(body) if body is not None else raw, headers, summarize, log,
-                          protocol)
+                          protocol, checked)
     finally:
         await state.close()
 
 
 async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize: bool, log: CallLog,
-               protocol: str) -> Report:
+               protocol: str, responses_body: dict[str, Any] | None = None) -> Report:
     cfg = state.cfg
     adapter, dialect = PROTOCOLS[protocol]
     api_key = secret((cfg.anthropic if protocol == "messages" else cfg.upstream).api_key)
     creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
                                 key_header="x-api-key" if protocol == "messages" else "Authorization")
     sent = raw  # the diff's left side: the body as the client sent it
-    if protocol == "responses":
-        raw = await _expanded(state, raw, creds.scope)
+    if responses_body is not None:
+        raw = await _expanded(state, raw, responses_body, creds.scope)
     parsed = adapter.parse(raw, state.counter, cfg)
     parsed.extra.setdefault("count_only", False)  # (the Messages stages read it: a request, not a count)
     before = parsed.total()
@@ -292,10 +293,9 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
     return report
 
 
-async def _expanded(state: ProxyState, raw: bytes, scope: str | None) -> bytes:
-    """A Responses body with the proxy's own compaction items (from /responses/compact) replaced
-    by their stored summaries, as the route does before the stages."""
-    body = parse_responses_body(raw)
+async def _expanded(state: ProxyState, raw: bytes, body: dict[str, Any], scope: str | None) -> bytes:
+    """A Responses body (`raw`, parsed as `body`) with the proxy's own compaction items (from
+    /responses/compact) replaced by their stored summaries, as the route does before the stages."""
     items = body.get("input")
     if not isinstance(items, list) or not compact.has_own(items):
         return raw
@@ -361,10 +361,11 @@ def _item_lines(item: dict[str, Any]) -> list[str]:
         return [f"### assistant ({kind})", f"-> {item.get('name', kind)}({_clip(args, 120)})  [{item.get('call_id')}]"]
     if kind.endswith("_output"):
         out = item.get("output")
-        said = out if isinstance(out, str) else "\n".join(
-            str(p.get("text", f"[{p.get('type')}]")) for p in out or [] if isinstance(p, dict)) \
-            if isinstance(out, list) else orjson.dumps(out).decode()
-        return [f"### tool (answers {item.get('call_id')})"] + _clipped(said)
+        if isinstance(out, list):  # content parts
+            out = "\n".join(str(p.get("text", f"[{p.get('type')}]")) for p in out if isinstance(p, dict))
+        elif not isinstance(out, str):
+            out = orjson.dumps(out).decode()
+        return [f"### tool (answers {item.get('call_id')})"] + _clipped(out)
     return [f"### [{kind}]"]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 LOGS = 14
 TASK = "Read the build logs one by one and tell me when all are read."
@@ -37,3 +38,22 @@ def newest_log(text: str) -> int:
 def first_log_kept(summary: str) -> bool:
     """Whether a summary still names the first log and carries its error line."""
     return "build-1.log" in summary and "ERROR E1017: test_ledger_1 failed" in summary
+
+
+def compacted_twice(requests: list[Any], calls: list[Any], summary_of: Callable[[Any], str | None]) -> list[str]:
+    """Check what the fake saw of a session: the history summarized twice, each summary made once
+    riding the cache of what the agent had sent, and reused byte for byte until the next folded
+    it in (the newest may come with the last request); the last still names the first log, its
+    error line and the task. `summary_of(body)`: the summary a forwarded body carries, if any.
+    Returns the summaries the forwarded requests carried, in order."""
+    kinds = [r.kind for r in requests]
+    made = [r for r in requests if r.kind == "summarizer"]
+    assert len(made) >= 2, kinds
+    assert all(r.cached_tokens > 0.5 * r.prompt_tokens for r in made)  # read from the prompt cache
+    summaries = [s for s in (summary_of(r.json) for r in calls) if s]
+    assert len(set(summaries)) == len(made), kinds  # one summary a call, each then reused
+    assert all(summaries.count(s) >= 2 for s in set(summaries) - {summaries[-1]})
+    # what code writes into it holds with a real agent's shapes: the file its calls named, the
+    # first log's error line, the user's task verbatim
+    assert first_log_kept(summaries[-1]) and TASK in summaries[-1]
+    return summaries

@@ -22,7 +22,7 @@ import pytest
 
 from proxy.fakes.messages import FakeMessages
 
-from .agent_task import DONE, LOGS, TASK, WINDOW, first_log_kept, newest_log, write_logs
+from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, newest_log, write_logs
 
 pytestmark = pytest.mark.e2e
 
@@ -78,21 +78,8 @@ def test_claude_code_finishes_a_task_the_proxy_compacts_along_the_way(claude_cod
     assert [last_log_read(r.json) for r in calls if r.status == 200][-1] == LOGS
     # ... in requests as it sends them: its own context_management and thinking on every one
     assert all(r.json.get("context_management") is not None and r.json.get("thinking") for r in calls)
-    # and the proxy compacted that history twice, each summary made once (riding the cache of
-    # what Claude Code had sent) and reused byte for byte until the next one folded it in
-    kinds = [r.kind for r in requests]
-    made = [r for r in requests if r.kind == "summarizer"]
-    assert len(made) >= 2, kinds
-    assert all(r.cached_tokens > 0.5 * r.prompt_tokens for r in made)  # read from the prompt cache
-    summaries = [s for s in (forwarded_summary(r.json) for r in calls) if s]
-    assert len(set(summaries)) == len(made), kinds  # one summary a call, each then reused
-    # (the newest may come with the last request)
-    assert all(summaries.count(s) >= 2 for s in set(summaries) - {summaries[-1]})
-    # what code writes into it holds with a real agent's shapes: the file its Read tool's calls
-    # named, the error line of the first log, the user's task verbatim
-    # (the last, which folded the first in)
-    assert first_log_kept(summaries[-1])
-    assert TASK in summaries[-1]
+    # and the proxy compacted that history twice
+    summaries = compacted_twice(requests, calls, forwarded_summary)
     assert len(calls[-1].json["messages"]) < 1 + 2 * LOGS  # Claude Code's own: a request and two messages a log
     # every request the fake refused was refused once and sent again mended (stale thinking)
     refused = [r for r in calls if r.status != 200]

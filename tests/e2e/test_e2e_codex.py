@@ -23,7 +23,7 @@ import pytest
 
 from proxy.fakes.responses import FakeResponses
 
-from .agent_task import DONE, LOGS, TASK, WINDOW, first_log_kept, newest_log, write_logs
+from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, newest_log, write_logs
 
 pytestmark = pytest.mark.e2e
 
@@ -102,17 +102,8 @@ def test_codex_finishes_a_task_the_proxy_compacts_along_the_way(codex: Path, sta
     # ... in requests as it sends them: its metadata, and reasoning it asked to get back
     assert all(r.json.get("client_metadata") and r.json.get("store") is False for r in calls)
     assert all("reasoning.encrypted_content" in r.json.get("include", []) for r in calls)
-    # and the proxy compacted that history twice, each summary made once (riding the cache of
-    # what Codex had sent) and reused byte for byte until the next one folded it in
-    kinds = [r.kind for r in requests]
-    made = [r for r in requests if r.kind == "summarizer"]
-    assert len(made) >= 2, kinds
-    assert all(r.cached_tokens > 0.5 * r.prompt_tokens for r in made)  # read from the prompt cache
-    summaries = [s for s in (forwarded_summary(r.json) for r in calls) if s]
-    assert len(set(summaries)) == len(made), kinds
-    # (the newest may come with the last request)
-    assert all(summaries.count(s) >= 2 for s in set(summaries) - {summaries[-1]})
-    assert first_log_kept(summaries[-1]) and TASK in summaries[-1]
+    # and the proxy compacted that history twice
+    compacted_twice(requests, calls, forwarded_summary)
     own = sum(1 for it in calls[-1].json["input"] if it.get("type") == "function_call_output")
     assert own < LOGS  # fewer tool outputs upstream than Codex holds
     assert all(r.status == 200 for r in calls), [(r.status, r.body[:300]) for r in calls if r.status != 200]

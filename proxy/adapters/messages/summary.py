@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from proxy.adapters.base import repeated_fields
 from proxy.adapters.messages import breakpoints
 from proxy.adapters.messages.body import blocks
 from proxy.upstream import SummarizerError
@@ -63,11 +64,9 @@ def summary_body(model: str, prompt: str, output_cap: int, system: str = "", pre
         body["thinking"] = thinking
         if isinstance(thinking.get("budget_tokens"), int):
             body["max_tokens"] = output_cap + thinking["budget_tokens"]  # max_tokens counts the thinking too
-    managed = request_body.get("context_management") if isinstance(request_body, dict) else None
-    if managed is not None:
-        # (only thinking clearing, when the proxy compacts: native_compaction) The server edits
-        # the prefix as it edited the client's, so the cached prefix is the one the call reads.
-        body["context_management"] = managed
+    # (only thinking clearing, when the proxy compacts: native_compaction) The server edits the
+    # prefix as it edited the client's, so the cached prefix is the one the call reads.
+    body.update(repeated_fields(request_body, ("context_management",)))
     body["stream"] = False
     body, _ = breakpoints.fit(body, mark)
     return body

@@ -52,6 +52,9 @@ def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
     return None
 
 
+THINKING_EDIT = "clear_thinking_"  # clear_thinking_20251015, and its later versions
+
+
 def _edits_history(cm: Any) -> bool:
     """Whether `context_management` asks the API to clear or compact history. Thinking-block
     clearing alone does not: it touches no span the proxy summarizes (thinking never reaches the
@@ -63,9 +66,6 @@ def _edits_history(cm: Any) -> bool:
         return True  # a shape this code does not know (the API judges it): step aside
     return any(not (isinstance(e, dict) and isinstance(e.get("type"), str) and e["type"].startswith(THINKING_EDIT))
                for e in edits)
-
-
-THINKING_EDIT = "clear_thinking_"  # clear_thinking_20251015, and its later versions
 
 
 def summary_block(text: str, cache_control: dict[str, Any] | None = SUMMARY_CACHE) -> dict[str, Any]:
