@@ -154,6 +154,7 @@ class ProxyState:
         )
 
     async def close(self) -> None:
+        self.hooks.settle()  # the bookkeeping of the last requests (their access lines are written after)
         if self._secret_task is not None:
             self._secret_task.cancel()
         await self.compaction.stop()

@@ -71,6 +71,7 @@ async def test_json_lines_parse_and_carry_no_content_or_key(upstream, make_proxy
     await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL, expect=502)
     proxy.state.stages[0] = Broken()  # the proxy's stage list (proxy/flow.py): a bug in one
     assert (await raw_chat(proxy, points[0], auth(PLANTED_KEY), model=MODEL)).compaction == "none"
+    proxy.state.hooks.settle()  # the last request's line, written a moment after its answer
 
     text = stream.getvalue()
     lines = [orjson.loads(line) for line in text.splitlines()]  # every line is one JSON object
@@ -113,6 +114,7 @@ class Broken(Stage):
 async def test_text_lines_stay_one_line_whatever_the_path(proxy, captured):
     stream = captured(TextFormatter())
     request_id = (await get(proxy, "/models%0Aforged%20INFO%20line")).headers["x-request-id"]
+    proxy.state.hooks.settle()
     (line,) = [line for line in stream.getvalue().splitlines() if "proxy.access" in line]
     assert f"request_id={request_id}" in line and "status=" in line and "duration_ms=" in line
     assert "\\n" in line  # the newline the client sent, escaped

@@ -67,7 +67,9 @@ def admin(handler: Handler, *, token_in_query: bool = False) -> Handler:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    m = request.app[STATE].metrics
+    state = request.app[STATE]
+    m = state.metrics
+    state.hooks.settle()  # the requests that ended a moment ago are counted
     if m is None:
         raise errors.ProxyError(404, "Metrics are turned off (metrics.enabled).", code="not_found")
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -90,6 +92,7 @@ async def events(request: web.Request) -> web.Response:
 
 async def bill(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    state.hooks.settle()
     return web.json_response(state.bill.report(_limit(request)) if state.bill is not None else {}, dumps=_dumps)
 
 

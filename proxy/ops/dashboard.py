@@ -145,6 +145,7 @@ async def dashboard_page(request: web.Request) -> web.Response:
 
 
 async def feed(state: Any, series: Series) -> dict[str, Any]:
+    state.hooks.settle()  # the requests that ended a moment ago are counted
     f = series.current()
     events = await state.journal.recent(EVENTS_SHOWN) if state.journal is not None else []
     return {

@@ -81,6 +81,10 @@ class Exchange:
     protocol: str
     started: float = field(default_factory=time.perf_counter)
     wall: float = field(default_factory=time.time)  # when it started, wall clock (records' `created`)
+    # when it ended (perf_counter; 0.0 until then): its bookkeeping runs a moment later (ops/hooks.py
+    # Fanout), so durations are measured to here, not to when they are written down
+    ended: float = 0.0
+    answered: bool = False  # its answer began (headers out, or the handler done): no longer waiting
     code: int = 0
     # Filled by a protocol adapter; the x-compaction-* figures are read from the response headers.
     model: str = ""

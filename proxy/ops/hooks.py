@@ -3,16 +3,27 @@
 The core calls `state.hooks.<event>(...)` at a handful of places; it never touches a counter or a
 logger for the operator's view itself. A listener overrides the events it wants; `Fanout` calls
 only the overridden ones, so an event nobody listens to costs one method call.
+
+A finished request's bookkeeping (`request_done`: its metrics, bill and access line) is the one
+event `Fanout` does not pass on at once: it runs a moment later, in a batch, once no request is
+waiting for its answer to begin (at most MAX_DEFER_S later). Agents' requests come in bursts (a
+stream ends, the next request follows at once), and the bookkeeping of the streams that just
+ended stood between those requests and their upstream calls. Whoever reads what it adds up (the
+/metrics and admin routes, the dashboard, the shutdown) calls `settle` first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
 from proxy.upstream import SummarizerError
+
+log = logging.getLogger("proxy.hooks")
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
           "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning")
@@ -58,6 +69,13 @@ class CompactionEvent:
 class Hooks:
     """Every event, doing nothing. Listeners subclass and override."""
 
+    # Requests begun whose answer has not (proxy/ops/observe.py keeps the count): the deferred
+    # bookkeeping waits for them.
+    waiting = 0
+
+    def settle(self) -> None:
+        """The bookkeeping of the requests that ended so far, done now (Fanout defers it)."""
+
     def request_started(self, ex: Exchange) -> None: ...
     def request_done(self, ex: Exchange) -> None: ...
     def stream_opened(self) -> None: ...
@@ -92,17 +110,78 @@ class Hooks:
         return _CallTimer(self, SummarizerCall(kind, model, ex.conversation if ex is not None else CONVERSATION.get()))
 
 
+DEFER_S = 0.002  # a finished request's bookkeeping waits at least this long (a burst's requests arrive)
+MAX_DEFER_S = 0.05  # and at most this long, however busy the proxy is
+MAX_DEFERRED = 1024  # ended requests held at most: past that their bookkeeping is done at once
+
+
 class Fanout(Hooks):
     def __init__(self, listeners: list[Hooks]) -> None:
         self.listeners = listeners
+        self.waiting = 0
         for name in EVENTS:
             fns = [getattr(h, name) for h in listeners if getattr(type(h), name) is not getattr(Hooks, name)]
             if not fns:
                 continue
             setattr(self, name, fns[0] if len(fns) == 1 else _each(fns))
+        self._ended: list[Exchange] = []  # requests whose bookkeeping is still to do, in order
+        self._first = 0.0  # when the oldest of them was queued (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+        self._done = self.__dict__.get("request_done", _nothing)
+        if self._done is not _nothing:
+            self.request_done = self._defer  # type: ignore[method-assign]
+        if "compaction" in self.__dict__:
+            # A compaction event carries its conversation's bill so far (the journal): the
+            # conversation's previous request, ended a moment ago, is on it.
+            self.compaction = _settled_first(self, self.__dict__["compaction"])  # type: ignore[method-assign]
 
     def find(self, kind: type) -> Any:
         return next((h for h in self.listeners if isinstance(h, kind)), None)
+
+    def settle(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        ended, self._ended = self._ended, []
+        done = self._done
+        for ex in ended:
+            try:
+                done(ex)
+            except Exception:  # (one request's bookkeeping failing must not lose the others')
+                log.exception("the bookkeeping of request %s failed", ex.request_id)
+
+    def _defer(self, ex: Exchange) -> None:
+        ended = self._ended
+        ended.append(ex)
+        if len(ended) == 1:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # (no loop: nothing to give way to)
+                self.settle()
+                return
+            self._first = loop.time()
+            self._timer = loop.call_later(DEFER_S, self._due, loop)
+        elif len(ended) >= MAX_DEFERRED:
+            self.settle()
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if self.waiting > 0 and loop.time() - self._first < MAX_DEFER_S:
+            self._timer = loop.call_later(DEFER_S, self._due, loop)  # a request still waits for its answer
+            return
+        self.settle()
+
+
+def _nothing(ex: Exchange) -> None:
+    pass
+
+
+def _settled_first(hooks: Fanout, fn: Any) -> Any:
+    def call(*args: Any) -> None:
+        hooks.settle()
+        fn(*args)
+
+    return call
 
 
 def _each(fns: list[Any]) -> Any:

@@ -9,6 +9,7 @@ moment gives the answer our request id (the upstream's own id moves to x-upstrea
 from __future__ import annotations
 
 import asyncio
+import time
 from contextvars import Token
 from typing import Any
 
@@ -27,6 +28,7 @@ def begin(request: web.Request, hooks: Any) -> tuple[Exchange, Token[Exchange | 
     ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
     request[EXCHANGE] = ex
     token = CURRENT.set(ex)
+    hooks.waiting += 1
     hooks.request_started(ex)
     return ex, token
 
@@ -43,7 +45,11 @@ def failed(ex: Exchange, e: BaseException) -> None:
 
 
 def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
+    ex.ended = time.perf_counter()
     CURRENT.reset(token)
+    if not ex.answered:  # (a whole answer: aiohttp sends it once the handler returns)
+        ex.answered = True
+        hooks.waiting -= 1
     if ex.stream_open:
         if ex.stream_headers is not None:
             _figures(ex, ex.stream_headers)
@@ -56,6 +62,9 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     ex = request.get(EXCHANGE)
     if ex is None:
         return
+    if not ex.answered:
+        ex.answered = True
+        request.app[STATE].hooks.waiting -= 1
     h = response.headers
     if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
         # A stream's first events follow: only the ids now; its figures are read at its end
