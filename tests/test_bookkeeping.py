@@ -166,7 +166,7 @@ async def test_no_request_is_left_counted_as_waiting(proxy, upstream, client, st
     zero whatever its end: a whole answer, a stream, a refused body, an upstream error, a
     pass-through."""
     hooks = proxy.state.hooks
-    upstream.stall_before_headers_s, upstream.fault_times = 0.3, 1  # the upstream thinks before answering
+    upstream.stall_before_headers_s, upstream.fault_times = 1.0, 1  # the upstream thinks before answering
     messages = [{"role": "user", "content": "hi"}]
 
     async def ask() -> None:
@@ -205,3 +205,22 @@ async def test_the_proxy_closing_does_the_bookkeeping_still_held(upstream, make_
     assert bill.total.requests == 0  # held
     await proxy.close()
     assert bill.total.requests == 1
+
+
+async def test_a_request_waiting_for_its_upstream_holds_back_the_bookkeeping_of_one_that_ended(
+        upstream, make_proxy, monkeypatch):
+    """Through the real proxy: while one request waits for its answer, another that ended has its
+    bookkeeping held; once the waiting one's answer begins, both are done."""
+    monkeypatch.setattr(hooks_module, "MAX_DEFER_S", 60.0)
+    proxy = await make_proxy(upstream.base_url)
+    bill = proxy.state.bill
+    body = orjson.dumps({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]})
+    headers = {"Authorization": f"Bearer {KEY}"}
+    upstream.stall_before_headers_s, upstream.fault_times = 1.5, 1  # the first request's upstream thinks
+    waiting = asyncio.create_task(post(proxy, body, headers, expect=200))
+    await until(lambda: upstream.requests, "the first request to reach the upstream")
+    await post(proxy, body, headers, expect=200)  # the second ends while the first waits
+    await asyncio.sleep(20 * hooks_module.DEFER_S)
+    assert proxy.state.hooks.waiting == 1 and bill.total.requests == 0
+    await waiting
+    await until(lambda: bill.total.requests == 2, "both requests' bookkeeping")
