@@ -105,6 +105,11 @@ class Exchange:
     # Messages before and after the shrinking stages, for the bill's direct-cost estimate.
     prefix: Prefix | None = None
 
+    def seconds(self) -> float:
+        """How long it took: to its end, or to now while it runs (its bookkeeping reads this a
+        moment after the end)."""
+        return (self.ended or time.perf_counter()) - self.started
+
 
 # The request's Exchange, under this key of the aiohttp request (a typed key where aiohttp has them).
 EXCHANGE: Any = web.RequestKey("exchange", Exchange) if hasattr(web, "RequestKey") else "compaction_proxy.exchange"

@@ -127,8 +127,8 @@ class Fanout(Hooks):
         self._ended: list[Exchange] = []  # requests whose bookkeeping is still to do, in order
         self._first = 0.0  # when the oldest of them was queued (the loop's clock)
         self._timer: asyncio.TimerHandle | None = None
-        self._done = self.__dict__.get("request_done", _nothing)
-        if self._done is not _nothing:
+        self._done = self.__dict__.get("request_done")  # (None: nobody listens, nothing is queued)
+        if self._done is not None:
             self.request_done = self._defer  # type: ignore[method-assign]
         if "compaction" in self.__dict__:
             # A compaction event carries its conversation's bill so far (the journal): the
@@ -170,10 +170,6 @@ class Fanout(Hooks):
             self._timer = loop.call_later(DEFER_S, self._due, loop)  # a request still waits for its answer
             return
         self.settle()
-
-
-def _nothing(ex: Exchange) -> None:
-    pass
 
 
 def _settled_first(hooks: Fanout, fn: Any) -> Any:

@@ -346,8 +346,8 @@ class AccessLog(Hooks):
     def request_done(self, ex: Exchange) -> None:
         if not access_log.isEnabledFor(logging.INFO):
             return
-        ended = ex.ended or time.perf_counter()  # (its bookkeeping may run a moment after it ended)
-        ms = (ended - ex.started) * 1000
+        seconds = ex.seconds()  # (to its end: this runs a moment after it)
+        ms = seconds * 1000
         h = _sole_handler(access_log, logging.INFO)
         if h is None:
             access_log.info("request", extra={"fields": self.fields(ex, ms)})
@@ -355,7 +355,7 @@ class AccessLog(Hooks):
         # The one line a request always costs: formatted as its record would be, minus the record
         # (LogRecord, the record factory, handler and formatter calls cost a small request ~10%).
         fmt: Any = h.formatter
-        created = ex.wall + (ended - ex.started)  # the line's time: when the request ended
+        created = ex.wall + seconds  # the line's time: when the request ended
         if type(fmt) is TextFormatter:
             model, compaction, after, ttfb, u = ex.model, ex.compaction, ex.tokens_after, ex.upstream_ttfb_s, ex.usage
             if (model and compaction and after is not None and ttfb is not None and u is not None

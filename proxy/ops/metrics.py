@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import glob
 import os
-import time
 from bisect import bisect_left
 from typing import Any, Callable, Iterable, Mapping
 
@@ -202,7 +201,7 @@ class Metrics(Hooks):
         h = self._by_route.get((route, protocol))
         if h is None:
             h = self._by_route[(route, protocol)] = Tally(self.duration.labels(route, protocol))
-        v = (ex.ended or time.perf_counter()) - ex.started
+        v = ex.seconds()
         h.sum += v
         h.counts[bisect_left(h.bounds, v)] += 1
         if ex.tokens_before is not None:  # (else not a protocol adapter's answer: pass-through, admin, an early error)

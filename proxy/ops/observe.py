@@ -47,9 +47,7 @@ def failed(ex: Exchange, e: BaseException) -> None:
 def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
     ex.ended = time.perf_counter()
     CURRENT.reset(token)
-    if not ex.answered:  # (a whole answer: aiohttp sends it once the handler returns)
-        ex.answered = True
-        hooks.waiting -= 1
+    _answered(hooks, ex)  # (a whole answer: aiohttp sends it once the handler returns)
     if ex.stream_open:
         if ex.stream_headers is not None:
             _figures(ex, ex.stream_headers)
@@ -62,9 +60,8 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     ex = request.get(EXCHANGE)
     if ex is None:
         return
-    if not ex.answered:
-        ex.answered = True
-        request.app[STATE].hooks.waiting -= 1
+    hooks = request.app[STATE].hooks
+    _answered(hooks, ex)
     h = response.headers
     if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):
         # A stream's first events follow: only the ids now; its figures are read at its end
@@ -72,9 +69,16 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
         if _ids(ex, h):
             ex.stream_headers = h
         ex.stream_open = True
-        request.app[STATE].hooks.stream_opened()
+        hooks.stream_opened()
     else:
         _note(ex, h)
+
+
+def _answered(hooks: Any, ex: Exchange) -> None:
+    """Its answer began: the request no longer counts as waiting (once, whichever comes first)."""
+    if not ex.answered:
+        ex.answered = True
+        hooks.waiting -= 1
 
 
 def _ids(ex: Exchange, h: Any) -> bool:
