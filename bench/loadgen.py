@@ -1,7 +1,8 @@
 """A low-overhead HTTP/1.1 load generator on raw asyncio (uvloop when the caller installs it).
 
 Loopback only, bounded in request count and in time. Each client holds one keep-alive connection
-and sends its next request as soon as the previous answer ended; every request records its latency
+and sends its next request as soon as the previous answer ended (or after a think time, when one is
+given); every request records its latency
 (request written -> last byte), its time to first body byte (for SSE: the first event), how many
 SSE events arrived, in how many socket reads, and the response headers the benchmark checks.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -219,18 +221,23 @@ async def run_load(
     clients: int = 1,
     timeout_s: float = 60.0,
     deadline_s: float = 300.0,
+    think_s: float = 0.0,
 ) -> LoadResult:
     """Send `count` requests with `clients` concurrent connections; raises LoadError on any failure.
 
     `requests` is a list (request i is requests[i % len]) or a function of the request index.
     Stops issuing new requests after `deadline_s`; each request may take at most `timeout_s`.
+    `think_s`: after each answer a client waits a time drawn evenly from [0, think_s] before its
+    next request, so clients that started together drift out of step (each client draws from its
+    own seeded sequence: every target sees the same waits).
     """
     pick = requests if callable(requests) else (lambda i: requests[i % len(requests)])
     counter = itertools.count()
     results: list[Result] = []
     stop_at = time.perf_counter() + deadline_s
 
-    async def client() -> None:
+    async def client(k: int) -> None:
+        think = random.Random(k).uniform if think_s > 0 else None
         conn = await connect(port)
         try:
             while (i := next(counter)) < count and time.perf_counter() < stop_at:
@@ -242,11 +249,13 @@ async def run_load(
                 if result.status != 200:
                     raise LoadError(f"HTTP {result.status} for request {i}")
                 results.append(result)
+                if think is not None:
+                    await asyncio.sleep(think(0.0, think_s))
         finally:
             conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(max(1, min(clients, count)))))
+    await asyncio.gather(*(client(k) for k in range(max(1, min(clients, count)))))
     return LoadResult(results, time.perf_counter() - t0, clients)
 
 

@@ -80,8 +80,8 @@ QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long
               throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
 
 PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses") for w in ("small", "stream", "large"))
-WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "memory", "throughput",
-             *PROTOCOL_WORKLOADS)
+WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "stream_8_spread", "memory",
+             "throughput", *PROTOCOL_WORKLOADS)
 PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
 PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}}
 THROUGHPUT_CLIENTS = 32
@@ -261,23 +261,33 @@ async def crossing(bench: Bench) -> dict[str, Any]:
             "metric": "crossing", "targets": {PROXY: row}}
 
 
-async def stream_8(bench: Bench) -> dict[str, Any]:
+async def stream_8(bench: Bench, *, spread: bool = False) -> dict[str, Any]:
+    """8 clients streaming. In step (the default) they start together and every stream takes as
+    long, so each client's next request comes at the same moment as the others': every request
+    arrives in a burst of 8, and each first event waits for all eight request sides. `spread`: each
+    client waits up to a stream's length after each answer, so they drift out of step, as agents
+    that think and run tools between their requests do."""
     s = bench.sizes
     req = Request(small_body(SMALL_MODEL, stream=True),
                   {"x-bench-chunks": str(s.stream_chunks), "x-bench-chunk-delay-ms": str(s.stream_delay_ms)})
+    think_s = s.stream_chunks * s.stream_delay_ms / 1000 if spread else 0.0
+    name = "stream_8_spread" if spread else "stream_8"
     await bench.warm(req, 8)
-    tallies = await bench.interleaved(s.rounds, lambda t, r: run_load(t.port, [req], count=s.stream_8, clients=8))
+    tallies = await bench.interleaved(s.rounds, lambda t, r: run_load(t.port, [req], count=s.stream_8, clients=8,
+                                                                      think_s=think_s))
     rows = summarize(tallies, metric="ttfb")
-    for name, t in tallies.items():
+    for tname, t in tallies.items():
         short = [r for r in t.results if r.events != int(r.headers.get("x-bench-events", -1))]
-        rows[name]["events_per_stream"] = s.stream_chunks
-        rows[name]["streams_missing_events"] = len(short)
+        rows[tname]["events_per_stream"] = s.stream_chunks
+        rows[tname]["streams_missing_events"] = len(short)
         # Events that arrived in the same socket read as another: the delay between them was lost.
-        rows[name]["coalesced_events_pct"] = 100 * sum(max(0, r.events - r.reads) for r in t.results) / max(1, t.n * s.stream_chunks)
+        rows[tname]["coalesced_events_pct"] = 100 * sum(max(0, r.events - r.reads) for r in t.results) / max(1, t.n * s.stream_chunks)
         if short:
-            bench.problems.append(f"stream_8: {len(short)} {name} streams lost events")
-    bench.expect_status("stream_8", tallies.get(PROXY), {"none"})
-    return {"description": f"streaming, {s.stream_chunks} events {s.stream_delay_ms:g} ms apart, 8 clients "
+            bench.problems.append(f"{name}: {len(short)} {tname} streams lost events")
+    bench.expect_status(name, tallies.get(PROXY), {"none"})
+    step = (f"out of step: each waits 0-{think_s * 1000:g} ms after a stream" if spread
+            else "in step: each sends its next request when its stream ends")
+    return {"description": f"streaming, {s.stream_chunks} events {s.stream_delay_ms:g} ms apart, 8 clients {step} "
                            "(figures: time to first event)", "metric": "ttfb", "targets": rows}
 
 
@@ -395,6 +405,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     "reused": reused,
     "crossing": crossing,
     "stream_8": stream_8,
+    "stream_8_spread": lambda b: stream_8(b, spread=True),
     "memory": memory,
     "throughput": throughput,
     **{name: (lambda b, p=name.split("_")[0], k=name.split("_")[1]: protocol_workload(b, p, k)) for name in PROTOCOL_WORKLOADS},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -176,6 +177,24 @@ async def test_run_load_counts_requests_events_and_reads(fake):
     assert [r.events for r in stream.results] == [len(sse_events(6))] * 4
     # Events 1 ms apart arrive in separate reads, and the first one well before the last.
     assert all(r.reads >= 3 and r.ttfb < r.latency for r in stream.results)
+
+
+async def test_run_load_clients_think_between_requests_each_from_its_own_seeded_sequence(fake, monkeypatch):
+    real_sleep, waits = asyncio.sleep, []
+
+    async def sleep(delay, *args, **kw):
+        if delay > 0:
+            waits.append(delay)
+        return await real_sleep(delay, *args, **kw)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    await run_load(fake.port, [Request(small_body("m"))], count=5, clients=1)
+    assert waits == []  # no think time unless asked
+    done = await run_load(fake.port, [Request(small_body("m"))], count=7, clients=2, think_s=0.01)
+    assert len(done.results) == 7 and len(waits) == 7  # a wait after every answer
+    # Client k draws from random.Random(k): the waits are a prefix of each client's sequence.
+    seqs = [[r.uniform(0.0, 0.01) for _ in range(7)] for r in (random.Random(0), random.Random(1))]
+    assert any(sorted(waits) == sorted(seqs[0][:a] + seqs[1][:7 - a]) for a in range(8)), waits
 
 
 async def test_run_load_raises_on_an_error_status(fake):
