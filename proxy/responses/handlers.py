@@ -31,6 +31,7 @@ from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
 from proxy.recall.relay import RECALLS
 from proxy.responses import compact, route
+from proxy.responses.chain import Chain, Sent
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES
 from proxy.responses.socket_recall import SocketRecall
@@ -51,21 +52,34 @@ def websocket_url(base_url: str, request: web.Request) -> str:
 
 def socket_prepare(request: web.Request) -> Prepare:
     """Each `response.create` on this socket through the same stages as an HTTP body (the
-    handshake's headers carry the credential, the focus, the session)."""
+    handshake's headers carry the credential, the focus, the session); a turn chained to the
+    socket's latest response as the whole history it stands for (proxy/responses/chain.py)."""
     state = request.app[STATE]
     ex = request[EXCHANGE]
+    cfg = state.cfg
+    # (with both stages off nothing can change: the chain is not read, nor its history kept)
+    chain = Chain() if cfg.compaction.enabled or cfg.tool_results.enabled else None
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
-        # Parsed (and checked) as an HTTP body is: a turn that resends the whole history reuses
-        # the previous turn's parse of it (the same writing of the same items, byte for byte).
-        raw = jsonbody.dumps({k: v for k, v in event.items() if k != "type"})
+        body = {k: v for k, v in event.items() if k != "type"}
+        whole = chain.whole(body) if chain is not None else None
+        # Parsed (and checked) as an HTTP body is: a turn that resends the whole history (or is
+        # read as it) reuses the previous turn's parse of it (the same writing of the same items).
+        raw = jsonbody.dumps(whole if whole is not None else body)
         p = await route.prepare(state, raw, None, request.headers, ex)
-        report = p.headers if state.cfg.responses.websocket_report else None
+        report = p.headers if cfg.responses.websocket_report else None
         if report is not None:
             report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
+        added: Sent | None = None  # what this turn adds to the chain (the last attempt's)
 
-        def as_message(data: bytes) -> str:
-            return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
+        def outgoing(data: bytes) -> str:
+            """The stages' body as the message to send, chained where the upstream holds its start (a
+            recall turn's continuations are built from the whole body: valid either way)."""
+            nonlocal added
+            if chain is None:
+                return as_message(data)
+            sent, added = chain.forwarded(whole or body, jsonbody.loads(data), chained=whole is not None)
+            return as_message(jsonbody.dumps(sent))
 
         recall = None
         if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
@@ -79,12 +93,29 @@ def socket_prepare(request: web.Request) -> Prepare:
             shown = {k: v for k, v in again[1].items() if k != RECALLS} if report is not None else None
             if recall is not None:
                 recall.restart(orjson.loads(again[0]), shown)
-            return as_message(again[0]), shown
+            return outgoing(again[0]), shown
 
-        # Nothing changed: the client's message as it came (an overflow is still retried compacted).
-        return WsTurn(message if p.data is raw else as_message(p.data), retry=retry, report=report, recall=recall)
+        def done(event: dict[str, Any] | None) -> None:
+            if chain is None:
+                return
+            if recall is not None and (recall.rounds.round > 1 or recall.rounds.recall_calls()):
+                chain.forget()  # the upstream holds a recall call or rounds the client never saw
+            else:
+                chain.ended(event, added)
+
+        if p.data is raw:  # nothing changed: the client's message as it came (chained or not)
+            added = chain.as_it_came(body) if chain is not None else None
+            out = message
+        else:
+            out = outgoing(p.data)
+        return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
 
     return prepare_create
+
+
+def as_message(data: bytes) -> str:
+    """A request body's bytes as the socket's `response.create` message."""
+    return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
 
 
 async def _finish_recall(state: Any, model: str, recall: SocketRecall) -> None:

@@ -56,7 +56,7 @@ class WsTurn:
     message: str  # what goes upstream
     # the compacted message after an overflow, and its report
     retry: Callable[[], Awaitable[tuple[str, dict[str, str] | None] | None]] | None = None
-    done: Callable[[dict[str, Any] | None], None] | None = None  # told the final event (usage)
+    done: Callable[[dict[str, Any] | None], None] | None = None  # told the turn's end event (None: none came)
     expects_reply: bool = True  # a response.create (or an unknown message the upstream answers with an error)
     report: dict[str, str] | None = None  # the x-compaction-* report, put in its response.created
     recall: SocketRecall | None = None  # the recall tool is declared: its rounds are answered here
@@ -308,7 +308,7 @@ class _Relay:
         """One upstream event of a recall turn; False when the relay is over."""
         etype = ev["type"]
         if etype == "error":  # the upstream refused a round: the turn ends with its error
-            await self._end_recall(turn, recall)
+            await self._end_recall(turn, recall, ev)
             return await self._to_client(data)
         if etype not in PREAMBLE:
             turn.output_started = True
@@ -330,15 +330,18 @@ class _Relay:
                     pass  # this task sees the upstream gone and tells the client
             return True
         closing = recall.closing()
-        await self._end_recall(turn, recall)
+        await self._end_recall(turn, recall, _event(closing[-1]) if closing else None)
         for out in closing:
             if not await self._to_client(out):
                 return False
         return True
 
-    async def _end_recall(self, turn: WsTurn, recall: SocketRecall) -> None:
-        """A recall turn is over: what the route keeps of it, and the client's next message may go."""
+    async def _end_recall(self, turn: WsTurn, recall: SocketRecall, last: dict[str, Any] | None) -> None:
+        """A recall turn is over (`last`: its end event as the client gets it): what the route keeps
+        of it, and the client's next message may go."""
         self.turns.popleft()
+        if turn.done is not None:
+            turn.done(last)
         try:
             if recall.finish is not None:
                 await recall.finish(recall)

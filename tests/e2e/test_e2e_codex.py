@@ -8,7 +8,8 @@ What Codex sends is what it sends: its developer messages and tools, `client_met
 compact that history (older items as a summary, reasoning kept with its calls) without breaking
 it: every request reaches the fake valid (each call with its output, each reasoning item as the
 fake made it), and Codex finishes its task. Over a WebSocket (`supports_websockets`) Codex chains its
-turns by `previous_response_id`, and the proxy relays them as they came.
+turns by `previous_response_id`; the proxy reads each as the history it stands for and compacts it
+all the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from proxy.fakes.responses import FakeResponses
 
-from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, newest_log, write_logs
+from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, first_log_kept, newest_log, write_logs
 
 pytestmark = pytest.mark.e2e
 
@@ -110,12 +111,14 @@ def test_codex_finishes_a_task_the_proxy_compacts_along_the_way(codex: Path, sta
     assert "Traceback" not in proxy.log_text()
 
 
-def test_codex_over_a_websocket_finishes_through_the_proxy(codex: Path, start_proxy, tmp_path: Path):
+def test_codex_over_a_websocket_is_compacted_through_the_proxy(codex: Path, start_proxy, tmp_path: Path):
     """With `supports_websockets`, Codex opens one socket to the proxy and the proxy one to the
     upstream: a prewarm `response.create` with `generate: false`, then every turn chained to the
-    one before by `previous_response_id` (store false: the socket's own cache). Its history lives
-    at the upstream then, which the proxy cannot see, so it forwards each turn as it came (design
-    11.1) and Codex finishes."""
+    one before by `previous_response_id`, store false (the socket's own cache), with only its new
+    items. The proxy saw every turn and every response of that chain, so it reads each turn as the
+    whole history it stands for (proxy/responses/chain.py): past the threshold it sends that
+    history compacted, unchained, and the turns after it chained again to the compacted response,
+    with only their new items. Codex finishes; every request is valid."""
     logs, work, home = setup(tmp_path)
     with FakeResponses() as fake:
         fake.reply = agent(logs)
@@ -127,8 +130,20 @@ def test_codex_over_a_websocket_finishes_through_the_proxy(codex: Path, start_pr
     sockets = [r for r in requests if r.kind == "websocket"]
     turns = [r for r in requests if r.kind == "responses"]
     assert len(sockets) == 1 and all(r.transport == "websocket" for r in turns), [(r.kind, r.transport) for r in requests]
+    assert all(r.status == 200 for r in turns), [(r.status, r.body[:300]) for r in turns if r.status != 200]
     assert turns[0].json.get("generate") is False  # the prewarm
-    assert all(r.json.get("previous_response_id") for r in turns[1:])  # each turn chained
     assert [last_log_read(r.json) for r in turns][-1] == LOGS
-    assert not [r for r in requests if r.kind == "summarizer"]  # (stateful: nothing to compact here)
+    # Two summaries, each made once riding the cache of the chain's history ...
+    made = [r for r in requests if r.kind == "summarizer"]
+    assert len(made) >= 2 and all(r.cached_tokens > 0.5 * r.prompt_tokens for r in made)
+    # ... each forwarded once, unchained, as the whole history compacted ...
+    whole = [i for i, r in enumerate(turns) if i and not r.json.get("previous_response_id")]
+    summaries = [forwarded_summary(turns[i].json) for i in whole]
+    assert len(whole) == len(made) and all(summaries) and len(set(summaries)) == len(made), whole
+    assert first_log_kept(summaries[-1]) and TASK in summaries[-1]
+    # ... and every other turn chained, with only what Codex added (the compacted history is the
+    # upstream's from then on: the turn after a compaction reads it from the cache)
+    chained = [r for i, r in enumerate(turns) if i and i not in whole]
+    assert chained and all(r.json.get("previous_response_id") and len(r.json["input"]) <= 3 for r in chained)
+    assert all(turns[i + 1].cached_tokens > 0.5 * turns[i + 1].prompt_tokens for i in whole if i + 1 < len(turns))
     assert "Traceback" not in proxy.log_text()
