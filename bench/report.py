@@ -54,7 +54,7 @@ def main_table(workloads: dict[str, Any]) -> list[str]:
         if wl.get("metric") in ("memory", "crossing"):
             continue
         for target, row in wl["targets"].items():
-            cells = [name.ljust(10), target.ljust(9)]
+            cells = [name.ljust(COLUMNS[0][1]), target.ljust(COLUMNS[1][1])]
             cells += [fmt(row.get(key), w) for _, w, key in COLUMNS[2:]]
             lines.append(" ".join(cells) + "  " + _notes(row, target))
     return lines
