@@ -72,14 +72,20 @@ def socket_prepare(request: web.Request) -> Prepare:
             report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
         added: Sent | None = None  # what this turn adds to the chain (the last attempt's)
 
-        def outgoing(data: bytes) -> str:
+        def chained(data: bytes) -> tuple[str, Sent | None]:
+            assert chain is not None
+            sent, what = chain.forwarded(whole or body, jsonbody.loads(data), chained=whole is not None)
+            return as_message(jsonbody.dumps(sent)), what
+
+        async def outgoing(data: bytes) -> str:
             """The stages' body as the message to send, chained where the upstream holds its start (a
-            recall turn's continuations are built from the whole body: valid either way)."""
+            recall turn's continuations are built from the whole body: valid either way); read and
+            written again off the event loop when it is large."""
             nonlocal added
             if chain is None:
                 return as_message(data)
-            sent, added = chain.forwarded(whole or body, jsonbody.loads(data), chained=whole is not None)
-            return as_message(jsonbody.dumps(sent))
+            out, added = await offload.sized(len(data), chained, data)
+            return out
 
         recall = None
         if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
@@ -93,7 +99,7 @@ def socket_prepare(request: web.Request) -> Prepare:
             shown = {k: v for k, v in again[1].items() if k != RECALLS} if report is not None else None
             if recall is not None:
                 recall.restart(orjson.loads(again[0]), shown)
-            return outgoing(again[0]), shown
+            return await outgoing(again[0]), shown
 
         def done(event: dict[str, Any] | None) -> None:
             if chain is None:
@@ -107,7 +113,7 @@ def socket_prepare(request: web.Request) -> Prepare:
             added = chain.as_it_came(body) if chain is not None else None
             out = message
         else:
-            out = outgoing(p.data)
+            out = await outgoing(p.data)
         return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
 
     return prepare_create
