@@ -72,7 +72,7 @@ def socket_prepare(request: web.Request) -> Prepare:
             report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
         added: Sent | None = None  # what this turn adds to the chain (the last attempt's)
 
-        def chained(data: bytes) -> tuple[str, Sent | None]:
+        def as_sent(data: bytes) -> tuple[str, Sent | None]:
             assert chain is not None
             sent, what = chain.forwarded(whole or body, jsonbody.loads(data), chained=whole is not None)
             return as_message(jsonbody.dumps(sent)), what
@@ -84,7 +84,7 @@ def socket_prepare(request: web.Request) -> Prepare:
             nonlocal added
             if chain is None:
                 return as_message(data)
-            out, added = await offload.sized(len(data), chained, data)
+            out, added = await offload.sized(len(data), as_sent, data)
             return out
 
         recall = None
