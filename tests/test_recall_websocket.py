@@ -2,9 +2,10 @@
 the recall tool is one response for the client, however many rounds it took (one response.created
 and one end event, sequence numbers and output indexes without gaps, no recall call, usage summed,
 the first round's id); the client's next message waits for the turn's continuation; a later turn
-chaining from the shown id (store false: the socket keeps only its latest response) is valid, and
-so is one answering a mixed turn's client call by previous_response_id (the recall call it left
-unanswered gets an output). The planted facts, declaration, max_rounds, mixed turn, isolation and
+chaining from the shown id (store false: the socket keeps only its latest response) is valid (the
+socket reads it as its whole history and sends it unchained), and so is one answering a mixed
+turn's client call by previous_response_id (over HTTP the recall call it left unanswered gets an
+output; on the socket the whole history as the client saw it goes, without that call). The planted facts, declaration, max_rounds, mixed turn, isolation and
 outage tests run on the socket too (tests/test_recall_protocols.py, protocol "responses-ws").
 """
 
@@ -126,7 +127,18 @@ async def test_a_turn_chained_from_a_socket_recall_turn_is_valid_with_store_fals
         b = await d.ws_turn({"model": "m", "previous_response_id": shown, "store": False,
                              "input": [{"role": "user", "content": "thanks"}]})
         assert b.stop == "completed", b.raw
-        assert d.requests[-1]["previous_response_id"] != shown
+        # The socket saw the whole chain: the turn goes as the history it stands for, whole and
+        # unchained (the upstream's latest response is the recall round's, which the client never
+        # saw), the answer the client was shown in it and the new message last ...
+        sent = d.requests[-1]
+        assert "previous_response_id" not in sent
+        assert sent["input"][-1]["content"] == "thanks" and fact.text in json.dumps(sent["input"][-2])
+        # ... and the turn after it chains to that response again, with only its new items.
+        c = await d.ws_turn({"model": "m", "previous_response_id": b.raw.id, "store": False,
+                             "input": [{"role": "user", "content": "and then?"}]})
+        assert c.stop == "completed", c.raw
+        assert d.requests[-1]["previous_response_id"] == b.raw.id
+        assert d.requests[-1]["input"] == [{"role": "user", "content": "and then?"}]
 
 
 @pytest.mark.parametrize(("protocol", "stream"), [("responses-ws", True), ("responses", True), ("responses", False)])
@@ -156,5 +168,14 @@ async def test_a_mixed_turn_answered_by_previous_response_id_is_valid(protocol: 
             text = (await d.client.responses.create(**follow)).output_text
         assert text == "read it: print('a')"
         sent = d.requests[-1]["input"]
+        if protocol == "responses-ws":
+            # the socket reads the turn as its whole history, as the client saw it: the recall
+            # call was never in it, so neither is an output for it
+            assert "previous_response_id" not in d.requests[-1]
+            assert sent[-1]["call_id"] == a.calls[0]["id"] and sent[-1]["output"] == "print('a')"
+            assert Prompts().text("recall-unanswered") not in json.dumps(sent)
+            assert not [it for it in sent if it.get("type") == "function_call"
+                        and str(it.get("name")).startswith("context_recall")]
+            return
         assert sent[0]["type"] == "function_call_output" and sent[0]["output"] == Prompts().text("recall-unanswered")
         assert sent[1]["call_id"] == a.calls[0]["id"]

@@ -127,3 +127,25 @@ def test_a_turn_sent_before_the_previous_one_ended_keeps_its_own_record():
     assert chain.last_id == "resp_a" and chain.history == [user("a"), said("A")]
     chain.ended(completed("resp_b", said("B")), b)
     assert chain.last_id == "resp_b" and chain.history == [user("b"), said("B")]
+
+
+def test_after_a_response_shown_for_several_the_next_turn_goes_whole_then_chains_again():
+    """A recall turn's rounds: the client was shown one response (its id, its output without the
+    recall calls); the upstream holds more. The next turn stands for the client's history all the
+    same, but nothing the upstream holds is known to match: it goes whole, unchained."""
+    chain = started(Chain())
+    sent = chain.as_it_came({"model": "m", "store": False, "previous_response_id": "resp_1", "input": [user("b")]})
+    chain.ended(completed("resp_shown", said("B")), sent, as_shown=True)
+    assert chain.last_id == "resp_shown" and chain.upstream is None
+    body = {"model": "m", "store": False, "previous_response_id": "resp_shown", "input": [user("c")]}
+    assert chain.as_it_came(body) is None  # it cannot go as it came: the upstream never had resp_shown's view
+    chain = started(Chain())
+    sent = chain.as_it_came({"model": "m", "store": False, "previous_response_id": "resp_1", "input": [user("b")]})
+    chain.ended(completed("resp_shown", said("B")), sent, as_shown=True)
+    whole = chain.whole(body)
+    assert whole is not None and whole["input"] == [user("a"), said("A"), user("b"), said("B"), user("c")]
+    out, added = chain.forwarded(whole, whole)
+    assert out == whole  # unchained
+    chain.ended(completed("resp_3", said("C")), added)
+    nxt = chain.whole({"model": "m", "store": False, "previous_response_id": "resp_3", "input": [user("d")]})
+    assert chain.forwarded(nxt, nxt)[0] == {**nxt, "previous_response_id": "resp_3", "input": [user("d")]}

@@ -15,9 +15,11 @@ its new items, unchained) and goes through the stages like any other request. Wh
   forwarded input, unchained. Its response becomes the socket's latest, so the client's next turn
   chains to the compacted history from then on.
 
-Anything else (a turn chained to a response this socket did not see end, or that ended in an
-error, a recall turn that made lookups) forgets the chain: from there turns are forwarded as they
-came until the client sends a whole history again. Pure: `Chain` keeps two lists; each turn keeps
+After a recall turn that made lookups the client was shown one response for several upstream
+ones: the next turn is read the same way (the shown output is the client's history) but goes whole
+and unchained, and the chain goes on from its response. Anything else (a turn chained to a response
+this socket did not see end, or that ended in an error) forgets the chain: from there turns are
+forwarded as they came until the client sends a whole history again. Pure: `Chain` keeps two lists; each turn keeps
 what it adds (`Sent`) and hands it back with its end event.
 """
 
@@ -46,8 +48,9 @@ class Sent:
 class Chain:
     last_id: str | None = None  # the socket's latest response (None: no chain known)
     history: list[Any] = field(default_factory=list)  # the client's items through it, its output included
-    # what the upstream holds for it, each item written (but reasoning it cannot be sent back: `ended`)
-    upstream: list[bytes] = field(default_factory=list)
+    # what the upstream holds for it, each item written (but reasoning it cannot be sent back:
+    # `ended`); None when the client's view of it is not the upstream's (a recall turn's rounds)
+    upstream: list[bytes] | None = field(default_factory=list)
 
     def whole(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The unchained body a chained `body` stands for; None when it is not chained to the
@@ -67,7 +70,7 @@ class Chain:
         prev = body.get("previous_response_id")
         if prev is None and body.get("conversation") is None:
             return Sent(new, _written(new), store)
-        if prev is not None and prev == self.last_id:
+        if prev is not None and prev == self.last_id and self.upstream is not None:
             return Sent([*self.history, *new], [*self.upstream, *_written(new)], store)
         self.forget()
         return None
@@ -83,14 +86,18 @@ class Chain:
         items = input_items(sent)
         written = _written(items)
         record = Sent(input_items(whole), written, whole.get("store") is not False)
-        held = len(self.upstream)
+        held = len(self.upstream) if self.upstream is not None else 0
         if chained and self.last_id is not None and 0 < held <= len(written) and written[:held] == self.upstream:
             return {**sent, "previous_response_id": self.last_id, "input": items[held:]}, record
         return sent, record
 
-    def ended(self, event: dict[str, Any] | None, sent: Sent | None) -> None:
+    def ended(self, event: dict[str, Any] | None, sent: Sent | None, *, as_shown: bool = False) -> None:
         """A turn's last event (`sent`: what the turn added): a response kept upstream becomes the
-        socket's latest; anything else (an error, a failed response, no event) forgets the chain."""
+        socket's latest; anything else (an error, a failed response, no event) forgets the chain.
+        `as_shown`: the event is the one response the client was shown for several upstream ones
+        (a recall turn's rounds): its id and output are the client's, what the upstream holds is
+        not known, and the next turn goes whole (recall/chains.py maps the id for a turn that
+        does not go through here)."""
         response = event.get("response") if event is not None else None
         rid = response.get("id") if isinstance(response, dict) else None
         output = response.get("output") if isinstance(response, dict) else None
@@ -105,7 +112,7 @@ class Chain:
         usable = [it for it in output if sent.store or item_type(it) != "reasoning" or it.get("encrypted_content")]
         self.last_id = rid
         self.history = [*sent.history, *usable]
-        self.upstream = [*sent.upstream, *_written(usable)]
+        self.upstream = None if as_shown else [*sent.upstream, *_written(usable)]
 
     def forget(self) -> None:
         self.last_id, self.history, self.upstream = None, [], []

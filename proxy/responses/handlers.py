@@ -102,17 +102,16 @@ def socket_prepare(request: web.Request) -> Prepare:
             return await outgoing(again[0]), shown
 
         def done(event: dict[str, Any] | None) -> None:
-            if chain is None:
-                return
-            if recall is not None and (recall.rounds.round > 1 or recall.rounds.recall_calls()):
-                chain.forget()  # the upstream holds a recall call or rounds the client never saw
-            else:
-                chain.ended(event, added)
+            if chain is not None:
+                # (a recall turn's rounds or recall call: the upstream holds what the client never saw)
+                chain.ended(event, added, as_shown=recall is not None and (
+                    recall.rounds.round > 1 or bool(recall.rounds.recall_calls())))
 
-        if p.data is raw:  # nothing changed: the client's message as it came (chained or not)
+        if p.data is raw and (whole is None or chain is None or chain.upstream is not None):
+            # nothing changed: the client's message as it came (chained or not)
             added = chain.as_it_came(body) if chain is not None else None
             out = message
-        else:
+        else:  # (unchanged, but the upstream's history is not the client's: the whole, unchained)
             out = await outgoing(p.data)
         return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
 
