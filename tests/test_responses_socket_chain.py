@@ -128,3 +128,36 @@ async def test_a_turn_chained_past_what_the_socket_saw_goes_as_it_came(fake, mak
     up = [r.json for r in fake.records("responses")]
     assert up[2]["previous_response_id"] == first[-1].response.id and up[2]["input"] == _question(2)
     assert up[3]["previous_response_id"] == second[-1].response.id and up[3]["input"] == _question(3)
+
+
+@pytest.mark.parametrize("overflow", ["error", "response.failed"])
+async def test_a_chained_turn_the_upstream_finds_too_long_is_retried_whole_and_compacted(fake, make_proxy, overflow):
+    """The upstream's window is smaller than the proxy believes: a chained turn under the proxy's
+    threshold goes as it came and overflows; the retry is the whole history compacted, unchained,
+    and the client's next turn chains to its response with only its new items."""
+    fake.reply, fake.summarizer = "ok", main_summary("retry")
+    fake.window = 3000
+    fake.overflow_as_failed_event = overflow == "response.failed"
+    proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 12000}},
+                                             "compaction": {"prepare_percent": 0}})
+    async with Socket(proxy) as ws:
+        events = await ws.turn(input=_question(0))
+        for t in range(1, 20):
+            before = len(fake.records("responses"))
+            events = await ws.turn(previous_response_id=events[-1].response.id, input=_question(t))
+            assert events[-1].type == "response.completed", events[-1]  # the client never sees the overflow
+            if len(fake.records("responses")) - before == 2:  # refused, then retried
+                break
+        else:
+            pytest.fail("the upstream never refused a turn for length")
+        retried_at = t
+        assert _status(events) == "summarized"
+        after = await ws.turn(previous_response_id=events[-1].response.id, input=_question(t + 1))
+        assert after[-1].type == "response.completed", after[-1]
+    up = [r for r in fake.records("responses")]
+    refused, retried, nxt = up[-3], up[-2], up[-1]
+    assert refused.json["previous_response_id"] and refused.json["input"] == _question(retried_at)  # as it came
+    assert refused.prompt_tokens > 3000 >= retried.prompt_tokens
+    assert "previous_response_id" not in retried.json
+    assert any("summary-marker-retry" in str(it.get("content")) for it in retried.json["input"])
+    assert nxt.json["previous_response_id"] == events[-1].response.id and nxt.json["input"] == _question(retried_at + 1)
