@@ -72,24 +72,31 @@ def socket_prepare(request: web.Request) -> Prepare:
             report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
         added: Sent | None = None  # what this turn adds to the chain (the last attempt's)
 
-        def as_sent(data: bytes) -> tuple[str, Sent | None]:
-            assert chain is not None
-            sent, what = chain.forwarded(whole or body, jsonbody.loads(data), chained=whole is not None)
-            return as_message(jsonbody.dumps(sent)), what
+        async def parsed(data: bytes) -> dict[str, Any]:
+            return await offload.sized(len(data), jsonbody.loads, data)
 
-        async def outgoing(data: bytes) -> str:
-            """The stages' body as the message to send, chained where the upstream holds its start (a
-            recall turn's continuations are built from the whole body: valid either way); read and
-            written again off the event loop when it is large."""
+        def as_sent(data: bytes, forwarded: dict[str, Any]) -> tuple[str, Sent | None]:
+            assert chain is not None
+            sent, what = chain.forwarded(whole or body, forwarded, chained=whole is not None)
+            # (unchained: the stages' own bytes; chained: the shorter body, written here)
+            return as_message(data if sent is forwarded else jsonbody.dumps(sent)), what
+
+        async def outgoing(data: bytes, forwarded: dict[str, Any] | None) -> str:
+            """The stages' body (`forwarded`: it parsed, when a recall turn has it already) as the
+            message to send, chained where the upstream holds its start (a recall turn's
+            continuations are built from the whole body: valid either way); off the event loop
+            when it is large."""
             nonlocal added
             if chain is None:
                 return as_message(data)
-            out, added = await offload.sized(len(data), as_sent, data)
+            if forwarded is None:
+                forwarded = await parsed(data)
+            out, added = await offload.sized(len(data), as_sent, data, forwarded)
             return out
 
         recall = None
         if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
-            recall = SocketRecall(p.recall, await offload.sized(len(p.data), orjson.loads, p.data), report,
+            recall = SocketRecall(p.recall, await parsed(p.data), report,
                                   finish=lambda r: _finish_recall(state, p.body["model"], r))
 
         async def retry() -> tuple[str, dict[str, str] | None] | None:
@@ -97,9 +104,11 @@ def socket_prepare(request: web.Request) -> Prepare:
             if again is None:
                 return None
             shown = {k: v for k, v in again[1].items() if k != RECALLS} if report is not None else None
+            forwarded = None
             if recall is not None:
-                recall.restart(orjson.loads(again[0]), shown)
-            return await outgoing(again[0]), shown
+                forwarded = await parsed(again[0])
+                recall.restart(forwarded, shown)
+            return await outgoing(again[0], forwarded), shown
 
         def done(event: dict[str, Any] | None) -> None:
             if chain is not None:
@@ -111,8 +120,8 @@ def socket_prepare(request: web.Request) -> Prepare:
             # nothing changed: the client's message as it came (chained or not)
             added = chain.as_it_came(body) if chain is not None else None
             out = message
-        else:  # (unchanged, but the upstream's history is not the client's: the whole, unchained)
-            out = await outgoing(p.data)
+        else:  # changed, or the upstream's history is not the client's (a recall turn's rounds): through the chain
+            out = await outgoing(p.data, recall.body if recall is not None else None)
         return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
 
     return prepare_create
