@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.fakes.responses import FakeResponses
+from proxy.prompts import SUMMARY_HEADINGS
+from support.careless import CarelessSummarizer
 from support.client import openai_client
 from support.compaction_helpers import filler, main_summary
 
@@ -104,6 +106,79 @@ async def test_a_chained_history_is_compacted_once_then_chained_again(fake, make
     # What the proxy reports is the whole history's count, and what went upstream is smaller.
     last = events[0].response.metadata
     assert int(last["x-compaction-tokens-after"]) < int(last["x-compaction-tokens-before"])
+
+
+TOOLS = [{"type": "function", "name": "run_tests", "description": "Run the tests.",
+          "parameters": {"type": "object", "properties": {}}}]
+
+
+def _runs_tests(view: dict) -> dict:
+    return {"content": "Running them.", "tool_calls": [{"name": "run_tests", "arguments": "{}"}]}
+
+
+def _test_run(t: int, events) -> list[dict]:
+    """The test run the model asked for in `events`' response, as an agent answers it: a file path
+    and an error line (what a careless summary drops), then filler."""
+    [call] = [it for it in events[-1].response.output if it.type == "function_call"]
+    out = [{"type": "function_call_output", "call_id": call.call_id,
+            "output": f"FAILED src/pkg/module_{t}.py::test_checksum\nValueError: bad checksum {t}\n" + filler(200, t)}]
+    if t % 3 == 0:  # the user steers now and then: the history has turns, not one long one
+        out.append({"type": "message", "role": "user", "content": f"Good. Go on with module {t + 1}."})
+    return out
+
+
+@pytest.mark.parametrize("reply_every", [4, 2])
+async def test_a_chained_history_compacted_through_a_careless_summarizer_keeps_what_it_dropped(
+        fake, make_proxy, reply_every):
+    """A chained socket session of test runs, as Codex sends it, with a summarizer that skips
+    headings, drops identifiers and error lines, and replies instead of summarizing now and then
+    (every 2nd call: each summary attempt fails, and the proxy falls back to its digest, within its
+    budget, the rest left to recall): every turn stays valid, the crossing turn goes whole, with
+    every heading and each file path and error line of the runs it replaced (or the digest, which
+    starts with them and names its recall id), and the turns after it chain again."""
+    fake.reply = _runs_tests
+    fake.summarizer = careless = CarelessSummarizer(reply_every=reply_every)
+    # (masking old test runs alone would fit this history: off, so that it is summarized)
+    proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 6000}},
+                                             "compaction": {"prepare_percent": 0, "mask_tool_outputs": False}})
+    statuses, ids, sent = [], [], []
+    async with Socket(proxy) as ws:
+        sent.append([{"type": "message", "role": "user", "content": "Fix the failing tests."}])
+        events = await ws.turn(input=sent[0], tools=TOOLS)
+        for t in range(1, 24):
+            assert events[-1].type == "response.completed", events[-1]  # every turn valid upstream
+            statuses.append(_status(events))
+            ids.append(events[-1].response.id)
+            sent.append(_test_run(t, events))
+            events = await ws.turn(previous_response_id=ids[-1], input=sent[-1], tools=TOOLS)
+            if len(statuses) - next((i for i, st in enumerate(statuses) if st in ("summarized", "degraded")),
+                                    len(statuses)) >= 3:
+                break
+    assert events[-1].type == "response.completed", events[-1]
+    statuses.append(_status(events))
+    assert careless.calls and (careless.replies or reply_every == 4)  # careless, and at 2 it replied
+    cut = next(i for i, st in enumerate(statuses) if st in ("summarized", "degraded"))
+    up = [r.json for r in fake.records("responses")]
+    # Under the threshold (and while a failed summary is forwarded as it came): as the client sent it.
+    for t in range(1, cut):
+        assert up[t]["previous_response_id"] == ids[t - 1] and up[t]["input"] == sent[t]
+    crossed = up[cut]
+    assert "previous_response_id" not in crossed and crossed["input"][-len(sent[cut]):] == sent[cut]
+    text = str(crossed["input"])
+    summary = text[text.index("<summary>"):text.index("</summary>")]
+    replaced = [t for t in range(1, cut) if f"bad checksum {t}\\n" not in text.replace(summary, "")]
+    assert replaced, "nothing was summarized"
+    if "## Digest of earlier messages" in summary:
+        assert reply_every == 2  # the summarizer replied: the digest, written by code
+        assert f"ValueError: bad checksum {replaced[0]}" in summary and "recall id" in summary
+    else:
+        for h in SUMMARY_HEADINGS:  # every heading, whatever the model skipped
+            assert h in summary, h
+        for t in replaced:  # each run it replaced: its file and its error line, verbatim
+            assert f"src/pkg/module_{t}.py" in summary and f"ValueError: bad checksum {t}" in summary, t
+    for t in range(cut + 1, len(up)):  # the same record applied again: chained, only the new items
+        assert statuses[t] in ("reused", "degraded"), statuses
+        assert up[t]["previous_response_id"] == ids[t - 1] and up[t]["input"] == sent[t]
 
 
 async def test_a_turn_chained_past_what_the_socket_saw_goes_as_it_came(fake, make_proxy):
