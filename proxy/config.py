@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -79,6 +80,12 @@ class UpstreamConfig(_Section):
     def _strip_slash(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        try:
+            host = urlsplit(v).hostname
+        except ValueError:  # a malformed port or bracketed address
+            host = None
+        if not host:  # refused now, not as every request's failure later
+            raise ValueError("has no host (http://HOST[:PORT][/PATH])")
         return v.rstrip("/")
 
 
@@ -324,6 +331,17 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _env_paths(environ: dict[str, str]) -> dict[tuple[str, ...], str]:
+    """Each COMPACTION_PROXY_* variable's key path, to the variable's name."""
+    out: dict[tuple[str, ...], str] = {}
+    for name in environ:
+        if name.startswith(ENV_PREFIX) and name != ENV_PREFIX + "CONFIG":
+            path = tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__") if p)
+            if path:
+                out[path] = name
+    return out
+
+
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     """COMPACTION_PROXY_COMPACTION__THRESHOLD_TOKENS=90000 -> {"compaction": {"threshold_tokens": "90000"}}.
 
@@ -362,13 +380,21 @@ def _env_value(raw: str) -> Any:
     return raw
 
 
-def _format_error(exc: ValidationError) -> str:
+def _format_error(exc: ValidationError, env_paths: dict[tuple[str, ...], str] | None = None) -> str:
+    """The first error as one line naming its key, or the environment variable that set it (a
+    misspelled variable is looked for by its name, not by the key it was read as)."""
     err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc)
     msg = err["msg"]
+    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    var = next(((path, name) for path, name in (env_paths or {}).items() if path[:len(loc)] == loc), None)
+    if var is not None and err["type"] == "extra_forbidden":
+        return f"{var[1]}: unknown variable (there is no config key {'.'.join(var[0])}){extra}"
+    if var is not None:
+        return f"{var[1]} ({key}): {msg}{extra}"
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
-    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{key}: {msg}{extra}"
 
 
@@ -399,9 +425,21 @@ def load_config(
             raise ConfigError(f"config file {path}: top level must be a mapping of sections")
         data = loaded
     data = _deep_merge(data, _env_overrides(environ))
+    env_paths = _env_paths(environ)
     if overrides:
         data = _deep_merge(data, overrides)
+        env_paths = {p: n for p, n in env_paths.items() if not _sets(overrides, p)}  # a flag won
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_error(e)) from None
+        raise ConfigError(_format_error(e, env_paths)) from None
+
+
+def _sets(data: dict[str, Any], path: tuple[str, ...]) -> bool:
+    """Whether `data` has a value at `path` (or at a part of it)."""
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
