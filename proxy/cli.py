@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "compacts long conversations and oversized tool results.",
         epilog="Other commands: `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
         "no network), `compaction-proxy events --help` (the journal of compaction events), "
-        "`compaction-proxy inspect --help` (what the proxy would forward for a request body).",
+        "`compaction-proxy inspect --help` (what the proxy would forward for a request body), "
+        "`compaction-proxy fake-upstream --help` (a strict fake provider on loopback, to try a client with no key).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.demo import main as demo
 
         return demo(argv[1:])
+    if argv[:1] == ["fake-upstream"]:  # a strict fake provider on loopback, to try a client with no key
+        from proxy.fakes.command import main as fake_upstream
+
+        return fake_upstream(argv[1:])
     if argv and argv[0] in COMMANDS:
         from proxy.ops import commands
 
