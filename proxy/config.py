@@ -108,6 +108,26 @@ class AnthropicConfig(_Section):
         return UpstreamConfig._strip_slash(v)
 
 
+class GeminiConfig(_Section):
+    """Where Google's Gemini API requests (/v1beta/..., /v1alpha/...; Gemini CLI with an API key
+    under `wrap`) go: relayed as they came, never compacted. The client's own key (x-goog-api-key
+    or ?key=) goes with them; the proxy has none to add."""
+
+    base_url: str = "https://generativelanguage.googleapis.com"
+    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
+    connect_timeout_s: float = Field(10, gt=0)
+    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
+
+    @property
+    def api_key(self) -> None:  # (the pass-through's configured key: none)
+        return None
+
+
 class ModelConfig(_Section):
     context_window: int | None = Field(None, ge=16)
     # Multiplies tiktoken's count for models whose tokenizer tiktoken lacks.
@@ -292,6 +312,7 @@ class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     anthropic: AnthropicConfig = Field(default_factory=AnthropicConfig)
+    gemini: GeminiConfig = Field(default_factory=GeminiConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
@@ -402,8 +423,11 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Config:
-    """Build the config from file, environment and explicit overrides (flags). Raises ConfigError."""
+    """Build the config from file, environment and explicit overrides (flags). `defaults`: a
+    command's own defaults, below the file (`wrap` keeps its store in the user's cache directory).
+    Raises ConfigError."""
     environ = dict(os.environ) if environ is None else environ
     data: dict[str, Any] = {}
     if path is None:
@@ -424,6 +448,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping of sections")
         data = loaded
+    data = _deep_merge(defaults or {}, data)
     data = _deep_merge(data, _env_overrides(environ))
     env_paths = _env_paths(environ)
     if overrides:
