@@ -89,7 +89,20 @@ class UpstreamConfig(_Section):
         return v.rstrip("/")
 
 
-class AnthropicConfig(_Section):
+class _RelayConfig(_Section):
+    """What every upstream the proxy relays to has besides the OpenAI one: its timeouts."""
+
+    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
+    connect_timeout_s: float = Field(10, gt=0)
+    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
+
+    @field_validator("base_url", check_fields=False)
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
+
+
+class AnthropicConfig(_RelayConfig):
     """Where Anthropic Messages traffic goes: /v1/messages, /v1/messages/count_tokens and every
     other Anthropic request (one proxy serves OpenAI and Anthropic clients side by side). Any
     Messages-compatible server works (LiteLLM, vLLM, llama.cpp). The URL has no /v1: the client's
@@ -98,30 +111,14 @@ class AnthropicConfig(_Section):
     base_url: str = "https://api.anthropic.com"
     # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
     api_key: SecretStr | None = None
-    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
-    connect_timeout_s: float = Field(10, gt=0)
-    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
-
-    @field_validator("base_url")
-    @classmethod
-    def _strip_slash(cls, v: str) -> str:
-        return UpstreamConfig._strip_slash(v)
 
 
-class GeminiConfig(_Section):
+class GeminiConfig(_RelayConfig):
     """Where Google's Gemini API requests (/v1beta/..., /v1alpha/...; Gemini CLI with an API key
     under `wrap`) go: relayed as they came, never compacted. The client's own key (x-goog-api-key
     or ?key=) goes with them; the proxy has none to add."""
 
     base_url: str = "https://generativelanguage.googleapis.com"
-    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
-    connect_timeout_s: float = Field(10, gt=0)
-    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
-
-    @field_validator("base_url")
-    @classmethod
-    def _strip_slash(cls, v: str) -> str:
-        return UpstreamConfig._strip_slash(v)
 
     @property
     def api_key(self) -> None:  # (the pass-through's configured key: none)

@@ -6,7 +6,6 @@ Real proxy processes, the real command."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from proxy.ops.health import healthz_url, serve_argv
 from proxy.config import load_config
+from support.loopback import accepts
 from support.replicas import _free_port
 from support.waiting import until_sync
 
@@ -35,14 +35,6 @@ def health(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=60)
 
 
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("how", ["flag", "file", "env"])
 def test_health_of_the_serving_process_follows_its_port(tmp_path, how):
     port = _free_port()
@@ -50,7 +42,7 @@ def test_health_of_the_serving_process_follows_its_port(tmp_path, how):
     args = ["--config", "proxy.yaml"] + (["--port", str(port)] if how == "flag" else [])
     proc = serve(tmp_path, args, **({"COMPACTION_PROXY_SERVER__PORT": str(port)} if how == "env" else {}))
     try:
-        until_sync(lambda: listening(port), "the proxy to listen")
+        until_sync(lambda: accepts(port), "the proxy to listen")
         elsewhere = tmp_path / "elsewhere"  # the check runs in its own directory, without the variable
         elsewhere.mkdir()
         r = health("--pid", str(proc.pid), cwd=elsewhere)
@@ -66,7 +58,7 @@ def test_health_with_flags_and_a_proxy_that_is_gone(tmp_path):
     port = _free_port()
     proc = serve(tmp_path, ["--port", str(port)])
     try:
-        until_sync(lambda: listening(port), "the proxy to listen")
+        until_sync(lambda: accepts(port), "the proxy to listen")
         assert health("--port", str(port), cwd=tmp_path).returncode == 0
     finally:
         proc.terminate()

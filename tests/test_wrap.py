@@ -24,7 +24,7 @@ from proxy.fake_upstream import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.launch import AGENTS, exit_status, parse, pointing, proxy_origin
-from support.loopback import serving
+from support.loopback import accepts, serving
 from support.replicas import Replica
 from support.waiting import until
 
@@ -94,14 +94,6 @@ def upstream_flags(u: Upstreams, agent: str) -> list[str]:
     return ["--upstream", openai_side, "--anthropic-upstream", u.messages.base_url]
 
 
-def closed(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError:
-        return True
-    return False
-
-
 EXPECTED = {  # the requests each agent's stand-in sends, by what it reads
     "claude": {"messages"}, "codex": {"responses"}, "gemini": {"gemini"}, "opencode": {"chat", "messages"},
     "aider": {"chat", "messages"}, "goose": {"chat", "messages"}, None: {"chat", "messages", "gemini"},
@@ -130,7 +122,7 @@ async def test_each_agent_reaches_its_upstream_through_the_proxy_wrap_started(tm
     if "gemini" in report["requests"]:  # relayed as it came: path, the client's key, the body
         assert upstreams.gemini_seen == [{"path": "/v1beta/models/gemini-2.5-pro:generateContent", "key": "gemini-key",
                                           "body": {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}}]
-    assert closed(port)  # the proxy wrap started is stopped
+    assert not accepts(port)  # the proxy wrap started is stopped
     log = Path(m.group(4)).read_text()
     assert "Traceback" not in log and "drained" in log
     assert (tmp_path / "cache" / "compaction-proxy" / "wrap.db").exists()  # its store: the cache, not the cwd

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
+from support.loopback import accepts
 
 from . import test_e2e_claude_code as claude_test
 from . import test_e2e_codex as codex_test
@@ -59,14 +59,6 @@ def announced_port(run: subprocess.CompletedProcess[str]) -> int:
     return int(m.group(2))
 
 
-def gone(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError:
-        return True
-    return False
-
-
 def test_wrap_runs_claude_code_through_its_own_proxy(claude_code: Path, tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
@@ -86,7 +78,7 @@ def test_wrap_runs_claude_code_through_its_own_proxy(claude_code: Path, tmp_path
     assert result["is_error"] is False and result["result"] == DONE, result
     assert [claude_test.last_log_read(r.json) for r in calls if r.status == 200][-1] == LOGS
     compacted_twice(requests, calls, claude_test.forwarded_summary)
-    assert gone(announced_port(run))
+    assert not accepts(announced_port(run))  # its proxy is gone
     log = (tmp_path / "wrap.log").read_text()
     assert "path=/v1/messages" in log and "Traceback" not in log
 
@@ -105,6 +97,6 @@ def test_wrap_runs_codex_through_its_own_proxy(codex: Path, tmp_path: Path):
     assert [codex_test.last_log_read(r.json) for r in calls if r.status == 200][-1] == LOGS
     compacted_twice(requests, calls, codex_test.forwarded_summary)
     assert not list(home.glob("*.toml"))  # pointed by overrides: no config file written
-    assert gone(announced_port(run))
+    assert not accepts(announced_port(run))  # its proxy is gone
     log = (tmp_path / "wrap.log").read_text()
     assert "path=/v1/responses" in log and "Traceback" not in log
