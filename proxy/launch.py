@@ -198,7 +198,8 @@ def with_running_proxy(inv: Invocation, environ: dict[str, str]) -> int:
 
 
 def with_own_proxy(inv: Invocation, environ: dict[str, str]) -> int:
-    from proxy.cli import flag_overrides, install_uvloop
+    from proxy import heap
+    from proxy.cli import SWITCH_INTERVAL_S, flag_overrides, install_uvloop
     from proxy.config import ConfigError, load_config
     from proxy.ops.logs import setup_logging
 
@@ -222,7 +223,12 @@ def with_own_proxy(inv: Invocation, environ: dict[str, str]) -> int:
     with log_file:
         setup_logging(cfg.server.log_level, cfg.server.log_format, stream=log_file)
         install_uvloop()
-        return asyncio.run(_serve_during(inv, cfg, environ, log_path))
+        heap.configure()  # as `compaction-proxy` serves (proxy/cli.py)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        try:
+            return asyncio.run(_serve_during(inv, cfg, environ, log_path))
+        except KeyboardInterrupt:  # Ctrl-C before the agent started: nothing of it to wait for
+            return 130
 
 
 async def _serve_during(inv: Invocation, cfg: Any, environ: dict[str, str], log_path: Path) -> int:
