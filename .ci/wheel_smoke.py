@@ -2,7 +2,8 @@
 
 Starts the packaged fake upstream (proxy.fake_upstream) in a thread and the venv's own
 `compaction-proxy` console script as a process (no TIKTOKEN_CACHE_DIR, downloads impossible),
-sends a chat request, then a long conversation that must come back `summarized`. Exits non-zero,
+sends a chat request, then a long conversation that must come back `summarized`; then runs the
+installed `compaction-proxy fake-upstream` and a command under `compaction-proxy wrap`. Exits non-zero,
 with the reason, on any failure. Standard library only besides the installed package.
 """
 
@@ -53,6 +54,39 @@ def long_conversation() -> list[dict]:
         msgs += [{"role": "user", "content": f"step {t}: {text}"}, {"role": "assistant", "content": f"done {t}: {text}"}]
     msgs.append({"role": "user", "content": "What next?"})
     return msgs
+
+
+AGENT = r"""
+import json, os, sys, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+                             data=json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                             headers={"Content-Type": "application/json", "Authorization": "Bearer sk-smoke"})
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # (HTTP_PROXY points nowhere here)
+with opener.open(req, timeout=30) as resp:
+    ok = resp.headers["x-compaction-status"] == "none" and json.loads(resp.read())["choices"][0]["message"]["content"]
+sys.exit(7 if ok else 1)
+"""
+
+
+def commands(env: dict[str, str], work: Path) -> None:
+    """The installed `compaction-proxy fake-upstream` serves, and `compaction-proxy wrap -- CMD`
+    runs a command through a proxy of its own to it and returns the command's status."""
+    script = Path(sys.executable).with_name("compaction-proxy")
+    fake = subprocess.Popen([str(script), "fake-upstream", "--protocol", "chat"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = fake.stdout.readline() if fake.stdout else ""
+        if not line.startswith("fake chat upstream on http://127.0.0.1:"):
+            fail(f"fake-upstream printed {line!r}; stderr {fake.stderr.read() if fake.poll() is not None else ''}")
+        url = line.split(" on ", 1)[1].split()[0]
+        wrap = subprocess.run([str(script), "wrap", "--upstream", url, "--", sys.executable, "-c", AGENT], cwd=work,
+                              env={**env, "XDG_CACHE_HOME": str(work / "cache")}, capture_output=True, text=True,
+                              timeout=120)
+        if wrap.returncode != 7 or "compaction-proxy wrap: " not in wrap.stderr:
+            fail(f"wrap -- CMD exited {wrap.returncode} (want the command's 7):\n{wrap.stderr}")
+    finally:
+        fake.terminate()
+        fake.wait(30)
 
 
 def main() -> None:
@@ -106,8 +140,9 @@ def main() -> None:
         fail(f"compaction-proxy exited {proc.returncode}:\n{out}")
     if "estimated as bytes/4" in out or "Traceback" in out:
         fail(f"the proxy's log shows a problem:\n{out}")
+    commands(env, work)
     print(f"wheel smoke: ok; chat answered {first - started:.1f} s after pip install began; "
-          f"long conversation summarized, {before} -> {after} tokens")
+          f"long conversation summarized, {before} -> {after} tokens; fake-upstream and wrap ran")
 
 
 if __name__ == "__main__":

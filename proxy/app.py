@@ -86,6 +86,13 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
+async def handle_gemini(request: web.Request) -> web.StreamResponse:
+    """Google's Gemini API, relayed as it came (the proxy does not compact it)."""
+    state = request.app[STATE]
+    return await passthrough(request, state.session, state.cfg.gemini, state.max_body, BodyPace.of(state.cfg.server),
+                             base_path="")
+
+
 def add_protocol_route(app: web.Application, path: str, handler: Handler, protocol: str) -> None:
     """A route served by a protocol adapter; `protocol` labels its metrics and log lines."""
     PROTOCOLS[path] = protocol
@@ -130,4 +137,6 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app.router.add_post("/v1/responses/compact", handle_compact)
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
+    app.router.add_route("*", "/v1beta/{tail:.*}", handle_gemini)
+    app.router.add_route("*", "/v1alpha/{tail:.*}", handle_gemini)
     return app

@@ -22,9 +22,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="compaction-proxy",
         description="Reverse proxy for OpenAI (Chat Completions, Responses) and Anthropic (Messages) clients that "
         "compacts long conversations and oversized tool results.",
-        epilog="Other commands: `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
+        epilog="Other commands: `compaction-proxy wrap claude|codex|gemini|opencode|aider|goose [-- ARGS]` or "
+        "`compaction-proxy wrap -- CMD` (run an agent through a proxy started for it), `compaction-proxy demo` (watch it compact a scripted agent session; no key, "
         "no network), `compaction-proxy events --help` (the journal of compaction events), "
-        "`compaction-proxy inspect --help` (what the proxy would forward for a request body).",
+        "`compaction-proxy inspect --help` (what the proxy would forward for a request body), "
+        "`compaction-proxy fake-upstream --help` (a strict fake provider on loopback, to try a client with no key), "
+        "`compaction-proxy health --help` (a running proxy's /healthz at its configured address).",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: none; env COMPACTION_PROXY_CONFIG)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -68,6 +71,18 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.demo import main as demo
 
         return demo(argv[1:])
+    if argv[:1] == ["wrap"]:  # run an agent through a proxy started for it
+        from proxy.launch import main as wrap
+
+        return wrap(argv[1:])
+    if argv[:1] == ["health"]:  # a running proxy's /healthz at its configured address (the HEALTHCHECK)
+        from proxy.ops.health import health_main
+
+        return health_main(argv[1:])
+    if argv[:1] == ["fake-upstream"]:  # a strict fake provider on loopback, to try a client with no key
+        from proxy.fakes.command import main as fake_upstream
+
+        return fake_upstream(argv[1:])
     if argv and argv[0] in COMMANDS:
         from proxy.ops import commands
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from proxy.config_sources import ENV_PREFIX, ConfigError, deep_merge, env_overrides, env_paths_of, format_error, sets_key
 from proxy.windows import window_for
-
-ENV_PREFIX = "COMPACTION_PROXY_"
 
 
 class _Section(BaseModel):
@@ -79,10 +79,29 @@ class UpstreamConfig(_Section):
     def _strip_slash(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        try:
+            host = urlsplit(v).hostname
+        except ValueError:  # a malformed port or bracketed address
+            host = None
+        if not host:  # refused now, not as every request's failure later
+            raise ValueError("has no host (http://HOST[:PORT][/PATH])")
         return v.rstrip("/")
 
 
-class AnthropicConfig(_Section):
+class _RelayConfig(_Section):
+    """What every upstream the proxy relays to has besides the OpenAI one: its timeouts."""
+
+    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
+    connect_timeout_s: float = Field(10, gt=0)
+    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
+
+    @field_validator("base_url", check_fields=False)
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
+
+
+class AnthropicConfig(_RelayConfig):
     """Where Anthropic Messages traffic goes: /v1/messages, /v1/messages/count_tokens and every
     other Anthropic request (one proxy serves OpenAI and Anthropic clients side by side). Any
     Messages-compatible server works (LiteLLM, vLLM, llama.cpp). The URL has no /v1: the client's
@@ -91,14 +110,18 @@ class AnthropicConfig(_Section):
     base_url: str = "https://api.anthropic.com"
     # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
     api_key: SecretStr | None = None
-    timeout_s: float = Field(600, gt=0)  # whole request, non-streaming
-    connect_timeout_s: float = Field(10, gt=0)
-    stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
 
-    @field_validator("base_url")
-    @classmethod
-    def _strip_slash(cls, v: str) -> str:
-        return UpstreamConfig._strip_slash(v)
+
+class GeminiConfig(_RelayConfig):
+    """Where Google's Gemini API requests (/v1beta/..., /v1alpha/...; Gemini CLI with an API key
+    under `wrap`) go: relayed as they came, never compacted. The client's own key (x-goog-api-key
+    or ?key=) goes with them; the proxy has none to add."""
+
+    base_url: str = "https://generativelanguage.googleapis.com"
+
+    @property
+    def api_key(self) -> None:  # (the pass-through's configured key: none)
+        return None
 
 
 class ModelConfig(_Section):
@@ -285,6 +308,7 @@ class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     anthropic: AnthropicConfig = Field(default_factory=AnthropicConfig)
+    gemini: GeminiConfig = Field(default_factory=GeminiConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     tool_results: ToolResultsConfig = Field(default_factory=ToolResultsConfig)
@@ -310,74 +334,15 @@ class Config(_Section):
 _DEFAULT_MODEL = ModelConfig()
 
 
-class ConfigError(Exception):
-    """A configuration problem, phrased as one line naming the key."""
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    """COMPACTION_PROXY_COMPACTION__THRESHOLD_TOKENS=90000 -> {"compaction": {"threshold_tokens": "90000"}}.
-
-    Values stay strings, which the typed model converts ("90000" -> 90000, "false" -> False) while
-    string settings keep exactly what was written (an API key "12345", a focus "yes"). Two
-    exceptions: an empty value means "unset" (null), and a YAML flow list (`[a, "b*"]`) is a list.
-    """
-    out: dict[str, Any] = {}
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
-            continue
-        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
-        if not path:
-            continue
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: conflicts with another variable")
-        if isinstance(node.get(path[-1]), dict):
-            raise ConfigError(f"{name}: conflicts with another variable")
-        node[path[-1]] = _env_value(raw)
-    return out
-
-
-def _env_value(raw: str) -> Any:
-    if raw.strip() == "":
-        return None
-    if raw.lstrip().startswith("["):
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            return raw
-        if isinstance(value, list):
-            return value
-    return raw
-
-
-def _format_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"{key}: {msg}{extra}"
-
-
 def load_config(
     path: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Config:
-    """Build the config from file, environment and explicit overrides (flags). Raises ConfigError."""
+    """Build the config from file, environment and explicit overrides (flags). `defaults`: a
+    command's own defaults, below the file (`wrap` keeps its store in the user's cache directory).
+    Raises ConfigError."""
     environ = dict(os.environ) if environ is None else environ
     data: dict[str, Any] = {}
     if path is None:
@@ -398,10 +363,13 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping of sections")
         data = loaded
-    data = _deep_merge(data, _env_overrides(environ))
+    data = deep_merge(defaults or {}, data)
+    data = deep_merge(data, env_overrides(environ))
+    env_paths = env_paths_of(environ)
     if overrides:
-        data = _deep_merge(data, overrides)
+        data = deep_merge(data, overrides)
+        env_paths = {p: n for p, n in env_paths.items() if not sets_key(overrides, p)}  # a flag won
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_error(e)) from None
+        raise ConfigError(format_error(e, env_paths)) from None

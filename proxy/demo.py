@@ -2,7 +2,8 @@
 
 Everything runs in this process, on 127.0.0.1: the packaged fake OpenAI upstream
 (proxy/fake_upstream.py, the one the tests use), the proxy itself with a small window, and a
-scripted coding agent that drives both through the real `openai` client. The agent asks, the fake
+scripted coding agent that drives both with plain Chat Completions requests (aiohttp, which the
+proxy has anyway: the demo works from a plain install). The agent asks, the fake
 model answers with a tool call, the agent runs the "tool" (a canned, realistic output) and sends
 the result back, turn after turn, so the history grows the way a real agent's does. Each request
 prints its compaction status and token counts; a new summary is printed when it first goes
@@ -21,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import aiohttp
 from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
@@ -136,8 +138,6 @@ class Totals:
 
 
 async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
-    from openai import AsyncOpenAI
-
     from proxy.app import create_app
     from proxy.config import Config
     from proxy.fake_upstream import FakeUpstream
@@ -164,7 +164,8 @@ async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
         out(f"model {MODEL}: window {WINDOW} tokens, compaction above {threshold}, tool outputs above "
             f"{TOOL_THRESHOLD} tokens become notes; no key, nothing leaves {LOOPBACK}\n")
         out(f"{'turn':>4} {'req':>3}  {'status':<11} {'tokens before -> after':>22}  {'wait ms':>7}  note")
-        client = AsyncOpenAI(base_url=proxy_url, api_key="sk-demo-no-key-needed", max_retries=0, timeout=60)
+        client = aiohttp.ClientSession(headers={"Authorization": "Bearer sk-demo-no-key-needed"},
+                                       timeout=aiohttp.ClientTimeout(total=60))
         messages: list[dict[str, Any]] = [{"role": "system", "content": (
             "You are a coding agent working in the calendar-app repository. Use the shell tool, one "
             "command at a time, and report what you found.")}]
@@ -177,17 +178,15 @@ async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
                 task, _ = _TASKS[(step - 1) % len(_TASKS)]
                 messages.append({"role": "user", "content": f"[step {step}] {task}."})
                 for _ in range(2):  # the tool call, then the answer after its result
-                    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
-                                                                                   tools=tools)
-                    reply = raw.parse().choices[0].message
-                    _report(out, totals, step, raw.headers, fake, shown)
-                    if reply.tool_calls:
-                        call = reply.tool_calls[0]
-                        messages.append({"role": "assistant", "content": None, "tool_calls": [call.model_dump()]})
-                        command = json.loads(call.function.arguments)["command"]
-                        messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_output(step, command)})
+                    headers, reply = await _chat(client, proxy_url, messages, tools)
+                    _report(out, totals, step, headers, fake, shown)
+                    if reply.get("tool_calls"):
+                        call = reply["tool_calls"][0]
+                        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                        command = json.loads(call["function"]["arguments"])["command"]
+                        messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_output(step, command)})
                     else:
-                        messages.append({"role": "assistant", "content": reply.content})
+                        messages.append({"role": "assistant", "content": reply["content"]})
                         break
                 await engine.idle()  # the agent's think time: a background summary gets its turn
         finally:
@@ -202,6 +201,17 @@ async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
     out(f"        {summaries} history summarizer calls, {tool_calls} tool-result notes "
         f"({totals.tool_notes} requests carried one), {totals.wait_ms} ms spent waiting on summaries")
     return totals
+
+
+async def _chat(client: aiohttp.ClientSession, base_url: str, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """One Chat Completions request through the proxy: its answer's headers and message."""
+    async with client.post(f"{base_url}/chat/completions", json={"model": MODEL, "messages": messages,
+                                                                 "tools": tools}) as resp:
+        body = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {body}")
+        return resp.headers, body["choices"][0]["message"]
 
 
 def cfg_threshold(cfg: Any) -> int:
@@ -249,11 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="compaction-proxy demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--turns", type=int, default=DEFAULT_TURNS, help=f"agent turns to play (default {DEFAULT_TURNS})")
     args = p.parse_args(argv)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("compaction-proxy demo: needs the openai package: pip install 'compaction-proxy[demo]'", file=sys.stderr)
-        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     totals = asyncio.run(run(max(1, args.turns)))
     return 0 if totals.requests else 1

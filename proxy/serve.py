@@ -143,10 +143,10 @@ def raise_fd_limit(cfg: Config) -> None:
             log.warning("open-file limit %d is below what server.max_connections needs (%d)", target, need)
 
 
-async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) -> None:
-    """Serve until SIGTERM/SIGINT; then stop listening, give requests in flight the grace once,
-    cancel the rest and close the app. Raises OSError when the address cannot be bound.
-    `reuse_port`: one of several worker processes on the same port (SO_REUSEPORT)."""
+async def listen(app: web.Application, cfg: Config, *, reuse_port: bool = False) -> tuple[ProxyRunner, web.TCPSite]:
+    """The app set up and listening on server.host:server.port (port 0: a free one, read back from
+    the runner's addresses). The caller cleans the runner up. Raises OSError when the address
+    cannot be bound."""
     s = cfg.server
     runner = ProxyRunner(
         app,
@@ -161,19 +161,46 @@ async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) 
     try:
         site = web.TCPSite(runner, s.host, s.port, backlog=min(s.max_connections, 4096), reuse_port=reuse_port or None)
         await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site
+
+
+async def stop_serving(app: web.Application, runner: ProxyRunner, site: web.TCPSite, grace_s: float) -> None:
+    """Stop listening, let the requests in flight finish within `grace_s`, cut the rest; a line
+    when the draining is over, so an operator sees the stop completed (or what it cut)."""
+    await site.stop()  # new connections are refused from now on
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones take no next request
+    cut = await drain(app[INFLIGHT], grace_s)
+    if cut:
+        log.info("shutdown grace over: cut %d requests still in flight", cut)
+    else:
+        log.info("drained: no request in flight, stopping")
+
+
+def _stop_requested(stop: asyncio.Event, sig: signal.Signals, inflight: set[asyncio.Task[Any]]) -> None:
+    if not stop.is_set():
+        busy = sum(1 for t in inflight if not t.done())
+        log.info("%s received: no new connections; draining %d requests in flight", sig.name, busy)
+    stop.set()
+
+
+async def serve(app: web.Application, cfg: Config, *, reuse_port: bool = False) -> None:
+    """Serve until SIGTERM/SIGINT; then stop listening, give requests in flight the grace once,
+    cancel the rest and close the app. Raises OSError when the address cannot be bound.
+    `reuse_port`: one of several worker processes on the same port (SO_REUSEPORT)."""
+    runner, site = await listen(app, cfg, reuse_port=reuse_port)
+    try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _stop_requested, stop, sig, app[INFLIGHT])
         # a worker is forked with them blocked (proxy/workers.py): one sent while it started is delivered now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         await stop.wait()
-        await site.stop()  # new connections are refused from now on
-        if runner.server is not None:
-            runner.server.pre_shutdown()  # idle keep-alive connections close; busy ones take no next request
-        cut = await drain(app[INFLIGHT], s.shutdown_grace_s)
-        if cut:
-            log.info("shutdown grace over: cut %d requests still in flight", cut)
+        await stop_serving(app, runner, site, cfg.server.shutdown_grace_s)
     finally:
         await runner.cleanup()
         flush_logs()  # the access lines still queued (a worker process ends without exit handlers)

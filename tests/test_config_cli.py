@@ -125,10 +125,18 @@ BAD = [
     ("invalid-yaml", "server: [port: 1\n", {}, "invalid YAML"),
     ("not-a-mapping", "- a\n- b\n", {}, "top level must be a mapping"),
     ("unreadable", None, {}, "cannot read"),
-    ("env-unknown", "", {"COMPACTION_PROXY_SERVER__PROT": "1"}, "server.prot: unknown key"),
-    ("env-wrong-type", "", {"COMPACTION_PROXY_SERVER__PORT": "http"}, "server.port:"),
+    ("env-unknown", "", {"COMPACTION_PROXY_SERVER__PROT": "1"},
+     "COMPACTION_PROXY_SERVER__PROT: unknown variable (there is no config key server.prot)"),
+    ("env-unknown-section", "", {"COMPACTION_PROXY_SERVR__PORT": "1"},
+     "COMPACTION_PROXY_SERVR__PORT: unknown variable (there is no config key servr.port)"),
+    ("env-wrong-type", "", {"COMPACTION_PROXY_SERVER__PORT": "http"}, "COMPACTION_PROXY_SERVER__PORT (server.port):"),
+    ("env-no-host", "", {"COMPACTION_PROXY_UPSTREAM__BASE_URL": "http://"},
+     "COMPACTION_PROXY_UPSTREAM__BASE_URL (upstream.base_url): Value error, has no host"),
+    ("no-host", "upstream: {base_url: 'https:///v1'}\n", {}, "upstream.base_url: Value error, has no host"),
+    ("anthropic-no-host", "anthropic: {base_url: 'http://:8080'}\n", {}, "anthropic.base_url: Value error, has no host"),
     ("no-workers", "server: {workers: 0}\n", {}, "server.workers: Value error, must be a number of processes"),
-    ("workers-word", "", {"COMPACTION_PROXY_SERVER__WORKERS": "many"}, "server.workers: Value error"),
+    ("workers-word", "", {"COMPACTION_PROXY_SERVER__WORKERS": "many"},
+     "COMPACTION_PROXY_SERVER__WORKERS (server.workers): Value error"),
     ("lock-expires-between-beats", "store: {lock_ttl_s: 3, lock_heartbeat_s: 2}\n", {},
      "store: Value error, lock_ttl_s (3 s) must be at least twice lock_heartbeat_s (2 s)"),
 ]
@@ -160,7 +168,8 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("case", ["unknown-nested", "wrong-type", "invalid-yaml", "unreadable", "env-unknown"])
+@pytest.mark.parametrize("case", ["unknown-nested", "wrong-type", "invalid-yaml", "unreadable", "env-unknown",
+                                  "env-unknown-section"])
 def test_console_script_exits_2_naming_the_key(tmp_path, case):
     _, text, env, words = next(b for b in BAD if b[0] == case)
     path = tmp_path / "missing.yaml" if text is None else _write(tmp_path, text)
@@ -170,6 +179,22 @@ def test_console_script_exits_2_naming_the_key(tmp_path, case):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and lines[0].startswith("compaction-proxy: config error:")
     assert r.stdout == ""
+
+
+def test_an_upstream_without_a_host_is_refused_at_start(tmp_path):
+    """`--upstream http://` used to be accepted and fail every request; now the start is refused."""
+    r = subprocess.run([str(SCRIPT), "--upstream", "http://", "--port", "0"], env=_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "compaction-proxy: config error: upstream.base_url: Value error, has no host " \
+                               "(http://HOST[:PORT][/PATH])"
+
+
+def test_a_flag_over_a_bad_variable_is_not_blamed_on_the_variable():
+    env = {"COMPACTION_PROXY_SERVER__PORT": "http", "COMPACTION_PROXY_UPSTREAM__BASE_URL": "http://ok/v1"}
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, environ=env, overrides={"upstream": {"base_url": "http://"}, "server": {"port": 1}})
+    assert str(exc.value).startswith("upstream.base_url: Value error, has no host")
 
 
 def test_python_m_proxy_help():

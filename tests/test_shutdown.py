@@ -112,7 +112,11 @@ async def test_sigterm_refuses_new_connections_and_lets_a_stream_finish(tmp_path
         assert time.monotonic() - ended < BOUND_S / 2  # once idle it exits, long before the grace ends
     finally:
         replica.kill()
-    assert "Traceback" not in replica.log_text()
+    log = replica.log_text()
+    assert "Traceback" not in log
+    # the stop and the end of the draining are each one line, in that order
+    told, drained = log.find("SIGTERM received: no new connections; draining 1 requests in flight"), log.find("drained:")
+    assert 0 <= told < drained, log[-2000:]
     assert _consistent(db) >= 2  # the scope secret and the summary
 
 
@@ -142,6 +146,7 @@ async def test_a_stream_longer_than_the_grace_is_cut_and_the_process_still_exits
     finally:
         replica.kill()
     assert "Traceback" not in replica.log_text()
+    assert "SIGTERM received" in replica.log_text() and "shutdown grace over: cut 2 requests" in replica.log_text()
     assert _consistent(db) >= 2
 
 

@@ -64,7 +64,9 @@ class FakeServer:
             raise RuntimeError(f"{type(self).__name__} is not started")
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> "FakeServer":
+    async def start(self, port: int = 0) -> "FakeServer":
+        """Listen on 127.0.0.1:`port` (0: a free one, the tests' way; `compaction-proxy
+        fake-upstream --port N` asks for its own)."""
         # Big client_max_size: the proxy forwards whole long histories and huge tool outputs.
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
@@ -72,7 +74,7 @@ class FakeServer:
         # (RecordedRequest.disconnected); short shutdown_timeout: parked streams must not hold stop().
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         self.port = self._runner.addresses[0][1]
         self.loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@ stand-in upstreams some tests write for one behaviour)."""
 
 from __future__ import annotations
 
+import socket
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -19,3 +20,12 @@ async def serving(app: web.Application, **runner_kw: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port` now."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
