@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from proxy import offload
+from proxy import offload, textfacts
 from proxy.compaction import extract, mask
 from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
@@ -266,17 +266,21 @@ class RecordMaker:
         if not new:
             return None
         recall = list(record.recall_identifiers) if record else []
+        listed = set(recall)
         calls = calls_by_id(work.items())
         for m in new:
             d = view.digests[m.index].hex()
-            output = m.result.text
+            found = textfacts.facts(m.result.text)
             name, args = calls.get(m.result.call_id or "", (m.result.name or "tool", ""))
             # the stub's recall handle: the envelope's digest, or of its key for a later result of it
             handle = d[:12] if m.item == 0 else handles.of_text(mask.key(d, m.item))
-            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, handle)
+            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), m.result.text,
+                                                              handle, found)
             # what the stub had no room for is listed for recall, never silently gone
-            recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
-                       if x not in stub and x not in recall]
+            for x in found.identifiers + found.errors:
+                if x not in listed and x not in stub:
+                    listed.add(x)
+                    recall.append(x)
         extent = keep.cut - n_sys
         if record is not None and extent <= record.extent:
             return None
