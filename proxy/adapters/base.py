@@ -90,6 +90,14 @@ class Request:
             done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
         return done
 
+    def fresh_bytes(self) -> int:
+        """Bytes of the envelopes this request does not share with the previous one (the whole
+        body without one): what the lazily made per-envelope values (digests, the chain) have
+        left to make, the rest being the previous request's or a cache's."""
+        if self.previous is None:
+            return len(self.raw)
+        return sum(len(w) for w in self.written[self.shared:])
+
     def chain(self, n_system: int) -> list[bytes]:
         """hash_chain over the digests after the leading system envelopes (the store keys of the
         prefixes), continued from the previous request's for the shared envelopes."""

@@ -169,7 +169,7 @@ class Preparer:
         if self._went_quiet(job):
             log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
             return
-        view = await offload.sized(4 * job.total, engine.view, job.flow, job.conv)
+        view = await offload.sized(job.flow.request.fresh_bytes(), engine.view, job.flow, job.conv)
         if any(engine.flight.running(k) for k in view.candidate_keys()):
             return  # a summary of this conversation is being made already
         local = engine.records.local(view.lazy_keys())
