@@ -36,6 +36,8 @@ from typing import Any
 
 import orjson
 
+from proxy.fakes.chat.replies import content_text  # the text of a message content, as the strict fakes read it
+
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 SUMMARIZER_PROMPTS = ("summarization-system.md", "tool-result-summarizer.md")
 MARKER_CHARS = 40
@@ -224,24 +226,16 @@ def is_summary_call(body: bytes | memoryview, markers: list[Marker], riding: Mar
     return ride and riding.prefix in _last_text(doc)
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
-    return ""
-
-
 def _system_text(doc: dict[str, Any]) -> str:
     msgs = doc.get("messages")
     if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
-        return _text_of(msgs[0].get("content"))
-    return _text_of(doc.get("system")) or _text_of(doc.get("instructions"))
+        return content_text(msgs[0].get("content"))
+    return content_text(doc.get("system")) or content_text(doc.get("instructions"))
 
 
 def _last_text(doc: dict[str, Any]) -> str:
     items = doc.get("messages") or doc.get("input")
-    return _text_of(items[-1].get("content")) if isinstance(items, list) and items and isinstance(items[-1], dict) else ""
+    return content_text(items[-1].get("content")) if isinstance(items, list) and items and isinstance(items[-1], dict) else ""
 
 
 def wants_stream(body: bytes | memoryview) -> bool:
