@@ -145,11 +145,13 @@ def zones_lines(wl: dict[str, Any]) -> list[str]:
         missing = f"; no {', '.join(p['missing'])} zone" if p.get("missing") else ""
         lines.append(f"{protocol} ({p['model']}, window {p['window']}, {p['steps']} steps{missing})")
         lines.append(f"  {'zone':<11} {'n':>4} {'tokens':>8} " + " ".join(f"{'CPU ms ' + n:>16}" for n in names)
-                     + " " + " ".join(f"{n + '/base':>14}" for n in others))
+                     + " " + " ".join(f"{n + '/base':>14}" for n in others)
+                     + " " + " ".join(f"{'median ' + n + '/base':>21}" for n in others))
         for zone, row in zones.items():
             cells = [f"  {zone:<11} {row['n']:>4} {fmt(row['tokens'], 8)}"]
             cells += [fmt(row["cpu_ms_per_req"].get(n), 16) for n in names]
             cells += [fmt(row["cpu_vs_baseline"].get(n), 14) for n in others]
+            cells += [fmt(row.get("median_vs_baseline", {}).get(n), 21) for n in others]
             lines.append(" ".join(cells))
     return lines
 

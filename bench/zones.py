@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, AsyncIterator
 
 import orjson
@@ -262,13 +263,17 @@ def zone_rows(w: Walk) -> dict[str, dict[str, Any]]:
         if not n:
             continue
         tokens = [tok for z, tok in zip(w.zones, w.tokens) if z == zone]
-        row: dict[str, Any] = {"n": n, "tokens": sum(tokens) / n, "cpu_ms_per_req": {}}
+        row: dict[str, Any] = {"n": n, "tokens": sum(tokens) / n, "cpu_ms_per_req": {}, "cpu_ms_median": {}}
         for name, by_zone in w.cpu_ms.items():
             ms = by_zone.get(zone, [])
             row["cpu_ms_per_req"][name] = sum(ms) / len(ms) if ms else None
-        base = row["cpu_ms_per_req"].get(BASELINE)
-        row["cpu_vs_baseline"] = {name: (v / base if v is not None and base else None)
-                                  for name, v in row["cpu_ms_per_req"].items() if name != BASELINE}
+            row["cpu_ms_median"][name] = median(ms) if ms else None
+        # the mean carries the zone's one-off work (a first scan, a masking, a summary made ahead);
+        # the median is a request of the zone without it
+        for key, ratio in (("cpu_ms_per_req", "cpu_vs_baseline"), ("cpu_ms_median", "median_vs_baseline")):
+            base = row[key].get(BASELINE)
+            row[ratio] = {name: (v / base if v is not None and base else None)
+                          for name, v in row[key].items() if name != BASELINE}
         rows[zone] = row
     return rows
 
