@@ -90,3 +90,25 @@ async def test_a_history_the_previous_request_hashed_is_not_sent_to_a_thread_aga
     grown = msgs + [{"role": "assistant", "content": "Let me check."}, {"role": "user", "content": "And then?"}]
     assert (await post(proxy, orjson.dumps({"model": MODEL, "messages": grown}), auth("sk-t"), expect=200)).compaction == "reused"
     assert where.pop("digests") == {loop_thread}
+
+
+async def test_a_large_history_no_request_hashed_yet_is_hashed_off_the_loop(upstream, make_proxy, monkeypatch):
+    """Under the threshold no digest is made; the request that crosses it, one small turn later,
+    shares its history with that one but has all of its digests to make: off the loop."""
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)
+    msgs = chat_history(12, 1500)
+    first = orjson.dumps({"model": MODEL, "messages": msgs})
+    probe = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 1_000_000}}})
+    tokens = int((await post(probe, first, auth("sk-t"), expect=200)).headers["x-compaction-tokens-before"])
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 1_000_000}},
+                                                 "compaction": {"prepare_percent": 0, "threshold_tokens": tokens + 5},
+                                                 "tool_results": {"enabled": False}})
+    where: dict[str, set[int]] = defaultdict(set)
+    spy(monkeypatch, where, hashing.DigestCache, "digests")
+    loop_thread = threading.get_ident()
+    assert (await post(proxy, first, auth("sk-t"), expect=200)).compaction == "none"
+    assert "digests" not in where
+    grown = msgs + [{"role": "assistant", "content": "Let me check."}, {"role": "user", "content": "And then?"}]
+    body = orjson.dumps({"model": MODEL, "messages": grown})
+    assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction != "none"
+    assert loop_thread not in where["digests"]

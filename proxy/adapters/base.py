@@ -91,10 +91,11 @@ class Request:
         return done
 
     def fresh_bytes(self) -> int:
-        """Bytes of the envelopes this request does not share with the previous one (the whole
-        body without one): what the lazily made per-envelope values (digests, the chain) have
-        left to make, the rest being the previous request's or a cache's."""
-        if self.previous is None:
+        """Bytes of the envelopes whose digests (and chain links) this request has to make: those
+        it does not share with the previous one, when that one made its digests; else the whole
+        body (a cache may hold some: counted as work all the same)."""
+        prev = self.previous
+        if prev is None or "digests" not in prev.__dict__:
             return len(self.raw)
         return sum(len(w) for w in self.written[self.shared:])
 
