@@ -9,9 +9,12 @@ head and answers from precomputed bytes:
   events (the last one `data: [DONE]`) sent `chunk_delay_ms` apart as separate HTTP chunks. Request
   headers override the process defaults per request: `x-bench-chunks`, `x-bench-chunk-delay-ms`,
   and `x-bench-hold-s` (send the first event, then hold the stream open that long: idle streams).
-- summarizer requests (the first system message starts with the first 40 characters of
-  prompts/summarization-system.md or prompts/tool-result-summarizer.md): a valid summary with every
-  heading the proxy requires. Only bodies that contain that text are parsed as JSON.
+- summarizer requests on every route (the system text, chat's first system message, Messages'
+  `system` or Responses' `instructions`, starts with the first 40 characters of
+  prompts/summarization-system.md or prompts/tool-result-summarizer.md; or the last message holds
+  prompts/compaction-cached-summary.md's, the call riding the conversation's cache): a valid
+  summary with every heading the proxy requires, in the route's shape. Only bodies that contain
+  that text near their ends are parsed as JSON.
 - `POST /v1/messages` (Anthropic Messages): one precomputed Messages answer, or with
   `"stream": true` Anthropic's event stream (message_start ... message_stop, `event:` names).
 - `POST .../responses` (OpenAI Responses): one precomputed response object, or with
@@ -32,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from proxy.fakes.chat.replies import content_text  # the text of a message content, as the strict fakes read it
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 SUMMARIZER_PROMPTS = ("summarization-system.md", "tool-result-summarizer.md")
@@ -193,18 +198,44 @@ def summarizer_markers(prompts_dir: Path = PROMPTS_DIR) -> list[Marker]:
     return out
 
 
-def is_summarizer_request(body: bytes | memoryview, markers: list[Marker]) -> bool:
-    """A byte search near the start (where the proxy puts the system prompt); parse to confirm."""
-    head = bytes(body[:HEAD_SCAN])
-    if not any(m.needle in head for m in markers):
+RIDING_PROMPT = "compaction-cached-summary.md"  # the proxy's summary call riding the conversation's cache
+RIDING_SCAN = 64 * 1024  # its last message holds the prompt: searched for near a body's end
+
+
+def riding_marker(prompts_dir: Path = PROMPTS_DIR) -> Marker:
+    text = (prompts_dir / RIDING_PROMPT).read_text(encoding="utf-8").strip()[:MARKER_CHARS]
+    return Marker(text, orjson.dumps(text)[1:-1])
+
+
+def is_summary_call(body: bytes | memoryview, markers: list[Marker], riding: Marker) -> bool:
+    """Any protocol's summary call: a summarizer's prompt starting the system text (chat's first
+    system message, Messages' `system`, Responses' `instructions`), or the riding call's prompt in
+    the last message. A byte search near the ends first; only a body that has one is parsed."""
+    lead = any(m.needle in bytes(body[:HEAD_SCAN]) for m in markers)
+    ride = riding.needle in bytes(body[-RIDING_SCAN:])
+    if not (lead or ride):
         return False
     try:
-        first = orjson.loads(body)["messages"][0]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
         return False
-    if not isinstance(first, dict) or first.get("role") != "system" or not isinstance(first.get("content"), str):
+    if not isinstance(doc, dict):
         return False
-    return any(first["content"].startswith(m.prefix) for m in markers)
+    if lead and any(_system_text(doc).startswith(m.prefix) for m in markers):
+        return True
+    return ride and riding.prefix in _last_text(doc)
+
+
+def _system_text(doc: dict[str, Any]) -> str:
+    msgs = doc.get("messages")
+    if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
+        return content_text(msgs[0].get("content"))
+    return content_text(doc.get("system")) or content_text(doc.get("instructions"))
+
+
+def _last_text(doc: dict[str, Any]) -> str:
+    items = doc.get("messages") or doc.get("input")
+    return content_text(items[-1].get("content")) if isinstance(items, list) and items and isinstance(items[-1], dict) else ""
 
 
 def wants_stream(body: bytes | memoryview) -> bool:
@@ -255,6 +286,9 @@ class Server:
     def __post_init__(self) -> None:
         self.reply = fixed_response(completion_json("Hello from the bench upstream."))
         self.summary = fixed_response(completion_json(SUMMARY_TEXT))
+        self.message_summary = fixed_response(message_json(SUMMARY_TEXT))
+        self.response_summary = fixed_response(orjson.dumps(response_json(SUMMARY_TEXT)))
+        self.riding = riding_marker()
         self.message = fixed_response(message_json("Hello from the bench upstream."))
         self.response = fixed_response(orjson.dumps(response_json("Hello from the bench upstream.")))
         self.not_found = fixed_response(b'{"error":{"message":"not found","type":"invalid_request_error"}}', status="404 Not Found")
@@ -411,23 +445,24 @@ class HttpProtocol(asyncio.BufferedProtocol):
         elif req.method == "POST" and req.path.endswith("/chat/completions"):
             self._chat(req)
         elif req.method == "POST" and req.path == "/v1/messages":
-            self._answer(req, s.message, messages_events)
+            self._answer(req, s.message, messages_events, s.message_summary)
         elif req.method == "POST" and req.path.endswith("/responses"):
-            self._answer(req, s.response, responses_events)
+            self._answer(req, s.response, responses_events, s.response_summary)
         else:
             self._send(s.not_found, req)
 
     def _chat(self, req: Request) -> None:
         s = self.server
-        if is_summarizer_request(req.body, s.markers):
-            s.stats.summarizer += 1
-            self._send(s.summary, req)
-            return
-        self._answer(req, s.reply, sse_events)
+        self._answer(req, s.reply, sse_events, s.summary)
 
-    def _answer(self, req: Request, whole: bytes, events: Any) -> None:
-        """The precomputed answer, or the event stream `events(count)` makes when streaming."""
+    def _answer(self, req: Request, whole: bytes, events: Any, summary: bytes) -> None:
+        """The precomputed answer, or the event stream `events(count)` makes when streaming; a
+        summary (in the route's shape) to the proxy's summary calls."""
         s = self.server
+        if is_summary_call(req.body, s.markers, s.riding):
+            s.stats.summarizer += 1
+            self._send(summary, req)
+            return
         s.stats.chat += 1
         if not wants_stream(req.body):
             self._send(whole, req)

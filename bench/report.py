@@ -131,7 +131,57 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                       cross.get("max_wait_ms"), 50, "ms"))
     mem = results.get("memory", {}).get("targets", {}).get(PROXY, {})
     out.append(_check(f"6. {mem.get('streams', 1000)} idle streams: proxy RSS", mem.get("rss_under_load_mb"), 300, "MB"))
-    return [{**c, "target": "issue 6, " + c["target"]} for c in out] + issue18_targets(results)
+    return [{**c, "target": "issue 6, " + c["target"]} for c in out] + issue18_targets(results) + issue39_targets(results)
+
+
+def zones_lines(wl: dict[str, Any]) -> list[str]:
+    """Per protocol and zone: requests, tokens, CPU a request of each target, its ratio to the bare
+    forwarder's in the same steps."""
+    lines = [f"zones: {wl['description']}"]
+    for protocol, p in wl["protocols"].items():
+        zones = p["zones"]
+        names = next(iter(zones.values()), {}).get("cpu_ms_per_req", {}).keys()
+        others = [n for n in names if n != BASELINE]
+        missing = f"; no {', '.join(p['missing'])} zone" if p.get("missing") else ""
+        lines.append(f"{protocol} ({p['model']}, window {p['window']}, {p['steps']} steps{missing})")
+        lines.append(f"  {'zone':<11} {'n':>4} {'tokens':>8} " + " ".join(f"{'CPU ms ' + n:>16}" for n in names)
+                     + " " + " ".join(f"{n + '/base':>14}" for n in others)
+                     + " " + " ".join(f"{'median ' + n + '/base':>21}" for n in others))
+        for zone, row in zones.items():
+            cells = [f"  {zone:<11} {row['n']:>4} {fmt(row['tokens'], 8)}"]
+            cells += [fmt(row["cpu_ms_per_req"].get(n), 16) for n in names]
+            cells += [fmt(row["cpu_vs_baseline"].get(n), 14) for n in others]
+            cells += [fmt(row.get("median_vs_baseline", {}).get(n), 21) for n in others]
+            lines.append(" ".join(cells))
+    return lines
+
+
+def repeat_lines(wl: dict[str, Any]) -> list[str]:
+    lines = [f"prepare_repeat: {wl['description']}"]
+    for protocol, rows in wl["protocols"].items():
+        tokens = rows.get("tokens")
+        cells = [f"{name} {row['cpu_ms_per_req']:.2f} ms" + (f" ({row['cpu_vs_baseline']:.2f}x)" if row.get("cpu_vs_baseline") else "")
+                 for name, row in rows.items() if isinstance(row, dict)]
+        lines.append(f"  {protocol:<10} {fmt(tokens, 7)} tokens: CPU/req " + ", ".join(cells))
+    return lines
+
+
+def issue39_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 39's: every zone of the growing session and the repeated prepare-zone body within 2x
+    the bare forwarder's CPU a request, in every protocol; small requests within 1.5x; streams'
+    CPU within 1.3x."""
+    out = []
+    for protocol, p in results.get("zones", {}).get("protocols", {}).items():
+        for zone, row in p["zones"].items():
+            out.append(_check(f"{protocol}: zone {zone}: CPU/req vs bare forwarder", row["cpu_vs_baseline"].get(PROXY), 2.0, "x"))
+    for protocol, rows in results.get("prepare_repeat", {}).get("protocols", {}).items():
+        out.append(_check(f"{protocol}: ~97k-token body repeated in the prepare zone: CPU/req vs bare forwarder",
+                          rows.get(PROXY, {}).get("cpu_vs_baseline"), 2.0, "x"))
+    for protocol, small, stream in (("chat", "small_1", "stream_8"), ("messages", "messages_small", "messages_stream"),
+                                    ("responses", "responses_small", "responses_stream")):
+        out.append(_check(f"{protocol}: small, 1 client: CPU/req vs bare forwarder", _row(results, small, PROXY).get("cpu_vs_baseline"), 1.5, "x"))
+        out.append(_check(f"{protocol}: streaming: CPU/req vs bare forwarder", _row(results, stream, PROXY).get("cpu_vs_baseline"), 1.3, "x"))
+    return [{**c, "target": "issue 39, " + c["target"]} for c in out]
 
 
 def _ttfb_ratio(results: dict[str, Any], workload: str) -> float | None:
@@ -191,6 +241,10 @@ def render(doc: dict[str, Any]) -> str:
         lines += [""] + crossing_lines(wls["crossing"]["description"], cross)
     if "memory" in wls:
         lines += [""] + memory_table(wls["memory"])
+    if "zones" in wls:
+        lines += [""] + zones_lines(wls["zones"])
+    if "prepare_repeat" in wls:
+        lines += [""] + repeat_lines(wls["prepare_repeat"])
     if (tp := wls.get("throughput")) and tp.get("scaling") is not None:
         rps = ", ".join(f"{name} {row['throughput_rps']:.0f} req/s" for name, row in tp["targets"].items())
         lines += ["", f"throughput: {rps}: 2 workers serve {tp['scaling']:.2f}x the requests of 1 ({tp['description']})"]

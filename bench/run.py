@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import procs, report  # noqa: E402
+from bench import procs, report, zones  # noqa: E402
 from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
@@ -70,6 +70,9 @@ class Sizes:
     stream_chunks: int
     stream_delay_ms: float
     idle_streams: int
+    zone_turns: int = zones.MAX_TURNS  # the zones walk's longest session
+    zone_per_window: int = zones.TURNS_PER_WINDOW  # a turn of the zones walk is this share of the window
+    zone_settle_s: float = zones.SETTLE_S
 
 
 FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, long_steps=100, long_buckets=10,
@@ -77,11 +80,12 @@ FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, l
              throughput=3000, stream_chunks=16, stream_delay_ms=2.0, idle_streams=1000)
 QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long_steps=20, long_buckets=2,
               large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, crossing_convs=1, stream_8=24,
-              throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100)
+              throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100, zone_per_window=24,
+              zone_settle_s=0.02)
 
 PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses") for w in ("small", "stream", "large"))
 WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "stream_8_spread", "memory",
-             "throughput", *PROTOCOL_WORKLOADS)
+             "throughput", *PROTOCOL_WORKLOADS, "zones", "prepare_repeat")
 PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
 PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}}
 THROUGHPUT_CLIENTS = 32
@@ -93,6 +97,8 @@ class Target:
     name: str
     port: int
     server: procs.Server  # whose CPU and memory are measured (the fake upstream for `direct`)
+    proxy: bool = False  # a build of the proxy (this one or an --also one): zones starts one more of it
+    command: list[str] | None = None  # how it was started (None: this build's console script)
 
 
 class Bench:
@@ -109,6 +115,10 @@ class Bench:
 
     def target(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)
+
+    def with_targets(self, targets: list[Any]) -> "Bench":
+        """The same run's settings on other targets (servers a workload started for itself)."""
+        return Bench(targets, self.upstream, self.sizes, workdir=self.workdir, store=self.store, proxy_env=self.proxy_env)
 
     async def measure(self, target: Target, run: Callable[[Target], Awaitable[LoadResult]], tally: Tally) -> LoadResult:
         cpu0, up0, f0 = target.server.cpu(), self.upstream.cpu(), target.server.faults()
@@ -409,6 +419,8 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     "memory": memory,
     "throughput": throughput,
     **{name: (lambda b, p=name.split("_")[0], k=name.split("_")[1]: protocol_workload(b, p, k)) for name in PROTOCOL_WORKLOADS},
+    "zones": zones.zones,
+    "prepare_repeat": zones.prepare_repeat,
 }
 
 
@@ -433,12 +445,13 @@ def start_servers(
                   CROSS_MODEL: CROSS_WINDOW}
         proxy = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env)
         started.append(proxy)
-        targets.append(Target(PROXY, proxy.port, proxy))
+        targets.append(Target(PROXY, proxy.port, proxy, proxy=True))
         for name, tree in (also or {}).items():  # another build, measured in the same rounds
+            command = [str(tree / ".venv" / "bin" / "compaction-proxy")]
             other = procs.start_proxy(workdir, upstream.port, models=models, store=store, extra_env=proxy_env, name=name,
-                                      command=[str(tree / ".venv" / "bin" / "compaction-proxy")])
+                                      command=command)
             started.append(other)
-            targets.append(Target(name, other.port, other))
+            targets.append(Target(name, other.port, other, proxy=True, command=command))
         if compare_metrics:
             off = {"COMPACTION_PROXY_METRICS__ENABLED": "false"}
             for name, env in ((NO_METRICS, off), (NO_OPS, {**off, "COMPACTION_PROXY_SERVER__ACCESS_LOG": "false"})):

@@ -98,7 +98,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         recall = None
         if state.recall is not None and flow.changed:  # the originals kept; the tool declared when anything was replaced
             recall = await recall_chat.prepare(state.recall, state.prompts, flow)
-        data = flow.body() if not flow.changed else await offload.sized(len(raw), flow.body)
+        data = flow.body() if not flow.changed else await offload.sized(len(raw) // offload.COPY_SHARE, flow.body)
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")

@@ -23,7 +23,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench import bare_forwarder, plot, procs, report
+from bench import bare_forwarder, plot, procs, report, zones
 from bench.fake_upstream import ChunkedDecoder, Server, Settings, sse_events, wants_stream
 from bench.loadgen import LoadError, LoadResult, Request, Result, hold_streams, percentile, run_load
 from bench.profile import top_functions
@@ -443,3 +443,90 @@ def test_phase_probe_refuses_an_unknown_phase():
 
     with pytest.raises(ValueError, match="phase"):
         Probe(lambda: None, "everything", 0)
+
+
+# ---- the zones of a session (issue 39) ----------------------------------------------------------
+
+
+def test_a_request_zone_is_read_from_the_proxy_report():
+    lines = zones.Lines(prepare=80.0, threshold=100)
+    assert zones.zone_of("none", 79, lines, summarized=False) == "under"
+    assert zones.zone_of("none", 80, lines, summarized=False) == "prepare"
+    assert zones.zone_of("masked", 70, lines, summarized=False) == "masked"
+    assert zones.zone_of("summarized", 40, lines, summarized=False) == "summarized"
+    assert zones.zone_of("reused", 79, lines, summarized=True) == "reused"
+    assert zones.zone_of("reused", 85, lines, summarized=True) == "prepare2"
+    assert zones.zone_of("degraded", 85, lines, summarized=True) == "degraded"  # a failure: the walk reports it
+    # the proxy's own defaults for a 128k window: prepare at 80% of a threshold of 108800
+    assert zones.Lines.of("gpt-4o-mini") == zones.Lines(prepare=87040.0, threshold=108800)
+
+
+def test_the_walk_ends_after_the_second_prepare_zone():
+    assert not zones.walk_ended(["under", "prepare", "masked", "summarized", "reused"])
+    assert not zones.walk_ended(["reused", "prepare2"])
+    assert zones.walk_ended(["reused"] + ["prepare2"] * zones.PREPARE2_STEPS)
+    assert zones.walk_ended(["reused", "prepare2", "masked"])  # crossed again
+
+
+def test_zone_rows_charge_each_target_per_zone_and_divide_by_the_baseline():
+    w = zones.Walk(cpu_ms={"baseline": {"under": [1.0, 1.0], "prepare": [2.0, 2.0, 2.0]},
+                           "proxy": {"under": [3.0, 1.0], "prepare": [20.0, 2.0, 2.0]}},
+                   zones=["under", "under", "prepare", "prepare", "prepare"], tokens=[10, 30, 90, 90, 90])
+    rows = zones.zone_rows(w)
+    assert rows["under"] == {"n": 2, "tokens": 20.0, "cpu_ms_per_req": {"baseline": 1.0, "proxy": 2.0},
+                             "cpu_ms_median": {"baseline": 1.0, "proxy": 2.0},
+                             "cpu_vs_baseline": {"proxy": 2.0}, "median_vs_baseline": {"proxy": 2.0}}
+    # a zone's one-off work (here its first request) is in the mean, not in the median
+    assert rows["prepare"]["cpu_vs_baseline"] == {"proxy": 4.0} and rows["prepare"]["median_vs_baseline"] == {"proxy": 1.0}
+    assert "masked" not in rows
+
+
+@pytest.mark.parametrize("protocol", zones.PROTOCOLS)
+def test_a_zones_session_grows_a_turn_a_request_and_passes_the_strict_fakes_checks(protocol):
+    from proxy.fakes.messages import validate as mv
+    from proxy.fakes.responses import validate as rv
+    from proxy.fakes.signing import Signer
+
+    sess = zones.session(protocol, seed=1, turns=4)
+    bodies = [orjson.loads(sess.body(k)) for k in range(4)]
+    field = "messages" if protocol != "responses" else "input"
+    assert [len(b[field]) for b in bodies] == [k * 4 + 1 + (protocol == "chat") for k in range(4)]
+    assert all(b[field][:len(a[field]) - 1] == a[field][:-1] for a, b in zip(bodies, bodies[1:]))
+    if protocol == "messages":
+        mv.check_request(bodies[-1], mv.Context(Signer()))
+    elif protocol == "responses":
+        rv.check_request(bodies[-1], rv.Context(Signer()))
+    assert sess.request(3).path == zones.PATHS[protocol]
+
+
+async def test_fake_answers_every_protocol_summary_call_and_the_one_riding_the_cache(fake, oai):
+    riding = (REPO / "prompts" / "compaction-cached-summary.md").read_text(encoding="utf-8")
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    r = await oai.chat.completions.create(model="m", messages=[*history, {"role": "user", "content": riding}])
+    assert missing_headings(r.choices[0].message.content, MAIN_HEADINGS) == []
+    async with anthropic_client(f"http://127.0.0.1:{fake.port}", "sk-ant-test") as ant:
+        m = await ant.messages.create(model="m", max_tokens=64, system=SUMMARIZER_SYSTEM,
+                                      messages=[{"role": "user", "content": "<conversation>x</conversation>"}])
+        assert missing_headings(m.content[0].text, MAIN_HEADINGS) == []
+    resp = await oai.responses.create(model="m", instructions=SUMMARIZER_SYSTEM, input="<conversation>x</conversation>")
+    assert missing_headings(resp.output_text, MAIN_HEADINGS) == []
+    assert fake.server.stats.summarizer == 3
+    # the riding prompt anywhere but the last message is a normal request
+    r = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": riding}, *history])
+    assert r.choices[0].message.content == "Hello from the bench upstream."
+    assert fake.server.stats.summarizer == 3
+
+
+def test_issue_39_targets_are_checked_per_zone_and_protocol():
+    zone = {"n": 1, "tokens": 1.0, "cpu_ms_per_req": {"baseline": 1.0, "proxy": 3.0}, "cpu_vs_baseline": {"proxy": 3.0}}
+    results = {"zones": {"description": "z", "metric": "zones", "targets": {},
+                         "protocols": {"chat": {"model": "m", "window": 1, "steps": 1, "zones": {"under": zone}, "missing": []}}},
+               "prepare_repeat": {"description": "r", "metric": "prepare_repeat", "targets": {},
+                                  "protocols": {"chat": {"baseline": {"cpu_ms_per_req": 1.0},
+                                                         "proxy": {"cpu_ms_per_req": 1.5, "cpu_vs_baseline": 1.5}, "tokens": 97000}}}}
+    checks = {c["target"]: c for c in report.issue39_targets(results)}
+    assert checks["issue 39, chat: zone under: CPU/req vs bare forwarder"]["met"] is False
+    assert checks["issue 39, chat: ~97k-token body repeated in the prepare zone: CPU/req vs bare forwarder"]["met"] is True
+    assert checks["issue 39, messages: small, 1 client: CPU/req vs bare forwarder"]["met"] is None
+    text = "\n".join(report.zones_lines(results["zones"]) + report.repeat_lines(results["prepare_repeat"]))
+    assert "under" in text and "3.00" in text and "proxy 1.50 ms (1.50x)" in text

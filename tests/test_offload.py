@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import hashing, identifiers, offload
+from proxy import hashing, identifiers, offload, textfacts
 from proxy.adapters import chat
 from proxy.adapters.chat import ChatAdapter
 from proxy.compaction import extract, making
@@ -40,9 +40,10 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)  # "large" scaled down, to keep the test fast
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 6000 if size == "small" else 60_000}},
                                                  "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
+    monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())  # texts other tests scanned are scanned here again
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
-                         (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
+                         (textfacts, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
         spy(monkeypatch, where, module, name)
     msgs = chat_history(12, 150) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
@@ -51,6 +52,9 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",
                           "find_error_lines", "render"}
+    # The forwarded body is spliced from the bytes written at parse, a copy: on the loop up to
+    # COPY_SHARE times the threshold (this body is not that large).
+    assert len(body) // offload.COPY_SHARE <= offload.OFFLOAD_BYTES and where.pop("render") == {loop_thread}
     for name, threads in where.items():
         if size == "large":
             assert loop_thread not in threads, f"{name} ran on the event loop"
@@ -66,3 +70,45 @@ def test_extraction_in_pieces_finds_what_one_pass_finds(monkeypatch):
     monkeypatch.setattr(identifiers, "PIECE_CHARS", 1 << 40)  # one piece: one pass
     assert pieces == (extract.find_identifiers(text), extract.find_error_lines(text))
     assert len(pieces[0]) > 100_000
+
+
+async def test_a_history_the_previous_request_hashed_is_not_sent_to_a_thread_again(upstream, make_proxy, monkeypatch):
+    """Digests and the chain are made once per envelope (the previous request's are kept), so the
+    next request of a large conversation has only its new turn to hash: that stays on the loop,
+    without a hop to a worker thread. (The first request, all of it new, goes off the loop.)"""
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 60_000}},
+                                                 "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
+    where: dict[str, set[int]] = defaultdict(set)
+    spy(monkeypatch, where, hashing.DigestCache, "digests")
+    msgs = chat_history(12, 1500)
+    first = orjson.dumps({"model": MODEL, "messages": msgs})
+    assert len(first) > offload.OFFLOAD_BYTES
+    loop_thread = threading.get_ident()
+    assert (await post(proxy, first, auth("sk-t"), expect=200)).compaction == "summarized"
+    assert loop_thread not in where.pop("digests")
+    grown = msgs + [{"role": "assistant", "content": "Let me check."}, {"role": "user", "content": "And then?"}]
+    assert (await post(proxy, orjson.dumps({"model": MODEL, "messages": grown}), auth("sk-t"), expect=200)).compaction == "reused"
+    assert where.pop("digests") == {loop_thread}
+
+
+async def test_a_large_history_no_request_hashed_yet_is_hashed_off_the_loop(upstream, make_proxy, monkeypatch):
+    """Under the threshold no digest is made; the request that crosses it, one small turn later,
+    shares its history with that one but has all of its digests to make: off the loop."""
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)
+    msgs = chat_history(12, 1500)
+    first = orjson.dumps({"model": MODEL, "messages": msgs})
+    probe = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 1_000_000}}})
+    tokens = int((await post(probe, first, auth("sk-t"), expect=200)).headers["x-compaction-tokens-before"])
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 1_000_000}},
+                                                 "compaction": {"prepare_percent": 0, "threshold_tokens": tokens + 5},
+                                                 "tool_results": {"enabled": False}})
+    where: dict[str, set[int]] = defaultdict(set)
+    spy(monkeypatch, where, hashing.DigestCache, "digests")
+    loop_thread = threading.get_ident()
+    assert (await post(proxy, first, auth("sk-t"), expect=200)).compaction == "none"
+    assert "digests" not in where
+    grown = msgs + [{"role": "assistant", "content": "Let me check."}, {"role": "user", "content": "And then?"}]
+    body = orjson.dumps({"model": MODEL, "messages": grown})
+    assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction != "none"
+    assert loop_thread not in where["digests"]

@@ -90,6 +90,15 @@ class Request:
             done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
         return done
 
+    def fresh_bytes(self) -> int:
+        """Bytes of the envelopes whose digests (and chain links) this request has to make: those
+        it does not share with the previous one, when that one made its digests; else the whole
+        body (a cache may hold some: counted as work all the same)."""
+        prev = self.previous
+        if prev is None or "digests" not in prev.__dict__:
+            return len(self.raw)
+        return sum(len(w) for w in self.written[self.shared:])
+
     def chain(self, n_system: int) -> list[bytes]:
         """hash_chain over the digests after the leading system envelopes (the store keys of the
         prefixes), continued from the previous request's for the shared envelopes."""

@@ -179,7 +179,8 @@ class CompactionEngine:
         if not forced and total <= budget.threshold:
             self.preparer.maybe(flow, conv, budget, total)
             return Outcome("none")
-        view = await offload.sized(4 * total, self.view, flow, conv)  # digests of a long history: off the loop
+        # digests of a long history: off the loop, unless the previous request of the conversation made most
+        view = await offload.sized(flow.request.fresh_bytes(), self.view, flow, conv)
         scope = flow.identity.scope
         record, out, carried = await self._serving(view, budget, forced)
         if carried:
@@ -340,7 +341,7 @@ class CompactionEngine:
         total = flow.total(conv)
         if total <= budget.threshold:
             return Outcome("none")
-        view = await offload.sized(4 * total, self.view, flow, conv)
+        view = await offload.sized(flow.request.fresh_bytes(), self.view, flow, conv)
         record, out, _ = await self._serving(view, budget, False)
         if out is not None:
             return out

@@ -14,7 +14,22 @@ import orjson
 # Identifiers are found by proxy/identifiers.py (shared with the tool-result notes); the
 # compaction modules read them through here.
 from proxy.identifiers import PIECE_CHARS, dropped, find_error_lines, find_identifiers, rank_identifiers  # noqa: F401
+from proxy import textfacts
 from proxy.model import Envelope, Kind
+
+def union(old: list[str], new: list[str]) -> list[str]:
+    """`old`, then what of `new` it lacks."""
+    known = set(old)  # a long session's records hold thousands
+    return old + [x for x in new if x not in known]
+
+
+def span_identifiers(envelopes: Sequence[Envelope]) -> list[str]:
+    """find_identifiers(span_text(envelopes)), from each text's identifiers (found once per text,
+    textfacts): no identifier crosses a line, so the joined text's are the texts' in order, each
+    once."""
+    texts = [e.text for e in envelopes] + [call.args for e in envelopes for call in e.calls]
+    return list(dict.fromkeys(i for t in texts for i in textfacts.facts(t).identifiers))
+
 
 def span_text(envelopes: Iterable[Envelope]) -> str:
     """Message text first, tool-call arguments after: when the identifier list is capped, those

@@ -15,12 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from proxy import offload
+from proxy import offload, textfacts
 from proxy.compaction import extract, mask
 from proxy.compaction.budget import Budget, identifier_room
 from proxy.compaction.digest import write_digest
 from proxy.compaction.plan import Plan, choose_cut
-from proxy.compaction.record import SummaryRecord, identifier_lines, render_summary
+from proxy.compaction.record import SummaryRecord, fit_lines, ranked_for_block, render_summary
 from proxy.recall import handles
 from proxy.recall.answers import declared_tools, recall_declared
 from proxy.recall.dialects import dialect_for
@@ -37,10 +37,6 @@ log = logging.getLogger("proxy.compaction")
 
 MAX_KNOWN_IDENTIFIERS = 5000  # identifiers a record remembers for the next update
 CHARS_PER_IDENTIFIER_TOKEN = 3  # a first fill of the identifier block, checked by counting after
-
-
-def _union(old: list[str], new: list[str]) -> list[str]:
-    return old + [x for x in new if x not in old]
 
 
 @dataclass(frozen=True)
@@ -77,9 +73,9 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         plan=plan, covered=covered, chain=view.chain_hex(covered),
         files=extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized)),
         text=text,
-        candidates=_union(previous.identifiers if previous else [], extract.find_identifiers(text)),
-        errors=_union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
-        constraints=_union(previous.constraints if previous else [], extract.find_constraints(summarized)),
+        candidates=extract.union(previous.identifiers if previous else [], extract.span_identifiers(summarized)),
+        errors=extract.union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
+        constraints=extract.union(previous.constraints if previous else [], extract.find_constraints(summarized)),
         kept_text=extract.span_text(kept),
         span_tokens=view.flow.request.scaled(sum(conv.tokens[n_sys:plan.cut])),
         users=extract.user_text(conv.envelopes[n_sys:]),
@@ -228,16 +224,17 @@ class RecordMaker:
             covered=d.covered, chain=d.chain, summary=summary, files=d.files,
             identifiers=d.candidates[-MAX_KNOWN_IDENTIFIERS:], clamped=d.clamped, created=self.clock(),
             prepared=prepared, masks=d.masks, errors=d.errors[-MAX_KNOWN_IDENTIFIERS:], constraints=d.constraints,
-            recall_identifiers=_union(d.recall, rest), recall_spans=d.spans,
+            recall_identifiers=extract.union(d.recall, rest), recall_spans=d.spans,
             live_from=None if prepared else len(view.conv) - view.n_system,
         )
 
     def fit_identifiers(self, d: Draft, present: str, room_tokens: int, encoding: str) -> tuple[list[str], list[str]]:
         """The identifier block within its token budget, most salient first; the rest for recall."""
         chars = room_tokens * CHARS_PER_IDENTIFIER_TOKEN
+        # ranked once: it reads every identifier against the whole span; only the budget changes
+        errors, ranked = ranked_for_block(d.candidates, d.errors, present=present, user_text=d.users, text=d.text)
         while True:
-            lines, rest = identifier_lines(d.candidates, d.errors, present=present, budget_chars=chars,
-                                           user_text=d.users, text=d.text)
+            lines, rest = fit_lines(errors, ranked, chars)
             n = self.counter.count_text("\n".join(lines), encoding)
             if chars <= 64 or n <= room_tokens:
                 return lines, rest
@@ -266,17 +263,21 @@ class RecordMaker:
         if not new:
             return None
         recall = list(record.recall_identifiers) if record else []
+        listed = set(recall)
         calls = calls_by_id(work.items())
         for m in new:
             d = view.digests[m.index].hex()
-            output = m.result.text
+            found = textfacts.facts(m.result.text)
             name, args = calls.get(m.result.call_id or "", (m.result.name or "tool", ""))
             # the stub's recall handle: the envelope's digest, or of its key for a later result of it
             handle = d[:12] if m.item == 0 else handles.of_text(mask.key(d, m.item))
-            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, handle)
+            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), m.result.text,
+                                                              handle, found)
             # what the stub had no room for is listed for recall, never silently gone
-            recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
-                       if x not in stub and x not in recall]
+            for x in found.identifiers + found.errors:
+                if x not in listed and x not in stub:
+                    listed.add(x)
+                    recall.append(x)
         extent = keep.cut - n_sys
         if record is not None and extent <= record.extent:
             return None
@@ -290,7 +291,7 @@ class RecordMaker:
         conv = view.conv
         n_sys = view.n_system
         span: list[Envelope] = conv.envelopes[plan.start:plan.cut]
-        constraints = _union(previous.constraints if previous else [], extract.find_constraints(span))
+        constraints = extract.union(previous.constraints if previous else [], extract.find_constraints(span))
         latest = extract.latest_requests(conv.envelopes, n_sys, plan.cut)
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, view.count_text)
         if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
@@ -300,10 +301,10 @@ class RecordMaker:
         summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
                                  constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
-        identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
-        errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        identifiers = extract.union(previous.identifiers if previous else [], extract.span_identifiers(span))
+        errors = extract.union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
         present = summary + "\n" + extract.span_text(work.envelopes[plan.cut:])
-        recall = _union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
+        recall = extract.union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
         self.stats["identifiers_to_recall"] += len(recall)
         return SummaryRecord(
             covered=covered, chain=view.chain_hex(covered), summary=summary, tier="digest",

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 from proxy.compaction import extract
 from proxy.model import Envelope, Item, result_tokens
 from proxy.text import clamp_middle
+from proxy import textfacts
 
 ARGS_CHARS = 160  # the call's arguments in a stub, at most
 STUB_IDENTIFIERS_CHARS = 600
@@ -56,10 +57,12 @@ def maskable(envelopes: Sequence[Envelope], tokens: Sequence[int], start: int, e
     return out
 
 
-def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str) -> str:
-    """`[tool output elided: name(args) · N tokens · identifiers: ... · errors: ... · recall id R]`"""
-    errors = extract.find_error_lines(output)[:STUB_ERRORS]
-    idents = extract.rank_identifiers(extract.find_identifiers(output), errors=errors)
+def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str, found: textfacts.Facts | None = None) -> str:
+    """`[tool output elided: name(args) · N tokens · identifiers: ... · errors: ... · recall id R]`
+    (`found`: the output's facts, when the caller has them already)."""
+    found = found or textfacts.facts(output)
+    errors = list(found.errors[:STUB_ERRORS])
+    idents = extract.rank_identifiers(list(found.identifiers), errors=errors)
     shown: list[str] = []
     used = 0
     for ident in idents:

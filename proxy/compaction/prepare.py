@@ -38,6 +38,43 @@ class Job:
     budget: Budget
     total: int  # tokens the request forwarded
     at: float  # when that request came (engine clock): the conversation's latest
+    slot: str = ""  # the conversation's place in the queue (and in Settled)
+
+
+MAX_SETTLED = 4096  # conversations whose "masking will serve" is remembered
+
+
+class Settled:
+    """Conversations whose preparation found that masking alone will serve their crossing request,
+    with the request's total and the room the masking left under the (ahead) target. An agent
+    resends its history every turn: without this, every request past `prepare_percent` rebuilds
+    the masking of the whole history to reach the same answer.
+
+    The answer is kept while the history grew by at most that room. A history grown by `d` tokens
+    has `d` less growth ahead of it, so its kept part's budget grows by about `d` too and the cut
+    stays about where it was: the masking forwards about `d` more against a target `d` higher. The
+    room is a second margin on top, for the cut moving a turn. A shorter history (compacted
+    meanwhile, or another branch of it) asks again."""
+
+    def __init__(self, size: int = MAX_SETTLED) -> None:
+        self.size = size
+        self._d: dict[str, tuple[int, int]] = {}  # slot -> (total, room)
+
+    def remember(self, slot: str, total: int, room: int) -> None:
+        self._d.pop(slot, None)
+        self._d[slot] = (total, room)
+        while len(self._d) > self.size:
+            self._d.pop(next(iter(self._d)))
+
+    def holds(self, slot: str, total: int) -> bool:
+        """Whether the remembered answer still holds for a request of `total` tokens."""
+        seen = self._d.get(slot)
+        if seen is None:
+            return False
+        if seen[0] <= total <= seen[0] + seen[1]:
+            return True
+        del self._d[slot]
+        return False
 
 
 class Preparer:
@@ -47,6 +84,7 @@ class Preparer:
         self._queue: asyncio.Queue[str] | None = None  # slots of _pending, oldest first
         self._pending: dict[str, Job] = {}  # conversation slot -> its latest job
         self._workers: list[asyncio.Task[None]] = []
+        self.settled = Settled()
         self.jobs = 0  # preparations that called the summarizer
 
     @property
@@ -91,7 +129,9 @@ class Preparer:
         # (The in-process key of that message: this runs under the threshold, where the stable
         # digests of the whole history are not otherwise needed.)
         slot = f"{flow.identity.scope}:{flow.request.keys[conv.n_system]}"
-        job = Job(flow, conv, budget, total, self.engine.now())
+        if self.settled.holds(slot, total):
+            return
+        job = Job(flow, conv, budget, total, self.engine.now(), slot)
         if slot in self._pending:
             self._pending[slot] = job
             return
@@ -129,7 +169,7 @@ class Preparer:
         if self._went_quiet(job):
             log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
             return
-        view = await offload.sized(4 * job.total, engine.view, job.flow, job.conv)
+        view = await offload.sized(job.flow.request.fresh_bytes(), engine.view, job.flow, job.conv)
         if any(engine.flight.running(k) for k in view.candidate_keys()):
             return  # a summary of this conversation is being made already
         local = engine.records.local(view.lazy_keys())
@@ -152,6 +192,7 @@ class Preparer:
             # no summary to prepare. The estimate is cautious: when it errs, a prepared summary
             # goes unused rather than a crossing request waiting for one.
             if out.tokens_after is not None and out.tokens_after <= ahead.target:
+                self.settled.remember(job.slot, job.total, ahead.target - out.tokens_after)
                 return
         base = mask_rec or record
         work = masked(view, base)

@@ -178,9 +178,21 @@ def identifier_lines(
     in `present` (the model's summary, the kept messages, the files block), most salient first,
     within the budget. Error lines one a line; the other identifiers on one comma-separated line,
     the densest form a model still reads (no identifier holds a space)."""
+    errors, ranked = ranked_for_block(candidates, errors, present=present, user_text=user_text, text=text)
+    return fit_lines(errors, ranked, budget_chars)
+
+
+def ranked_for_block(candidates: list[str], errors: list[str], *, present: str, user_text: str,
+                     text: str) -> tuple[list[str], list[str]]:
+    """(error lines, identifiers most salient first) not already verbatim in `present`: what
+    `fit_lines` fits, however often it is asked with another budget."""
     errors = [e for e in errors if e not in present]
     idents = [i for i in candidates if i not in present]
-    ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
+    return errors, rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
+
+
+def fit_lines(errors: list[str], ranked: list[str], budget_chars: int) -> tuple[list[str], list[str]]:
+    """identifier_lines' lines within `budget_chars`, from ranked_for_block's lists."""
     # Lines that name an error are the most needed and the least recoverable; other lines that
     # say "failed" (a test run's tally) come after the identifiers, if room is left.
     exceptions = [e for e in errors if _DIAGNOSTIC.search(e)]

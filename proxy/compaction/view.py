@@ -193,10 +193,6 @@ def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelop
     return new
 
 
-def _union(old: list[str], new: list[str]) -> list[str]:
-    return old + [x for x in new if x not in old]
-
-
 class Planner:
     """Where to cut so the forwarded request reaches its target, summary message included."""
 
@@ -221,7 +217,7 @@ class Planner:
         # Besides the kept messages the request holds the system messages, the annotation and the
         # summary wrapper, the model's summary (at most the output cap), the files block (counted
         # at 2 characters a token, to be safe) and the user's constraints.
-        constraints = _union(record.constraints if record else [], extract.find_constraints(conv.envelopes[start:]))
+        constraints = extract.union(record.constraints if record else [], extract.find_constraints(conv.envelopes[start:]))
         fixed = (
             sum(conv.tokens[:n_sys]) + self.wrapper_tokens(request.encoding) + budget.output_cap
             + files_chars(budget) // 2 + request.tools_tokens + REPLY_OVERHEAD
@@ -260,7 +256,7 @@ class Planner:
         room = identifier_budget(budget.target, self.identifiers_share,
                                  request.scaled(sum(conv.tokens[view.n_system:plan.cut])))
         span = conv.envelopes[plan.start:plan.cut]
-        found = extract.find_identifiers(extract.span_text(span)) + extract.find_error_lines(extract.tool_text(span))
+        found = extract.span_identifiers(span) + extract.find_error_lines(extract.tool_text(span))
         known = (record.identifiers + record.errors) if record else []
         need = sum(len(x) + 10 for x in found + known) // 2
         return min(room, need)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy import offload
+from proxy import offload, textfacts
 from proxy.compaction import extract
 from proxy.store.base import Store, index_words
 
@@ -54,8 +54,9 @@ def decode(handle: str, raw: bytes) -> Original | None:
 
 
 def identifiers(text: str) -> list[str]:
-    """What an original is found by exactly."""
-    return (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+    """What an original is found by exactly (a masked output's were found for its stub already)."""
+    found = textfacts.facts(text)
+    return list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
 
 
 def valid_handle(handle: str) -> bool:

@@ -135,7 +135,7 @@ class Prepared:
         loop when large."""
         if self.forwarded is self.request.conversation:
             return self.request.raw
-        return await offload.sized(len(self.request.raw), self.body)
+        return await offload.sized(len(self.request.raw) // offload.COPY_SHARE, self.body)
 
 
 async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, *, count_only: bool) -> Prepared:
