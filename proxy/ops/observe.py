@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.flow import STATUSES
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 from proxy.state import STATE
 
@@ -101,7 +102,9 @@ def _note(ex: Exchange, h: Any) -> None:
 
 def _figures(ex: Exchange, h: Any) -> None:
     status = h.get("x-compaction-status")
-    if status is not None:
+    # Only a protocol route's answer carries figures of ours; another's x-compaction-* are the
+    # upstream's own, and a label takes none of its values (they would grow the series unbounded).
+    if status is not None and status in STATUSES and ex.protocol != "none":
         # (each parsed where it is read, and "0", the usual tool-results and wait figure,
         # without int(): a helper call and an int() each cost as much as the rest of this)
         ex.compaction = status
