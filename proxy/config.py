@@ -238,6 +238,9 @@ class AdminConfig(_Section):
     # /metrics, /dashboard and /admin/* answer only to loopback peers unless this is set; then only
     # to requests carrying it as a bearer token (from anywhere).
     token: SecretStr | None = None
+    # Names (besides localhost and IP addresses) admin routes answer under, as the Host header
+    # gives them (port ignored): a request under another name is refused (DNS rebinding).
+    allowed_hosts: list[str] = Field(default_factory=list)
     sample_interval_s: float = Field(10, gt=0)  # the dashboard's time series: one point this often
     sample_points: int = Field(360, ge=2)  # points kept (an hour at the default interval)
 
