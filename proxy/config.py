@@ -40,6 +40,10 @@ class ServerConfig(_Section):
     header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
     keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
     max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
+    # Browser origins (`https://app.example`) whose requests may go out with the proxy's own key
+    # (upstream.api_key, anthropic.api_key); a request from another origin is refused (a web page
+    # borrowing the key). Requests without an Origin (CLI agents, SDKs) are not concerned.
+    allowed_origins: list[str] = Field(default_factory=list)
     # Processes serving the port (SO_REUSEPORT), each a full proxy sharing the store; "auto": one per core.
     workers: int | Literal["auto"] = 1
     log_level: str = "info"
