@@ -14,6 +14,7 @@ from contextvars import Token
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE
 
 from proxy.flow import STATUSES
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
@@ -57,7 +58,11 @@ def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures."""
+    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures;
+    no `Server` header but the upstream's (aiohttp's default is its own constant object; an
+    upstream's value, parsed from its answer, never is)."""
+    if response.headers.get("Server") is SERVER_SOFTWARE:
+        del response.headers["Server"]
     ex = request.get(EXCHANGE)
     if ex is None:
         return
