@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Awaitable, Callable
 
@@ -12,6 +13,7 @@ from proxy import errors, logsafe
 from proxy.adapters.messages import routes as messages
 from proxy.chat import handle_chat
 from proxy.config import Config
+from proxy.crosssite import guarded
 from proxy.body import BodyPace
 from proxy.forward import passthrough
 from proxy.ops import admin
@@ -129,14 +131,16 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app[RESPONSES] = ResponsesRuntime()
     app.on_response_prepare.append(observe.on_prepare)
     app.router.add_get("/healthz", healthz)
-    add_protocol_route(app, "/v1/chat/completions", handle_chat, "chat_completions")
-    add_protocol_route(app, "/v1/messages", messages.handle_messages, "messages")
-    add_protocol_route(app, "/v1/messages/count_tokens", messages.handle_count_tokens, "messages")
-    add_protocol_route(app, "/v1/responses", handle_responses, "responses")
-    app.router.add_get("/v1/responses", handle_responses_get)  # WebSocket mode (spec 11.3)
-    app.router.add_post("/v1/responses/compact", handle_compact)
+    v1 = functools.partial(guarded, cfg=cfg)  # every route that may carry the proxy's own key
+    add_protocol_route(app, "/v1/chat/completions", v1(handle_chat), "chat_completions")
+    add_protocol_route(app, "/v1/messages", v1(messages.handle_messages), "messages")
+    add_protocol_route(app, "/v1/messages/count_tokens", v1(messages.handle_count_tokens), "messages")
+    add_protocol_route(app, "/v1/responses", v1(handle_responses), "responses")
+    app.router.add_get("/v1/responses", v1(handle_responses_get))  # WebSocket mode (spec 11.3)
+    app.router.add_post("/v1/responses/compact", v1(handle_compact))
     admin.add_routes(app)
-    app.router.add_route("*", "/v1/{tail:.*}", handle_passthrough)
+    app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
+    # The proxy holds no Gemini key, so a page cannot borrow one: the cross-site guard is not needed.
     app.router.add_route("*", "/v1beta/{tail:.*}", handle_gemini)
     app.router.add_route("*", "/v1alpha/{tail:.*}", handle_gemini)
     return app

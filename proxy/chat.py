@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import secret
-from proxy import offload
+from proxy import errors, offload
 from proxy.byheaders import ByHeaders, openai_caller
 from proxy.adapters import prefix
 from proxy.adapters.base import Request
@@ -71,7 +71,10 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     creds = caller.credentials
     # What the conversation's previous body shared is reused; the rest is parsed off the event
     # loop when it is large.
-    parsed = await prefix.parse(CHAT, raw, state.counter, cfg, creds.scope)
+    try:
+        parsed = await prefix.parse(CHAT, raw, state.counter, cfg, creds.scope)
+    except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
+        return await _bypass(request, state, raw, up_headers, creds.scope, "none")
     if cfg.compaction.learn_token_ratio and state.ratios is not None:
         parsed.ratio = await state.ratios.ratio(parsed.model, parsed.ratio)  # learned from the upstream's usage
     ex.model, ex.stream = parsed.model, parsed.stream
@@ -158,9 +161,9 @@ _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
 
 async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any,
-                  scope: str | None) -> web.StreamResponse:
-    """x-compaction-bypass: the body goes upstream as it came, valid or not; the counts are the
-    proxy's when it can make them, else 0."""
+                  scope: str | None, status: str = "bypassed") -> web.StreamResponse:
+    """x-compaction-bypass, or a body the proxy cannot compact: it goes upstream as it came, valid
+    or not; the counts are the proxy's when it can make them, else 0."""
     ex = request[EXCHANGE]
     try:
         parsed = await offload.sized(len(raw), CHAT.parse, raw, state.counter, state.cfg)
@@ -171,4 +174,4 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     up = Upstream.of(request, CHAT.upstream(state.cfg), CHAT.upstream_path, up_headers, streaming)
-    return await send(request, state.session, CHAT, up, raw, _headers("bypassed", tokens, tokens))
+    return await send(request, state.session, CHAT, up, raw, _headers(status, tokens, tokens))

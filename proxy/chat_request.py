@@ -10,7 +10,7 @@ from typing import Any
 
 
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request, unreadable
+from proxy.errors import ProxyError, Uncompactable, bad_request, unreadable
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -57,7 +57,9 @@ def validate_chat_body(body: Any, *, messages: bool = True) -> None:
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, got {_type_name(body)}.")
     model = body.get("model")
-    if model is None or model == "":
+    if model is None:  # (a local server picks its own: the upstream's to judge, forwarded as it came)
+        raise Uncompactable(400, "'model' is required and must be a non-empty string.", param="model")
+    if model == "":
         raise bad_request("'model' is required and must be a non-empty string.", param="model")
     if not isinstance(model, str):
         raise bad_request(f"'model' must be a string, got {_type_name(model)}.", param="model")

@@ -40,6 +40,10 @@ class ServerConfig(_Section):
     header_timeout_s: float = Field(10, gt=0)  # from a request's first byte to its last header line
     keepalive_timeout_s: float = Field(15, gt=0)  # an idle connection (none sent yet, or between requests)
     max_connections: int = Field(4096, ge=1)  # open client connections; beyond, a 503 and close
+    # Browser origins (`https://app.example`) whose requests may go out with the proxy's own key
+    # (upstream.api_key, anthropic.api_key); a request from another origin is refused (a web page
+    # borrowing the key). Requests without an Origin (CLI agents, SDKs) are not concerned.
+    allowed_origins: list[str] = Field(default_factory=list)
     # Processes serving the port (SO_REUSEPORT), each a full proxy sharing the store; "auto": one per core.
     workers: int | Literal["auto"] = 1
     log_level: str = "info"
@@ -261,6 +265,9 @@ class AdminConfig(_Section):
     # /metrics, /dashboard and /admin/* answer only to loopback peers unless this is set; then only
     # to requests carrying it as a bearer token (from anywhere).
     token: SecretStr | None = None
+    # Names (besides localhost and IP addresses) admin routes answer under, as the Host header
+    # gives them (port ignored): a request under another name is refused (DNS rebinding).
+    allowed_hosts: list[str] = Field(default_factory=list)
     sample_interval_s: float = Field(10, gt=0)  # the dashboard's time series: one point this often
     sample_points: int = Field(360, ge=2)  # points kept (an hour at the default interval)
 

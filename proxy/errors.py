@@ -66,6 +66,16 @@ class ProxyError(Exception):
         )
 
 
+class Uncompactable(ProxyError):
+    """A body the proxy cannot compact that the upstream may still accept (no `model`: a Responses
+    `prompt` may carry it, a local server picks its own). A route forwards it as it came; where
+    nothing is forwarded (inspect) it is the 400 it says."""
+
+
+def missing_model() -> Uncompactable:
+    return Uncompactable(400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+
+
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 

@@ -35,6 +35,8 @@ _ANGLE = re.compile(
     r"|\|[^|<>\n]{0,40}\||/?(?:s|start_of_turn|end_of_turn|think|thinking)\b)(?P<b>>)",
     re.IGNORECASE,
 )
+# The summary message's own wrapper (`<summary>`...`</summary>`), found as the boundary tags are.
+_WRAPPER = re.compile(r"(?P<a><)\s*/?\s*summary\b[^>]*(?P<b>>)", re.IGNORECASE)
 _INST = re.compile(r"(?P<a>\[)/?INST(?P<b>\])", re.IGNORECASE)  # Mistral
 _LABEL = re.compile(
     r"^[^\S\n]*(?P<a>\[)(?:user|assistant|system|tool call|tool result[^\]\n]{0,80})\]:", re.IGNORECASE | re.MULTILINE
@@ -124,6 +126,12 @@ def escape_untrusted(text: str) -> str:
     """Boundary tags and chat-template tokens escaped (text inside a block: a previous summary, a
     focus)."""
     return _escape(text, _TAG_PATTERNS)
+
+
+def escape_wrapper_tags(text: str) -> str:
+    """`<summary>` tags, look-alikes included, escaped (the summary inside the summary message's
+    wrapper: the rest of it, our own `<files>` block among it, stays as it was)."""
+    return _escape(text, (_WRAPPER,))
 
 
 def escape_client_text(text: str) -> str:

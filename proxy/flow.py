@@ -43,6 +43,10 @@ class Identity:
         return n
 
 
+# Every x-compaction-status the proxy writes: the only values a metric label takes from it.
+STATUSES = frozenset({"none", "summarized", "reused", "masked", "degraded", "failed-open", "bypassed"})
+
+
 @dataclass(slots=True)
 class Report:
     """What the stages did: it becomes the x-compaction-* headers (and the journal's event)."""

@@ -51,6 +51,18 @@ PROXY_HEADER_PREFIX = "x-compaction-"
 SMALL_BODY = 1 << 20  # bodies up to this size are read whole; larger ones are streamed
 
 
+class AsSentRequest(aiohttp.ClientRequest):
+    """aiohttp's client request, but one without a body goes without a `Content-Length: 0` of its
+    own (aiohttp adds one to a bodiless DELETE or POST): a request is framed as the client framed
+    it (pass-through sends `b""` for a client's own `Content-Length: 0`)."""
+
+    def update_body_from_data(self, body: Any, *args: Any, **kw: Any) -> None:
+        added = body is None and "Content-Length" not in self.headers
+        super().update_body_from_data(body, *args, **kw)
+        if added:
+            self.headers.popall("Content-Length", None)
+
+
 def wants_bypass(headers: Any) -> bool:
     """The client asked that this request go upstream as it came (`x-compaction-bypass`)."""
     return headers.get("x-compaction-bypass", "").strip().lower() in ("1", "true", "yes")
@@ -355,7 +367,7 @@ async def passthrough(
     streamed: LimitedBody | None = None
     data: Any
     if not request.body_exists:
-        data = None
+        data = b"" if length == 0 else None  # (a Content-Length: 0 goes on; none is added)
     elif length is not None and length <= SMALL_BODY:
         data = await read_raw_body(request, max_body, pace)
     else:

@@ -17,6 +17,7 @@ from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
 from proxy.flow import Stage
+from proxy.forward import AsSentRequest
 from proxy.ops.bill import Bill
 from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
@@ -114,6 +115,7 @@ class ProxyState:
             connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
             auto_decompress=False,  # bytes are relayed as they came, content-encoding included
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
+            request_class=AsSentRequest,  # and no Content-Length: 0 the client did not send
         )
         caller = make_caller(session) if make_caller is not None else SummaryCaller(session, cfg)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731

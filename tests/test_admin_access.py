@@ -1,12 +1,14 @@
 """Admin routes (design 7, 14): loopback only unless admin.token is set, then only with the token as
-a bearer token; /v1/metrics belongs to the upstream and is proxied."""
+a bearer token; only under a Host that is an address, a loopback name or a configured name (DNS
+rebinding); /v1/metrics belongs to the upstream and is proxied."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.ops.admin import denial, is_loopback
+from proxy.config import load_config
+from proxy.ops.admin import denial, host_allowed, is_loopback
 from support.client import get
 
 TOKEN = "adm-0123456789abcdef"
@@ -66,3 +68,40 @@ async def test_v1_metrics_is_the_upstreams(upstream, make_proxy):
     assert [rec.path for rec in upstream.requests] == ["/v1/metrics"] * 2
     assert upstream.requests[0].headers["authorization"] == "Bearer sk-client"
     assert status == direct and b"compaction_proxy_" not in body  # the fake's own answer, passed through
+
+
+@pytest.mark.parametrize("host, expected", [
+    (None, True), ("127.0.0.1:8787", True), ("127.0.0.1", True), ("[::1]:8787", True), ("[::1]", True),
+    ("10.0.0.7:8787", True), ("localhost", True), ("LOCALHOST:8787", True), ("localhost.", True),
+    ("dash.localhost:8787", True), ("proxy.internal:9000", True), ("Proxy.Internal.", True),
+    ("evil.example", False), ("evil.example:8787", False), ("localhost.evil.example", False),
+    ("127.0.0.1.evil.example", False), ("evillocalhost", False), ("", False), ("[::1", False),
+])
+def test_admin_hosts(host, expected):
+    assert host_allowed(host, ["proxy.internal:8787"]) is expected
+
+
+async def test_a_rebound_name_is_refused_on_every_admin_route(upstream, make_proxy):
+    """A page whose own name resolves to 127.0.0.1 reaches the port from a loopback peer, under its
+    own name: refused on every admin route, token or not; loopback names, addresses and the
+    configured name pass; the API routes are not the admin's business."""
+    for settings in ({}, {"admin": {"token": TOKEN}}):
+        proxy = await make_proxy(upstream.base_url, {**settings, "admin": {**settings.get("admin", {}),
+                                                                           "allowed_hosts": ["proxy.internal"]}})
+        port = proxy.server.port
+        auth_header = {"Authorization": f"Bearer {TOKEN}"} if settings else {}
+        for path in ADMIN_PATHS:
+            for host in (f"evil.example:{port}", "rebind.attacker.test", f"localhost.evil.example:{port}"):
+                answer = await get(proxy.root, path, {**auth_header, "Host": host})
+                assert answer.status == 403, (path, host)
+                assert orjson.loads(answer.body)["error"]["code"] == "admin_host_forbidden"
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"proxy.internal:{port}", "dash.localhost"):
+                assert (await get(proxy.root, path, {**auth_header, "Host": host})).status == 200, (path, host)
+        assert (await get(proxy, "/models", {"Host": "evil.example"})).status == 200
+    assert [r.path for r in upstream.requests] == ["/v1/models"] * 2
+
+
+def test_allowed_hosts_from_the_environment():
+    cfg = load_config(environ={"COMPACTION_PROXY_ADMIN__ALLOWED_HOSTS": "[proxy.internal, ops.example:8787]"})
+    assert cfg.admin.allowed_hosts == ["proxy.internal", "ops.example:8787"]
+    assert host_allowed("ops.example", cfg.admin.allowed_hosts)

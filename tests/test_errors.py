@@ -46,7 +46,6 @@ BAD_BODIES = [
     ("not-utf8", b'{"model": "\xff"}', None, "not valid JSON"),
     ("array-body", b"[1, 2]", None, "JSON object"),
     ("string-body", b'"hello"', None, "JSON object"),
-    ("missing-model", {"messages": [_user()]}, "model", "'model'"),
     ("empty-model", {"model": "", "messages": [_user()]}, "model", "non-empty"),
     ("model-number", {"model": 4, "messages": [_user()]}, "model", "got number"),
     ("missing-messages", {"model": M}, "messages", "'messages'"),

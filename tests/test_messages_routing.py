@@ -153,7 +153,9 @@ async def test_bad_requests_get_anthropic_shaped_400s(both, fake, body, says):
     payload = json.loads(raw)
     assert status == 400
     assert says in anthropic_error(payload, "invalid_request_error")
-    assert fake.requests == []  # the proxy answered it
+    # the proxy answered it; but a body without a model goes as it came (a local server picks its
+    # own): the upstream answered that one
+    assert len(fake.requests) == (says == "model: Field required")
 
 
 async def test_the_client_raises_the_matching_error_class(both):

@@ -6,6 +6,7 @@ recorded (summarizer calls, its usage reports)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.fake_upstream import FakeError
 from support.client import auth, get, openai_client, post, raw_chat
+from support.loopback import serving
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points
 from support.proxy_server import merge
 from support.waiting import DEADLINE_S
@@ -232,3 +235,42 @@ async def test_a_stream_is_counted_open_while_it_is_relayed(upstream, make_proxy
     while value(await scrape(proxy), "compaction_proxy_streams_open") != 0:
         assert time.monotonic() < deadline, "the stream still counted open"
         await asyncio.sleep(0.01)
+
+
+async def test_an_upstreams_own_compaction_headers_never_become_label_values(make_proxy):
+    """An upstream that answers every request with an x-compaction-status (and figures) of its own,
+    300 distinct values: the pass-through answers relay them to the client as they came, the chat
+    route's answers carry ours, and /metrics has only the proxy's own statuses as label values."""
+    seen = itertools.count()
+
+    def theirs() -> dict[str, str]:
+        return {"x-compaction-status": f"upstream-{next(seen)}", "x-compaction-tokens-before": "999999",
+                "x-compaction-tokens-after": "1", "x-compaction-tool-results": "7"}
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []}, headers=theirs())
+
+    async def completions(_: web.Request) -> web.Response:
+        return web.json_response({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}, headers=theirs())
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completions)
+    async with serving(app) as base:
+        proxy = await make_proxy(base + "/v1", SETTINGS)
+        for i in range(290):
+            answer = await get(proxy, "/models")
+            assert answer.status == 200 and answer.headers["x-compaction-status"] == f"upstream-{i}"
+        for _ in range(10):
+            answer = await raw_chat(proxy, [{"role": "user", "content": "hi"}], auth(KEY), model=MODEL)
+            assert answer.headers["x-compaction-status"] == "none"
+        m = await scrape(proxy)
+    labels = {dict(ls).get("compaction") for (n, ls) in m if n == "compaction_proxy_requests_total"}
+    assert labels == {"", "none"}
+    assert value(m, "compaction_proxy_requests_total", route="/v1/{tail}", protocol="none", code="200",
+                 compaction="") == 290
+    # the upstream's figures are not counted as the proxy's (only the chat answers' own are)
+    assert total(m, "compaction_proxy_tokens_received_total") < 999999

@@ -49,6 +49,34 @@ def test_tokens_are_bound_to_their_scope_and_unforgeable() -> None:
     assert compact.verify(secret, "scope-a", "gAAAAABo-openai-token") is None
 
 
+ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+OUTSIDE = "+/=!. \n\t\x00é\u200b"  # the standard alphabet's two, padding, others, non-ASCII
+
+
+def spare_bit_twins(token: str) -> list[str]:
+    """The texts that differ from `token` only in its last character's unused bits (32 bytes are
+    43 characters: the last one's low 2 bits carry nothing), which a lax decoder reads alike."""
+    last = ALPHABET.index(token[-1])
+    return [token[:-1] + ALPHABET[(last & ~3) | b] for b in range(4) if (last & ~3) | b != last]
+
+
+def test_only_the_canonical_token_text_is_accepted() -> None:
+    """Every other text is refused: each position changed to every other character (in or out of
+    the alphabet), each outside character inserted at each position, padding added, and the spare
+    bits of the last character set (the lax decoder dropped or ignored all of those but the first)."""
+    secret, rid = b"s" * 32, bytes(range(16))
+    token = compact.sign(secret, "scope-a", rid)
+    body = token[len(compact.TOKEN_PREFIX):]
+    assert len(body) == 43 and compact.verify(secret, "scope-a", token) == rid
+    altered = [token + "=", token + "==", token + "\n", *spare_bit_twins(token)]
+    for i in range(len(body) + 1):
+        altered += ["cpx1." + body[:i] + c + body[i:] for c in OUTSIDE]
+        if i < len(body):
+            altered += ["cpx1." + body[:i] + c + body[i + 1:] for c in ALPHABET + OUTSIDE if c != body[i]]
+    assert len(altered) > 3500
+    assert [t for t in altered if compact.verify(secret, "scope-a", t) is not None] == []
+
+
 async def test_served_here_when_the_upstream_has_no_compact(make_proxy, client_for):
     async with FakeResponses(serve_compact=False) as fake:
         proxy = await make_proxy(fake.base_url)
@@ -93,6 +121,12 @@ async def test_another_credentials_or_an_altered_token_is_a_400(make_proxy, clie
         with pytest.raises(BadRequestError) as e:
             await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=[*tampered, user("more")])
         assert e.value.code == "invalid_encrypted_content"
+        # each decoded alike by a lax decoder: spare bits set, a character outside the alphabet, padding
+        for twin in [*spare_bit_twins(token), token[:10] + "!" + token[10:], token + "="]:
+            twinned = [*carried[:-1], {**carried[-1], "encrypted_content": twin}]
+            with pytest.raises(BadRequestError) as e:
+                await client_for(proxy, "sk-alice").responses.compact(model=MODEL, input=[*twinned, user("more")])
+            assert e.value.code == "invalid_encrypted_content"
         assert len(fake.requests) == before  # nothing of either went upstream
 
 

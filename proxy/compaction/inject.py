@@ -6,17 +6,15 @@ record always give the same forwarded prefix: that is what keeps the upstream pr
 
 from __future__ import annotations
 
-import re
+from proxy.escaping import escape_wrapper_tags
 from proxy.prompts import Prompts
-
-
-_SUMMARY_TAG = re.compile(r"<(\s*/?\s*summary\b[^>]*)>", re.IGNORECASE)
 
 
 def summary_message_text(prompts: Prompts, summary: str) -> str:
     """The summary inside its wrapper. A `<summary>` tag quoted inside it (from the model, or the
-    user's request copied verbatim) is escaped, so it cannot close the wrapper early."""
-    return prompts["compaction-summary-context"].render(summary=_SUMMARY_TAG.sub(r"&lt;\1&gt;", summary))
+    user's request copied verbatim) is escaped by the escaper client text goes through, look-alikes
+    included, so it cannot close the wrapper early."""
+    return prompts["compaction-summary-context"].render(summary=escape_wrapper_tags(summary))
 
 
 def annotation_text(prompts: Prompts, message_count: int) -> str:

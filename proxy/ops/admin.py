@@ -3,6 +3,10 @@
 Without `admin.token` they answer loopback peers only; with it, only requests carrying it as a
 bearer token (compared in constant time), from anywhere. They live outside /v1/, which is the
 upstream's namespace: /v1/metrics is proxied like any other route.
+
+Either way the request's `Host` must be an address, a loopback name or one of `admin.allowed_hosts`:
+a page on the operator's machine whose own name was made to resolve to 127.0.0.1 (DNS rebinding)
+reaches a loopback port as a same-origin page, but its requests carry its own name.
 """
 
 from __future__ import annotations
@@ -33,6 +37,33 @@ def is_loopback(remote: str | None) -> bool:
     return ip.is_loopback
 
 
+def host_name(host: str) -> str:
+    """The name or address of a `Host` value, without its port or brackets, lower case, without a
+    trailing dot (`[::1]:8787` -> `::1`, `LocalHost.:80` -> `localhost`)."""
+    host = host.strip()
+    if host.startswith("["):
+        return host[1:host.find("]")].lower() if "]" in host else host.lower()
+    name, colon, port = host.rpartition(":")
+    if not colon or not port.isdigit() or ":" in name:  # (no port, or a bare IPv6 address)
+        name = host
+    return name.lower().rstrip(".")
+
+
+def host_allowed(host: str | None, allowed: list[str]) -> bool:
+    """Whether admin routes answer under this `Host` (pure): none sent (no browser omits it), an IP
+    address (no name to rebind), `localhost` and its subdomains (RFC 6761: loopback), or a name
+    the operator configured (compared without the port)."""
+    if host is None:
+        return True
+    name = host_name(host)
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    return name == "localhost" or name.endswith(".localhost") or any(name == host_name(a) for a in allowed)
+
+
 def denial(remote: str | None, authorization: str | None, token: str | None) -> int | None:
     """None when the request may see admin routes, else the status to answer (pure)."""
     if token is None:
@@ -49,7 +80,11 @@ def admin(handler: Handler, *, token_in_query: bool = False) -> Handler:
     """Guard an admin route. `token_in_query`: the token may also come as ?token= (the dashboard
     page, which a browser opens without headers; its script then sends the header itself)."""
     async def guarded(request: web.Request) -> web.StreamResponse:
-        secret = request.app[STATE].cfg.admin.token
+        cfg = request.app[STATE].cfg.admin
+        if not host_allowed(request.headers.get("host"), cfg.allowed_hosts):
+            raise errors.ProxyError(403, "Admin routes answer only under a loopback name, an address or a name "
+                                    "in admin.allowed_hosts.", type="permission_error", code="admin_host_forbidden")
+        secret = cfg.token
         authorization = request.headers.get("authorization")
         if authorization is None and token_in_query and "token" in request.query:
             authorization = "Bearer " + request.query["token"]

@@ -14,7 +14,9 @@ from contextvars import Token
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE
 
+from proxy.flow import STATUSES
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 from proxy.state import STATE
 
@@ -56,7 +58,11 @@ def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures."""
+    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures;
+    no `Server` header but the upstream's (aiohttp's default is its own constant object; an
+    upstream's value, parsed from its answer, never is)."""
+    if response.headers.get("Server") is SERVER_SOFTWARE:
+        del response.headers["Server"]
     ex = request.get(EXCHANGE)
     if ex is None:
         return
@@ -101,7 +107,9 @@ def _note(ex: Exchange, h: Any) -> None:
 
 def _figures(ex: Exchange, h: Any) -> None:
     status = h.get("x-compaction-status")
-    if status is not None:
+    # Only a protocol route's answer carries figures of ours; another's x-compaction-* are the
+    # upstream's own, and a label takes none of its values (they would grow the series unbounded).
+    if status is not None and status in STATUSES and ex.protocol != "none":
         # (each parsed where it is read, and "0", the usual tool-results and wait figure,
         # without int(): a helper call and an int() each cost as much as the rest of this)
         ex.compaction = status

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import jsonbody
-from proxy.errors import ProxyError, bad_request, unreadable
+from proxy.errors import ProxyError, bad_request, missing_model, unreadable
 
 
 def _type_name(v: Any) -> str:
@@ -47,7 +47,7 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
                           code="invalid_type")
     model = body.get("model")
     if model is None:
-        raise bad_request("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+        raise missing_model()
     if not isinstance(model, str):
         raise _bad_type("model", "a string", model)
     for key, want, ok in (("instructions", "a string", str), ("tools", "an array", list), ("stream", "a boolean", bool)):

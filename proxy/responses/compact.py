@@ -50,16 +50,23 @@ def verify(secret: bytes, scope: str, token: str) -> bytes | None:
     """The record id a token names, or None when it was not made for this scope (or is altered)."""
     if not token.startswith(TOKEN_PREFIX):
         return None
-    body = token[len(TOKEN_PREFIX):]
-    try:
-        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-    except (ValueError, TypeError):
-        return None
-    if len(raw) != _ID + _MAC:
+    raw = _strict_b64(token[len(TOKEN_PREFIX):])
+    if raw is None or len(raw) != _ID + _MAC:
         return None
     rid, mac = raw[:_ID], raw[_ID:]
     good = hmac.new(secret, scope.encode() + b"\0" + rid, hashlib.sha256).digest()[:_MAC]
     return rid if hmac.compare_digest(mac, good) else None
+
+
+def _strict_b64(body: str) -> bytes | None:
+    """The bytes of the canonical unpadded base64url text `body`, else None. Python's decoder
+    drops characters outside the alphabet and ignores the last character's spare bits, so many
+    texts decode alike: only the one our encoder writes is accepted (an altered token is a 400)."""
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    except (ValueError, TypeError):
+        return None
+    return raw if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() == body else None
 
 
 def is_own(item: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from proxy.config import secret
-from proxy import credentials, jsonbody, offload
+from proxy import credentials, errors, jsonbody, offload
 from proxy.byheaders import ByHeaders, Caller, openai_caller
 from proxy.adapters import prefix
 from proxy.adapters.responses import ResponsesAdapter
@@ -165,10 +165,11 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     caller = CALLERS.of(request, (state.scope_secret, secret(cfg.upstream.api_key)))
     up_headers = caller.forwarded()
     if caller.bypass:
-        return await send(request, state.session, ADAPTER,
-                          _upstream(request, state, up_headers, b'"stream":true' in raw.replace(b" ", b"")), raw,
-                          _headers("bypassed", 0, 0, 0, 0))
-    p = await prepare(state, raw, None, request.headers, ex, caller=caller)
+        return await _as_sent(request, state, raw, up_headers, "bypassed")
+    try:
+        p = await prepare(state, raw, None, request.headers, ex, caller=caller)
+    except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it (a stored prompt's model)
+        return await _as_sent(request, state, raw, up_headers, "none")
     recall = None
     if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
         session = p.recall
@@ -181,6 +182,12 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
                       p.headers, retry=p.retry, recall=recall, hooks=state.hooks, not_an_overflow=p.small)
     recall_answers.finished(state.hooks, "responses", p.body["model"], p.recall)
     return resp
+
+
+async def _as_sent(request: web.Request, state: ProxyState, raw: bytes, headers: Any, status: str) -> web.StreamResponse:
+    streaming = b'"stream":true' in raw.replace(b" ", b"")
+    return await send(request, state.session, ADAPTER, _upstream(request, state, headers, streaming), raw,
+                      _headers(status, 0, 0, 0, 0))
 
 
 CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list

@@ -204,6 +204,8 @@ class _Relay:
             if ev is not None and ev["type"] == "response.create":
                 try:
                     turn = await prepare(ev, msg.data)
+                except errors.Uncompactable:  # the upstream's to judge: the message goes as it came
+                    turn = WsTurn(msg.data)
                 except errors.ProxyError as e:  # the client's mistake: answered on the socket
                     await self._to_client(ws_error(e))
                     continue

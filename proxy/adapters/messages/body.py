@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy import jsonbody
 from proxy.adapters.messages.errors import invalid
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, Uncompactable
 
 ROLES = ("user", "assistant")
 
@@ -55,9 +55,10 @@ def validate_messages_body(body: Any, start: int = 0) -> None:
     """The body's structure; the messages from `start` on (those before were checked already)."""
     if not isinstance(body, dict):
         raise invalid(f"Input should be a valid dictionary or object to extract fields from, got {_kind(body)}")
-    for key in ("model", "messages"):
-        if key not in body:
-            raise invalid(f"{key}: Field required")
+    if "model" not in body:  # (a local server picks its own: the upstream's to judge, forwarded as it came)
+        raise Uncompactable(400, "model: Field required")
+    if "messages" not in body:
+        raise invalid("messages: Field required")
     if not isinstance(body["model"], str) or not body["model"]:
         raise invalid("model: Input should be a valid, non-empty string")
     msgs = body["messages"]

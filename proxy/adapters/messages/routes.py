@@ -187,10 +187,11 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     caller = _caller_of(request, state)
     headers = caller.forwarded()
     if caller.bypass:
-        tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
-        return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
-                          _headers("bypassed", tokens, tokens))
-    p = await prepare(request, state, raw, caller, count_only=False)
+        return await _as_sent(request, state, raw, headers, "bypassed")
+    try:
+        p = await prepare(request, state, raw, caller, count_only=False)
+    except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
+        return await _as_sent(request, state, raw, headers, "none")
     body = await p.rendered()
     extra = p.report.headers()
     if p.recall is not None:
@@ -206,6 +207,14 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _as_sent(request: web.Request, state: Any, raw: bytes, headers: Any, status: str,
+                   path: str = MESSAGES.upstream_path) -> web.StreamResponse:
+    """The body forwarded as it came, with the proxy's count when it can make one."""
+    tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, state.cfg)
+    up = _upstream(request, state.cfg, headers, stream and path == MESSAGES.upstream_path, path)
+    return await send(request, state.session, MESSAGES, up, raw, _headers(status, tokens, tokens))
+
+
 @anthropic_route
 async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     """Claude Code decides its own compaction from this count: it is the count of what the proxy
@@ -213,7 +222,10 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     caller = _caller_of(request, state)
-    p = await prepare(request, state, raw, caller, count_only=True)
+    try:
+        p = await prepare(request, state, raw, caller, count_only=True)
+    except errors.Uncompactable:
+        return await _as_sent(request, state, raw, caller.forwarded(), "none", "/v1/messages/count_tokens")
     body = await p.rendered()
     up = _upstream(request, state.cfg, caller.forwarded(), False, "/v1/messages/count_tokens")
     return await send(request, state.session, MESSAGES, up, body, p.report.headers())

@@ -33,6 +33,8 @@ Settings (attributes, settable any time, or keyword arguments):
   summarizer, summarizer_marker, summarizer_delay_s   as FakeUpstream (callables get the view)
   serve_compact       answer /v1/responses/compact (default True) or 404
   compaction_item_tokens  what a compaction item counts for in later requests (default 200)
+  stored_prompts      {prompt id: {"model": ...}}: a request whose `prompt` names one may leave out
+                      `model` (the API takes it from the stored prompt); default none
   extra_item_types    item types accepted as opaque besides OpenAI's (default: none; OpenAI
                       rejects unknown types)
   signing_key         None: a random key per fake | bytes: the key of encrypted_content and compaction
@@ -81,6 +83,7 @@ class FakeResponses(ModelFake):
         self.serve_compact: bool = True
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
+        self.stored_prompts: dict[str, dict[str, Any]] = {}
         super().__init__(**settings)
         self._prefix_cache = PrefixCache()
         self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
@@ -198,11 +201,19 @@ class FakeResponses(ModelFake):
                        call_reasoning=self._call_reasoning, extra_item_types=frozenset(self.extra_item_types),
                        websocket=websocket)
 
+    def _with_prompt_model(self, body: Any) -> Any:
+        """A body without `model` whose `prompt` names a stored prompt, with that prompt's model (as
+        the API answers it); any other body as it is."""
+        prompt = body.get("prompt") if isinstance(body, dict) and "model" not in body else None
+        stored = self.stored_prompts.get(prompt.get("id")) if isinstance(prompt, dict) else None
+        return {**body, "model": stored["model"]} if stored is not None else body
+
     async def _answer(self, body: Any, rec: RecordedRequest, ctx: Context, stream: bool,
                       local: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
         """The response's events (the last one carries the final response). Raises Failure."""
         if body is None:
             raise Failure(parse_error())
+        body = self._with_prompt_model(body)
         try:
             items = check_request(body, ctx)
         except Invalid as e:
