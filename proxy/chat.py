@@ -32,10 +32,12 @@ from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
+from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE, Prefix
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
+from proxy.watch import observing
 
 log = logging.getLogger("proxy.chat")
 
@@ -54,8 +56,8 @@ def empty_stream_small(tokens: int, window: int) -> str:
 CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list
 
 
-def _headers(status: str, before: int, after: int) -> dict[str, str]:
-    return Report(before, status=status, tokens_after=after).headers()
+def _headers(status: str, before: int, after: int, why: str) -> dict[str, str]:
+    return Report(before, status=status, tokens_after=after, why=why).headers()
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
@@ -88,11 +90,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it.
         _warn_anonymous()
-        status = state.compaction.unchanged_status(parsed.model, before)
-        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
+        return await send(request, state.session, CHAT, up, raw,
+                          state.compaction.unchanged(parsed.model, before, reasons.ANONYMOUS).headers())
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
                                           ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
                    before)
+    if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it
+        return await send(request, state.session, CHAT, up, raw, state.watcher.watch(flow, ex).headers())
     try:
         await run_request(state.stages, flow)
         recall = None
@@ -102,9 +106,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
-        status = state.compaction.unchanged_status(parsed.model, before)
-        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, status, before)
-        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
+        unchanged = state.compaction.unchanged(parsed.model, before, reasons.INTERNAL)
+        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, unchanged.status, before)
+        return await send(request, state.session, CHAT, up, raw, unchanged.headers())
     report = flow.report
     if report.tokens_after is None:
         report.tokens_after = flow.total()
@@ -171,4 +175,4 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     up = Upstream.of(request, CHAT.upstream(state.cfg), CHAT.upstream_path, up_headers, streaming)
-    return await send(request, state.session, CHAT, up, raw, _headers("bypassed", tokens, tokens))
+    return await send(request, state.session, CHAT, up, raw, _headers("bypassed", tokens, tokens, reasons.BYPASS))

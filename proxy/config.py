@@ -282,6 +282,9 @@ class ResponsesConfig(_Section):
 
 
 class Config(_Section):
+    # observe: every request goes upstream as the client sent it, byte for byte, while the stages
+    # still run beside it and report what they would have done (proxy/watch.py)
+    mode: Literal["active", "observe"] = "active"
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     anthropic: AnthropicConfig = Field(default_factory=AnthropicConfig)

@@ -89,6 +89,8 @@ class Exchange:
     # Filled by a protocol adapter; the x-compaction-* figures are read from the response headers.
     model: str = ""
     compaction: str = ""
+    why: str = ""  # x-compaction-reason: why the history was not (or only partly) compacted
+    observed: bool = False  # observe mode: forwarded as sent, the stages run beside it (proxy/watch.py)
     tokens_before: int | None = None
     tokens_after: int | None = None
     tool_notes: int = 0

@@ -26,7 +26,7 @@ from proxy.upstream import SummarizerError
 log = logging.getLogger("proxy.hooks")
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
-          "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning")
+          "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning", "observed", "prefix_break")
 
 
 @dataclass(slots=True)
@@ -63,7 +63,9 @@ class CompactionEvent:
     wait_ms: float
     summary: str = ""
     cut: list[str] = field(default_factory=list)  # what the covered messages were, one short line each
-    reason: str = ""
+    reason: str = ""  # what fell short, in words (a summarizer's error, ...)
+    why: str = ""  # the reason's word (proxy/ops/reasons.py), as on the answer's x-compaction-reason
+    observed: bool = False  # observe mode: what would have been done; the request went as sent
 
 
 class Hooks:
@@ -102,6 +104,15 @@ class Hooks:
         """The upstream refused a compacted request for reasoning the compaction made stale (a
         model that binds thinking to its prefix, not known to the proxy as one); it was sent again
         asking the upstream to leave the stale reasoning out."""
+
+    def observed(self, ex: Exchange, report: Any) -> None:
+        """Observe mode: what the stages would have forwarded for `ex`'s request, which went as
+        sent (`report`: the flow's report, status and tokens as they would have been)."""
+
+    def prefix_break(self, ex: Exchange, at: int) -> None:
+        """`ex`'s forwarded request differs from its conversation's previous one within that one's
+        first `at`+1 messages, though no compaction happened in between: the provider's prompt
+        cache cannot serve it from there on."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and

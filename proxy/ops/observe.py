@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.ops import reasons
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 from proxy.state import STATE
 
@@ -105,6 +106,9 @@ def _figures(ex: Exchange, h: Any) -> None:
         # (each parsed where it is read, and "0", the usual tool-results and wait figure,
         # without int(): a helper call and an int() each cost as much as the rest of this)
         ex.compaction = status
+        v = h.get("x-compaction-reason")
+        if v is not None:
+            ex.why = reasons.word(v)
         v = h.get("x-compaction-tokens-before")
         try:
             ex.tokens_before = None if v is None else int(v)

@@ -30,6 +30,7 @@ from proxy.model import Conversation
 from proxy.body import BodyPace, read_body
 from proxy.forward import passthrough
 from proxy.hashing import conversation_digest
+from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall.messages import MESSAGES as RECALL
@@ -37,6 +38,7 @@ from proxy.recall.messages_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE
+from proxy.watch import observed_report, observing
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
@@ -70,8 +72,8 @@ async def handle_anthropic_passthrough(request: web.Request) -> web.StreamRespon
                              base_path="", key_header="x-api-key")
 
 
-def _headers(status: str, before: int, after: int) -> dict[str, str]:
-    return Report(before, status, after).headers()
+def _headers(status: str, before: int, after: int, why: str) -> dict[str, str]:
+    return Report(before, status, after, why=why).headers()
 
 
 def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
@@ -151,9 +153,12 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
     identity = _identity(request, state, req, caller)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
-        return _unchanged(state, req, caller, req.total())
+        return _unchanged(state, req, caller, req.total(), reasons.ANONYMOUS)
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
+    if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it (a count: none)
+        report = observed_report(flow.report.tokens_before) if count_only else state.watcher.watch(flow, ex)
+        return Prepared(req, req.conversation, report)
     try:
         await run_request(state.stages, flow)
         session = None
@@ -163,7 +168,7 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
                 flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        unchanged = _unchanged(state, req, caller, flow.report.tokens_before)
+        unchanged = _unchanged(state, req, caller, flow.report.tokens_before, reasons.INTERNAL)
         journal_fault(state.hooks, ex, identity.scope, req.conversation, unchanged.report.status,
                       flow.report.tokens_before)
         return unchanged
@@ -173,10 +178,10 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
     return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
 
 
-def _unchanged(state: Any, req: Request, caller: Caller, before: int) -> Prepared:
-    """The request forwarded as the client sent it."""
-    status = state.compaction.unchanged_status(req.model, before, long_context=caller.extra.long_context)
-    return Prepared(req, req.conversation, Report(before, status=status))
+def _unchanged(state: Any, req: Request, caller: Caller, before: int, cause: str) -> Prepared:
+    """The request forwarded as the client sent it, for `cause` (a reason word)."""
+    return Prepared(req, req.conversation,
+                    state.compaction.unchanged(req.model, before, cause, long_context=caller.extra.long_context))
 
 
 @anthropic_route
@@ -189,7 +194,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     if caller.bypass:
         tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, cfg)
         return await send(request, state.session, MESSAGES, _upstream(request, cfg, headers, stream), raw,
-                          _headers("bypassed", tokens, tokens))
+                          _headers("bypassed", tokens, tokens, reasons.BYPASS))
     p = await prepare(request, state, raw, caller, count_only=False)
     body = await p.rendered()
     extra = p.report.headers()
