@@ -96,6 +96,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
                                           ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
                    before)
     if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it
+        state.prefixes.forwarded(ex, flow, parsed.conversation)
         return await send(request, state.session, CHAT, up, raw, state.watcher.watch(flow, ex).headers())
     try:
         await run_request(state.stages, flow)
@@ -120,8 +121,10 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     headers = report.headers()
     if recall is not None:
         headers["x-compaction-recalls"] = "0"
+    state.prefixes.forwarded(ex, flow)
     resp = await send(request, state.session, CHAT, up, data, headers,
-                      retry=overflow_retry(state.stages, flow, state.recall) if cfg.compaction.enabled else None,
+                      retry=overflow_retry(state.stages, flow, state.recall, state.prefixes)
+                      if cfg.compaction.enabled else None,
                       recall=Answering(recall, recall_chat.CHAT, recall_stream.Rounds) if recall is not None else None,
                       hooks=state.hooks, not_an_overflow=small)
     recall_answers.finished(state.hooks, "chat", parsed.model, recall)

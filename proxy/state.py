@@ -25,8 +25,10 @@ from proxy.recall.layer import Recall
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
+from proxy.ops.prefix_alarm import PrefixAlarm
 from proxy.ops.prices import PriceTable
 from proxy.ops.signals import Signals
+from proxy.ops.tracing import Tracing, wanted
 from proxy.prompts import Prompts
 from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
@@ -63,9 +65,11 @@ class ProxyState:
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
+    tracing: Tracing | None = None  # OpenTelemetry spans, when an OTLP endpoint is configured
     max_body: int = field(init=False)
     stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
     watcher: Watcher = field(init=False)  # observe mode's background runs of the stages
+    prefixes: PrefixAlarm = field(init=False)  # forwarded prefixes that broke outside a compaction
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -73,6 +77,7 @@ class ProxyState:
         # Tool results to notes, then the history.
         self.stages = [self.tool_results, CompactionStage(self.compaction, self.hooks)]
         self.watcher = Watcher(self.stages, self.hooks)
+        self.prefixes = PrefixAlarm(self.hooks)
         if self.cfg.store.scope_secret is None:
             self._secret_task = asyncio.create_task(self._keep_secret_shared(), name="scope-secret")
 
@@ -157,6 +162,7 @@ class ProxyState:
             ratios=RatioLearner(store),
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
+            tracing=Tracing(cfg.tracing.endpoint, cfg.tracing.content) if wanted(cfg.tracing.endpoint, os.environ) else None,
         )
 
     async def close(self) -> None:
@@ -176,6 +182,8 @@ class ProxyState:
         await self.tool_results.flight.cancel_all()
         await self.session.close()
         await self.store.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # (the last spans sent: blocking I/O, off the loop)
 
 
 async def _scope_secret(cfg: Config, store: Store) -> bytes:

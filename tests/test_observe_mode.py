@@ -11,21 +11,10 @@ import pytest
 
 from support.protocols import DRIVERS, MESSAGES, Driver, tool_conversation
 from test_metrics import scrape, total, value
+from test_protocols_shared import driver, fake  # noqa: F401  (the fixtures: each protocol and its fake)
 
 WINDOW = 6000
 LABEL = {"chat": "chat_completions", "responses": "responses", "messages": "messages"}  # the metrics' protocol
-
-
-@pytest.fixture(params=DRIVERS, ids=repr)
-def driver(request) -> Driver:
-    return request.param
-
-
-@pytest.fixture
-async def fake(driver):
-    f = await driver.start_fake()
-    yield f
-    await f.stop()
 
 
 def settings(driver: Driver, fake: Any, **over: Any) -> dict[str, Any]:

@@ -96,6 +96,8 @@ class CompactionStage(Stage):
         if event and ex is not None and is_event(ex, outcome):  # (a count is no compaction)
             self.hooks.compaction(compaction_event(ex, flow.identity.scope, flow.original, outcome,
                                                    report.tokens_before, report.tokens_after))
+            if ex.span is not None and outcome.record is not None:
+                ex.tracing.summary(ex, outcome.record.summary)
 
     async def running(self) -> None:
         self.engine.start()

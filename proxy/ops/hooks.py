@@ -109,10 +109,11 @@ class Hooks:
         """Observe mode: what the stages would have forwarded for `ex`'s request, which went as
         sent (`report`: the flow's report, status and tokens as they would have been)."""
 
-    def prefix_break(self, ex: Exchange, at: int) -> None:
-        """`ex`'s forwarded request differs from its conversation's previous one within that one's
-        first `at`+1 messages, though no compaction happened in between: the provider's prompt
-        cache cannot serve it from there on."""
+    def prefix_break(self, ex: Exchange, at: int, tokens: int) -> None:
+        """`ex`'s forwarded request (`tokens`: the client's, counted) differs from its
+        conversation's previous forwarded request from message `at` (0-based) on, though no
+        compaction happened in between: the provider's prompt cache cannot serve it from there on
+        (proxy/ops/prefix_alarm.py)."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and
@@ -200,17 +201,22 @@ def _each(fns: list[Any]) -> Any:
 
 
 class _CallTimer:
-    __slots__ = ("hooks", "call", "t0")
+    __slots__ = ("hooks", "call", "t0", "span")
 
     def __init__(self, hooks: Hooks, call: SummarizerCall) -> None:
         self.hooks = hooks
         self.call = call
         self.t0 = 0.0
+        self.span: Any = None  # a child span of the traced request's (proxy/ops/tracing.py)
 
     async def __aenter__(self) -> SummarizerCall:
         ex = CURRENT.get()
         if ex is not None:
             ex.summarizer_calls += 1
+            if ex.span is not None:
+                self.span = ex.tracing.start_child(ex, f"summarize {self.call.kind}", {
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": self.call.model,
+                    "compaction.summarizer_kind": self.call.kind})
         self.t0 = time.perf_counter()
         return self.call
 
@@ -220,4 +226,16 @@ class _CallTimer:
             self.call.error = getattr(exc, "reason", "") or exc.kind
         elif exc is not None:
             self.call.error = "cancelled" if isinstance(exc, BaseException) and not isinstance(exc, Exception) else "error"
+        if self.span is not None:
+            _end_call_span(self.span, self.call)
         self.hooks.summarizer_done(self.call)
+
+
+def _end_call_span(span: Any, call: SummarizerCall) -> None:
+    """A summarizer call's span: its usage and error, then its end."""
+    tokens = call.tokens
+    if tokens is not None:
+        span.set_attributes({"gen_ai.usage.input_tokens": tokens.prompt, "gen_ai.usage.output_tokens": tokens.completion})
+    if call.error is not None:
+        span.set_attribute("error.type", call.error)
+    span.end()

@@ -22,12 +22,15 @@ from proxy.state import STATE
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
-def begin(request: web.Request, hooks: Any) -> tuple[Exchange, Token[Exchange | None]]:
-    """The request's Exchange, made current and reported started (to the app's `hooks`)."""
+def begin(request: web.Request, hooks: Any, tracing: Any = None) -> tuple[Exchange, Token[Exchange | None]]:
+    """The request's Exchange, made current and reported started (to the app's `hooks`); a
+    protocol route's traced when `tracing` is on (proxy/ops/tracing.py)."""
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
     request[EXCHANGE] = ex
+    if tracing is not None and ex.protocol != "none":
+        tracing.begin(request.headers, ex)
     token = CURRENT.set(ex)
     hooks.waiting += 1
     hooks.request_started(ex)
@@ -53,6 +56,8 @@ def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
         if ex.stream_headers is not None:
             _figures(ex, ex.stream_headers)
         hooks.stream_closed()
+    if ex.span is not None:
+        ex.tracing.end(ex)
     hooks.request_done(ex)
 
 

@@ -44,7 +44,7 @@ class Signals(Hooks, Collector):
         if price is not None:
             self.observed_usd[ex.protocol] = self.observed_usd.get(ex.protocol, 0.0) + saved * price.input / 1e6
 
-    def prefix_break(self, ex: Exchange, at: int) -> None:
+    def prefix_break(self, ex: Exchange, at: int, tokens: int) -> None:
         self.breaks[ex.protocol] = self.breaks.get(ex.protocol, 0) + 1
 
     # -- read at scrape time ------------------------------------------------------------------

@@ -137,6 +137,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
                                           ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)),
                    before)
     if observing(cfg.mode, incoming):  # forwarded as sent; the stages run beside it
+        state.prefixes.forwarded(ex, flow, parsed.conversation)
         return Prepared(raw, body, state.watcher.watch(flow, ex).headers(), streaming)
     try:
         await run_request(state.stages, flow)
@@ -158,7 +159,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         headers["x-compaction-recalls"] = "0"
     after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
     small = None if could_overflow(after, window) else partial(empty_stream_small, after, window)
-    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall), session, small)
+    state.prefixes.forwarded(ex, flow)
+    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall, state.prefixes),
+                    session, small)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:

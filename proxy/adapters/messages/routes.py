@@ -157,8 +157,10 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
     if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it (a count: none)
-        report = observed_report(flow.report.tokens_before) if count_only else state.watcher.watch(flow, ex)
-        return Prepared(req, req.conversation, report)
+        if count_only:
+            return Prepared(req, req.conversation, observed_report(flow.report.tokens_before))
+        state.prefixes.forwarded(ex, flow, req.conversation)
+        return Prepared(req, req.conversation, state.watcher.watch(flow, ex))
     try:
         await run_request(state.stages, flow)
         session = None
@@ -174,8 +176,11 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
         return unchanged
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
-    retry = None if count_only else overflow_retry(state.stages, flow, state.recall)
-    return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
+    if count_only:
+        return Prepared(flow.request, flow.forwarded, flow.report)
+    state.prefixes.forwarded(ex, flow)
+    return Prepared(flow.request, flow.forwarded, flow.report, overflow_retry(state.stages, flow, state.recall,
+                                                                              state.prefixes), session)
 
 
 def _unchanged(state: Any, req: Request, caller: Caller, before: int, cause: str) -> Prepared:
