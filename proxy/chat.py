@@ -37,7 +37,7 @@ from proxy.ops.exchange import EXCHANGE, Prefix
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
-from proxy.watch import observing
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.chat")
 
@@ -95,9 +95,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
                                           ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
                    before)
-    if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it
-        state.prefixes.forwarded(ex, flow, parsed.conversation)
-        return await send(request, state.session, CHAT, up, raw, state.watcher.watch(flow, ex).headers())
+    if (seen := observed(state, ex, flow, request.headers)) is not None:  # forwarded as sent, the stages beside it
+        return await send(request, state.session, CHAT, up, raw, seen.headers())
     try:
         await run_request(state.stages, flow)
         recall = None

@@ -41,6 +41,18 @@ def observed_report(before: int) -> Report:
     return Report(before, "observed", before, why=reasons.OBSERVE)
 
 
+def observed(state: Any, ex: Exchange | None, flow: Flow, headers: Any, *, start: bool = True) -> Report | None:
+    """Every route's one call: when this request is observed, its answer's report, the client's
+    conversation noted as what was forwarded (the prefix-break alarm) and the stages started
+    beside it (`start` False: a token count, which makes nothing); else None."""
+    if not observing(state.cfg.mode, headers):
+        return None
+    if not start:
+        return observed_report(flow.report.tokens_before)
+    state.prefixes.forwarded(ex, flow, flow.request.conversation)
+    return state.watcher.watch(flow, ex)
+
+
 class Watcher:
     """The background runs of observed flows."""
 

@@ -5,10 +5,12 @@ through the real proxy to its strict fake."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from support.client import post
 from support.protocols import DRIVERS, MESSAGES, Driver, tool_conversation
 from test_metrics import scrape, total, value
 from test_protocols_shared import driver, fake  # noqa: F401  (the fixtures: each protocol and its fake)
@@ -91,3 +93,19 @@ async def test_the_prices_of_the_would_be_savings(make_proxy):
         assert price is not None and saved > 0
         assert value(m, "compaction_proxy_observed_cost_saved_usd_total", protocol="chat_completions") == pytest.approx(
             saved * 30.0 / 1e6)
+
+
+async def test_an_observed_token_count_counts_what_is_sent(make_proxy):
+    """Claude Code decides its own compaction from count_tokens: observed, the count is of the
+    client's body as it came (what observe mode forwards), and nothing is made for it."""
+    async with MESSAGES.make_fake() as fake:
+        proxy = await make_proxy(fake.base_url, settings(MESSAGES, fake, mode="observe"))
+        convo = tool_conversation()
+        sent = json.dumps({k: v for k, v in MESSAGES.body(convo).items() if k != "max_tokens"}).encode()
+        answer = await post(proxy, sent, {**credential(MESSAGES), "anthropic-version": "2023-06-01",
+                                          "Content-Type": "application/json"}, path="/messages/count_tokens", expect=200)
+        assert (answer.headers["x-compaction-status"], answer.headers["x-compaction-reason"]) == ("observed", "observe")
+        (counted,) = [r for r in fake.records() if r.kind == "count_tokens"]
+        assert counted.body == sent
+        await proxy.state.watcher.idle()
+        assert fake.summarizer_requests == []

@@ -41,7 +41,7 @@ from proxy.responses.body import parse_responses_body
 from proxy.responses.items import stateful
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
-from proxy.watch import observing
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.responses")
 ADAPTER = ResponsesAdapter()
@@ -136,9 +136,8 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
                                           ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)),
                    before)
-    if observing(cfg.mode, incoming):  # forwarded as sent; the stages run beside it
-        state.prefixes.forwarded(ex, flow, parsed.conversation)
-        return Prepared(raw, body, state.watcher.watch(flow, ex).headers(), streaming)
+    if (seen := observed(state, ex, flow, incoming)) is not None:  # forwarded as sent, the stages beside it
+        return Prepared(raw, body, seen.headers(), streaming)
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \

@@ -38,7 +38,7 @@ from proxy.recall.messages_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE
-from proxy.watch import observed_report, observing
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
@@ -156,11 +156,9 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
         return _unchanged(state, req, caller, req.total(), reasons.ANONYMOUS)
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
-    if observing(cfg.mode, request.headers):  # forwarded as sent; the stages run beside it (a count: none)
-        if count_only:
-            return Prepared(req, req.conversation, observed_report(flow.report.tokens_before))
-        state.prefixes.forwarded(ex, flow, req.conversation)
-        return Prepared(req, req.conversation, state.watcher.watch(flow, ex))
+    # observed: forwarded (or counted) as sent, the stages beside it
+    if (seen := observed(state, ex, flow, request.headers, start=not count_only)) is not None:
+        return Prepared(req, req.conversation, seen)
     try:
         await run_request(state.stages, flow)
         session = None
