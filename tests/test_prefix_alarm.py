@@ -6,13 +6,15 @@ rewrites an old message raises it. Every protocol, through the real proxy."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
 from proxy.ops.prefix_alarm import first_difference
 from support.compaction_helpers import chat_history, filler
-from support.protocols import Driver
+from support.client import post
+from support.protocols import MESSAGES, Driver
 from test_metrics import scrape, value
 from test_observe_mode import LABEL, credential
 from test_protocols_shared import driver, fake  # noqa: F401  (the fixtures: each protocol and its fake)
@@ -68,3 +70,21 @@ def test_first_difference():
     assert first_difference([1, 2], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 9, 3, 4]) == 1
     assert first_difference([1, 2, 3], [1, 2]) == 2  # shorter, though what is left agrees
+
+
+async def test_messages_moving_cache_breakpoints_are_no_break(make_proxy):
+    """Claude Code marks its newest message with cache_control and unmarks it on the next turn:
+    the marker is not content (the provider's cache reads past it), so that is no break."""
+    driver = MESSAGES
+    async with driver.make_fake() as fake:
+        proxy = await make_proxy(fake.base_url, driver.settings(fake, 200_000))
+        messages = chat_history(6, 40)
+        for i in range(4):
+            messages = grown(messages, i)
+            body = driver.body(messages)
+            body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+            answer = await post(proxy, json.dumps(body).encode(), {**credential(driver), "anthropic-version": "2023-06-01",
+                                                                   "Content-Type": "application/json"},
+                                path="/messages", expect=200)
+            assert answer.headers["x-compaction-status"] == "none"
+        assert await breaks(proxy, driver) == 0

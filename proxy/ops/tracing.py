@@ -99,7 +99,9 @@ class Tracing:
             span.end()
 
     def summary(self, ex: Any, text: str) -> None:
-        if self.content and text:
+        """The summary a compaction made, on the request's span (with `tracing.content` only; an
+        observed request's span has ended by the time its stages run)."""
+        if self.content and text and ex.span.is_recording():
             ex.span.set_attribute("compaction.summary", text)
 
     def close(self) -> None:
