@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import Any
 
 from proxy import jsonbody
 from proxy.adapters.base import DIGESTS
@@ -27,11 +26,6 @@ from proxy.ops.events import is_event
 log = logging.getLogger("proxy.prefix")
 
 MAX_CONVERSATIONS = 4096  # conversations whose last forwarded request is remembered (oldest out first)
-
-
-class Last(NamedTuple):
-    fingerprints: list[Any]
-    request: Any  # weakref to the Request whose own messages these were (None: the proxy changed some)
 
 
 def fingerprints(request: Any, conv: Conversation) -> list[Any]:
@@ -67,7 +61,10 @@ class PrefixAlarm:
     def __init__(self, hooks: Any, size: int = MAX_CONVERSATIONS) -> None:
         self.hooks = hooks
         self.size = size
-        self._last: OrderedDict[str, Last] = OrderedDict()
+        # conversation -> (its last forwarded request's fingerprints, a weak reference to that
+        # Request when they were its own messages, else None); oldest first (a plain dict keeps
+        # the order it was written in)
+        self._last: dict[str, tuple[list[Any], Any]] = {}
 
     def forwarded(self, ex: Any, flow: Any, conv: Conversation | None = None) -> None:
         """`flow`'s request goes upstream carrying `conv` (flow.forwarded by default; the client's
@@ -80,20 +77,31 @@ class PrefixAlarm:
             log.exception("the prefix-break check failed")
 
     def _check(self, ex: Any, flow: Any, conv: Conversation) -> None:
+        # (every forwarded request comes here: the usual case, the client's own messages, is
+        # written out without calls; a few microseconds matter on this path)
         request = flow.request
         mine = conv is request.conversation
-        now = fingerprints(request, conv)
+        if mine:
+            now = request.keys if request.digest_cache is DIGESTS else request.digests
+        else:
+            now = fingerprints(request, conv)
         key = ex.conversation
-        last = self._last.pop(key, None)
-        self._last[key] = Last(now, weakref.ref(request) if mine else None)
-        if len(self._last) > self.size:
-            self._last.popitem(last=False)
-        if last is None or (conv is flow.forwarded and is_event(ex, flow.report)):
-            return  # a conversation's first request, or a compaction: the prefix may change here
-        before = last.fingerprints
-        previous = last.request() if last.request is not None else None
-        if mine and previous is not None and request.previous is previous and request.shared >= len(before):
+        last_ = self._last
+        last = last_.pop(key, None)
+        last_[key] = (now, weakref.ref(request) if mine else None)
+        if len(last_) > self.size:
+            del last_[next(iter(last_))]
+        if last is None:
+            return  # the conversation's first request
+        status = flow.report.status
+        if conv is flow.forwarded and status != "none" and status != "reused" and is_event(ex, flow.report):
+            return  # a compaction: the start may change here
+        before, ref = last
+        if mine and ref is not None and request.previous is not None and request.previous is ref() \
+                and request.shared >= len(before):
             return  # the previous body's every message, byte for byte (the reuse compared them)
+        if now[:len(before)] == before:
+            return
         at = first_difference(before, now)
         if at is not None:
             log.warning("prefix break: conversation %s forwarded a request that differs from its previous one at "
