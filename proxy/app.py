@@ -37,11 +37,12 @@ async def serve_request(request: web.Request, handler: Handler) -> web.StreamRes
     task counted in flight for the shutdown (proxy/serve.py), the request observed (ops/observe),
     and its errors answered in the protocol's shape."""
     app = request.app
-    inflight, hooks = app[INFLIGHT], app[STATE].hooks
+    inflight, state = app[INFLIGHT], app[STATE]
+    hooks = state.hooks
     task = asyncio.current_task(app[LOOP])  # (the loop given: no lookup of the running one, a getpid each)
     assert task is not None
     inflight.add(task)
-    ex, token = observe.begin(request, hooks)
+    ex, token = observe.begin(request, hooks, state.tracing)
     try:
         try:
             resp = await handler(request)

@@ -32,10 +32,12 @@ from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import chat_stream as recall_stream
+from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE, Prefix
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 from proxy.text import clip_hint
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.chat")
 
@@ -54,8 +56,8 @@ def empty_stream_small(tokens: int, window: int) -> str:
 CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list
 
 
-def _headers(status: str, before: int, after: int) -> dict[str, str]:
-    return Report(before, status=status, tokens_after=after).headers()
+def _headers(status: str, before: int, after: int, why: str) -> dict[str, str]:
+    return Report(before, status=status, tokens_after=after, why=why).headers()
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
@@ -74,7 +76,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     try:
         parsed = await prefix.parse(CHAT, raw, state.counter, cfg, creds.scope)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
-        return await _bypass(request, state, raw, up_headers, creds.scope, "none")
+        return await _bypass(request, state, raw, up_headers, creds.scope, "none", reasons.UNCOMPACTABLE)
     if cfg.compaction.learn_token_ratio and state.ratios is not None:
         parsed.ratio = await state.ratios.ratio(parsed.model, parsed.ratio)  # learned from the upstream's usage
     ex.model, ex.stream = parsed.model, parsed.stream
@@ -91,11 +93,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it.
         _warn_anonymous()
-        status = state.compaction.unchanged_status(parsed.model, before)
-        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
+        return await send(request, state.session, CHAT, up, raw,
+                          state.compaction.unchanged(parsed.model, before, reasons.ANONYMOUS).headers())
     flow = Flow.of(CHAT, parsed, Identity(creds.scope, creds.headers, caller.focus,
                                           ex.conversation, *recall_answers.identity_fields(recall_chat.CHAT, state, parsed)),
                    before)
+    if (seen := observed(state, ex, flow, request.headers)) is not None:  # forwarded as sent, the stages beside it
+        return await send(request, state.session, CHAT, up, raw, seen.headers())
     try:
         await run_request(state.stages, flow)
         recall = None
@@ -105,9 +109,9 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     except Exception:
         # A bug in our own stages must never cost the client its request: forward what it sent.
         log.exception("shrinking the request failed unexpectedly; forwarding it unchanged")
-        status = state.compaction.unchanged_status(parsed.model, before)
-        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, status, before)
-        return await send(request, state.session, CHAT, up, raw, _headers(status, before, before))
+        unchanged = state.compaction.unchanged(parsed.model, before, reasons.INTERNAL)
+        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, unchanged.status, before)
+        return await send(request, state.session, CHAT, up, raw, unchanged.headers())
     report = flow.report
     if report.tokens_after is None:
         report.tokens_after = flow.total()
@@ -119,8 +123,10 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     headers = report.headers()
     if recall is not None:
         headers["x-compaction-recalls"] = "0"
+    state.prefixes.forwarded(ex, flow)
     resp = await send(request, state.session, CHAT, up, data, headers,
-                      retry=overflow_retry(state.stages, flow, state.recall) if cfg.compaction.enabled else None,
+                      retry=overflow_retry(state.stages, flow, state.recall, state.prefixes)
+                      if cfg.compaction.enabled else None,
                       recall=Answering(recall, recall_chat.CHAT, recall_stream.Rounds) if recall is not None else None,
                       hooks=state.hooks, not_an_overflow=small)
     recall_answers.finished(state.hooks, "chat", parsed.model, recall)
@@ -161,7 +167,7 @@ _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
 
 async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_headers: Any,
-                  scope: str | None, status: str = "bypassed") -> web.StreamResponse:
+                  scope: str | None, status: str = "bypassed", why: str = reasons.BYPASS) -> web.StreamResponse:
     """x-compaction-bypass, or a body the proxy cannot compact: it goes upstream as it came, valid
     or not; the counts are the proxy's when it can make them, else 0."""
     ex = request[EXCHANGE]
@@ -174,4 +180,4 @@ async def _bypass(request: web.Request, state: ProxyState, raw: bytes, up_header
     except Exception:  # not ours to judge: the upstream answers it
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     up = Upstream.of(request, CHAT.upstream(state.cfg), CHAT.upstream_path, up_headers, streaming)
-    return await send(request, state.session, CHAT, up, raw, _headers(status, tokens, tokens))
+    return await send(request, state.session, CHAT, up, raw, _headers(status, tokens, tokens, why))

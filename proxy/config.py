@@ -311,7 +311,17 @@ class ResponsesConfig(_Section):
     websocket_report: bool = True
 
 
+class TracingConfig(_Section):
+    # The OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces). Unset: the standard
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT variables; none set: no tracing.
+    endpoint: str | None = None
+    content: bool = False  # put conversation content (the summaries made) into spans
+
+
 class Config(_Section):
+    # observe: every request goes upstream as the client sent it, byte for byte, while the stages
+    # still run beside it and report what they would have done (proxy/watch.py)
+    mode: Literal["active", "observe"] = "active"
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     anthropic: AnthropicConfig = Field(default_factory=AnthropicConfig)
@@ -326,6 +336,7 @@ class Config(_Section):
     journal: JournalConfig = Field(default_factory=JournalConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     def model_settings(self, model: str) -> ModelConfig:
         """Settings for a model name: exact entry, else `default`, else built-in defaults."""

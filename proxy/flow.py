@@ -56,19 +56,23 @@ class Report:
     tokens_after: int | None = None  # None: as before
     tool_results: int = 0  # tool results forwarded as notes
     wait_ms: float = 0.0  # time the request waited for summaries
-    reason: str = ""  # why a compaction fell short, when it did
+    reason: str = ""  # why a compaction fell short, when it did (free text, for the journal)
     record: Any = None  # the summary record applied (the journal reads it)
+    why: str = ""  # the reason's word (proxy/ops/reasons.py): x-compaction-reason
 
     def headers(self) -> dict[str, str]:
         after = self.tokens_after if self.tokens_after is not None else self.tokens_before
         # (f"{n}", not str(n): no call; round() of a float is an int already. Every request makes these.)
-        return {
+        out = {
             "x-compaction-status": self.status,
             "x-compaction-tokens-before": f"{self.tokens_before}",
             "x-compaction-tokens-after": f"{after}",
             "x-compaction-tool-results": f"{self.tool_results}",
             "x-compaction-wait-ms": f"{round(self.wait_ms)}",
         }
+        if self.why:
+            out["x-compaction-reason"] = self.why
+        return out
 
 
 @dataclass(slots=True)
@@ -122,6 +126,10 @@ class Stage:
     async def request(self, flow: Flow) -> None:
         """Before the upstream call: may replace flow.forwarded and fill flow.report."""
 
+    def why(self, flow: Flow) -> str:
+        """The reason word for a request this stage left as it came (proxy/ops/reasons.py), or ''."""
+        return ""
+
     async def overflow(self, flow: Flow) -> bool:
         """The upstream said the forwarded request was too long: True when flow.forwarded was made
         smaller and the request should be sent again."""
@@ -142,9 +150,23 @@ async def run_request(stages: Sequence[Stage], flow: Flow) -> None:
         if not stage.idle(flow):
             break
     else:
+        _explain(stages, flow)
         return
     for stage in stages:
         await stage.request(flow)
+    _explain(stages, flow)
+
+
+def _explain(stages: Sequence[Stage], flow: Flow) -> None:
+    """A request the stages left uncompacted says why: the first stage's word that has one."""
+    report = flow.report
+    if report.why or report.status != "none":
+        return
+    for stage in stages:
+        why = stage.why(flow)
+        if why:
+            report.why = why
+            return
 
 
 async def run_overflow(stages: Sequence[Stage], flow: Flow) -> bool:

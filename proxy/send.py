@@ -38,7 +38,8 @@ from proxy.forward import (
     relay_events,
     upstream_url,
 )
-from proxy.ops.exchange import EXCHANGE
+from proxy.ops import tracing
+from proxy.ops.exchange import CURRENT, EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall import relay as recall_relay
 from proxy.recall.session import RecallSession
@@ -82,16 +83,19 @@ class Answering:
     whole: Callable[[bytes], Awaitable[None]] | None = None
 
 
-def overflow_retry(stages: Sequence[Stage], flow: Flow, recall: Any = None) -> Retry:
+def overflow_retry(stages: Sequence[Stage], flow: Flow, recall: Any = None, prefixes: Any = None) -> Retry:
     """The stages make the request smaller (once), or say they cannot (None). `recall` (the recall
     layer, when on): the originals the harder compaction replaced are kept before the retried
-    request goes, so a lookup in its answer finds the handles its summary names."""
+    request goes, so a lookup in its answer finds the handles its summary names. `prefixes` (the
+    prefix-break alarm) learns what the retried request forwards."""
 
     async def retry() -> tuple[bytes, dict[str, str]] | None:
         if not await run_overflow(stages, flow):
             return None
         if recall is not None:
             await recall_answers.keep_retried(recall, flow)
+        if prefixes is not None:
+            prefixes.forwarded(CURRENT.get(), flow)
         return await offload.sized(len(flow.request.raw), flow.body), flow.report.headers()
 
     return retry
@@ -108,6 +112,8 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
     this body or an earlier one of the conversation, so a refusal of reasoning made stale by that
     change is the proxy's to mend (once)."""
     ex = request[EXCHANGE]
+    if ex.span is not None:  # traced: the upstream continues the proxy's span, not the client's
+        ex.tracing.inject(ex, up.headers)
     for attempt in range(2):
         can_retry = attempt == 0 and retry is not None
         t0 = time.perf_counter()
@@ -169,8 +175,9 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                     return errors.upstream_bad_response(adapter.empty_stream).response(extra)
                 if recall is not None:
                     sent = await offload.sized(len(data), orjson.loads, data)
-                    post = lambda b: http.post(up.url, data=jsonbody.dumps(b), headers=up.headers,  # noqa: E731
-                                               timeout=up.timeout, allow_redirects=False)
+                    post = lambda b: _round(ex, http.post(up.url, data=jsonbody.dumps(b),  # noqa: E731
+                                                          headers=up.headers, timeout=up.timeout,
+                                                          allow_redirects=False))
                     rounds = recall.rounds(recall.session.name)
                     result = await recall_relay.relay(request, upstream, held, extra, sent, post, recall.session,
                                                       rounds, adapter.event_checker, hooks)
@@ -190,6 +197,13 @@ async def send(request: web.Request, http: aiohttp.ClientSession, adapter: Adapt
                         (time.perf_counter() - t0) * 1000, err.message)
             return err.response(extra)
     raise AssertionError("unreachable")
+
+
+async def _round(ex: Any, call: Any) -> Any:
+    """One more upstream round to answer recall calls, to its answer's headers (a child span when
+    traced)."""
+    with tracing.child(ex, "recall round", **{"gen_ai.operation.name": tracing.OPERATION}):
+        return await call
 
 
 async def _compacted(retry: Retry | None) -> tuple[bytes, dict[str, str]] | None:

@@ -26,7 +26,10 @@ from proxy.recall.layer import Recall
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
+from proxy.ops.prefix_alarm import PrefixAlarm
 from proxy.ops.prices import PriceTable
+from proxy.ops.signals import Signals
+from proxy.ops.tracing import Tracing, wanted
 from proxy.prompts import Prompts
 from proxy.singleflight import clear_dead_locks
 from proxy.store import open_store
@@ -35,6 +38,7 @@ from proxy.store.resilient import ResilientStore
 from proxy.tokens import TokenCounter
 from proxy.toolresults.stage import ToolResultStage
 from proxy.upstream import SummaryCaller
+from proxy.watch import Watcher
 
 log = logging.getLogger("proxy")
 
@@ -62,14 +66,19 @@ class ProxyState:
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
+    tracing: Tracing | None = None  # OpenTelemetry spans, when an OTLP endpoint is configured
     max_body: int = field(init=False)
     stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
+    watcher: Watcher = field(init=False)  # observe mode's background runs of the stages
+    prefixes: PrefixAlarm = field(init=False)  # forwarded prefixes that broke outside a compaction
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.max_body = int(self.cfg.server.max_body_mb * 1024 * 1024)
         # Tool results to notes, then the history.
         self.stages = [self.tool_results, CompactionStage(self.compaction, self.hooks)]
+        self.watcher = Watcher(self.stages, self.hooks)
+        self.prefixes = PrefixAlarm(self.hooks)
         if self.cfg.store.scope_secret is None:
             self._secret_task = asyncio.create_task(self._keep_secret_shared(), name="scope-secret")
 
@@ -124,7 +133,8 @@ class ProxyState:
         journal = Journal(store, cfg.journal.max_events, bill) if cfg.journal.enabled else None
         access = AccessLog(os.getpid() if cfg.server.worker_count() > 1 else None) if cfg.server.access_log else None
         # The bill before the journal: an event carries its conversation's bill.
-        hooks = Fanout([h for h in (metrics, bill, journal, access) if h is not None])
+        signals = Signals(bill.prices) if metrics is not None else None
+        hooks = Fanout([h for h in (metrics, signals, bill, journal, access) if h is not None])
         # One summarizer, engine and tool stage for every protocol: one limit on summaries in
         # flight, one cool-down, one single-flight (the adapter of each flow says how to ask).
         summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
@@ -135,6 +145,7 @@ class ProxyState:
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill, compaction.stats))
+            metrics.add_collector(signals)
             metrics.start()
             series.start()
         return cls(
@@ -153,12 +164,14 @@ class ProxyState:
             ratios=RatioLearner(store),
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
+            tracing=Tracing(cfg.tracing.endpoint, cfg.tracing.content) if wanted(cfg.tracing.endpoint, os.environ) else None,
         )
 
     async def close(self) -> None:
         self.hooks.settle()  # the bookkeeping of the last requests (their access lines are written after)
         if self._secret_task is not None:
             self._secret_task.cancel()
+        await self.watcher.stop()
         await self.compaction.stop()
         if self.ratios is not None:
             await self.ratios.idle()
@@ -171,6 +184,8 @@ class ProxyState:
         await self.tool_results.flight.cancel_all()
         await self.session.close()
         await self.store.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # (the last spans sent: blocking I/O, off the loop)
 
 
 async def _scope_secret(cfg: Config, store: Store) -> bytes:

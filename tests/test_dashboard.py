@@ -155,3 +155,34 @@ async def test_the_page_and_its_feed_need_the_token_when_one_is_set(upstream, ma
     assert await page.evaluate("() => window.dashboard.state.error") is None  # the feed got the header
     # only the page takes the token from its URL
     assert (await get(proxy.root, f"/admin/api/dashboard?token={token}")).status == 401
+
+
+async def test_the_dashboard_shows_observe_modes_savings_and_the_prefix_breaks(upstream, make_proxy, browser):
+    """Observe mode's would-be savings, the prefix-break count (a client that rewrote an old
+    message), and the journal's events marked observed, as /metrics and the journal have them."""
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {
+        "mode": "observe", "billing": {"prices": {MODEL: {"input": 30, "cached_input": 15, "output": 60}}}}))
+    points = request_points(conversation("observed"))
+    for i in range(0, len(points), 2):  # a step of two: the observed stages catch up between requests
+        await replay(proxy.base_url, points[i:i + 2])
+        await proxy.state.watcher.idle()
+    rewritten = [dict(m) for m in points[-1]]
+    i = next(i for i, m in enumerate(rewritten) if i > 1 and m["role"] == "user")  # (not the first: it names the conversation)
+    rewritten[i]["content"] += " (rewritten by the client)"
+    await replay(proxy.base_url, [rewritten])
+    await proxy.state.watcher.idle()
+    await proxy.state.journal.flush()
+
+    page = await browser.new_page(viewport={"width": 1400, "height": 1900})
+    await page.goto(proxy.root + "/dashboard?refresh=1")
+    assert await until(page, "() => window.dashboard && window.dashboard.state.updates >= 2")
+    m = await metrics_figures(proxy)
+    number = lambda s: float(s.replace(",", "").replace("$", ""))  # noqa: E731
+    assert number(await page.text_content("#fig-prefix_breaks")) == m["compaction_proxy_prefix_breaks_total"] == 1
+    saved = m["compaction_proxy_observed_tokens_saved_total"]
+    assert saved > 0 and number(await page.text_content("#fig-observed_tokens_saved")) == saved
+    assert number(await page.text_content("#fig-observed_cost_saved")) == pytest.approx(
+        m["compaction_proxy_observed_cost_saved_usd_total"], abs=5e-5)
+    heads = [await h.text_content() for h in await page.locator("#events .event-head").all()]
+    assert any("prefix-break" in h for h in heads)
+    assert any("summarized (observed)" in h for h in heads), heads

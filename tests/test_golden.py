@@ -27,7 +27,7 @@ import pytest
 from proxy.fake_upstream import count_text_tokens
 from support.coding_session import coding_session
 from support.conversations import request_points, tau_conversations
-from support.golden import match_recorded
+from support.golden import UNRECORDED, match_recorded
 from support.transcripts import enlarge_tool_outputs, request_points as swe_points, swe_agent_messages
 
 AUTH = {"Authorization": "Bearer sk-golden", "Content-Type": "application/json"}
@@ -52,7 +52,7 @@ async def _replay(proxy: Any, upstream: Any, bodies: list[dict[str, Any]]) -> tu
             async with s.post(proxy.base_url + "/chat/completions", data=_client_bytes(body), headers=AUTH) as r:
                 await r.read()
                 headers = {k.lower(): v for k, v in r.headers.items()
-                           if k.lower().startswith("x-compaction-") and k.lower() != "x-compaction-wait-ms"}
+                           if k.lower().startswith("x-compaction-") and k.lower() not in UNRECORDED}
                 status = r.status
             made = upstream.requests[start:]
             chat = [m for m in made if m.kind == "chat"]

@@ -4,6 +4,7 @@ against a fake upstream that records every call."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ from support.ops_replay import MODEL, SETTINGS, conversation, replay
 from support.proxy_server import merge, start_proxy
 
 SCRIPT = Path(sys.executable).parent / "compaction-proxy"
+# The script imports the package of this checkout (the venv may be shared by several checkouts).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                 os.environ.get("PYTHONPATH")]))}
 KEY = "sk-inspect-key"
 
 
@@ -40,14 +44,15 @@ def write(tmp_path: Path, upstream_url: str, messages: list[dict[str, Any]], **s
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), "inspect", *args, "--api-key", KEY], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(SCRIPT), "inspect", *args, "--api-key", KEY], capture_output=True, text=True, timeout=120,
+                          env=ENV)
 
 
 async def run_async(*args: str) -> str:
     """The console script run off the event loop (a fake upstream in this process answers it): its
     output, after asserting it succeeded."""
     proc = await asyncio.create_subprocess_exec(str(SCRIPT), "inspect", *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+                                                stderr=asyncio.subprocess.PIPE, env=ENV)
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, stderr.decode()
     return stdout.decode()
@@ -234,9 +239,19 @@ async def test_a_responses_body_with_its_history_at_the_upstream_is_forwarded_as
     assert out.returncode == 0, out.stderr
     report = orjson.loads(out.stdout)
     assert report["status"] == "none" and "stored at the upstream" in report["reason"]
+    assert report["why"] == "stateful"  # the answer's x-compaction-reason
     assert report["forwarded"] == body and report["diff"] == [] and report["tool_notes"] == []
     text = run(str(path)).stdout
     assert "history: none (the history is stored at the upstream" in text and "forwarded unchanged" in text
+    assert "; reason: stateful" in text
+
+
+def test_a_body_under_the_threshold_is_said_to_be_so(tmp_path: Path):
+    """inspect prints the reason word the answer's x-compaction-reason would carry."""
+    body, cfg = write(tmp_path, "http://127.0.0.1:9/v1", conversation("small")[:3])
+    out = run(str(body), "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert "history: none; reason: below-threshold" in out.stdout
 
 
 def test_a_responses_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_path: Path):

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from proxy.flow import Flow, Stage
 from proxy.ops.exchange import Exchange, Usage
+from proxy.ops import reasons
 from proxy.ops.logs import BATCH_BYTES, FLUSH_S, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
@@ -160,6 +161,7 @@ def test_sigterm_right_after_the_answers_loses_no_access_line(tmp_path: Path, wo
 
 _text = st.text(max_size=30)
 _nonempty = st.text(min_size=1, max_size=30)
+_why = st.sampled_from(["", *sorted(reasons.WORDS)])  # an answer's reason word, or none
 
 
 @settings(max_examples=300, deadline=None)
@@ -169,10 +171,10 @@ _nonempty = st.text(min_size=1, max_size=30)
        compaction=_text, before=st.integers(0, 1 << 40), after=st.none() | st.integers(0, 1 << 40),
        notes=st.integers(0, 99), wait=st.floats(0, 1e7), ttfb=st.none() | st.floats(0, 1e4), stream=st.booleans(),
        usage=st.none() | st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30)),
-       upstream_id=_text)
+       upstream_id=_text, why=_why)
 def test_the_access_lines_text_is_its_fields_written_out(rid, method, path, protocol, code, ms, worker, counted, model,
                                                           compaction, before, after, notes, wait, ttfb, stream, usage,
-                                                          upstream_id):
+                                                          upstream_id, why):
     """The text access line is written without its fields dict; it must say exactly what the
     fields dict says through the formatter (every request-chosen string cleaned and quoted the
     same way; the request id and the protocol label are the proxy's own words)."""
@@ -180,7 +182,7 @@ def test_the_access_lines_text_is_its_fields_written_out(rid, method, path, prot
     ex.code, ex.stream, ex.upstream_request_id = code, stream, upstream_id
     if counted:
         ex.model, ex.compaction, ex.tokens_before, ex.tokens_after = model, compaction, before, after
-        ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s = notes, wait, ttfb
+        ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.why = notes, wait, ttfb, why
         ex.usage = Usage(*usage) if usage is not None else None
     log = AccessLog(worker)
     assert log.text(ex, ms) == _fields_text(log.fields(ex, ms))
@@ -293,14 +295,15 @@ def test_a_forked_worker_does_not_write_its_parents_queued_lines():
 @given(method=_nonempty, path=_nonempty, code=st.integers(0, 599), model=_nonempty, compaction=_nonempty,
        before=st.integers(0, 1 << 40), after=st.integers(0, 1 << 40), notes=st.integers(0, 99),
        wait=st.floats(0, 1e7), ttfb=st.floats(0, 1e4), stream=st.booleans(),
-       usage=st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30) | st.booleans()))
+       usage=st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30) | st.booleans()),
+       why=_why)
 def test_the_usual_access_line_is_the_general_one(method, path, code, model, compaction, before, after, notes, wait,
-                                                  ttfb, stream, usage):
+                                                  ttfb, stream, usage, why):
     """A protocol route's answer with every figure is written by one %-format; the line must be
     the stamp, then what `text` writes, character for character."""
     ex = Exchange("0123456789abcdef", method, path, "/r", "messages")
     ex.code, ex.stream, ex.model, ex.compaction, ex.tokens_before, ex.tokens_after = code, stream, model, compaction, before, after
-    ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.usage = notes, wait, ttfb, Usage(*usage)
+    ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.usage, ex.why = notes, wait, ttfb, Usage(*usage), why
     log = AccessLog()
     with own_handler() as (handler, stream_):
         log.request_done(ex)  # (no event loop: written at once)

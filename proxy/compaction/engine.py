@@ -26,7 +26,8 @@ from proxy.compaction.records import Records, key
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.compaction.view import Outcome, Planner, View, apply, live_from, masked
 from proxy.config import Config
-from proxy.flow import Flow
+from proxy.flow import Flow, Report
+from proxy.ops import reasons
 from proxy.model import Conversation
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
@@ -108,12 +109,13 @@ class CompactionEngine:
         return self.clock()
 
     # -- budgets -------------------------------------------------------------------------------
-    def unchanged_status(self, model: str, tokens: int, *, long_context: bool = False) -> str:
-        """The status of a request forwarded as the client sent it (no credential, a bug in a
-        stage): failed-open when compaction is on and the request was over its threshold, so that
-        operators see what was not done; else none."""
-        over = self.cfg.compaction.enabled and tokens > self.budget_for(model, long_context=long_context).threshold
-        return "failed-open" if over else "none"
+    def unchanged(self, model: str, tokens: int, cause: str, *, long_context: bool = False) -> Report:
+        """The report of a request forwarded as the client sent it for `cause` (a reason word: no
+        credential, a bug in a stage): failed-open when compaction is on and the request was over
+        its threshold, so that operators see what was not done, else none; and its reason."""
+        enabled = self.cfg.compaction.enabled
+        over = enabled and tokens > self.budget_for(model, long_context=long_context).threshold
+        return Report(tokens, "failed-open" if over else "none", tokens, why=reasons.unchanged(enabled, over, cause))
 
     def budget_for(self, model: str, *, long_context: bool = False) -> Budget:
         """The budgets of `model`'s window (`long_context`: the longer one the request opted into,
@@ -209,7 +211,8 @@ class CompactionEngine:
         try:
             joined = None if forced else await self._join_summary_in_progress(view, record)
         except Busy as e:  # someone else's summary is late: go on without it
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
+                                     reasons.BUSY)
         if joined is not None:
             out = self.apply(view, joined)
             if out.tokens_after is not None and out.tokens_after <= budget.target:
@@ -225,20 +228,23 @@ class CompactionEngine:
         # A summary that just failed for this conversation is not retried on every request.
         failure_key = f"{scope}:{view.chain_hex(record.covered if record else 1)}"
         if self.cooldown.active(failure_key):
-            return await self._floor(view, base, budget, forced, "a summary failed recently; retrying after the cool-down", 0.0)
+            return await self._floor(view, base, budget, forced, "a summary failed recently; retrying after the cool-down",
+                                     0.0, reasons.COOLDOWN)
         # Tier 2: summarize the older part of the (masked) history.
         work = masked(view, base)
         try:
             plan = await offload.sized(4 * total, self.planner.plan, view, budget, base, work)
             if plan is None:
-                return await self._floor(view, base, budget, forced, "no valid cut point", 0.0)
+                return await self._floor(view, base, budget, forced, "no valid cut point", 0.0, reasons.NO_CUT)
             new_record = await self.summary_for(view, plan, base, budget, work=work, carried=record)
         except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
+                                     reasons.BUSY)
         except SummarizerError as e:
             log.warning("summary failed: %s", e)
             self.cooldown.failed(failure_key)
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000)
+            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
+                                     reasons.SUMMARIZER_FAILED)
         if new_record.prepared:  # made ahead by another path and reached here first
             new_record = replace(new_record, prepared=False, live_from=live_from(view, new_record))
             await self.records.save(scope, new_record)
@@ -266,6 +272,7 @@ class CompactionEngine:
 
     async def _floor(
         self, view: View, base: SummaryRecord | None, budget: Budget, forced: bool, why: str, wait_ms: float,
+        word: str,
     ) -> Outcome:
         """The summary failed. The original goes forward when it fits the window (`failed-open`);
         else the masked history when that fits; else a digest written by code replaces the oldest
@@ -277,12 +284,12 @@ class CompactionEngine:
         total = view.flow.total(view.conv)
         window = budget.threshold if forced else int(budget.window * FLOOR_MARGIN)
         if not forced and total <= window:
-            return Outcome("failed-open", wait_ms=wait_ms, reason=why)
+            return Outcome("failed-open", wait_ms=wait_ms, reason=why, why=word)
         if base is not None:
             out = self.apply(view, base)
             if out.tokens_after is not None and out.tokens_after <= window:
                 out.status = "masked" if base.tier == "mask" else out.status
-                out.wait_ms, out.reason = wait_ms, why
+                out.wait_ms, out.reason, out.why = wait_ms, why, word
                 return out
         if base is not None and base.tier == "digest":
             # A digest is not built on: the next one digests everything older from the start (the
@@ -294,7 +301,7 @@ class CompactionEngine:
         if plan is None:
             log.warning("request over the window and nothing to compact (%d tokens, window %d): forwarded as it is",
                         total, window)
-            return Outcome("failed-open", wait_ms=wait_ms, reason=why)
+            return Outcome("failed-open", wait_ms=wait_ms, reason=why, why=word)
         rec = await offload.sized(size, self.maker.digest_record, view, plan, base, work, budget)
         out = self.apply(view, rec)
         if out.tokens_after is not None and out.tokens_after > window:
@@ -303,7 +310,7 @@ class CompactionEngine:
         else:
             await self.records.save(view.scope, rec, self.cfg.compaction.digest_ttl_s)
         self.stats["events_degraded"] += 1
-        out.status, out.wait_ms, out.reason = "degraded", wait_ms, why
+        out.status, out.wait_ms, out.reason, out.why = "degraded", wait_ms, why, word
         log.info("compaction degraded to a digest written by code: %s", why)
         return out
 
@@ -347,7 +354,7 @@ class CompactionEngine:
             return out
         mask_rec = await offload.sized(4 * total, self.maker.mask_record, view, budget, record)
         base = mask_rec or record
-        return self.apply(view, base) if base is not None else Outcome("none")
+        return self.apply(view, base) if base is not None else Outcome("none", why=reasons.COUNT)
 
     # -- records -------------------------------------------------------------------------------
 

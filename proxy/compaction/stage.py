@@ -6,6 +6,7 @@ from __future__ import annotations
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.view import Outcome
 from proxy.flow import Flow, Stage
+from proxy.ops import reasons
 from proxy.ops.events import compaction_event, is_event
 from proxy.model import Conversation
 from proxy.ops.exchange import CURRENT, Exchange
@@ -19,7 +20,7 @@ def not_larger(outcome: Outcome, before: int) -> Outcome:
     goes upstream (its newest turn alone can be over the window), and the status says so."""
     if outcome.conversation is None or outcome.tokens_after is None or outcome.tokens_after < before:
         return outcome
-    return Outcome("failed-open", wait_ms=outcome.wait_ms,
+    return Outcome("failed-open", wait_ms=outcome.wait_ms, why=reasons.NOT_SMALLER,
                    reason=f"the compacted request ({outcome.tokens_after} tokens) is not smaller than the original ({before})")
 
 
@@ -29,7 +30,8 @@ def journal_fault(hooks: Hooks, ex: Exchange | None, scope: str | None, conv: Co
     "internal error") when it needed compacting (failed-open), so the operator sees it beside the
     summarizer's failures. Every route's exception path calls this."""
     if status != "none" and ex is not None and scope is not None:
-        hooks.compaction(compaction_event(ex, scope, conv, Outcome(status, reason="internal error"), before, before))
+        hooks.compaction(compaction_event(ex, scope, conv, Outcome(status, reason="internal error", why=reasons.INTERNAL),
+                                          before, before))
 
 
 class CompactionStage(Stage):
@@ -49,6 +51,16 @@ class CompactionStage(Stage):
         if not self.engine.cfg.compaction.enabled or request.stateful or request.native_compaction:
             return True
         return not request.extra.get("count_only") and self.engine.leaves_alone(flow, flow.forwarded)
+
+    def why(self, flow: Flow) -> str:
+        request = flow.request
+        if not self.engine.cfg.compaction.enabled:
+            return reasons.DISABLED
+        if request.stateful:
+            return reasons.STATEFUL
+        if request.native_compaction:
+            return reasons.NATIVE
+        return reasons.BELOW_THRESHOLD
 
     async def request(self, flow: Flow) -> None:
         if not self.enabled or flow.request.stateful or flow.request.native_compaction:
@@ -77,12 +89,15 @@ class CompactionStage(Stage):
             flow.forwarded = outcome.conversation
         report = flow.report
         report.status, report.reason, report.record = outcome.status, outcome.reason, outcome.record
+        report.why = outcome.why or report.why  # (the tool stage's breaker-open stays)
         report.tokens_after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
         report.wait_ms += outcome.wait_ms
         ex = CURRENT.get()
         if event and ex is not None and is_event(ex, outcome):  # (a count is no compaction)
             self.hooks.compaction(compaction_event(ex, flow.identity.scope, flow.original, outcome,
                                                    report.tokens_before, report.tokens_after))
+            if ex.span is not None and outcome.record is not None:
+                ex.tracing.summary(ex, outcome.record.summary)
 
     async def running(self) -> None:
         self.engine.start()

@@ -50,6 +50,7 @@ class Outcome:
     wait_ms: float = 0.0
     reason: str = ""
     record: SummaryRecord | None = None  # the record applied (the journal reads covered and summary)
+    why: str = ""  # the reason's word (proxy/ops/reasons.py) when it fell short
 
 
 @dataclass

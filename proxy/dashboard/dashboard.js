@@ -69,7 +69,7 @@
 
   function figures(f) {
     for (const k of ["requests", "tokens_received", "tokens_forwarded", "tool_notes", "summarizer_calls",
-      "summarizer_failures", "errors"]) {
+      "summarizer_failures", "errors", "prefix_breaks", "observed_tokens_saved"]) {
       $("fig-" + k).textContent = int(f[k]);
     }
     $("fig-tokens_saved").textContent = int(f.tokens_received - f.tokens_forwarded);
@@ -79,6 +79,7 @@
     $("fig-cost_direct").textContent = dollars(f.cost_direct);
     $("fig-cost_proxy").textContent = dollars(f.cost_proxy);
     $("fig-cost_saved").textContent = dollars(f.cost_direct - f.cost_proxy);
+    $("fig-observed_cost_saved").textContent = dollars(f.observed_cost_saved);
   }
 
   function el(tag, cls, text) {
@@ -96,7 +97,7 @@
       const li = el("li", "event tier-" + e.tier);
       const when = new Date(e.time * 1000).toLocaleString();
       li.append(el("div", "event-head",
-        `${when} · ${e.tier} · ${e.model} · ${e.tokens_before} → ${e.tokens_after} tokens · ` +
+        `${when} · ${e.tier}${e.observed ? " (observed)" : ""}${e.why ? " · " + e.why : ""} · ${e.model} · ${e.tokens_before} → ${e.tokens_after} tokens · ` +
         `${e.covered} of ${e.messages} messages summarized · ${e.calls} summarizer calls · waited ${Math.round(e.wait_ms)} ms`));
       for (const c of e.cut || []) li.append(el("div", "event-cut", "cut: " + c));
       if (e.reason) li.append(el("div", "event-reason", "reason: " + e.reason));

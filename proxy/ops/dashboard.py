@@ -34,6 +34,7 @@ def figures(metrics: Any) -> dict[str, Any]:
         "upstream_prompt": 0.0, "upstream_cached": 0.0, "summarizer_calls": 0.0, "summarizer_failures": 0.0,
         "summarizer_seconds": 0.0, "store_errors": 0.0, "store_up": 1.0, "cost_direct": 0.0, "cost_proxy": 0.0,
         "in_flight": 0.0, "streams_open": 0.0, "compactions": {t: 0.0 for t in TIERS},
+        "prefix_breaks": 0.0, "observed_tokens_saved": 0.0, "observed_cost_saved": 0.0,
     }
     if metrics is None:
         return f
@@ -70,6 +71,12 @@ def figures(metrics: Any) -> dict[str, Any]:
                 f["in_flight"] = v
             elif name == "compaction_proxy_streams_open":
                 f["streams_open"] = v
+            elif name == "compaction_proxy_prefix_breaks_total":
+                f["prefix_breaks"] += v
+            elif name == "compaction_proxy_observed_tokens_saved_total":
+                f["observed_tokens_saved"] += v
+            elif name == "compaction_proxy_observed_cost_saved_usd_total":
+                f["observed_cost_saved"] += v
     return f
 
 

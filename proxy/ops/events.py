@@ -33,7 +33,7 @@ def compaction_event(ex: Exchange, scope: str, conv: Conversation, outcome: Any,
         tier=outcome.status, covered=covered, messages=len(conv), tokens_before=before, tokens_after=after,
         calls=ex.summarizer_calls, wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
         cut=describe_cut(conv, covered) + describe_masks(getattr(record, "masks", None)),
-        reason=outcome.reason,
+        reason=outcome.reason, why=outcome.why, observed=ex.observed,
     )
 
 

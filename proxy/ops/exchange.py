@@ -89,6 +89,10 @@ class Exchange:
     # Filled by a protocol adapter; the x-compaction-* figures are read from the response headers.
     model: str = ""
     compaction: str = ""
+    why: str = ""  # x-compaction-reason: why the history was not (or only partly) compacted
+    observed: bool = False  # observe mode: forwarded as sent, the stages run beside it (proxy/watch.py)
+    span: Any = None  # its OpenTelemetry span when traced (proxy/ops/tracing.py), with the Tracing that made it
+    tracing: Any = None
     tokens_before: int | None = None
     tokens_after: int | None = None
     tool_notes: int = 0

@@ -26,7 +26,7 @@ from proxy.upstream import SummarizerError
 log = logging.getLogger("proxy.hooks")
 
 EVENTS = ("request_started", "request_done", "stream_opened", "stream_closed", "summarizer_done", "compaction",
-          "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning")
+          "prepared", "recall", "recall_rounds", "recall_after_headers", "stale_reasoning", "observed", "prefix_break")
 
 
 @dataclass(slots=True)
@@ -63,7 +63,9 @@ class CompactionEvent:
     wait_ms: float
     summary: str = ""
     cut: list[str] = field(default_factory=list)  # what the covered messages were, one short line each
-    reason: str = ""
+    reason: str = ""  # what fell short, in words (a summarizer's error, ...)
+    why: str = ""  # the reason's word (proxy/ops/reasons.py), as on the answer's x-compaction-reason
+    observed: bool = False  # observe mode: what would have been done; the request went as sent
 
 
 class Hooks:
@@ -102,6 +104,16 @@ class Hooks:
         """The upstream refused a compacted request for reasoning the compaction made stale (a
         model that binds thinking to its prefix, not known to the proxy as one); it was sent again
         asking the upstream to leave the stale reasoning out."""
+
+    def observed(self, ex: Exchange, report: Any) -> None:
+        """Observe mode: what the stages would have forwarded for `ex`'s request, which went as
+        sent (`report`: the flow's report, status and tokens as they would have been)."""
+
+    def prefix_break(self, ex: Exchange, at: int, tokens: int) -> None:
+        """`ex`'s forwarded request (`tokens`: the client's, counted) differs from its
+        conversation's previous forwarded request from message `at` (0-based) on, though no
+        compaction happened in between: the provider's prompt cache cannot serve it from there on
+        (proxy/ops/prefix_alarm.py)."""
 
     def summarizer_call(self, kind: str, model: str) -> "_CallTimer":
         """`async with hooks.summarizer_call(kind, model) as call:` around one summarizer call and
@@ -189,17 +201,22 @@ def _each(fns: list[Any]) -> Any:
 
 
 class _CallTimer:
-    __slots__ = ("hooks", "call", "t0")
+    __slots__ = ("hooks", "call", "t0", "span")
 
     def __init__(self, hooks: Hooks, call: SummarizerCall) -> None:
         self.hooks = hooks
         self.call = call
         self.t0 = 0.0
+        self.span: Any = None  # a child span of the traced request's (proxy/ops/tracing.py)
 
     async def __aenter__(self) -> SummarizerCall:
         ex = CURRENT.get()
         if ex is not None:
             ex.summarizer_calls += 1
+            if ex.span is not None:
+                self.span = ex.tracing.start_child(ex, f"summarize {self.call.kind}", {
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": self.call.model,
+                    "compaction.summarizer_kind": self.call.kind})
         self.t0 = time.perf_counter()
         return self.call
 
@@ -209,4 +226,16 @@ class _CallTimer:
             self.call.error = getattr(exc, "reason", "") or exc.kind
         elif exc is not None:
             self.call.error = "cancelled" if isinstance(exc, BaseException) and not isinstance(exc, Exception) else "error"
+        if self.span is not None:
+            _end_call_span(self.span, self.call)
         self.hooks.summarizer_done(self.call)
+
+
+def _end_call_span(span: Any, call: SummarizerCall) -> None:
+    """A summarizer call's span: its usage and error, then its end."""
+    tokens = call.tokens
+    if tokens is not None:
+        span.set_attributes({"gen_ai.usage.input_tokens": tokens.prompt, "gen_ai.usage.output_tokens": tokens.completion})
+    if call.error is not None:
+        span.set_attribute("error.type", call.error)
+    span.end()

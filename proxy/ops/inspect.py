@@ -30,6 +30,7 @@ from proxy.flow import Flow, Identity, run_request
 from proxy.config import Config, secret
 from proxy.hashing import conversation_digest
 from proxy.model import Kind
+from proxy.ops import reasons
 from proxy.recall import answers as recall_answers
 from proxy.recall import chat as recall_chat
 from proxy.recall import messages as recall_messages
@@ -181,6 +182,7 @@ class Report:
     record: dict[str, Any] | None = None
     diff: list[str] = field(default_factory=list)
     forwarded: dict[str, Any] = field(default_factory=dict)
+    why: str = ""  # the reason's word, as the answer's x-compaction-reason would say
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -253,6 +255,7 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
         # The history lives at the upstream (previous_response_id, conversation): the route
         # forwards such a body as it came.
         flow.report.reason = "the history is stored at the upstream (previous_response_id or conversation)"
+        flow.report.why = reasons.STATEFUL
     else:
         await run_request(state.stages, flow)
         # as the route: the recall tool declared once anything was replaced (nothing kept here)
@@ -266,6 +269,7 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
         model=parsed.model, encoding=parsed.encoding, window=budget.window, threshold=budget.threshold,
         target=budget.target, tokens_before=before, tokens_after=after, status=outcome.status, reason=outcome.reason,
         scope=creds.scope, summarize=summarize, calls={"history": log.history, "tool_result": log.tool},
+        why=outcome.why,
     )
     original = parsed.conversation
     noted = flow.marks.get(COMPACTION_MARK, flow.forwarded)  # after the tool-result stage
@@ -398,7 +402,7 @@ def format_report(r: Report) -> str:
     for n in r.tool_notes:
         out.append(f"  message {n['index'] + 1} (answers {n['tool_call_id']}): {n['tokens_before']} -> "
                    f"{n['tokens_after']} tokens, {n['source']}")
-    out.append(f"history: {r.status}" + (f" ({r.reason})" if r.reason else ""))
+    out.append(f"history: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; reason: {r.why}" if r.why else ""))
     if r.cut is not None and r.record is not None:
         c = r.cut
         out.append(f"  cut: messages {c['first']}-{c['last']} of {c['messages']} summarized, {c['kept']} kept verbatim")

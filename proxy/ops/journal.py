@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import asdict
 from typing import Any
 
 import orjson
 
+from proxy.ops.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Hooks
 from proxy.store.base import Store
 
@@ -30,6 +32,18 @@ class Journal(Hooks):
         entry = asdict(event)
         if self.bill is not None:
             entry["bill"] = self.bill.conversation(event.conversation)
+        self._add(entry)
+
+    def prefix_break(self, ex: Exchange, at: int, tokens: int) -> None:
+        """An entry of the journal's shape (tier `prefix-break`) naming the conversation."""
+        self._add(asdict(CompactionEvent(
+            time=time.time(), request_id=ex.request_id, scope="", conversation=ex.conversation, model=ex.model,
+            tier="prefix-break", covered=0, messages=0, tokens_before=tokens, tokens_after=tokens, calls=0, wait_ms=0.0,
+            reason=f"the forwarded request differs from the conversation's previous one from message {at + 1} on, "
+                   "with no compaction in between (the provider's prompt cache is missed from there)",
+            observed=ex.observed)))
+
+    def _add(self, entry: dict[str, Any]) -> None:
         task = asyncio.get_running_loop().create_task(self._write(orjson.dumps(entry)))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)

@@ -273,8 +273,13 @@ def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.
 
 # AccessLog.text's words for a protocol route's answer with every figure, after the stamp's two parts.
 _USUAL_LINE = (f"%s%s INFO {access_log.name}: request request_id=%s method=%s path=%s status=%s duration_ms=%.1f"
-               " protocol=%s model=%s compaction=%s tokens_before=%s tokens_after=%s tool_notes=%s wait_ms=%.1f"
+               " protocol=%s model=%s compaction=%s%s tokens_before=%s tokens_after=%s tool_notes=%s wait_ms=%.1f"
                " upstream_ttfb_ms=%.1f stream=%s upstream_prompt=%s upstream_cached=%s upstream_completion=%s")
+
+
+def _reason(why: str) -> str:
+    """The access line's reason field: its word (one of ours, read back checked), or nothing."""
+    return f" reason={why}" if why else ""
 
 
 class AccessLog(Hooks):
@@ -294,7 +299,8 @@ class AccessLog(Hooks):
             fields["worker"] = self.worker
         if ex.tokens_before is not None:
             fields.update(
-                model=ex.model, compaction=ex.compaction, tokens_before=ex.tokens_before,
+                model=ex.model, compaction=ex.compaction, **({"reason": ex.why} if ex.why else {}),
+                tokens_before=ex.tokens_before,
                 tokens_after=ex.tokens_after, tool_notes=ex.tool_notes, wait_ms=round(ex.wait_ms, 1),
                 upstream_ttfb_ms=None if ex.upstream_ttfb_s is None else round(ex.upstream_ttfb_s * 1000, 1),
                 stream=ex.stream,
@@ -322,7 +328,7 @@ class AccessLog(Hooks):
         if model and compaction and after is not None and ttfb is not None and u is not None:
             # A protocol route's answer, in one piece (the same words as the general case below).
             t = (f"{t} model={words.get(model) or _word(model)} compaction={words.get(compaction) or _word(compaction)}"
-                 f" tokens_before={ex.tokens_before} tokens_after={after} tool_notes={ex.tool_notes}"
+                 f"{_reason(ex.why)} tokens_before={ex.tokens_before} tokens_after={after} tool_notes={ex.tool_notes}"
                  f" wait_ms={ex.wait_ms:.1f} upstream_ttfb_ms={ttfb * 1000:.1f} stream={ex.stream}"
                  f" upstream_prompt={u.prompt} upstream_cached={u.cached} upstream_completion={u.completion}")
         else:
@@ -330,6 +336,7 @@ class AccessLog(Hooks):
                 t += f" model={_word(model)}"
             if compaction:
                 t += f" compaction={_word(compaction)}"  # (read from the answer's header: a pass-through's may be anything)
+            t += _reason(ex.why)
             t += f" tokens_before={ex.tokens_before}"
             if after is not None:
                 t += f" tokens_after={after}"
@@ -372,7 +379,7 @@ class AccessLog(Hooks):
                     stamp._text, stamp._after[int((created - second) * 1000)], ex.request_id,
                     words.get(ex.method) or _word(ex.method), words.get(ex.path) or _word(ex.path), ex.code, ms,
                     ex.protocol, words.get(model) or _word(model), words.get(compaction) or _word(compaction),
-                    ex.tokens_before, after, ex.tool_notes, ex.wait_ms, ttfb * 1000, ex.stream, u.prompt, u.cached,
+                    _reason(ex.why), ex.tokens_before, after, ex.tool_notes, ex.wait_ms, ttfb * 1000, ex.stream, u.prompt, u.cached,
                     u.completion)
             else:
                 line = f"{fmt.stamp(created)} INFO {access_log.name}: request{self.text(ex, ms)}"
@@ -387,6 +394,6 @@ class AccessLog(Hooks):
                 "request_id": e.request_id, "model": e.model, "tier": e.tier, "conversation": e.conversation,
                 "covered": e.covered, "messages": e.messages, "tokens_before": e.tokens_before,
                 "tokens_after": e.tokens_after, "calls": e.calls, "wait_ms": round(e.wait_ms, 1),
-                "reason": e.reason or None,
+                "reason": e.reason or None, "why": e.why or None,
             }},
         )

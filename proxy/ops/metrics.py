@@ -265,7 +265,8 @@ class Metrics(Hooks):
             self.failures.labels(call.kind, call.error).inc()
 
     def compaction(self, event: CompactionEvent) -> None:
-        self.compactions.labels(event.tier).inc()
+        if not event.observed:  # (observe mode's would-be events: proxy/ops/signals.py counts those)
+            self.compactions.labels(event.tier).inc()
 
     def recall(self, outcome: str, protocol: str) -> None:
         self.recalls.labels(outcome, protocol).inc()

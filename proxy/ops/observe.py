@@ -17,18 +17,22 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
 from proxy.flow import STATUSES
+from proxy.ops import reasons
 from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 from proxy.state import STATE
 
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
-def begin(request: web.Request, hooks: Any) -> tuple[Exchange, Token[Exchange | None]]:
-    """The request's Exchange, made current and reported started (to the app's `hooks`)."""
+def begin(request: web.Request, hooks: Any, tracing: Any = None) -> tuple[Exchange, Token[Exchange | None]]:
+    """The request's Exchange, made current and reported started (to the app's `hooks`); a
+    protocol route's traced when `tracing` is on (proxy/ops/tracing.py)."""
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     ex = Exchange(new_request_id(), request.method, request.path, route, PROTOCOLS.get(route, "none"))
     request[EXCHANGE] = ex
+    if tracing is not None and ex.protocol != "none":
+        tracing.begin(request.headers, ex)
     token = CURRENT.set(ex)
     hooks.waiting += 1
     hooks.request_started(ex)
@@ -54,6 +58,8 @@ def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
         if ex.stream_headers is not None:
             _figures(ex, ex.stream_headers)
         hooks.stream_closed()
+    if ex.span is not None:
+        ex.tracing.end(ex)
     hooks.request_done(ex)
 
 
@@ -113,6 +119,9 @@ def _figures(ex: Exchange, h: Any) -> None:
         # (each parsed where it is read, and "0", the usual tool-results and wait figure,
         # without int(): a helper call and an int() each cost as much as the rest of this)
         ex.compaction = status
+        v = h.get("x-compaction-reason")
+        if v is not None:
+            ex.why = reasons.word(v)
         v = h.get("x-compaction-tokens-before")
         try:
             ex.tokens_before = None if v is None else int(v)

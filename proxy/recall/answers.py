@@ -26,6 +26,8 @@ from aiohttp import web
 
 from proxy import jsonbody
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
+from proxy.ops import tracing
+from proxy.ops.exchange import CURRENT
 from proxy.recall.keep import parts_of, replacements, request_parts
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
@@ -244,8 +246,10 @@ async def answer_whole(dialect: Dialect, http: Any, url: Any, headers: Any, time
 
     async def send(b: dict[str, Any]) -> Reply:
         try:
-            async with http.post(url, data=jsonbody.dumps(b), headers=headers, timeout=timeout, allow_redirects=False) as up:
-                return Reply(up.status, await up.read())
+            with tracing.child(CURRENT.get(), "recall round", **{"gen_ai.operation.name": tracing.OPERATION}):
+                async with http.post(url, data=jsonbody.dumps(b), headers=headers, timeout=timeout,
+                                     allow_redirects=False) as up:
+                    return Reply(up.status, await up.read())
         except UPSTREAM_ERRORS as e:
             err = map_client_error(e)
             return Reply(err.status, err.body())

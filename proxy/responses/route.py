@@ -34,12 +34,14 @@ from proxy.recall import chains as recall_chains
 from proxy.recall.responses import RESPONSES as RECALL
 from proxy.recall.responses_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
+from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses import compact
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import stateful
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.responses")
 ADAPTER = ResponsesAdapter()
@@ -53,8 +55,8 @@ def empty_stream_small(tokens: int, window: int) -> str:
             f"well under the model's {window}-token window, so it was not retried compacted")
 
 
-def _headers(status: str, before: int, after: int, tool_results: int = 0, wait_ms: float = 0) -> dict[str, str]:
-    return Report(before, status=status, tokens_after=after, tool_results=tool_results, wait_ms=wait_ms).headers()
+def _headers(status: str, before: int, after: int, why: str) -> dict[str, str]:
+    return Report(before, status=status, tokens_after=after, why=why).headers()
 
 
 @dataclass
@@ -122,7 +124,7 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         # the id a streamed recall answer showed for the stored one: recall/chains.py).
         body, raw = await recall_chains.resolved(state.store, creds.scope, body, raw,
                                                   state.prompts.text("recall-unanswered"))
-        return Prepared(raw, body, _headers("none", 0, 0, 0, 0), streaming)
+        return Prepared(raw, body, _headers("none", 0, 0, reasons.STATEFUL), streaming)
     if parsed is None:
         parsed = await offload.sized(len(raw), ADAPTER.request_of, raw, body, state.counter, cfg)
     before = parsed.total()
@@ -130,10 +132,12 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
     if creds.scope is None:
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it (as on the chat path).
-        return Prepared(raw, body, _headers(state.compaction.unchanged_status(parsed.model, before), before, before, 0, 0), streaming)
+        return Prepared(raw, body, state.compaction.unchanged(parsed.model, before, reasons.ANONYMOUS).headers(), streaming)
     flow = Flow.of(ADAPTER, parsed, Identity(creds.scope, creds.headers, focus,
                                           ex.conversation, *recall_answers.identity_fields(RECALL, state, parsed, on=recall)),
                    before)
+    if (seen := observed(state, ex, flow, incoming)) is not None:  # forwarded as sent, the stages beside it
+        return Prepared(raw, body, seen.headers(), streaming)
     try:
         await run_request(state.stages, flow)
         session = await recall_answers.prepare_flow(RECALL, state.recall, state.prompts, flow) \
@@ -143,9 +147,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         # A bug in our own stages (or a message the view cannot map back) must never cost the
         # client its request: forward what it sent.
         log.exception("shrinking the Responses request failed unexpectedly; forwarding it unchanged")
-        status = state.compaction.unchanged_status(parsed.model, before)
-        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, status, before)
-        return Prepared(raw, body, _headers(status, before, before, 0, 0), streaming)
+        unchanged = state.compaction.unchanged(parsed.model, before, reasons.INTERNAL)
+        journal_fault(state.hooks, ex, creds.scope, parsed.conversation, unchanged.status, before)
+        return Prepared(raw, body, unchanged.headers(), streaming)
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
 
@@ -154,7 +158,9 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
         headers["x-compaction-recalls"] = "0"
     after, window = flow.report.tokens_after, state.compaction.budget_for(parsed.model).window
     small = None if could_overflow(after, window) else partial(empty_stream_small, after, window)
-    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall), session, small)
+    state.prefixes.forwarded(ex, flow)
+    return Prepared(data, body, headers, streaming, overflow_retry(state.stages, flow, state.recall, state.prefixes),
+                    session, small)
 
 
 async def handle_responses(request: web.Request) -> web.StreamResponse:
@@ -165,11 +171,11 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     caller = CALLERS.of(request, (state.scope_secret, secret(cfg.upstream.api_key)))
     up_headers = caller.forwarded()
     if caller.bypass:
-        return await _as_sent(request, state, raw, up_headers, "bypassed")
+        return await _as_sent(request, state, raw, up_headers, "bypassed", reasons.BYPASS)
     try:
         p = await prepare(state, raw, None, request.headers, ex, caller=caller)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it (a stored prompt's model)
-        return await _as_sent(request, state, raw, up_headers, "none")
+        return await _as_sent(request, state, raw, up_headers, "none", reasons.UNCOMPACTABLE)
     recall = None
     if p.recall is not None:  # a streamed answer's shown ids lead to the stored last round (recall/chains.py)
         session = p.recall
@@ -184,10 +190,11 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _as_sent(request: web.Request, state: ProxyState, raw: bytes, headers: Any, status: str) -> web.StreamResponse:
+async def _as_sent(request: web.Request, state: ProxyState, raw: bytes, headers: Any, status: str,
+                   why: str) -> web.StreamResponse:
     streaming = b'"stream":true' in raw.replace(b" ", b"")
     return await send(request, state.session, ADAPTER, _upstream(request, state, headers, streaming), raw,
-                      _headers(status, 0, 0, 0, 0))
+                      _headers(status, 0, 0, why))
 
 
 CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list

@@ -27,6 +27,7 @@ from proxy.text import clamp_middle
 from proxy.recall import handles
 from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
+from proxy.ops import reasons
 from proxy.toolresults.breaker import CircuitBreaker
 from proxy.tokens import TokenCounter
 from proxy.adapters.base import Adapter, SummaryCall
@@ -128,6 +129,8 @@ class ToolResultStage(Stage):
         flow.forwarded = conv.with_envelopes(changed)
         flow.report.tool_results += summarized
         flow.report.wait_ms += (time.perf_counter() - started) * 1000
+        if summarized < len(cands) and self._paused(adapter, model):
+            flow.report.why = reasons.BREAKER_OPEN  # the answer says why its outputs went raw
 
     @staticmethod
     def _key(c: sel.Candidate, scope: str) -> str:
@@ -141,9 +144,13 @@ class ToolResultStage(Stage):
             return self._raw_with_notice(c, OVER_CAP), False
         rec = await self._existing(self._key(c, scope))
         if rec is None:
-            paused = self._breakers.get((adapter.upstream(self.cfg).base_url, model))  # (a count makes no breaker)
-            return (self._raw_with_notice(c, PAUSED), False) if paused and paused.state == "open" else (None, False)
+            return (self._raw_with_notice(c, PAUSED), False) if self._paused(adapter, model) else (None, False)
         return self._forwarded(c, rec)
+
+    def _paused(self, adapter: Adapter, model: str) -> bool:
+        """Whether the breaker of `model` at the `adapter`'s upstream is open (a count makes no breaker)."""
+        b = self._breakers.get((adapter.upstream(self.cfg).base_url, model))
+        return b is not None and b.state == "open"
 
     async def _existing(self, key: str) -> dict[str, Any] | None:
         """The note stored for `key`, or the failure stored there while its cool-down holds."""

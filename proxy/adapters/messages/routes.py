@@ -30,6 +30,7 @@ from proxy.model import Conversation
 from proxy.body import BodyPace, read_body
 from proxy.forward import passthrough
 from proxy.hashing import conversation_digest
+from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall.messages import MESSAGES as RECALL
@@ -37,6 +38,7 @@ from proxy.recall.messages_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE
+from proxy.watch import observed
 
 log = logging.getLogger("proxy.messages")
 MESSAGES = MessagesAdapter()
@@ -70,8 +72,8 @@ async def handle_anthropic_passthrough(request: web.Request) -> web.StreamRespon
                              base_path="", key_header="x-api-key")
 
 
-def _headers(status: str, before: int, after: int) -> dict[str, str]:
-    return Report(before, status, after).headers()
+def _headers(status: str, before: int, after: int, why: str) -> dict[str, str]:
+    return Report(before, status, after, why=why).headers()
 
 
 def _bypassed(raw: bytes, counter: Any, cfg: Any) -> tuple[int, bool]:
@@ -151,9 +153,12 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
     identity = _identity(request, state, req, caller)
     if identity is None:
         # No records kept or read (see _identity): compaction was needed and not done, as on chat.
-        return _unchanged(state, req, caller, req.total())
+        return _unchanged(state, req, caller, req.total(), reasons.ANONYMOUS)
     req.extra["count_only"] = count_only  # count_tokens: records and notes made already apply, none is made
     flow = Flow.of(MESSAGES, req, identity)
+    # observed: forwarded (or counted) as sent, the stages beside it
+    if (seen := observed(state, ex, flow, request.headers, start=not count_only)) is not None:
+        return Prepared(req, req.conversation, seen)
     try:
         await run_request(state.stages, flow)
         session = None
@@ -163,20 +168,23 @@ async def prepare(request: web.Request, state: Any, raw: bytes, caller: Caller, 
                 flow.request, session = recall
     except Exception:
         log.exception("shrinking the Messages request failed unexpectedly; forwarding it unchanged")
-        unchanged = _unchanged(state, req, caller, flow.report.tokens_before)
+        unchanged = _unchanged(state, req, caller, flow.report.tokens_before, reasons.INTERNAL)
         journal_fault(state.hooks, ex, identity.scope, req.conversation, unchanged.report.status,
                       flow.report.tokens_before)
         return unchanged
     if flow.report.tokens_after is None:
         flow.report.tokens_after = flow.total()
-    retry = None if count_only else overflow_retry(state.stages, flow, state.recall)
-    return Prepared(flow.request, flow.forwarded, flow.report, retry, session)
+    if count_only:
+        return Prepared(flow.request, flow.forwarded, flow.report)
+    state.prefixes.forwarded(ex, flow)
+    return Prepared(flow.request, flow.forwarded, flow.report, overflow_retry(state.stages, flow, state.recall,
+                                                                              state.prefixes), session)
 
 
-def _unchanged(state: Any, req: Request, caller: Caller, before: int) -> Prepared:
-    """The request forwarded as the client sent it."""
-    status = state.compaction.unchanged_status(req.model, before, long_context=caller.extra.long_context)
-    return Prepared(req, req.conversation, Report(before, status=status))
+def _unchanged(state: Any, req: Request, caller: Caller, before: int, cause: str) -> Prepared:
+    """The request forwarded as the client sent it, for `cause` (a reason word)."""
+    return Prepared(req, req.conversation,
+                    state.compaction.unchanged(req.model, before, cause, long_context=caller.extra.long_context))
 
 
 @anthropic_route
@@ -187,11 +195,11 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     caller = _caller_of(request, state)
     headers = caller.forwarded()
     if caller.bypass:
-        return await _as_sent(request, state, raw, headers, "bypassed")
+        return await _as_sent(request, state, raw, headers, "bypassed", reasons.BYPASS)
     try:
         p = await prepare(request, state, raw, caller, count_only=False)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
-        return await _as_sent(request, state, raw, headers, "none")
+        return await _as_sent(request, state, raw, headers, "none", reasons.UNCOMPACTABLE)
     body = await p.rendered()
     extra = p.report.headers()
     if p.recall is not None:
@@ -207,12 +215,12 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _as_sent(request: web.Request, state: Any, raw: bytes, headers: Any, status: str,
+async def _as_sent(request: web.Request, state: Any, raw: bytes, headers: Any, status: str, why: str,
                    path: str = MESSAGES.upstream_path) -> web.StreamResponse:
     """The body forwarded as it came, with the proxy's count when it can make one."""
     tokens, stream = await offload.sized(len(raw), _bypassed, raw, state.counter, state.cfg)
     up = _upstream(request, state.cfg, headers, stream and path == MESSAGES.upstream_path, path)
-    return await send(request, state.session, MESSAGES, up, raw, _headers(status, tokens, tokens))
+    return await send(request, state.session, MESSAGES, up, raw, _headers(status, tokens, tokens, why))
 
 
 @anthropic_route
@@ -225,7 +233,8 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     try:
         p = await prepare(request, state, raw, caller, count_only=True)
     except errors.Uncompactable:
-        return await _as_sent(request, state, raw, caller.forwarded(), "none", "/v1/messages/count_tokens")
+        return await _as_sent(request, state, raw, caller.forwarded(), "none", reasons.UNCOMPACTABLE,
+                              "/v1/messages/count_tokens")
     body = await p.rendered()
     up = _upstream(request, state.cfg, caller.forwarded(), False, "/v1/messages/count_tokens")
     return await send(request, state.session, MESSAGES, up, body, p.report.headers())
