@@ -44,7 +44,7 @@ class Identity:
 
 
 # Every x-compaction-status the proxy writes: the only values a metric label takes from it.
-STATUSES = frozenset({"none", "summarized", "reused", "masked", "degraded", "failed-open", "bypassed"})
+STATUSES = frozenset({"none", "summarized", "reused", "masked", "degraded", "failed-open", "bypassed", "observed"})
 
 
 @dataclass(slots=True)
