@@ -124,8 +124,5 @@ def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text
 
 def dropped(candidates: Iterable[str], summary: str) -> list[str]:
     """Candidates that do not appear verbatim in the model's summary."""
-    out: list[str] = []
-    for c in candidates:
-        if c not in summary and c not in out:
-            out.append(c)
-    return out
+    # (a set for the de-duplication: a list's membership test made 68k identifiers take 35 s)
+    return [c for c in dict.fromkeys(candidates) if c not in summary]

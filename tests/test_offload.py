@@ -38,15 +38,17 @@ def spy(monkeypatch: pytest.MonkeyPatch, where: dict[str, set[int]], module: Any
 @pytest.mark.parametrize("size", ["large", "small"])
 async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstream, make_proxy, monkeypatch, size):
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)  # "large" scaled down, to keep the test fast
-    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 6000 if size == "small" else 60_000}},
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 2000 if size == "small" else 60_000}},
                                                  "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
                          (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
         spy(monkeypatch, where, module, name)
-    msgs = chat_history(12, 150) if size == "small" else chat_history(12, 1500)
+    msgs = chat_history(12, 50) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
     assert (len(body) > offload.OFFLOAD_BYTES) is (size == "large")
+    # (scans for identifiers count each character SCAN_WEIGHT times: the small body stays under that too)
+    assert (len(body) * offload.SCAN_WEIGHT > offload.OFFLOAD_BYTES) is (size == "large")
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",

@@ -86,7 +86,7 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        idents = await offload.sized(len(original.text), identifiers, original.text)  # large spans: off the loop
+        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text)  # large spans: off the loop
         await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:
