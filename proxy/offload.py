@@ -25,8 +25,13 @@ SCAN_WEIGHT = 4
 async def sized(size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs): in a worker thread when `size` is over OFFLOAD_BYTES, else here."""
     if size > OFFLOAD_BYTES:
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        finally:
-            heap.trim_soon()  # what the large work allocated is freed soon: give it back to the system
+        return await elsewhere(fn, *args, **kwargs)
     return fn(*args, **kwargs)
+
+
+async def elsewhere(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) in a worker thread: work already known to be large."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    finally:
+        heap.trim_soon()  # what the large work allocated is freed soon: give it back to the system

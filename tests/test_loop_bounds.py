@@ -7,7 +7,10 @@ records the largest gap between the loop's ticks while the proxy works on it.
 
 from __future__ import annotations
 
+import gzip
+
 import orjson
+import zstandard
 
 from support.client import auth, chat, post
 from support.loop_probe import STALL_BOUND_S, LoopProbe
@@ -45,3 +48,34 @@ async def test_noting_a_tool_output_of_many_distinct_identifiers_holds_no_loop(u
     note = upstream.chat_requests[-1]["messages"][2]["content"]
     assert "## Identifiers preserved" in note and "more" in note
     assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def layered_body(inflated: int) -> bytes:
+    """zstd over a level-0 gzip of `inflated` bytes: a few KB on the wire, a gzip layer of
+    `inflated` bytes that zlib must go through in many steps."""
+    inner = gzip.compress(b" " * inflated, compresslevel=0)
+    return zstandard.ZstdCompressor(level=19).compress(inner)
+
+
+async def test_a_small_body_in_two_layers_that_inflate_holds_no_loop(upstream, make_proxy):
+    # Whether to decode off the loop was decided by the compressed size (this body is ~1 KB), and
+    # zlib copied its unconsumed input at every 64 KB step: 48 MB of level 0 held the loop 5 s.
+    proxy = await make_proxy(upstream.base_url)
+    body = layered_body(48 << 20)
+    assert len(body) < 16 << 10
+    headers = {"Content-Encoding": "gzip, zstd", "Content-Type": "application/json", **auth(KEY)}
+    async with LoopProbe() as probe:
+        answer = await post(proxy, body, headers)
+    assert answer.status == 400 and answer.json()["error"]["type"] == "invalid_request_error", answer.body[:300]
+    assert probe.worst_s < STALL_BOUND_S, probe
+    assert upstream.chat_requests == []
+
+
+async def test_more_than_two_content_encoding_layers_are_a_415_before_any_is_decoded(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url)
+    body = gzip.compress(gzip.compress(gzip.compress(orjson.dumps({"model": MODEL, "messages": []}))))
+    headers = {"Content-Encoding": "gzip, gzip, gzip", "Content-Type": "application/json", **auth(KEY)}
+    answer = await post(proxy, body, headers)
+    assert answer.status == 415 and answer.json()["error"]["code"] == "unsupported_content_encoding", answer.body
+    assert "at most 2" in answer.json()["error"]["message"]
+    assert upstream.chat_requests == []

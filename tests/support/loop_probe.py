@@ -6,7 +6,7 @@ a gap of seconds; work in a worker thread, or bounded work, leaves every gap sma
         await post(proxy, body, auth())
     assert probe.worst_s < STALL_BOUND_S, probe
 
-The bound is on the loop's own gaps, not on how long the request took: a slow machine makes the
+LOOP_PROBE_PRINT=1 (with pytest -s) prints each probe's figure. The bound is on the loop's own gaps, not on how long the request took: a slow machine makes the
 request slower, not its gaps seconds long.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from typing import Any
 
@@ -58,6 +59,8 @@ class LoopProbe:
             pass
         finally:
             gc.unfreeze()
+            if os.environ.get("LOOP_PROBE_PRINT"):  # the figures for a report: pytest -s
+                print(self)
 
     def __repr__(self) -> str:
         return f"LoopProbe(worst gap {self.worst_s * 1000:.0f} ms over {self.ticks} ticks)"
