@@ -7,14 +7,22 @@ records the largest gap between the loop's ticks while the proxy works on it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gzip
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+from typing import AsyncIterator
 
 import orjson
 import zstandard
 
-from support.client import auth, chat, post
+from proxy import identifiers
+from support.client import anthropic_client, auth, chat, post
 from support.loop_probe import STALL_BOUND_S, LoopProbe
 
+ROOT = Path(__file__).resolve().parent.parent  # the worktree: the child imports its proxy
 MODEL = "gpt-4"
 KEY = "sk-loop-bounds"
 
@@ -79,3 +87,94 @@ async def test_more_than_two_content_encoding_layers_are_a_415_before_any_is_dec
     assert answer.status == 415 and answer.json()["error"]["code"] == "unsupported_content_encoding", answer.body
     assert "at most 2" in answer.json()["error"]["message"]
     assert upstream.chat_requests == []
+
+
+_SERVE_FAKE = """
+import asyncio, sys
+from proxy.fakes.{module} import {cls}
+
+async def main():
+    async with {cls}({args}) as fake:
+        print(fake.base_url, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test ends
+
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def fake_process(module: str, cls: str, args: str = "") -> AsyncIterator[str]:
+    """A strict fake in a process of its own (its base URL): its own work on a large body (it
+    parses, validates and counts every message, holding the GIL in long calls) is not the
+    proxy's, and must not show in the probe."""
+    code = _SERVE_FAKE.format(module=module, cls=cls, args=args)
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", code, cwd=ROOT, stdin=PIPE, stdout=PIPE)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 30)
+        assert line.startswith(b"http://127.0.0.1:"), line
+        yield line.decode().strip()
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 10)
+        except asyncio.TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+async def test_count_tokens_of_many_short_messages_holds_no_loop(make_proxy):
+    # The envelopes of the history were built lazily by their first reader, the record lookup on
+    # the loop, and so were the store keys of every prefix: 60k one-character messages held the
+    # loop 1.2 s (200k: 7.7 s), where the same body's parse and count already ran off it.
+    claude = "claude-sonnet-4-6"
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": "x"} for i in range(60_000)] + [
+        {"role": "user", "content": "x"}]
+    async with fake_process("messages", "FakeMessages") as url:
+        proxy = await make_proxy(url, {"anthropic": {"base_url": url},
+                                                 "compaction": {"prepare_percent": 0}})
+        async with anthropic_client(proxy, KEY) as c:
+            await c.messages.count_tokens(model=claude, messages=msgs[-3:])  # first use
+        # (the body as bytes: the SDK's own preparation of 60k messages would hold this loop too)
+        body = orjson.dumps({"model": claude, "messages": msgs})
+        headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01", "content-type": "application/json"}
+        async with LoopProbe() as probe:
+            answer = await post(proxy.root, body, headers, path="/v1/messages/count_tokens", expect=200)
+    assert answer.json()["input_tokens"] > 60_000
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+async def test_compaction_served_here_of_many_identifiers_holds_no_loop(make_proxy, client_for):
+    # Ranking the span's identifiers counted each one in the whole text, and "not already in the
+    # summary" was a search of the whole summary each (20k identifiers in 160 KB: seconds on the
+    # loop, 2 MB of items 5.7 s); the parse, the transcript and the record were made on the loop.
+    tokens = distinct_tokens(20_000).split("\n")
+    items: list[dict] = [{"type": "message", "role": "user", "content": "Find the failing key."}]
+    for n in range(10):
+        items += [{"type": "function_call", "call_id": f"call_{n}", "name": "shell", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": f"call_{n}", "output": "\n".join(tokens[n::10])}]
+    async with fake_process("responses", "FakeResponses", "serve_compact=False") as url:
+        proxy = await make_proxy(url, {"responses": {"serve_compact": True}})
+        c = client_for(proxy, KEY)
+        await c.responses.compact(model="gpt-5", input=items[:3])  # first use
+        async with LoopProbe() as probe:
+            out = await c.responses.compact(model="gpt-5", input=items)
+    assert out.output[-1].type == "compaction"
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def test_occurrences_past_the_budget_count_the_tokens_a_scan_finds(monkeypatch):
+    text = "see src/app.py and src/app.py, LEDGER-42 in xsrc/app.pyx; 9f86d08a"
+    idents = ["src/app.py", "LEDGER-42", "9f86d08a", "gone/away.py"]
+    assert identifiers.occurrences(idents, text, 4) == {"src/app.py": 3, "LEDGER-42": 1, "9f86d08a": 1,
+                                                        "gone/away.py": 0}
+    monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)
+    # one pass over the text's identifiers: the one inside a longer word is no longer counted
+    assert identifiers.occurrences(idents, text, 4) == {"src/app.py": 2, "LEDGER-42": 1, "9f86d08a": 1,
+                                                        "gone/away.py": 0}
+    assert identifiers.absent(idents, text) == ["gone/away.py"]
+
+
+def test_union_keeps_the_old_order_and_adds_each_new_item_once():
+    assert identifiers.union(["a", "b"], ["c", "a", "c", "d"]) == ["a", "b", "c", "d"]

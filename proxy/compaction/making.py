@@ -27,6 +27,7 @@ from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
+from proxy.identifiers import absent, union
 from proxy.config import Config
 from proxy.model import Conversation, Envelope, calls_by_id
 from proxy.prompts import Prompts
@@ -38,9 +39,6 @@ log = logging.getLogger("proxy.compaction")
 MAX_KNOWN_IDENTIFIERS = 5000  # identifiers a record remembers for the next update
 CHARS_PER_IDENTIFIER_TOKEN = 3  # a first fill of the identifier block, checked by counting after
 
-
-def _union(old: list[str], new: list[str]) -> list[str]:
-    return old + [x for x in new if x not in old]
 
 
 @dataclass(frozen=True)
@@ -77,9 +75,9 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         plan=plan, covered=covered, chain=view.chain_hex(covered),
         files=extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized)),
         text=text,
-        candidates=_union(previous.identifiers if previous else [], extract.find_identifiers(text)),
-        errors=_union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
-        constraints=_union(previous.constraints if previous else [], extract.find_constraints(summarized)),
+        candidates=union(previous.identifiers if previous else [], extract.find_identifiers(text)),
+        errors=union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
+        constraints=union(previous.constraints if previous else [], extract.find_constraints(summarized)),
         kept_text=extract.span_text(kept),
         span_tokens=view.flow.request.scaled(sum(conv.tokens[n_sys:plan.cut])),
         users=extract.user_text(conv.envelopes[n_sys:]),
@@ -228,7 +226,7 @@ class RecordMaker:
             covered=d.covered, chain=d.chain, summary=summary, files=d.files,
             identifiers=d.candidates[-MAX_KNOWN_IDENTIFIERS:], clamped=d.clamped, created=self.clock(),
             prepared=prepared, masks=d.masks, errors=d.errors[-MAX_KNOWN_IDENTIFIERS:], constraints=d.constraints,
-            recall_identifiers=_union(d.recall, rest), recall_spans=d.spans,
+            recall_identifiers=union(d.recall, rest), recall_spans=d.spans,
             live_from=None if prepared else len(view.conv) - view.n_system,
         )
 
@@ -275,8 +273,7 @@ class RecordMaker:
             handle = d[:12] if m.item == 0 else handles.of_text(mask.key(d, m.item))
             base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), output, handle)
             # what the stub had no room for is listed for recall, never silently gone
-            recall += [x for x in extract.find_identifiers(output) + extract.find_error_lines(output)
-                       if x not in stub and x not in recall]
+            recall = union(recall, absent(extract.find_identifiers(output) + extract.find_error_lines(output), stub))
         extent = keep.cut - n_sys
         if record is not None and extent <= record.extent:
             return None
@@ -290,7 +287,7 @@ class RecordMaker:
         conv = view.conv
         n_sys = view.n_system
         span: list[Envelope] = conv.envelopes[plan.start:plan.cut]
-        constraints = _union(previous.constraints if previous else [], extract.find_constraints(span))
+        constraints = union(previous.constraints if previous else [], extract.find_constraints(span))
         latest = extract.latest_requests(conv.envelopes, n_sys, plan.cut)
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, view.count_text)
         if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
@@ -300,10 +297,10 @@ class RecordMaker:
         summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
                                  constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
-        identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
-        errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        identifiers = union(previous.identifiers if previous else [], extract.find_identifiers(extract.span_text(span)))
+        errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
         present = summary + "\n" + extract.span_text(work.envelopes[plan.cut:])
-        recall = _union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
+        recall = union(previous.recall_identifiers if previous else [], absent(identifiers + errors, present))
         self.stats["identifiers_to_recall"] += len(recall)
         return SummaryRecord(
             covered=covered, chain=view.chain_hex(covered), summary=summary, tier="digest",

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import orjson
 
 from proxy.compaction.extract import rank_identifiers, render_files
+from proxy.identifiers import absent
 
 # A line that names an error: an exception (type and message), a compiler's diagnostic ("error:",
 # "error[E0382]:", "fatal error:"), a log's ERROR / FATAL / PANIC line. Lines that only say
@@ -178,8 +179,8 @@ def identifier_lines(
     in `present` (the model's summary, the kept messages, the files block), most salient first,
     within the budget. Error lines one a line; the other identifiers on one comma-separated line,
     the densest form a model still reads (no identifier holds a space)."""
-    errors = [e for e in errors if e not in present]
-    idents = [i for i in candidates if i not in present]
+    errors = absent(errors, present)
+    idents = absent(candidates, present)
     ranked = rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
     # Lines that name an error are the most needed and the least recoverable; other lines that
     # say "failed" (a test run's tally) come after the identifiers, if room is left.

@@ -6,8 +6,9 @@ a gap of seconds; work in a worker thread, or bounded work, leaves every gap sma
         await post(proxy, body, auth())
     assert probe.worst_s < STALL_BOUND_S, probe
 
-LOOP_PROBE_PRINT=1 (with pytest -s) prints each probe's figure. The bound is on the loop's own gaps, not on how long the request took: a slow machine makes the
-request slower, not its gaps seconds long.
+LOOP_PROBE_PRINT=1 (with pytest -s) prints each probe's figure. The bound is on the loop's own
+gaps, not on how long the request took: a slow machine makes the request slower, not its gaps
+seconds long.
 """
 
 from __future__ import annotations
@@ -30,15 +31,19 @@ class LoopProbe:
         self.worst_s = 0.0
         self.ticks = 0
         self._task: asyncio.Task[None] | None = None
+        self._last = time.perf_counter()
 
     async def _tick(self) -> None:
-        last = time.perf_counter()
+        self._last = time.perf_counter()
         while True:
             await asyncio.sleep(TICK_S)
-            now = time.perf_counter()
-            self.worst_s = max(self.worst_s, now - last - TICK_S)
+            self._gap()
             self.ticks += 1
-            last = now
+
+    def _gap(self) -> None:
+        now = time.perf_counter()
+        self.worst_s = max(self.worst_s, now - self._last - TICK_S)
+        self._last = now
 
     async def __aenter__(self) -> "LoopProbe":
         # The test process's own heap (pytest, the SDKs, the fakes: ~300k objects) would make each
@@ -52,6 +57,9 @@ class LoopProbe:
 
     async def __aexit__(self, *exc: Any) -> None:
         assert self._task is not None
+        # The gap still open counts too: a stall that ends as the request does is cancelled with
+        # the ticker before it could tick again.
+        self._gap()
         self._task.cancel()
         try:
             await self._task
