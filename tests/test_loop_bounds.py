@@ -16,9 +16,18 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import orjson
+import pytest
 import zstandard
 
 from proxy import identifiers
+from proxy.prompts import Prompts
+from proxy.recall.originals import MAX_QUERY_TERMS, Original, Originals, query_terms
+from proxy.recall.tool import answer
+from proxy.store.base import Store
+from proxy.store.memory import MemoryStore
+from proxy.store.resilient import ResilientStore
+from proxy.store.sqlite import SqliteStore
+from proxy.tokens import TokenCounter
 from support.client import anthropic_client, auth, chat, post
 from support.loop_probe import STALL_BOUND_S, LoopProbe
 
@@ -178,3 +187,41 @@ def test_occurrences_past_the_budget_count_the_tokens_a_scan_finds(monkeypatch):
 
 def test_union_keeps_the_old_order_and_adds_each_new_item_once():
     assert identifiers.union(["a", "b"], ["c", "a", "c", "d"]) == ["a", "b", "c", "d"]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def originals(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Originals]:
+    store: Store = MemoryStore(ttl_s=1000, max_records=1000) if request.param == "memory" else SqliteStore(
+        str(tmp_path / "s.db"), ttl_s=1000, max_records=1000)
+    yield Originals(ResilientStore(store))
+    await store.close()
+
+
+async def test_a_recall_search_with_a_huge_query_holds_no_loop(originals: Originals) -> None:
+    # The query's words were one alternation tried at every position of the original, and each of
+    # its identifiers searched for in all of it: a 16 KB query against 2.4 MB stalled 6 s (1.1 MB: 1.6 s). A query
+    # is now cut to its first terms, words are matched in one pass, and the search of a large
+    # original runs off the loop.
+    rows = [f"row {i}: shard s{i % 64} wrote batch b{i:06d} in {i % 997} ms, status ok" for i in range(20_000)]
+    rows[10_000] = "row 10000: CONFIG max_pool_size=417 set by deploy 7c1e2f9a"
+    text = "\n".join(rows)
+    assert len(text) > 1_000_000
+    await originals.save("s1", Original("a1b2c3d4e5f6", "tool output", "run_query(db=prod)", text))
+    query = "7c1e2f9a max_pool_size " + " ".join(f"shard s{i % 64} batch b{i:06d} ms status" for i in range(700))
+    assert len(query) > 16_000
+    counter = TokenCounter()
+    count = lambda s: counter.count_text(s, "cl100k_base")  # noqa: E731
+    args = orjson.dumps({"query": query}).decode()
+    await answer(orjson.dumps({"query": "deploy"}).decode(), originals, "s1", max_tokens=4000, count=count,
+                 prompts=Prompts())  # first use
+    async with LoopProbe() as probe:
+        found = await answer(args, originals, "s1", max_tokens=4000, count=count, prompts=Prompts())
+    assert found.outcome == "hit" and "recall id a1b2c3d4e5f6" in found.text
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def test_a_query_is_read_to_its_first_terms():
+    words, idents = query_terms("deploy 7c1e2f9a " + " ".join(f"word{i} id{i:05d}x" for i in range(5000)))
+    assert len(words) == len(idents) == MAX_QUERY_TERMS
+    assert words[0] == "deploy" and idents[0] == "7c1e2f9a"
+    assert query_terms("  max_pool_size  ") == (["max", "pool", "size"], ["max_pool_size"])  # the query itself, exactly
