@@ -17,7 +17,7 @@ import pytest
 from proxy import hashing, identifiers, offload
 from proxy.adapters import chat
 from proxy.adapters.chat import ChatAdapter
-from proxy.compaction import extract, making
+from proxy.compaction import extract, making, summarizer
 from support.client import auth, post
 from support.compaction_helpers import chat_history
 
@@ -42,7 +42,8 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
                                                  "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
-                         (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
+                         (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render"),
+                         (summarizer.HistorySummarizer, "_counts")]:
         spy(monkeypatch, where, module, name)
     msgs = chat_history(12, 50) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
@@ -52,7 +53,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",
-                          "find_error_lines", "render"}
+                          "find_error_lines", "render", "_counts"}
     for name, threads in where.items():
         if size == "large":
             assert loop_thread not in threads, f"{name} ran on the event loop"
