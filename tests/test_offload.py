@@ -18,6 +18,7 @@ from proxy import hashing, identifiers, offload
 from proxy.adapters import chat
 from proxy.adapters.chat import ChatAdapter
 from proxy.compaction import extract, making, summarizer
+from proxy.recall import layer
 from support.client import auth, post
 from support.compaction_helpers import chat_history
 
@@ -43,7 +44,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
                          (extract, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render"),
-                         (summarizer.HistorySummarizer, "_counts")]:
+                         (summarizer.HistorySummarizer, "_counts"), (layer, "replacements")]:
         spy(monkeypatch, where, module, name)
     msgs = chat_history(12, 50) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
@@ -53,7 +54,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",
-                          "find_error_lines", "render", "_counts"}
+                          "find_error_lines", "render", "_counts", "replacements"}
     for name, threads in where.items():
         if size == "large":
             assert loop_thread not in threads, f"{name} ran on the event loop"

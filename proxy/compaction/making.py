@@ -40,7 +40,6 @@ MAX_KNOWN_IDENTIFIERS = 5000  # identifiers a record remembers for the next upda
 CHARS_PER_IDENTIFIER_TOKEN = 3  # a first fill of the identifier block, checked by counting after
 
 
-
 @dataclass(frozen=True)
 class Draft:
     """What a summary record of `plan` holds besides the model's text (spec 9.3)."""

@@ -205,7 +205,6 @@ def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelop
     return new
 
 
-
 class Planner:
     """Where to cut so the forwarded request reaches its target, summary message included."""
 

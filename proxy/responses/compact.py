@@ -162,7 +162,6 @@ def transcript(entries: list[Entry]) -> list[str]:
     return blocks
 
 
-
 def finish(model_text: str, span: list[Envelope], kept_text: str, previous: CompactRecord | None, *, model: str,
            created: float, files_chars: int, identifier_chars: int) -> CompactRecord:
     """The record around the model's text, with the blocks code writes, as a history summary has
