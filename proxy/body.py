@@ -129,10 +129,6 @@ def _arrived(request: web.Request, limit: int) -> bytes | None:
     return body
 
 
-# What a compressed body is guessed to inflate to, to decide whether decoding leaves the loop.
-_INFLATION_GUESS = 8
-
-
 async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
     """The whole body, decoded when it came compressed (bodycoding: the limit applies to the
     decoded size too; an unknown coding is refused before a byte is read)."""
@@ -143,7 +139,20 @@ async def read_body(request: web.Request, limit: int, pace: BodyPace) -> bytes:
         raw = await _arriving(request, limit, pace)
     if not found:
         return raw
-    return await offload.sized(len(raw) * _INFLATION_GUESS, bodycoding.decode, raw, header, limit)
+    return await decoded(raw, header, limit)
+
+
+async def decoded(raw: bytes, header: str | None, limit: int) -> bytes:
+    """`raw` decoded (bodycoding): on the loop while its output stays small, else in a worker
+    thread. What a body decodes to is not known from its compressed size (6.5 KB decoded to
+    megabytes on the loop for 25 s), so a small one is tried here within offload's size and, past
+    it, decoded again off the loop: the work thrown away is bounded by that size a layer."""
+    if len(raw) <= offload.OFFLOAD_BYTES:
+        try:
+            return bodycoding.decode(raw, header, limit, budget=offload.OFFLOAD_BYTES)
+        except bodycoding.OverBudget:
+            pass
+    return await offload.elsewhere(bodycoding.decode, raw, header, limit)
 
 
 # A body larger than this goes upstream in two writes rather than one copy (`upstream_body`).

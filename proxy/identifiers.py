@@ -50,12 +50,8 @@ def _pieces(text: str) -> Iterable[tuple[int, int]]:
         start = end
 
 
-def find_identifiers(text: str) -> list[str]:
-    """Identifiers in order of first appearance, without duplicates.
-
-    A match inside a longer one (the path part of a URL, the digits of a UUID) is left out: the
-    longer identifier already carries it verbatim.
-    """
+def _spans(text: str) -> list[tuple[int, int, str]]:
+    """Every identifier match as (start, end, token), in order, longer first at a start."""
     spans: list[tuple[int, int, str]] = []
     for pat in _IDENT_PATTERNS:
         for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
@@ -63,10 +59,19 @@ def find_identifiers(text: str) -> list[str]:
             if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
                 spans.append((m.start(), m.start() + len(tok), tok))
     spans.sort(key=lambda s: (s[0], -s[1]))
+    return spans
+
+
+def find_identifiers(text: str) -> list[str]:
+    """Identifiers in order of first appearance, without duplicates.
+
+    A match inside a longer one (the path part of a URL, the digits of a UUID) is left out: the
+    longer identifier already carries it verbatim.
+    """
     out: list[str] = []
     seen: set[str] = set()
     covered_to = -1
-    for _start, end, tok in spans:
+    for _start, end, tok in _spans(text):
         if end <= covered_to:
             continue
         covered_to = end
@@ -101,22 +106,53 @@ def _kind_weight(ident: str) -> int:
     return 0
 
 
+# Characters `str.count` may scan for one list (~50 ms; a session of a thousand identifiers in 33 KB
+# asks half of it): every identifier counted in the whole text is quadratic (2 MB of a compaction's
+# items: 5.7 s); past it, identifiers are counted as the tokens a scan of the text finds, in one pass.
+EXACT_COUNT_CHARS = 1 << 26
+
+
+def occurrences(idents: list[str], text: str, cap: int) -> dict[str, int]:
+    """How often each identifier occurs in `text`, at most `cap`: exactly (substrings) while that
+    is cheap, else as identifier tokens of the text (linear; an identifier inside a longer word is
+    not counted there)."""
+    if not text or not idents:
+        return dict.fromkeys(idents, 0)
+    if len(idents) * len(text) <= EXACT_COUNT_CHARS:
+        return {i: min(text.count(i), cap) for i in idents}
+    counts: dict[str, int] = {}
+    for _s, _e, tok in set(_spans(text)):  # (a span two patterns match is one occurrence)
+        counts[tok] = counts.get(tok, 0) + 1
+    return {i: min(counts.get(i, 0), cap) for i in idents}
+
+
+def absent(items: list[str], text: str) -> list[str]:
+    """The items not verbatim in `text` (occurrences' rule past its budget: an error line, no
+    token, then counts as absent), in order."""
+    found = occurrences(items, text, 1)
+    return [x for x in items if not found[x]]
+
+
+def union(old: list[str], new: Iterable[str]) -> list[str]:
+    """`old`, then what `new` adds to it, in order, each once (a set: the list's own membership
+    test was quadratic in the identifiers of a large span)."""
+    seen = set(old)
+    return old + [x for x in new if x not in seen and not seen.add(x)]  # type: ignore[func-returns-value]
+
+
 def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "") -> list[str]:
     """Most salient first (spec 9.3): named by the user, in an error, of a kind agents need
     verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer)."""
-    errors = list(errors)
     n = max(len(idents), 1)
+    # (no identifier holds a newline: one joined text asks "in any error line" of each at once)
+    by_user = occurrences(idents, user_text, 1)
+    in_error = occurrences(idents, "\n".join(errors), 1)
+    frequency = occurrences(idents, text, 4)
 
     def score(k: int) -> float:
         ident = idents[k]
-        s = _kind_weight(ident) + 2.0 * k / n
-        if user_text and ident in user_text:
-            s += 4
-        if any(ident in e for e in errors):
-            s += 3
-        if text:
-            s += min(text.count(ident), 4) / 2
-        return s
+        return (_kind_weight(ident) + 2.0 * k / n + 4 * by_user[ident] + 3 * in_error[ident]
+                + frequency[ident] / 2)
 
     order = sorted(range(len(idents)), key=lambda k: -score(k))
     return [idents[k] for k in order]
@@ -124,8 +160,5 @@ def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text
 
 def dropped(candidates: Iterable[str], summary: str) -> list[str]:
     """Candidates that do not appear verbatim in the model's summary."""
-    out: list[str] = []
-    for c in candidates:
-        if c not in summary and c not in out:
-            out.append(c)
-    return out
+    # (a set for the de-duplication: a list's membership test made 68k identifiers take 35 s)
+    return [c for c in dict.fromkeys(candidates) if c not in summary]

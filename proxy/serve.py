@@ -20,6 +20,7 @@ for their handler, and `_request_in_progress`); tests/test_server_limits.py pins
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import resource
 import signal
@@ -158,6 +159,11 @@ async def listen(app: web.Application, cfg: Config, *, reuse_port: bool = False)
         shutdown_timeout=CANCEL_WAIT_S,
     )
     await runner.setup()
+    # What startup made (modules, config, tokenizer tables: ~70k objects) lives as long as the
+    # process: frozen, a full collection no longer scans it, and a request that triggers one no
+    # longer pauses the loop for its sake (~0.1 s on a loaded core, each time).
+    gc.collect()
+    gc.freeze()
     try:
         site = web.TCPSite(runner, s.host, s.port, backlog=min(s.max_connections, 4096), reuse_port=reuse_port or None)
         await site.start()

@@ -124,3 +124,23 @@ async def test_pass_through_routes_forward_the_clients_bytes_and_encoding(upstre
     assert rec.headers.get("content-encoding") == "gzip"
     # The fake (aiohttp, decoding as servers do) read the JSON the client compressed.
     assert rec.json == {"model": "text-embedding-3-small", "input": "hello"}
+
+
+def test_past_the_budget_a_layer_is_left_for_elsewhere_and_past_the_limit_refused() -> None:
+    data = brotli.compress(gzip.compress(BODY))
+    with pytest.raises(bodycoding.OverBudget):
+        bodycoding.decode(data, "gzip, br", 1 << 20, budget=len(BODY) - 1)
+    assert bodycoding.decode(data, "gzip, br", 1 << 20, budget=len(BODY)) == BODY
+    with pytest.raises(errors.ProxyError) as e:  # a budget over the limit: the limit decides
+        bodycoding.decode(data, "gzip, br", len(BODY) - 1, budget=1 << 20)
+    assert e.value.status == 413
+
+
+def test_gzip_members_and_padding_in_slices() -> None:
+    # The zlib input goes in slices: members that cross a slice's end, and zeros after the last.
+    members = b"".join(gzip.compress(bytes([65 + i % 26]) * 70_000, compresslevel=0) for i in range(5))
+    assert bodycoding.decode(members + bytes(100), "gzip", 1 << 20) == b"".join(
+        bytes([65 + i]) * 70_000 for i in range(5))
+    with pytest.raises(errors.ProxyError) as e:
+        bodycoding.decode(members + b"\x00\x01", "gzip", 1 << 20)
+    assert e.value.status == 400

@@ -17,7 +17,8 @@ import pytest
 from proxy import hashing, identifiers, offload, textfacts
 from proxy.adapters import chat
 from proxy.adapters.chat import ChatAdapter
-from proxy.compaction import extract, making
+from proxy.compaction import extract, making, summarizer
+from proxy.recall import layer
 from support.client import auth, post
 from support.compaction_helpers import chat_history
 
@@ -38,20 +39,23 @@ def spy(monkeypatch: pytest.MonkeyPatch, where: dict[str, set[int]], module: Any
 @pytest.mark.parametrize("size", ["large", "small"])
 async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstream, make_proxy, monkeypatch, size):
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 40_000)  # "large" scaled down, to keep the test fast
-    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 6000 if size == "small" else 60_000}},
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": 2000 if size == "small" else 60_000}},
                                                  "compaction": {"prepare_percent": 0}, "tool_results": {"enabled": False}})
     monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())  # texts other tests scanned are scanned here again
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
-                         (textfacts, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render")]:
+                         (textfacts, "find_identifiers"), (extract, "find_error_lines"), (ChatAdapter, "render"),
+                         (summarizer.HistorySummarizer, "_counts"), (layer, "replacements")]:
         spy(monkeypatch, where, module, name)
-    msgs = chat_history(12, 150) if size == "small" else chat_history(12, 1500)
+    msgs = chat_history(12, 50) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
     assert (len(body) > offload.OFFLOAD_BYTES) is (size == "large")
+    # (scans for identifiers count each character SCAN_WEIGHT times: the small body stays under that too)
+    assert (len(body) * offload.SCAN_WEIGHT > offload.OFFLOAD_BYTES) is (size == "large")
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "find_identifiers",
-                          "find_error_lines", "render"}
+                          "find_error_lines", "render", "_counts", "replacements"}
     # The forwarded body is spliced from the bytes written at parse, a copy: on the loop up to
     # COPY_SHARE times the threshold (this body is not that large).
     assert len(body) // offload.COPY_SHARE <= offload.OFFLOAD_BYTES and where.pop("render") == {loop_thread}

@@ -143,6 +143,7 @@ class CompactionEngine:
         return self.budget_for(flow.model, long_context=flow.identity.long_context)
 
     def view(self, flow: Flow, conv: Conversation) -> View:
+        conv.envelopes  # built here, with the view (off the loop for a long history), not by its first reader
         return View(flow, conv, self.counter)
 
     def apply(self, view: View, record: SummaryRecord) -> Outcome:

@@ -17,12 +17,6 @@ from proxy.identifiers import PIECE_CHARS, dropped, find_error_lines, find_ident
 from proxy import textfacts
 from proxy.model import Envelope, Kind
 
-def union(old: list[str], new: list[str]) -> list[str]:
-    """`old`, then what of `new` it lacks."""
-    known = set(old)  # a long session's records hold thousands
-    return old + [x for x in new if x not in known]
-
-
 def span_identifiers(envelopes: Sequence[Envelope]) -> list[str]:
     """find_identifiers(span_text(envelopes)), from each text's identifiers (found once per text,
     textfacts): no identifier crosses a line, so the joined text's are the texts' in order, each

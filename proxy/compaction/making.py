@@ -27,6 +27,7 @@ from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
+from proxy.identifiers import absent, union
 from proxy.config import Config
 from proxy.model import Conversation, Envelope, calls_by_id
 from proxy.prompts import Prompts
@@ -73,9 +74,9 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         plan=plan, covered=covered, chain=view.chain_hex(covered),
         files=extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized)),
         text=text,
-        candidates=extract.union(previous.identifiers if previous else [], extract.span_identifiers(summarized)),
-        errors=extract.union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
-        constraints=extract.union(previous.constraints if previous else [], extract.find_constraints(summarized)),
+        candidates=union(previous.identifiers if previous else [], extract.span_identifiers(summarized)),
+        errors=union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
+        constraints=union(previous.constraints if previous else [], extract.find_constraints(summarized)),
         kept_text=extract.span_text(kept),
         span_tokens=view.flow.request.scaled(sum(conv.tokens[n_sys:plan.cut])),
         users=extract.user_text(conv.envelopes[n_sys:]),
@@ -224,7 +225,7 @@ class RecordMaker:
             covered=d.covered, chain=d.chain, summary=summary, files=d.files,
             identifiers=d.candidates[-MAX_KNOWN_IDENTIFIERS:], clamped=d.clamped, created=self.clock(),
             prepared=prepared, masks=d.masks, errors=d.errors[-MAX_KNOWN_IDENTIFIERS:], constraints=d.constraints,
-            recall_identifiers=extract.union(d.recall, rest), recall_spans=d.spans,
+            recall_identifiers=union(d.recall, rest), recall_spans=d.spans,
             live_from=None if prepared else len(view.conv) - view.n_system,
         )
 
@@ -291,7 +292,7 @@ class RecordMaker:
         conv = view.conv
         n_sys = view.n_system
         span: list[Envelope] = conv.envelopes[plan.start:plan.cut]
-        constraints = extract.union(previous.constraints if previous else [], extract.find_constraints(span))
+        constraints = union(previous.constraints if previous else [], extract.find_constraints(span))
         latest = extract.latest_requests(conv.envelopes, n_sys, plan.cut)
         digest = write_digest(span, budget.output_cap + files_chars(budget) // 2, view.count_text)
         if previous is not None and previous.covered and previous.summary and previous.tier != "digest":
@@ -301,10 +302,10 @@ class RecordMaker:
         summary = render_summary(digest, turn_prefix=None, files={}, files_chars=0, identifier_lines=[],
                                  constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
-        identifiers = extract.union(previous.identifiers if previous else [], extract.span_identifiers(span))
-        errors = extract.union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        identifiers = union(previous.identifiers if previous else [], extract.span_identifiers(span))
+        errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
         present = summary + "\n" + extract.span_text(work.envelopes[plan.cut:])
-        recall = extract.union(previous.recall_identifiers if previous else [], [x for x in identifiers + errors if x not in present])
+        recall = union(previous.recall_identifiers if previous else [], absent(identifiers + errors, present))
         self.stats["identifiers_to_recall"] += len(recall)
         return SummaryRecord(
             covered=covered, chain=view.chain_hex(covered), summary=summary, tier="digest",

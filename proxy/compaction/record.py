@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import orjson
 
 from proxy.compaction.extract import rank_identifiers, render_files
+from proxy.identifiers import absent
 
 # A line that names an error: an exception (type and message), a compiler's diagnostic ("error:",
 # "error[E0382]:", "fatal error:"), a log's ERROR / FATAL / PANIC line. Lines that only say
@@ -186,8 +187,8 @@ def ranked_for_block(candidates: list[str], errors: list[str], *, present: str, 
                      text: str) -> tuple[list[str], list[str]]:
     """(error lines, identifiers most salient first) not already verbatim in `present`: what
     `fit_lines` fits, however often it is asked with another budget."""
-    errors = [e for e in errors if e not in present]
-    idents = [i for i in candidates if i not in present]
+    errors = absent(errors, present)
+    idents = absent(candidates, present)
     return errors, rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
+from proxy import offload
 from proxy.compaction.acceptance import complete_headings, judge
 from proxy.compaction.budget import summarizer_input_budget
 from proxy.config import SummarizerConfig
@@ -106,13 +107,16 @@ class HistorySummarizer:
         parts += ["", self.prompts.text(prompt)]
         return "\n".join(parts)
 
+    def _counts(self, blocks: list[str]) -> list[int]:
+        return [self.count(b) for b in blocks]
+
     async def summarize(self, job: SummaryJob, blocks: list[str], previous: str | None, kind: str = "main") -> str:
         """Summarize `blocks` (folding over windows when they exceed the input budget)."""
         system = self.prompts.text("summarization-system")
         scaffolding = self.count(system) + self.count(self.prompts.text("compaction-update-summary")) + 64
         if job.focus:
             scaffolding += self.count(job.focus)
-        tokens = [self.count(b) for b in blocks]
+        tokens = await offload.sized(sum(map(len, blocks)), self._counts, blocks)  # a long span: off the loop
         carried = self.count(previous) if previous else 0
         windows = fold_windows(blocks, tokens, summarizer_input_budget(job.window, job.output_cap, scaffolding + carried))
         if len(windows) > 1 and carried < job.output_cap:

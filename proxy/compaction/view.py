@@ -20,6 +20,7 @@ from proxy.compaction.record import SummaryRecord, render_summary
 from proxy.recall import handles
 from proxy.compaction.records import key
 from proxy.flow import Flow
+from proxy.identifiers import union
 from proxy.model import Conversation, Envelope, Kind
 from proxy.prompts import Prompts
 from proxy.text import clamp_middle
@@ -53,6 +54,9 @@ class Outcome:
     why: str = ""  # the reason's word (proxy/ops/reasons.py) when it fell short
 
 
+KEYS_AHEAD_FROM = 5000  # envelopes: a view of more makes its keys with itself
+
+
 @dataclass
 class View:
     """The flow, the conversation compaction starts from, and the chain over the original envelopes."""
@@ -61,9 +65,14 @@ class View:
     conv: Conversation
     counter: TokenCounter
     chain: list[bytes] = field(init=False)
+    # every key at once, made where the view is made (off the loop for a long history, whose 100k
+    # prefixes' keys took ~0.5 s on the loop, made again by each reader)
+    keys: list[str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.chain = self.flow.request.chain(self.conv.n_system)
+        if len(self.conv) > KEYS_AHEAD_FROM:
+            self.keys = list(self.lazy_keys())
 
     @property
     def n_system(self) -> int:
@@ -88,14 +97,17 @@ class View:
 
     def lazy_keys(self) -> Iterator[str]:
         """Store keys of every prefix a record could cover, longest first, made one at a time (a
-        long history has thousands)."""
+        long history has thousands), or made ahead (`keys`) for a very long one."""
+        if self.keys is not None:
+            yield from self.keys
+            return
         n_sys, envs = self.n_system, self.conv.envelopes
         for k in range(len(envs) - n_sys - 1, 0, -1):
             if envs[n_sys + k].cut_before:
                 yield key(self.scope, self.chain_hex(k))
 
     def candidate_keys(self) -> list[str]:
-        return list(self.lazy_keys())
+        return list(self.keys if self.keys is not None else self.lazy_keys())
 
 
 def _stubbed(view: View, env: Envelope, digest: str, masks: dict[str, str]) -> Envelope | None:
@@ -218,7 +230,7 @@ class Planner:
         # Besides the kept messages the request holds the system messages, the annotation and the
         # summary wrapper, the model's summary (at most the output cap), the files block (counted
         # at 2 characters a token, to be safe) and the user's constraints.
-        constraints = extract.union(record.constraints if record else [], extract.find_constraints(conv.envelopes[start:]))
+        constraints = union(record.constraints if record else [], extract.find_constraints(conv.envelopes[start:]))
         fixed = (
             sum(conv.tokens[:n_sys]) + self.wrapper_tokens(request.encoding) + budget.output_cap
             + files_chars(budget) // 2 + request.tools_tokens + REPLY_OVERHEAD

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import orjson
 from aiohttp import web
 
-from proxy import jsonbody
+from proxy import jsonbody, offload
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
 from proxy.ops import tracing
 from proxy.ops.exchange import CURRENT
@@ -146,10 +146,9 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
     try:
         if keep:
-            carries = await recall.keep(flow.identity.scope, request_parts(flow.request), parts_of(flow.forwarded),
-                                        flow.original.n_system)
+            carries = await _keep(recall, flow)
         else:
-            carries = recall_declared(flow.original, flow.forwarded)
+            carries = await offload.sized(len(flow.request.raw), recall_declared, flow.original, flow.forwarded)
         if not carries:
             return None
         declared, name = with_declaration(dialect, recall, prompts, request, flow.identity.recall_tokens)
@@ -159,14 +158,25 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
 
 
+def _parts(flow: Any) -> tuple[list[Any], list[Any]]:
+    return request_parts(flow.request), parts_of(flow.forwarded)
+
+
+async def _keep(recall: Any, flow: Any) -> bool:
+    """recall.keep of the flow's request and what it forwards: both read off the loop for a large
+    request (every message's parts, then every replaced span's text)."""
+    size = len(flow.request.raw)
+    original, forwarded = await offload.sized(size, _parts, flow)
+    return await recall.keep(flow.identity.scope, original, forwarded, flow.original.n_system, size=size)
+
+
 async def keep_retried(recall: Any, flow: Any) -> None:
     """After the overflow retry compacted harder: keep the originals of its new replacements (the
     first pass kept its own in `prepare`). A fault here never fails the retry."""
     if flow.identity.scope is None or not flow.identity.recall:
         return
     try:
-        await recall.keep(flow.identity.scope, request_parts(flow.request), parts_of(flow.forwarded),
-                          flow.original.n_system)
+        await _keep(recall, flow)
     except Exception:
         log.exception("recall: keeping the retry's originals failed unexpectedly; the retried request goes on")
 

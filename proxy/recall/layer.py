@@ -9,6 +9,7 @@ import logging
 from collections import OrderedDict
 from typing import Callable, Sequence
 
+from proxy import offload
 from proxy.config import Config
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
@@ -42,10 +43,14 @@ class Recall:
     def name_for(self, client_tools: Sequence[str]) -> str:
         return tool_name(self.cfg.tool_name, client_tools)
 
-    async def keep(self, scope: str, original: Sequence[Message], forwarded: Sequence[Message], n_system: int) -> bool:
+    async def keep(self, scope: str, original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
+                   size: int = 0) -> bool:
         """Store the originals the forwarded request stands in for (those not stored yet). True when
-        it carries any replacement: then the recall tool is declared."""
-        found = replacements(original, forwarded, n_system, known=lambda h: f"{scope}:{h}" in self._saved)
+        it carries any replacement: then the recall tool is declared. `size`, the request's bytes:
+        finding the replacements leaves the loop past offload's size."""
+        # (a thread only asks the cache `in`, one step under the GIL, however the loop changes it)
+        found = await offload.sized(size, replacements, original, forwarded, n_system,
+                                    known=lambda h: f"{scope}:{h}" in self._saved)
         if not found:
             return False
         await self._save(scope, found)

@@ -19,6 +19,8 @@ from proxy.compaction import extract
 from proxy.store.base import Store, index_words
 
 MAX_IDENTIFIERS = 2000  # indexed exactly per original, at most (first seen first)
+MAX_QUERY_CHARS = 1000  # of a search query, read (an identifier or some words; a longer one is cut)
+MAX_QUERY_TERMS = 32  # words and identifiers of a query, each
 _HANDLE = re.compile(r"^[0-9a-f]{6,64}$")
 # Words that match nearly every text: a search on them finds noise, not the original asked for.
 _STOPWORDS = frozenset(
@@ -65,11 +67,14 @@ def valid_handle(handle: str) -> bool:
 
 def query_terms(query: str) -> tuple[list[str], list[str]]:
     """(words, identifiers) of a search: the query itself and the identifiers in it are looked up
-    exactly; its words, less the ones that match everything, for full-text search."""
+    exactly; its words, less the ones that match everything, for full-text search. Bounded: the
+    first MAX_QUERY_CHARS of a query and at most MAX_QUERY_TERMS of each (a model's tool call can
+    carry pages, and every term is a search of every original)."""
     q = query.strip()
-    idents = list(dict.fromkeys([q, *extract.find_identifiers(q)])) if q else []
-    words = [w for w in index_words(q) if w not in _STOPWORDS and len(w) > 1]
-    return words, idents
+    head = q[:MAX_QUERY_CHARS]
+    idents = list(dict.fromkeys([*([q] if q and len(q) <= MAX_QUERY_CHARS else []), *extract.find_identifiers(head)]))
+    words = list(dict.fromkeys(w for w in index_words(head) if w not in _STOPWORDS and len(w) > 1))
+    return words[:MAX_QUERY_TERMS], idents[:MAX_QUERY_TERMS]
 
 
 class Originals:
@@ -87,7 +92,7 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        idents = await offload.sized(len(original.text), identifiers, original.text)  # large spans: off the loop
+        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text)  # large spans: off the loop
         await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
+from proxy import offload
 from proxy.prompts import Prompts
 from proxy.recall import excerpts
 from proxy.recall.originals import Original, Originals, RecallUnavailable, query_terms
@@ -117,7 +118,8 @@ async def answer(
         found = await originals.find(scope, query)
     except RecallUnavailable:
         return Answer(prompts.text("recall-unavailable"), "unavailable")
-    text = _search(found.originals, query, req.page, max_tokens, count, exact=found.exact)
+    size = sum(len(o.text) for o in found.originals)  # megabytes of originals are searched off the loop
+    text = await offload.sized(size, _search, found.originals, query, req.page, max_tokens, count, exact=found.exact)
     return Answer(text, "hit" if found.originals else "miss")
 
 

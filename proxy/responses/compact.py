@@ -30,6 +30,7 @@ from proxy.compaction.inject import summary_message_text
 from proxy.compaction.making import MAX_KNOWN_IDENTIFIERS
 from proxy.compaction.record import identifier_lines, render_summary
 from proxy.escaping import escape_client_text, tool_name
+from proxy.identifiers import union
 from proxy.model import Envelope
 from proxy.prompts import Prompts
 from proxy.responses.items import ASSISTANT, COMPACTION, OPAQUE, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Entry
@@ -168,10 +169,6 @@ def transcript(entries: list[Entry]) -> list[str]:
     return blocks
 
 
-def _union(old: list[str], new: list[str]) -> list[str]:
-    return old + [x for x in new if x not in old]
-
-
 def finish(model_text: str, span: list[Envelope], kept_text: str, previous: CompactRecord | None, *, model: str,
            created: float, files_chars: int, identifier_chars: int) -> CompactRecord:
     """The record around the model's text, with the blocks code writes, as a history summary has
@@ -181,8 +178,8 @@ def finish(model_text: str, span: list[Envelope], kept_text: str, previous: Comp
     and constraints need no block: the compacted output returns every user message as it was."""
     text = extract.span_text(span)
     files = extract.merge_files(previous.files if previous else {}, extract.files_touched(span))
-    identifiers = _union(previous.identifiers if previous else [], extract.find_identifiers(text))
-    errors = _union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+    identifiers = union(previous.identifiers if previous else [], extract.find_identifiers(text))
+    errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
     present = "\n".join([model_text, kept_text, extract.render_files(files, files_chars)])
     lines, _ = identifier_lines(identifiers, errors, present=present, budget_chars=identifier_chars,
                                 user_text=kept_text, text=text)

@@ -175,7 +175,7 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     api_key = secret(cfg.upstream.api_key)
     creds = credentials.resolve(request.headers, state.scope_secret, api_key)
-    body = _parse(raw)
+    body = await offload.sized(len(raw), _parse, raw)
     items = input_items(body)
     if not cfg.responses.serve_compact and rt.upstream_compact is not False:
         data = raw
@@ -197,7 +197,8 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
             raise map_client_error(e) from None
         log.info("the upstream does not serve /responses/compact (HTTP %d); serving it here", upstream.status)
         rt.upstream_compact = False
-    return web.json_response(await serve_compact(state, body, creds, request.headers.get("x-compaction-focus")))
+    focus = request.headers.get("x-compaction-focus")
+    return web.json_response(await serve_compact(state, body, creds, focus, size=len(raw)))
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -216,10 +217,28 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _span(items: list[Any], last: int, count: Any) -> tuple[int, list[str], list[Any], int]:
+    """(where the span to summarize starts, its transcript blocks, the user messages, the blocks'
+    tokens): after our last compaction item (`last`) and the system part."""
+    entries = parse_items(items)
+    start = max(last + 1, system_count(entries))
+    blocks = compact.transcript([e for e in entries[start:] if not compact.is_own(e.raw)])
+    users = [it for it in items if item_type(it) == "message" and it.get("role") == "user"]
+    return start, blocks, users, sum(count(b) for b in blocks)
+
+
+def _record(items: list[Any], start: int, users: list[Any], model_text: str, before: compact.CompactRecord | None,
+            **finish: Any) -> compact.CompactRecord:
+    span = [e for e in route.ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
+    kept = "\n".join(e.text for e in parse_items(users))  # returned to the client as they are
+    return compact.finish(model_text, span, kept, before, created=time.time(), **finish)
+
+
 async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Credentials,
-                        focus: str | None) -> dict[str, Any]:
+                        focus: str | None, size: int = 0) -> dict[str, Any]:
     """The compaction made here: the span after our last compaction item summarized (updating
-    that item's summary), stored, and named by a signed token."""
+    that item's summary), stored, and named by a signed token. `size`, the body's: the work that
+    grows with it (the transcript, the count, the identifiers) leaves the loop past offload's."""
     cfg = state.cfg
     if creds.scope is None:
         raise errors.bad_request("Compaction needs a credential (or an x-compaction-session id) to keep its summary "
@@ -229,13 +248,9 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
     last = max(records) if records else -1
     before = records[last] if records else None
     previous = before.summary if before else None
-    entries = parse_items(items)
-    start = max(last + 1, system_count(entries))
-    blocks = compact.transcript([e for e in entries[start:] if not compact.is_own(e.raw)])
-    users = [it for it in items if item_type(it) == "message" and it.get("role") == "user"]
     model = cfg.compaction.summarizer.model or cfg.compaction.summarizer_model or body["model"]
     summarizer = state.compaction.summarizer
-    counted = sum(summarizer.count(b) for b in blocks)
+    start, blocks, users, counted = await offload.sized(size, _span, items, last, summarizer.count)
     budget = state.compaction.budget_for(model)
     if not blocks:
         if before is None:
@@ -258,13 +273,11 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
         except SummarizerError as e:
             raise errors.ProxyError(502, f"Compaction failed: {e}", type="upstream_error",
                                     code="compaction_failed") from None
-        span = [e for e in route.ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
-        kept = "\n".join(e.text for e in parse_items(users))  # returned to the client as they are
-        record = compact.finish(
-            model_text, span, kept, before, model=model, created=time.time(), files_chars=files_chars(budget),
-            identifier_chars=CHARS_PER_IDENTIFIER_TOKEN * identifier_budget(
+        record = await offload.sized(
+            size * offload.SCAN_WEIGHT, _record, items, start, users, model_text, before, model=model,
+            files_chars=files_chars(budget), identifier_chars=CHARS_PER_IDENTIFIER_TOKEN * identifier_budget(
                 budget.target, cfg.compaction.identifiers_share, counted))
-    rid = compact.record_id(creds.scope, body)
+    rid = await offload.sized(size, compact.record_id, creds.scope, body)
     await state.store.put(compact.record_key(creds.scope, rid), record.to_bytes())
     out_tokens = summarizer.count(record.summary)
     usage = {"input_tokens": counted, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,

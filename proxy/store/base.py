@@ -30,6 +30,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
+from proxy import offload
+
 Clock = Callable[[], float]
 
 
@@ -115,3 +117,13 @@ def index_words(text: str) -> list[str]:
         if len(w) <= MAX_WORD_CHARS:
             seen.setdefault(w, None)
     return list(seen)
+
+
+def _value_words(value: bytes) -> list[str]:
+    return index_words(value.decode("utf-8", "replace"))
+
+
+async def value_words(value: bytes) -> list[str]:
+    """index_words of a stored value: off the event loop for a large one (an original of megabytes
+    is a second of scanning)."""
+    return await offload.sized(len(value) * offload.SCAN_WEIGHT, _value_words, value)

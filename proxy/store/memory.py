@@ -10,7 +10,7 @@ from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .base import Clock, Store, index_words
+from .base import Clock, Store, value_words
 
 
 @dataclass(slots=True)
@@ -85,8 +85,7 @@ class MemoryStore(Store):
                     del self._index[t]
 
     async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
-        terms = (*(f"i:{i}" for i in dict.fromkeys(identifiers)),
-                 *(f"w:{w}" for w in index_words(value.decode("utf-8", "replace"))))
+        terms = (*(f"i:{i}" for i in dict.fromkeys(identifiers)), *(f"w:{w}" for w in await value_words(value)))
         self._set(key, value, self.ttl_s, self.clock(), terms)
 
     async def find_originals(

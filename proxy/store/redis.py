@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from .base import Clock, Store, StoreUnavailable, index_words
+from .base import Clock, Store, StoreUnavailable, value_words
 
 _CHUNK = 500  # keys per script call, so that one read never blocks Redis for long
 
@@ -250,7 +250,7 @@ class RedisStore(Store):
             raise ValueError("an original's key starts with 'orig:'")
         prefix = key[: key.rfind(":") + 1]  # orig:<scope>: the index is per scope
         sets = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
-        sets += [self._index_key(prefix, "w", w) for w in index_words(value.decode("utf-8", "replace"))]
+        sets += [self._index_key(prefix, "w", w) for w in await value_words(value)]
         args = [value, repr(self.clock()), self._ttl_ms(...), self.max_records, *sets]
         await self._call(self._put_original, [self._key(key)], args)
 

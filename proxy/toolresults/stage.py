@@ -231,7 +231,7 @@ class ToolResultStage(Stage):
         if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
             raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
-        found = await offload.sized(len(c.text), identifiers.find_identifiers, c.text)
+        found = await offload.sized(len(c.text) * offload.SCAN_WEIGHT, identifiers.find_identifiers, c.text)
         text = notes.with_identifiers(text, identifiers.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")
