@@ -193,6 +193,9 @@ class ToolResultsConfig(_Section):
     concurrency: int = Field(4, ge=1)
     breaker_failures: int = Field(3, ge=1)
     breaker_cooldown_s: float = Field(300, ge=0)
+    # Breakers are kept per credential scope, upstream and model; at most this many (the least
+    # recently used go first).
+    max_breakers: int = Field(10_000, ge=1)
     max_output_tokens: int = Field(2000, ge=64)
 
 
