@@ -167,6 +167,9 @@ class CompactionConfig(_Section):
     prepare_idle_s: float = Field(120, gt=0)
     # Summarizer calls in flight at once, per process: request path and preparation together.
     max_concurrent_summaries: int = Field(8, ge=1)
+    # Of those, at most this many for one credential scope: one tenant's slow summaries leave the
+    # other slots to the others (at or above max_concurrent_summaries: no limit of its own).
+    max_concurrent_summaries_per_scope: int = Field(4, ge=1)
     max_fold_calls: int = Field(16, ge=1)
     # The longest a request waits for a summary (or tool note) someone else is making; past it,
     # it is forwarded without (failed-open, or the raw output with a notice).

@@ -126,7 +126,8 @@ class ProxyState:
         # One summarizer, engine and tool stage for every protocol: one limit on summaries in
         # flight, one cool-down, one single-flight (the adapter of each flow says how to ask).
         summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
-                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
+                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries,
+                                       per_scope=cfg.compaction.max_concurrent_summaries_per_scope)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)

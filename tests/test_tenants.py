@@ -3,10 +3,24 @@ The real proxy, the real openai client, the strict fake upstream on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+
 from support.client import auth, chat, post
+from support.compaction_helpers import main_summary
+from support.waiting import until
+from test_compaction_flow import longer_than
+from test_compaction_flow import settings as compaction_settings
 from test_tool_results_flow import conversation, log_payload, settings
 
 GOOD, REVOKED = "sk-tenant-good", "sk-tenant-revoked"
+SLOW_MARK = "slow-tenant-conversation"
+
+
+def marked(mark: str) -> list[dict]:
+    """A history over a 6000-token window's threshold, its first message carrying `mark`."""
+    msgs = longer_than(5100)
+    msgs[1] = {**msgs[1], "content": f"{mark}: {msgs[1]['content']}"}
+    return msgs
 
 
 async def test_a_revoked_key_opens_the_tool_result_breaker_for_its_own_scope_only(upstream, make_proxy, client_for):
@@ -34,3 +48,31 @@ async def test_breakers_kept_are_capped(upstream, make_proxy):
         body = {"model": "gpt-4", "messages": conversation(log_payload(tag=f"k{n}"), call_id=f"call_k{n}")}
         await post(proxy, body, auth(f"sk-tenant-{n}"), expect=200)
     assert len(proxy.state.tool_results._breakers) == 2
+
+
+async def test_one_scopes_slow_summaries_leave_slots_to_another(upstream, make_proxy, client_for):
+    """Eight conversations of one key wait on a summarizer that does not answer them (the global
+    limit's worth); another key's compaction is made meanwhile."""
+    gate = asyncio.Event()
+    slow_in_flight = 0
+
+    async def answer(body: dict) -> str:
+        nonlocal slow_in_flight
+        if SLOW_MARK in body["messages"][1]["content"]:
+            slow_in_flight += 1
+            await gate.wait()
+        return main_summary()
+
+    upstream.summarizer = answer
+    proxy = await make_proxy(upstream.base_url, compaction_settings(6000, max_concurrent_summaries=8))
+    slow_client = client_for(proxy, "sk-tenant-slow")
+    slow = [asyncio.create_task(chat(slow_client, marked(f"{SLOW_MARK} {n}"))) for n in range(8)]
+    try:
+        await until(lambda: slow_in_flight >= 4, "the slow tenant's calls to fill its slots")
+        status, _, _ = await chat(client_for(proxy, "sk-tenant-quick"), marked("quick tenant"))
+        assert status == "summarized"
+        assert slow_in_flight == 4  # the slow tenant's other four wait for its own slots
+    finally:
+        gate.set()
+    assert [r[0] for r in await asyncio.gather(*slow)] == ["summarized"] * 8
+    assert slow_in_flight == 8

@@ -252,6 +252,7 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
             focus=focus or cfg.compaction.focus,
             max_calls=cfg.compaction.max_fold_calls,
             purpose="compact",
+            scope=creds.scope,
         )
         try:
             model_text = await summarizer.summarize(job, blocks, previous)
