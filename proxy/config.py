@@ -73,6 +73,9 @@ class UpstreamConfig(_Section):
     connect_timeout_s: float = Field(10, gt=0)
     stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
     max_connections: int = Field(1000, ge=1)
+    # Upstream sockets held for client WebSockets: a pool of their own (an idle socket never takes
+    # a connection HTTP requests need); beyond it a handshake is refused with 503.
+    max_websockets: int = Field(256, ge=1)
 
     @field_validator("base_url")
     @classmethod
@@ -285,6 +288,9 @@ class ResponsesConfig(_Section):
     # A WebSocket turn has no headers of its own: its x-compaction-* report goes into the
     # `response.metadata` of the turn's `response.created` event (false: events relayed untouched).
     websocket_report: bool = True
+    # A client WebSocket with no message either way for this long (and no turn under way) is closed
+    # (1001, going away), and its upstream socket with it.
+    websocket_idle_timeout_s: float = Field(600, gt=0)
 
 
 class Config(_Section):

@@ -22,6 +22,7 @@ from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ratio import RatioLearner
 from proxy.recall.layer import Recall
+from proxy.responses.websocket import SocketLimits
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
@@ -61,6 +62,10 @@ class ProxyState:
     ratios: RatioLearner | None = None  # per-model token ratios learned from the upstream's usage
     series: Series | None = None
     recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
+    # Upstream sockets held for client WebSockets: their own pool, so idle sockets never take the
+    # connections HTTP requests need (upstream.max_websockets).
+    socket_session: aiohttp.ClientSession | None = None
+    sockets: SocketLimits = field(default_factory=SocketLimits)
     max_body: int = field(init=False)
     stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)
@@ -110,11 +115,7 @@ class ProxyState:
             store = ResilientStore(store)
         secret = await _scope_secret(cfg, store)
         await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
-            auto_decompress=False,  # bytes are relayed as they came, content-encoding included
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
-        )
+        session = upstream_session(cfg.upstream.max_connections)
         caller = make_caller(session) if make_caller is not None else SummaryCaller(session, cfg)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
@@ -152,6 +153,8 @@ class ProxyState:
             ratios=RatioLearner(store),
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
+            socket_session=upstream_session(cfg.upstream.max_websockets),
+            sockets=SocketLimits(cfg.responses.websocket_idle_timeout_s, cfg.upstream.max_websockets),
         )
 
     async def close(self) -> None:
@@ -169,7 +172,18 @@ class ProxyState:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()
         await self.session.close()
+        if self.socket_session is not None:
+            await self.socket_session.close()
         await self.store.close()
+
+
+def upstream_session(limit: int) -> aiohttp.ClientSession:
+    """A pool of `limit` connections to the upstreams."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, ttl_dns_cache=300),
+        auto_decompress=False,  # bytes are relayed as they came, content-encoding included
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
+    )
 
 
 async def _scope_secret(cfg: Config, store: Store) -> bytes:

@@ -156,8 +156,9 @@ async def handle_responses_get(request: web.Request, prepare: Prepare | None = N
         return await passthrough(request, state.session, cfg.upstream, state.max_body, BodyPace.of(cfg.server))
     api_key = secret(cfg.upstream.api_key)
     headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
-    return await relay_websocket(request, state.session, websocket_url(cfg.upstream.base_url, request), headers,
-                                 prepare or socket_prepare(request), state.max_body)
+    return await relay_websocket(request, state.socket_session or state.session,
+                                 websocket_url(cfg.upstream.base_url, request), headers,
+                                 prepare or socket_prepare(request), state.max_body, state.sockets)
 
 
 # ---- /v1/responses/compact -------------------------------------------------------------------

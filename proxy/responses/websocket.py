@@ -46,6 +46,7 @@ _HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-webso
                         "sec-websocket-protocol", "sec-websocket-accept"})
 _UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that report a state and never go in a close frame
 ABNORMAL = 1011
+GOING_AWAY = 1001  # how a server ends a socket it will not keep (here: idle)
 INBOX = 64  # client messages read ahead while a recall turn is under way (then reading waits)
 
 
@@ -66,6 +67,24 @@ class WsTurn:
 
 
 Prepare = Callable[[dict[str, Any], str], Awaitable[WsTurn]]
+
+
+@dataclass
+class SocketLimits:
+    """What one process allows its client sockets (one instance per process, on its state)."""
+
+    idle_timeout_s: float | None = None  # no message either way and no turn under way: closed (None: never)
+    max_sockets: int | None = None  # upstream sockets held at once (None: no cap); beyond, a 503
+    open: int = 0  # held now
+
+    def take(self) -> None:
+        if self.max_sockets is not None and self.open >= self.max_sockets:
+            raise errors.ProxyError(503, f"The proxy holds its most upstream WebSockets ({self.max_sockets}); "
+                                    "retry shortly or use HTTP.", type="server_error", code="too_many_websockets")
+        self.open += 1
+
+    def give_back(self) -> None:
+        self.open -= 1
 
 
 def handshake_headers(incoming: CIMultiDict[str] | Any, base: CIMultiDict[str]) -> CIMultiDict[str]:
@@ -117,7 +136,19 @@ async def relay_websocket(
     headers: CIMultiDict[str],
     prepare: Prepare,
     max_msg_size: int,
+    limits: SocketLimits | None = None,
 ) -> web.StreamResponse:
+    """`session`: the pool of upstream sockets (apart from the one HTTP requests use)."""
+    limits = limits if limits is not None else SocketLimits()
+    limits.take()
+    try:
+        return await _relay_held(request, session, url, headers, prepare, max_msg_size, limits)
+    finally:
+        limits.give_back()
+
+
+async def _relay_held(request: web.Request, session: aiohttp.ClientSession, url: str, headers: CIMultiDict[str],
+                      prepare: Prepare, max_msg_size: int, limits: SocketLimits) -> web.StreamResponse:
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     try:
         upstream = await session.ws_connect(url, headers=headers, protocols=protocols, max_msg_size=max_msg_size,
@@ -139,13 +170,15 @@ async def relay_websocket(
     turns: deque[WsTurn] = deque()
     relay = _Relay(client, upstream, turns)
     down = relay.down = asyncio.create_task(relay.downstream())
+    watch = asyncio.create_task(relay.close_when_idle(limits.idle_timeout_s)) if limits.idle_timeout_s else None
     try:
         await relay.upstream_side(prepare)
     finally:
-        if not down.done():
-            down.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await down
+        for task in (down, watch):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if not upstream.closed:
             await upstream.close()
     return client
@@ -161,6 +194,7 @@ class _Relay:
         self.down: asyncio.Task[None] | None = None  # the downstream task
         self.idle = asyncio.Event()  # no recall turn under way: the client's next message may go up
         self.idle.set()
+        self.last_message = asyncio.get_running_loop().time()  # either way
 
     async def upstream_side(self, prepare: Prepare) -> None:
         """Client -> upstream, in order; returns when the client is gone or the upstream closed."""
@@ -175,6 +209,7 @@ class _Relay:
                     code = msg.data if msg.type == WSMsgType.CLOSE else None
                     break
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    self.last_message = asyncio.get_running_loop().time()
                     await inbox.put(msg)
         finally:
             sender.cancel()
@@ -189,6 +224,22 @@ class _Relay:
                 await self.down
         if not self.upstream.closed:
             await self.upstream.close(code=code if code and code not in _UNSENDABLE else 1000)
+
+    async def close_when_idle(self, timeout_s: float) -> None:
+        """Close the client's socket (1001, going away) once no message has passed either way for
+        `timeout_s` with no turn under way; the relay then closes the upstream's (its pooled
+        connection freed). Pings do not count: a client's keep-alive must not hold a socket forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self.last_message + timeout_s - loop.time()
+            if left > 0:
+                await asyncio.sleep(left)
+            elif self.turns or not self.idle.is_set():
+                self.last_message = loop.time()  # a turn under way: the upstream's own timeouts govern it
+            else:
+                log.info("closing a WebSocket idle for %g s", timeout_s)
+                await self.client.close(code=GOING_AWAY, message=b"idle timeout")
+                return
 
     async def _sender(self, prepare: Prepare, inbox: "asyncio.Queue[aiohttp.WSMessage]") -> None:
         """The client's messages upstream, in order, each once no recall turn is under way."""
@@ -237,6 +288,7 @@ class _Relay:
         """Upstream -> client, in order, until either side closes."""
         while True:
             msg = await self.upstream.receive()
+            self.last_message = asyncio.get_running_loop().time()
             if msg.type == WSMsgType.TEXT:
                 ev = _event(msg.data)
                 if ev is None:
