@@ -291,6 +291,9 @@ class ResponsesConfig(_Section):
     # A client WebSocket with no message either way for this long (and no turn under way) is closed
     # (1001, going away), and its upstream socket with it.
     websocket_idle_timeout_s: float = Field(600, gt=0)
+    # A client socket's messages read ahead of the one being sent up, at most this many MiB
+    # (decoded; one message is always let in): then the socket is not read until room is made.
+    websocket_read_ahead_mb: float = Field(16, gt=0)
 
 
 class Config(_Section):

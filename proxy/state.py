@@ -154,7 +154,8 @@ class ProxyState:
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
             socket_session=upstream_session(cfg.upstream.max_websockets),
-            sockets=SocketLimits(cfg.responses.websocket_idle_timeout_s, cfg.upstream.max_websockets),
+            sockets=SocketLimits(cfg.responses.websocket_idle_timeout_s, cfg.upstream.max_websockets,
+                                 int(cfg.responses.websocket_read_ahead_mb * 1024 * 1024)),
         )
 
     async def close(self) -> None:

@@ -10,7 +10,8 @@ import json
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestServer
 
 from proxy.fakes.responses import FakeResponses
 from support.client import BOUND_S, auth, post
@@ -86,3 +87,73 @@ async def test_sockets_hold_a_pool_of_their_own_and_one_more_is_refused(fake, ma
             await ws.close()
     await until(lambda: fake.sockets_open == 0, "the upstream sockets to close")
     assert proxy.state.sockets.open == 0
+
+
+@pytest.fixture
+async def deaf():
+    """An upstream that takes the socket and never reads from it (until the test ends)."""
+    done = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await done.wait()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", handle)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    server.base_url, server.done = f"http://127.0.0.1:{server.port}/v1", done
+    yield server
+    done.set()
+    await server.close()
+
+
+async def test_read_ahead_is_bounded_in_decoded_bytes(deaf, make_proxy):
+    """1 MiB messages that deflate to a few KiB on the wire, to an upstream that reads nothing: the
+    proxy reads ahead at most its bound (4 MiB here: three of them), then stops reading the client."""
+    proxy = await make_proxy(deaf.base_url, {"responses": {"websocket_read_ahead_mb": 4}})
+    message = json.dumps({"type": "response.create", "model": MODEL, "input": "x" * (1 << 20)})
+    read_ahead = proxy.state.sockets.read_ahead
+    async with bounded() as s:
+        ws = await s.ws_connect(ws_url(proxy), headers=auth("sk-deflate"), compress=15)
+
+        async def flood() -> None:
+            for _ in range(24):
+                await ws.send_str(message)
+
+        sending = asyncio.create_task(flood())
+        try:
+            # The sender is stuck writing to the deaf upstream; three messages fill the bound.
+            await until(lambda: read_ahead.held >= 3 << 20, "the read-ahead to fill")
+            for _ in range(50):  # the client's frames keep arriving; none is read past the bound
+                await asyncio.sleep(0)
+            assert 3 << 20 <= read_ahead.peak <= 4 << 20
+        finally:
+            sending.cancel()
+            deaf.done.set()
+            await ws.close()
+    await until(lambda: read_ahead.held == 0, "the socket's read-ahead to be let go")
+
+
+async def test_a_chain_past_the_body_limit_is_dropped_and_its_turns_go_as_they_came(fake, make_proxy):
+    """A chained session whose history grows past the body limit (1 MiB here, 300 KB a turn): the
+    proxy drops the chain (no more held for it) and forwards the next chained turn as the client sent
+    it; the upstream, which holds the history, answers it: the conversation goes on."""
+    from test_responses_socket_chain import Socket
+
+    proxy = await make_proxy(fake.base_url, {"server": {"max_body_mb": 1}})
+    async with Socket(proxy) as socket:
+        previous = None
+        for n in range(4):
+            events = await socket.turn(input=[{"role": "user", "content": f"part {n}: " + "y" * 300_000}],
+                                       **({"previous_response_id": previous} if previous else {}))
+            assert events[-1].type == "response.completed"
+            previous = events[-1].response.id
+        assert proxy.state.sockets.chains_dropped == 1
+        events = await socket.turn(input=[{"role": "user", "content": "and now?"}], previous_response_id=previous)
+        assert events[-1].type == "response.completed"
+    last = [r for r in fake.requests if r.transport == "websocket"][-1]
+    assert last.json["previous_response_id"] == previous
+    assert last.json["input"] == [{"role": "user", "content": "and now?"}]
