@@ -157,3 +157,22 @@ async def test_a_chain_past_the_body_limit_is_dropped_and_its_turns_go_as_they_c
     last = [r for r in fake.requests if r.transport == "websocket"][-1]
     assert last.json["previous_response_id"] == previous
     assert last.json["input"] == [{"role": "user", "content": "and now?"}]
+
+
+async def test_a_turn_being_compacted_is_not_idle(fake, make_proxy):
+    """The socket's turn waits on a slow summary (three idle timeouts long) before it goes
+    upstream: no message passes either way meanwhile, yet the socket is not idle."""
+    from support.compaction_helpers import filler, main_summary
+    from test_responses_socket_chain import Socket
+
+    fake.summarizer, fake.summarizer_delay_s = main_summary("slow"), 1.5
+    proxy = await make_proxy(fake.base_url, {"models": {MODEL: {"context_window": 6000}},
+                                             "compaction": {"prepare_percent": 0},
+                                             "responses": {"websocket_idle_timeout_s": 0.5}})
+    history = [{"type": "message", "role": "user" if t % 2 == 0 else "assistant",
+                "content": f"part {t}: " + filler(300, t)} for t in range(16)]
+    async with Socket(proxy) as socket:
+        events = await socket.turn(input=[*history, {"role": "user", "content": "go on"}])
+        assert events is not None, "the socket was closed while its turn was being compacted"
+        assert events[-1].type == "response.completed", events[-1]
+        assert events[0].response.metadata["x-compaction-status"] == "summarized"
