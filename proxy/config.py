@@ -197,6 +197,7 @@ class ToolResultsConfig(_Section):
     summarizer_model: str | None = None
     timeout_s: float = Field(120, gt=0)
     concurrency: int = Field(4, ge=1)
+    concurrency_per_scope: int = Field(2, ge=1)  # of those, for one credential scope
     breaker_failures: int = Field(3, ge=1)
     breaker_cooldown_s: float = Field(300, ge=0)
     # Breakers are kept per credential scope, upstream and model; at most this many (the least

@@ -76,3 +76,31 @@ async def test_one_scopes_slow_summaries_leave_slots_to_another(upstream, make_p
         gate.set()
     assert [r[0] for r in await asyncio.gather(*slow)] == ["summarized"] * 8
     assert slow_in_flight == 8
+
+
+async def test_one_scopes_slow_tool_notes_leave_slots_to_another(upstream, make_proxy, client_for):
+    """Four oversized outputs of one key whose notes the summarizer does not answer (the global
+    limit's worth); another key's output is noted meanwhile."""
+    gate = asyncio.Event()
+    slow_in_flight = 0
+
+    async def answer(body: dict) -> str:
+        nonlocal slow_in_flight
+        if SLOW_MARK in body["messages"][1]["content"]:
+            slow_in_flight += 1
+            await gate.wait()
+        return "Short note: the worker failed; see the identifiers."
+
+    upstream.summarizer = answer
+    proxy = await make_proxy(upstream.base_url, settings())
+    slow_client = client_for(proxy, "sk-tenant-slow")
+    slow = [asyncio.create_task(chat(slow_client, conversation(log_payload(tag=f"{SLOW_MARK}{n}"), call_id=f"call_s{n}")))
+            for n in range(4)]
+    try:
+        await until(lambda: slow_in_flight >= 2, "the slow tenant's notes to fill its slots")
+        _, headers, _ = await chat(client_for(proxy, "sk-tenant-quick"), conversation(log_payload(tag="quick")))
+        assert headers["x-compaction-tool-results"] == "1"
+        assert slow_in_flight == 2  # the slow tenant's other two wait for its own slots
+    finally:
+        gate.set()
+    assert [r[1]["x-compaction-tool-results"] for r in await asyncio.gather(*slow)] == ["1"] * 4

@@ -27,6 +27,7 @@ from proxy.text import clamp_middle
 from proxy.recall import handles
 from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
+from proxy.slots import ScopedSlots
 from proxy.toolresults.breaker import Breakers, CircuitBreaker
 from proxy.tokens import TokenCounter
 from proxy.adapters.base import Adapter, SummaryCall
@@ -63,7 +64,8 @@ class ToolResultStage(Stage):
         self.flight: SingleFlight[dict[str, Any]] = SingleFlight(
             store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
         )
-        self._limit = asyncio.Semaphore(self.tcfg.concurrency)
+        # Per credential scope within the global limit: one tenant's slow notes leave slots to the others.
+        self._slots = ScopedSlots(self.tcfg.concurrency, self.tcfg.concurrency_per_scope)
         self._breakers = Breakers(self.tcfg.max_breakers, lambda: CircuitBreaker(
             self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, lambda: self.clock()))
         self.calls = 0
@@ -177,7 +179,7 @@ class ToolResultStage(Stage):
                 # and once it lets calls through again the result should be tried.
                 return {"ok": False, "reason": PAUSED}
             try:
-                async with self._limit:
+                async with self._slots.slot(scope):
                     note = await self._summarize(adapter, c, hint, model, headers)
             except SummarizerError as e:
                 breaker.failure()
