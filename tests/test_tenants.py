@@ -16,6 +16,21 @@ GOOD, REVOKED = "sk-tenant-good", "sk-tenant-revoked"
 SLOW_MARK = "slow-tenant-conversation"
 
 
+class Gated:
+    """A summarizer that holds the slow tenant's calls (marked SLOW_MARK) until `gate` is set."""
+
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+        self.gate = asyncio.Event()
+        self.slow_in_flight = 0
+
+    async def __call__(self, body: dict) -> str:
+        if SLOW_MARK in body["messages"][1]["content"]:
+            self.slow_in_flight += 1
+            await self.gate.wait()
+        return self.reply
+
+
 def marked(mark: str) -> list[dict]:
     """A history over a 6000-token window's threshold, its first message carrying `mark`."""
     msgs = longer_than(5100)
@@ -53,54 +68,34 @@ async def test_breakers_kept_are_capped(upstream, make_proxy):
 async def test_one_scopes_slow_summaries_leave_slots_to_another(upstream, make_proxy, client_for):
     """Eight conversations of one key wait on a summarizer that does not answer them (the global
     limit's worth); another key's compaction is made meanwhile."""
-    gate = asyncio.Event()
-    slow_in_flight = 0
-
-    async def answer(body: dict) -> str:
-        nonlocal slow_in_flight
-        if SLOW_MARK in body["messages"][1]["content"]:
-            slow_in_flight += 1
-            await gate.wait()
-        return main_summary()
-
-    upstream.summarizer = answer
+    upstream.summarizer = gated = Gated(main_summary())
     proxy = await make_proxy(upstream.base_url, compaction_settings(6000, max_concurrent_summaries=8))
     slow_client = client_for(proxy, "sk-tenant-slow")
     slow = [asyncio.create_task(chat(slow_client, marked(f"{SLOW_MARK} {n}"))) for n in range(8)]
     try:
-        await until(lambda: slow_in_flight >= 4, "the slow tenant's calls to fill its slots")
+        await until(lambda: gated.slow_in_flight >= 4, "the slow tenant's calls to fill its slots")
         status, _, _ = await chat(client_for(proxy, "sk-tenant-quick"), marked("quick tenant"))
         assert status == "summarized"
-        assert slow_in_flight == 4  # the slow tenant's other four wait for its own slots
+        assert gated.slow_in_flight == 4  # the slow tenant's other four wait for its own slots
     finally:
-        gate.set()
+        gated.gate.set()
     assert [r[0] for r in await asyncio.gather(*slow)] == ["summarized"] * 8
-    assert slow_in_flight == 8
+    assert gated.slow_in_flight == 8
 
 
 async def test_one_scopes_slow_tool_notes_leave_slots_to_another(upstream, make_proxy, client_for):
     """Four oversized outputs of one key whose notes the summarizer does not answer (the global
     limit's worth); another key's output is noted meanwhile."""
-    gate = asyncio.Event()
-    slow_in_flight = 0
-
-    async def answer(body: dict) -> str:
-        nonlocal slow_in_flight
-        if SLOW_MARK in body["messages"][1]["content"]:
-            slow_in_flight += 1
-            await gate.wait()
-        return "Short note: the worker failed; see the identifiers."
-
-    upstream.summarizer = answer
+    upstream.summarizer = gated = Gated("Short note: the worker failed; see the identifiers.")
     proxy = await make_proxy(upstream.base_url, settings())
     slow_client = client_for(proxy, "sk-tenant-slow")
     slow = [asyncio.create_task(chat(slow_client, conversation(log_payload(tag=f"{SLOW_MARK}{n}"), call_id=f"call_s{n}")))
             for n in range(4)]
     try:
-        await until(lambda: slow_in_flight >= 2, "the slow tenant's notes to fill its slots")
+        await until(lambda: gated.slow_in_flight >= 2, "the slow tenant's notes to fill its slots")
         _, headers, _ = await chat(client_for(proxy, "sk-tenant-quick"), conversation(log_payload(tag="quick")))
         assert headers["x-compaction-tool-results"] == "1"
-        assert slow_in_flight == 2  # the slow tenant's other two wait for its own slots
+        assert gated.slow_in_flight == 2  # the slow tenant's other two wait for its own slots
     finally:
-        gate.set()
+        gated.gate.set()
     assert [r[1]["x-compaction-tool-results"] for r in await asyncio.gather(*slow)] == ["1"] * 4
