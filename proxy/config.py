@@ -77,6 +77,9 @@ class UpstreamConfig(_Section):
     connect_timeout_s: float = Field(10, gt=0)
     stream_idle_timeout_s: float = Field(300, gt=0)  # longest silence inside a stream
     max_connections: int = Field(1000, ge=1)
+    # Upstream sockets held for client WebSockets: a pool of their own (an idle socket never takes
+    # a connection HTTP requests need); beyond it a handshake is refused with 503.
+    max_websockets: int = Field(256, ge=1)
 
     @field_validator("base_url")
     @classmethod
@@ -194,6 +197,9 @@ class CompactionConfig(_Section):
     prepare_idle_s: float = Field(120, gt=0)
     # Summarizer calls in flight at once, per process: request path and preparation together.
     max_concurrent_summaries: int = Field(8, ge=1)
+    # Of those, at most this many for one credential scope: one tenant's slow summaries leave the
+    # other slots to the others (at or above max_concurrent_summaries: no limit of its own).
+    max_concurrent_summaries_per_scope: int = Field(4, ge=1)
     max_fold_calls: int = Field(16, ge=1)
     # The longest a request waits for a summary (or tool note) someone else is making; past it,
     # it is forwarded without (failed-open, or the raw output with a notice).
@@ -218,8 +224,12 @@ class ToolResultsConfig(_Section):
     summarizer_model: str | None = None
     timeout_s: float = Field(120, gt=0)
     concurrency: int = Field(4, ge=1)
+    concurrency_per_scope: int = Field(2, ge=1)  # of those, for one credential scope
     breaker_failures: int = Field(3, ge=1)
     breaker_cooldown_s: float = Field(300, ge=0)
+    # Breakers are kept per credential scope, upstream and model; at most this many (the least
+    # recently used go first).
+    max_breakers: int = Field(10_000, ge=1)
     max_output_tokens: int = Field(2000, ge=64)
 
 
@@ -309,6 +319,12 @@ class ResponsesConfig(_Section):
     # A WebSocket turn has no headers of its own: its x-compaction-* report goes into the
     # `response.metadata` of the turn's `response.created` event (false: events relayed untouched).
     websocket_report: bool = True
+    # A client WebSocket with no message either way for this long (and no turn under way) is closed
+    # (1001, going away), and its upstream socket with it.
+    websocket_idle_timeout_s: float = Field(600, gt=0)
+    # A client socket's messages read ahead of the one being sent up, at most this many MiB
+    # (decoded; one message is always let in): then the socket is not read until room is made.
+    websocket_read_ahead_mb: float = Field(16, gt=0)
 
 
 class TracingConfig(_Section):

@@ -132,7 +132,7 @@ class ProxyRunner(web.AppRunner):
 def raise_fd_limit(cfg: Config) -> None:
     """Room for every connection the config allows, both sides: the soft limit (often 1024) up to
     the hard one."""
-    need = cfg.server.max_connections + cfg.upstream.max_connections + 256
+    need = cfg.server.max_connections + cfg.upstream.max_connections + cfg.upstream.max_websockets + 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)

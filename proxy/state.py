@@ -23,6 +23,7 @@ from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ratio import RatioLearner
 from proxy.recall.layer import Recall
+from proxy.responses.websocket import SocketLimits
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector
@@ -67,6 +68,10 @@ class ProxyState:
     series: Series | None = None
     recall: Recall | None = None  # originals kept and the recall tool answered (recall.enabled)
     tracing: Tracing | None = None  # OpenTelemetry spans, when an OTLP endpoint is configured
+    # Upstream sockets held for client WebSockets: their own pool, so idle sockets never take the
+    # connections HTTP requests need (upstream.max_websockets).
+    socket_session: aiohttp.ClientSession | None = None
+    sockets: SocketLimits = field(default_factory=SocketLimits)
     max_body: int = field(init=False)
     stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
     watcher: Watcher = field(init=False)  # observe mode's background runs of the stages
@@ -120,12 +125,7 @@ class ProxyState:
             store = ResilientStore(store)
         secret = await _scope_secret(cfg, store)
         await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.upstream.max_connections, ttl_dns_cache=300),
-            auto_decompress=False,  # bytes are relayed as they came, content-encoding included
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
-            request_class=AsSentRequest,  # and no Content-Length: 0 the client did not send
-        )
+        session = upstream_session(cfg.upstream.max_connections)
         caller = make_caller(session) if make_caller is not None else SummaryCaller(session, cfg)
         count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
         metrics = Metrics() if cfg.metrics.enabled else None
@@ -138,7 +138,8 @@ class ProxyState:
         # One summarizer, engine and tool stage for every protocol: one limit on summaries in
         # flight, one cool-down, one single-flight (the adapter of each flow says how to ask).
         summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
-                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries)
+                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries,
+                                       per_scope=cfg.compaction.max_concurrent_summaries_per_scope)
         compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
         compaction.start()
         tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)
@@ -165,6 +166,9 @@ class ProxyState:
             series=series,
             recall=Recall(cfg, store, prompts, counter, hooks) if cfg.recall.enabled else None,
             tracing=Tracing(cfg.tracing.endpoint, cfg.tracing.content) if wanted(cfg.tracing.endpoint, os.environ) else None,
+            socket_session=upstream_session(cfg.upstream.max_websockets),
+            sockets=SocketLimits(cfg.responses.websocket_idle_timeout_s, cfg.upstream.max_websockets,
+                                 int(cfg.responses.websocket_read_ahead_mb * 1024 * 1024)),
         )
 
     async def close(self) -> None:
@@ -183,9 +187,21 @@ class ProxyState:
             await self.journal.flush()
         await self.tool_results.flight.cancel_all()
         await self.session.close()
+        if self.socket_session is not None:
+            await self.socket_session.close()
         await self.store.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.close)  # (the last spans sent: blocking I/O, off the loop)
+
+
+def upstream_session(limit: int) -> aiohttp.ClientSession:
+    """A pool of `limit` connections to the upstreams."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, ttl_dns_cache=300),
+        auto_decompress=False,  # bytes are relayed as they came, content-encoding included
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),  # forward only what the client sent
+        request_class=AsSentRequest,  # and no Content-Length: 0 the client did not send
+    )
 
 
 async def _scope_secret(cfg: Config, store: Store) -> bytes:

@@ -10,8 +10,11 @@ whichever worker answers it (proxy/ops/metrics.py).
 The supervisor reserves the port before forking (so port 0 resolves once, and a port in use is
 one error, not one per worker), forwards SIGTERM/SIGINT to every worker (each drains as a single
 proxy does: stop listening, `shutdown_grace_s` for requests in flight) and exits when all have.
-A worker that dies on its own is started again, unless it died right after starting (a start-up
-failure would only repeat): then the supervisor stops the others and exits with an error.
+A worker that dies on its own is started again. One that died early (within START_GRACE_S of its
+start: a start-up failure, or a crash that comes back at once) is started again after a back-off
+that doubles with each early death of its slot in a row (0.5 s, 1, 2, 4); the fifth early death
+in a row means restarts keep failing (about ten seconds of trying): then the supervisor stops the
+others and exits with an error. A worker that lived past the grace starts its slot's count anew.
 
 A worker is forked with SIGTERM and SIGINT blocked, and serve() unblocks them once its loop handles
 them: a stop that comes while a worker is still starting waits for it and drains it (exit 0)
@@ -37,7 +40,9 @@ from proxy.serve import STOP_SIGNALS
 
 log = logging.getLogger("proxy")
 
-START_GRACE_S = 5.0  # a worker that exits sooner than this after its start failed to start
+START_GRACE_S = 5.0  # a worker that exits sooner than this after its start died early
+EARLY_DEATHS = 5  # early deaths of one slot in a row that end the supervisor
+BACKOFF_S = 0.5  # the first restart's delay after an early death; doubled for each one after
 STOP_MARGIN_S = 10.0  # beyond the shutdown grace: a worker still running then is killed
 POLL_S = 0.5
 
@@ -75,7 +80,7 @@ class Supervisor:
         self.cfg = cfg
         self.count = count
         self.ctx = multiprocessing.get_context("fork")  # nothing runs yet: no loop, no thread to fork
-        self.procs: list[tuple[Any, float]] = []  # (process, monotonic start time)
+        self.procs: list[tuple[Any, float]] = []  # (process or None during a back-off, monotonic start time)
         self.stopping = False
         self.failed = False
         self.metrics_dir = ""
@@ -118,29 +123,46 @@ class Supervisor:
     def _watch(self) -> None:
         from prometheus_client import multiprocess
 
+        streaks = [0] * len(self.procs)  # early deaths in a row, per slot
+        due: dict[int, float] = {}  # slot -> when its next worker starts (a back-off under way)
         while not self.stopping:
-            multiprocessing.connection.wait([p.sentinel for p, _ in self.procs], timeout=POLL_S)
+            live = [p.sentinel for p, _ in self.procs if p is not None and p.is_alive()]
+            wait = min([POLL_S, *(max(0.0, t - time.monotonic()) for t in due.values())])
+            multiprocessing.connection.wait(live, timeout=wait)
             for i, (p, started) in enumerate(self.procs):
-                if p.is_alive() or self.stopping:
+                if self.stopping:
+                    break
+                if p is None:  # waiting out its back-off
+                    if time.monotonic() >= due[i]:
+                        del due[i]
+                        self.procs[i] = self._start()
+                    continue
+                if p.is_alive():
                     continue
                 p.join()
                 multiprocess.mark_process_dead(p.pid, self.metrics_dir)  # its live gauges (in flight) leave the sums
-                if time.monotonic() - started < START_GRACE_S:
-                    log.error("worker %d exited with %s right after starting: stopping", p.pid, p.exitcode)
-                    self.failed = True
-                    self.stopping = True
+                lived = time.monotonic() - started
+                streaks[i] = streaks[i] + 1 if lived < START_GRACE_S else 0
+                delay = restart_delay(streaks[i])
+                if delay is None:
+                    log.error("worker %d exited with %s within %g s of its start, %d times in a row: stopping",
+                              p.pid, p.exitcode, START_GRACE_S, streaks[i])
+                    self.failed = self.stopping = True
                     break
-                log.warning("worker %d exited with %s: starting another", p.pid, p.exitcode)
-                self.procs[i] = self._start()
+                log.warning("worker %d exited with %s after %.1f s: starting another%s", p.pid, p.exitcode, lived,
+                            f" in {delay:g} s" if delay else "")
+                self.procs[i] = (None, started)
+                due[i] = time.monotonic() + delay
 
     def _stop(self) -> int:
         """SIGTERM to every worker, then wait for each to drain (killed past grace + margin)."""
-        for p, _ in self.procs:
+        running = [p for p, _ in self.procs if p is not None]  # (a slot in its back-off has none)
+        for p in running:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + STOP_MARGIN_S
         clean = not self.failed
-        for p, _ in self.procs:
+        for p in running:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 log.error("worker %d did not stop in time: killed", p.pid)
@@ -150,6 +172,14 @@ class Supervisor:
                 log.error("worker %d ended with exit code %s", p.pid, p.exitcode)
                 clean = False
         return 0 if clean else 1
+
+
+def restart_delay(early_deaths: int) -> float | None:
+    """How long to wait before starting a slot's next worker after its `early_deaths`-th early
+    death in a row (0: it lived past the grace, start one at once); None: give up."""
+    if early_deaths >= EARLY_DEATHS:
+        return None
+    return BACKOFF_S * 2 ** (early_deaths - 1) if early_deaths else 0.0
 
 
 def run_workers(cfg: Config, count: int) -> int:

@@ -21,7 +21,9 @@ def test_short_soak_passes_with_every_kind_of_request():
     assert result["ok"] and result["failures"] == 0
     assert result["requests"] >= 200  # the load was real, not a few requests
     assert set(result["by_kind"]) == {"growing", "tool_result", "short", "passthrough", "upstream_fails", "abandon",
-                                      "bypass", "stall"}
+                                      "bypass", "stall", "websocket"}
+    # Responses WebSockets in the mix: turns answered, sockets left idle closed by the proxy (1001)
+    assert result["websocket_turns"] > 0 and result["websockets_closed_idle"] > 0
     assert {"summarized", "reused", "none", "bypassed"} <= set(result["compaction_status"])
     assert result["failed_by_the_upstream_on_purpose"] > 0 and result["streams_abandoned_by_the_client"] > 0
     assert result["stalled_upstream_answered_504"] > 0

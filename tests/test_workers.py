@@ -159,3 +159,61 @@ def test_a_metrics_file_another_worker_is_creating_is_not_read(tmp_path: Path, m
     view = CollectorRegistry()
     _WorkerFiles(view, str(tmp_path))
     assert view.get_sample_value("done_total") == 3
+
+
+def _new_worker(p: Replica, known: set[int], *, may_end: bool = False) -> int | None:
+    """The pid of a worker the supervisor started after `known` (waited for); None when the
+    supervisor ended meanwhile (`may_end`)."""
+    assert p.proc is not None
+    deadline = time.monotonic() + 30
+    while not (fresh := children(p.proc.pid) - known):
+        if may_end and p.proc.poll() is not None:
+            return None
+        assert time.monotonic() < deadline and p.proc.poll() is None, p.log_text()
+        time.sleep(0.005)
+    return fresh.pop()
+
+
+async def test_a_worker_that_dies_early_is_started_again_after_a_back_off(proxy: Replica, client_for) -> None:
+    """A worker killed right after its start (as the kernel's OOM killer would) is replaced, after
+    a back-off; the proxy goes on serving on the same port."""
+    assert proxy.proc is not None
+    workers = children(proxy.proc.pid)
+    victim = workers.pop()
+    os.kill(victim, signal.SIGKILL)
+    seen = workers | {victim}
+    replacement = await asyncio.to_thread(_new_worker, proxy, seen)
+    os.kill(replacement, signal.SIGKILL)  # within its first seconds: an early death
+    seen.add(replacement)
+    third = await asyncio.to_thread(_new_worker, proxy, seen)
+    assert proxy.proc.poll() is None
+    await until(lambda: "starting another in 0.5 s" in proxy.log_text(), "the back-off in the log")
+    await asyncio.to_thread(proxy.wait_ready)
+    turn = await send(client_for(proxy), synthetic("after the restarts"))
+    assert turn.status in ("summarized", "none")
+    assert third in children(proxy.proc.pid) and "Traceback" not in proxy.log_text()
+
+
+def test_a_worker_that_keeps_dying_at_its_start_stops_the_supervisor(tmp_path: Path, fake: FakeUpstream) -> None:
+    """Every worker killed as soon as it appears (a crash that comes back at once): the slot is
+    started again after 0.5, 1, 2 and 4 s, and its fifth early death ends the supervisor (exit 1)."""
+    p = Replica(tmp_path, "dying", fake.base_url, f"sqlite:///{tmp_path / 'store.db'}", SETTINGS)
+    p.start()
+    try:
+        p.wait_ready()
+        assert p.proc is not None
+        seen = children(p.proc.pid)
+        pid: int | None = seen.pop()  # one slot's workers die; the other worker lives on
+        kills = 0
+        while pid is not None:
+            assert kills < 6, p.log_text()  # its first may have lived past the grace: not an early death
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            seen.add(pid)
+            pid = _new_worker(p, seen, may_end=True)
+        assert p.proc.wait(60) == 1, p.log_text()
+    finally:
+        p.stop()
+    log = p.log_text()
+    assert [f"starting another in {d} s" in log for d in ("0.5", "1", "2", "4")] == [True] * 4
+    assert log.count("starting another") == 4 and "5 times in a row: stopping" in log

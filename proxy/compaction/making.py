@@ -130,6 +130,7 @@ class RecordMaker:
             focus=identity.focus or self.cfg.compaction.focus,
             max_calls=self.cfg.compaction.max_fold_calls,
             purpose="prepared" if prepared else "history",
+            scope=identity.scope,
         )
         main_span = shown[plan.start:plan.main_end]
         names = calls_by_id(conv.items())

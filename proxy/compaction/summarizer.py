@@ -6,7 +6,6 @@ windows are cut on those block boundaries.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -21,6 +20,7 @@ from proxy.config import SummarizerConfig
 from proxy.escaping import escape_client_text, escape_untrusted
 from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
+from proxy.slots import ScopedSlots
 from proxy.text import clamp_middle
 from proxy.adapters.base import Adapter, Request, SummaryCall
 from proxy.upstream import SummarizerError, SummaryCaller
@@ -46,6 +46,7 @@ class SummaryJob:
     focus: str | None
     max_calls: int
     purpose: str = "history"  # the metrics' kind: history, or prepared (made ahead of the request)
+    scope: str | None = None  # the credential scope it is made for (its calls' slots: ScopedSlots)
 
 
 def summarizer_headers(scfg: SummarizerConfig, client_headers: dict[str, str]) -> dict[str, str]:
@@ -77,11 +78,12 @@ class HistorySummarizer:
         required_headings: tuple[str, ...] = (),
         hooks: Hooks | None = None,
         max_concurrent: int | None = None,
+        per_scope: int | None = None,
     ) -> None:
         self.hooks = hooks or Hooks()
         self.caller = caller
         # Per call, not per summary: one summary may run two calls at once (a split turn's prefix).
-        self._limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+        self._slots = ScopedSlots(max_concurrent, per_scope or max_concurrent) if max_concurrent else None
         self.prompts = prompts
         self.count = count
         self.required = required_headings
@@ -151,7 +153,8 @@ class HistorySummarizer:
         """One summarizer call, bounded and reported, its answer judged (`accept`). History
         summaries go to the configured summarizer (compaction.summarizer.base_url), if any."""
         self.calls += 1
-        async with self._limit or contextlib.nullcontext(), self.hooks.summarizer_call(job.purpose, job.model) as call:
+        slot = self._slots.slot(job.scope) if self._slots is not None else contextlib.nullcontext()
+        async with slot, self.hooks.summarizer_call(job.purpose, job.model) as call:
             try:
                 text = await self.caller.complete(job.adapter, summary_call, headers=job.headers,
                                                   timeout_s=job.timeout_s, usage=call.usage, separate=True)

@@ -18,7 +18,8 @@ its new items, unchained) and goes through the stages like any other request. Wh
 After a recall turn that made lookups the client was shown one response for several upstream
 ones: the next turn is read the same way (the shown output is the client's history) but goes whole
 and unchained, and the chain goes on from its response. Anything else (a turn chained to a response
-this socket did not see end, or that ended in an error) forgets the chain: from there turns are
+this socket did not see end, or that ended in an error, or a history grown past the body limit:
+memory per socket stays bounded, and no whole turn could be larger) forgets the chain: from there turns are
 forwarded as they came until the client sends a whole history again. Pure: `Chain` keeps two lists; each turn keeps
 what it adds (`Sent`) and hands it back with its end event.
 """
@@ -42,6 +43,7 @@ class Sent:
     history: list[Any]
     upstream: list[bytes]
     store: bool
+    size: int = 0  # the bytes of `history` written (about: a body's length)
 
 
 @dataclass
@@ -51,6 +53,10 @@ class Chain:
     # what the upstream holds for it, each item written (but reasoning it cannot be sent back:
     # `ended`); None when the client's view of it is not the upstream's (a recall turn's rounds)
     upstream: list[bytes] | None = field(default_factory=list)
+    # Past this many bytes of history the chain is dropped (the body limit: a whole turn could not
+    # be larger); its next turns go as they came until the client sends a whole history again.
+    max_bytes: int | None = None
+    size: int = 0  # the bytes of `history` written
 
     def whole(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The unchained body a chained `body` stands for; None when it is not chained to the
@@ -68,32 +74,35 @@ class Chain:
         store = body.get("store") is not False
         new = input_items(body)
         prev = body.get("previous_response_id")
+        written = _written(new)
+        added = sum(map(len, written))
         if prev is None and body.get("conversation") is None:
-            return Sent(new, _written(new), store)
+            return Sent(new, written, store, added)
         if prev is not None and prev == self.last_id and self.upstream is not None:
-            return Sent([*self.history, *new], [*self.upstream, *_written(new)], store)
+            return Sent([*self.history, *new], [*self.upstream, *written], store, self.size + added)
         self.forget()
         return None
 
     def forwarded(self, whole: dict[str, Any], sent: dict[str, Any], *,
-                  chained: bool = True) -> tuple[dict[str, Any], Sent | None]:
+                  chained: bool = True, size: int = 0) -> tuple[dict[str, Any], Sent | None]:
         """What goes upstream for the stages' `sent` (an unchained body; `whole`: the client's
-        body it was made from), and what it adds: chained (when `chained`, the client's turn was)
-        if the upstream already holds the start of its input, else `sent`."""
+        body it was made from, `size` bytes written), and what it adds: chained (when `chained`,
+        the client's turn was) if the upstream already holds the start of its input, else `sent`."""
         if whole.get("previous_response_id") is not None or whole.get("conversation") is not None:
             self.forget()  # the client's own chain, to a history this socket did not see
             return sent, None
         items = input_items(sent)
         written = _written(items)
-        record = Sent(input_items(whole), written, whole.get("store") is not False)
+        record = Sent(input_items(whole), written, whole.get("store") is not False, size)
         held = len(self.upstream) if self.upstream is not None else 0
         if chained and self.last_id is not None and 0 < held <= len(written) and written[:held] == self.upstream:
             return {**sent, "previous_response_id": self.last_id, "input": items[held:]}, record
         return sent, record
 
-    def ended(self, event: dict[str, Any] | None, sent: Sent | None, *, as_shown: bool = False) -> None:
+    def ended(self, event: dict[str, Any] | None, sent: Sent | None, *, as_shown: bool = False) -> bool:
         """A turn's last event (`sent`: what the turn added): a response kept upstream becomes the
         socket's latest; anything else (an error, a failed response, no event) forgets the chain.
+        True when the history grew past `max_bytes` and the chain was dropped.
         `as_shown`: the event is the one response the client was shown for several upstream ones
         (a recall turn's rounds): its id and output are the client's, what the upstream holds is
         not known, and the next turn goes whole (recall/chains.py maps the id for a turn that
@@ -104,18 +113,24 @@ class Chain:
         if sent is None or event is None or event.get("type") not in COMPLETE or not isinstance(rid, str) \
                 or not isinstance(output, list):
             self.forget()
-            return
+            return False
         # A reasoning item without its encrypted content cannot be sent back when nothing is
         # stored (the upstream has only its id): it stays in the upstream's cache, not in the
         # history, and the upstream's list leaves it out too, so that a compacted history still
         # matches what the upstream holds and the turn after it can chain (which keeps it).
         usable = [it for it in output if sent.store or item_type(it) != "reasoning" or it.get("encrypted_content")]
-        self.last_id = rid
+        written = _written(usable)
+        size = sent.size + sum(map(len, written))
+        if self.max_bytes is not None and size > self.max_bytes:
+            self.forget()  # (the response stays the upstream's: the client's next turn, chained, is forwarded)
+            return True
+        self.last_id, self.size = rid, size
         self.history = [*sent.history, *usable]
-        self.upstream = None if as_shown else [*sent.upstream, *_written(usable)]
+        self.upstream = None if as_shown else [*sent.upstream, *written]
+        return False
 
     def forget(self) -> None:
-        self.last_id, self.history, self.upstream = None, [], []
+        self.last_id, self.history, self.upstream, self.size = None, [], [], 0
 
 
 def _written(items: list[Any]) -> list[bytes]:

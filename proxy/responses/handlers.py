@@ -58,14 +58,16 @@ def socket_prepare(request: web.Request) -> Prepare:
     ex = request[EXCHANGE]
     cfg = state.cfg
     # (with both stages off nothing can change: the chain is not read, nor its history kept)
-    chain = Chain() if cfg.compaction.enabled or cfg.tool_results.enabled else None
+    chain = Chain(max_bytes=state.max_body) if cfg.compaction.enabled or cfg.tool_results.enabled else None
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         body = {k: v for k, v in event.items() if k != "type"}
         whole = chain.whole(body) if chain is not None else None
         # Parsed (and checked) as an HTTP body is: a turn that resends the whole history (or is
         # read as it) reuses the previous turn's parse of it (the same writing of the same items).
-        raw = jsonbody.dumps(whole if whole is not None else body)
+        # Written off the event loop when large (a chain's history is up to the body limit).
+        size = len(message) + (chain.size if whole is not None and chain is not None else 0)
+        raw = await offload.sized(size, jsonbody.dumps, whole if whole is not None else body)
         p = await route.prepare(state, raw, None, request.headers, ex)
         report = p.headers if cfg.responses.websocket_report else None
         if report is not None:
@@ -77,7 +79,7 @@ def socket_prepare(request: web.Request) -> Prepare:
 
         def as_sent(data: bytes, forwarded: dict[str, Any]) -> tuple[str, Sent | None]:
             assert chain is not None
-            sent, what = chain.forwarded(whole or body, forwarded, chained=whole is not None)
+            sent, what = chain.forwarded(whole or body, forwarded, chained=whole is not None, size=len(raw))
             # (unchained: the stages' own bytes; chained: the shorter body, written here)
             return as_message(data if sent is forwarded else jsonbody.dumps(sent)), what
 
@@ -113,12 +115,14 @@ def socket_prepare(request: web.Request) -> Prepare:
         def done(event: dict[str, Any] | None) -> None:
             if chain is not None:
                 # (a recall turn's rounds or recall call: the upstream holds what the client never saw)
-                chain.ended(event, added, as_shown=recall is not None and (
-                    recall.rounds.round > 1 or bool(recall.rounds.recall_calls())))
+                if chain.ended(event, added, as_shown=recall is not None and (
+                        recall.rounds.round > 1 or bool(recall.rounds.recall_calls()))):
+                    state.sockets.chains_dropped += 1
+                    log.info("a WebSocket chain's history passed the body limit: dropped (turns go as they come)")
 
         if p.data is raw and (whole is None or chain is None or chain.upstream is not None):
             # nothing changed: the client's message as it came (chained or not)
-            added = chain.as_it_came(body) if chain is not None else None
+            added = await offload.sized(len(message), chain.as_it_came, body) if chain is not None else None
             out = message
         else:  # changed, or the upstream's history is not the client's (a recall turn's rounds): through the chain
             out = await outgoing(p.data, recall.body if recall is not None else None)
@@ -156,8 +160,9 @@ async def handle_responses_get(request: web.Request, prepare: Prepare | None = N
         return await passthrough(request, state.session, cfg.upstream, state.max_body, BodyPace.of(cfg.server))
     api_key = secret(cfg.upstream.api_key)
     headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
-    return await relay_websocket(request, state.session, websocket_url(cfg.upstream.base_url, request), headers,
-                                 prepare or socket_prepare(request), state.max_body)
+    return await relay_websocket(request, state.socket_session or state.session,
+                                 websocket_url(cfg.upstream.base_url, request), headers,
+                                 prepare or socket_prepare(request), state.max_body, state.sockets)
 
 
 # ---- /v1/responses/compact -------------------------------------------------------------------
@@ -267,6 +272,7 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
             focus=focus or cfg.compaction.focus,
             max_calls=cfg.compaction.max_fold_calls,
             purpose="compact",
+            scope=creds.scope,
         )
         try:
             model_text = await summarizer.summarize(job, blocks, previous)

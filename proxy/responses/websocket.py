@@ -11,9 +11,10 @@ output) can be retried without the client seeing the failed attempt.
 
 Recall (design 13.3): a turn whose request declares the recall tool carries a `SocketRecall`
 (socket_recall.py); its rounds are answered on this socket and relayed as one response. While such
-a turn is under way the client's next messages wait here (they are still read, so pings are
-answered and a close is seen): the upstream takes messages in order, and the turn's continuation
-must reach it before them.
+a turn is under way (or a turn is being prepared) the client's next messages wait here, read
+ahead up to a bound in count and decoded bytes (inbox.py; then the socket is not read until room
+is made): the upstream takes messages in order, and the turn's continuation must reach it before
+them.
 
 Closing: either side's close is passed on with its code; an upstream that dies (connection lost,
 no close frame) or sends what is not an event gives the client an `error` event and a close frame
@@ -34,8 +35,9 @@ import orjson
 from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 
-from proxy import errors
+from proxy import errors, offload
 from proxy.forward import map_client_error
+from proxy.responses.inbox import Inbox, ReadAhead
 from proxy.responses.socket_recall import SocketRecall
 from proxy.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
 
@@ -46,7 +48,7 @@ _HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-webso
                         "sec-websocket-protocol", "sec-websocket-accept"})
 _UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that report a state and never go in a close frame
 ABNORMAL = 1011
-INBOX = 64  # client messages read ahead while a recall turn is under way (then reading waits)
+GOING_AWAY = 1001  # how a server ends a socket it will not keep (here: idle)
 
 
 @dataclass
@@ -66,6 +68,27 @@ class WsTurn:
 
 
 Prepare = Callable[[dict[str, Any], str], Awaitable[WsTurn]]
+
+
+@dataclass
+class SocketLimits:
+    """What one process allows its client sockets (one instance per process, on its state)."""
+
+    idle_timeout_s: float | None = None  # no message either way and no turn under way: closed (None: never)
+    max_sockets: int | None = None  # upstream sockets held at once (None: no cap); beyond, a 503
+    read_ahead_bytes: int = 16 << 20  # one socket's client messages read ahead of its sender (decoded)
+    open: int = 0  # held now
+    chains_dropped: int = 0  # chains whose history passed the body limit (proxy/responses/chain.py)
+    read_ahead: ReadAhead = field(default_factory=ReadAhead)  # every socket's, now and at most
+
+    def take(self) -> None:
+        if self.max_sockets is not None and self.open >= self.max_sockets:
+            raise errors.ProxyError(503, f"The proxy holds its most upstream WebSockets ({self.max_sockets}); "
+                                    "retry shortly or use HTTP.", type="server_error", code="too_many_websockets")
+        self.open += 1
+
+    def give_back(self) -> None:
+        self.open -= 1
 
 
 def handshake_headers(incoming: CIMultiDict[str] | Any, base: CIMultiDict[str]) -> CIMultiDict[str]:
@@ -117,7 +140,19 @@ async def relay_websocket(
     headers: CIMultiDict[str],
     prepare: Prepare,
     max_msg_size: int,
+    limits: SocketLimits | None = None,
 ) -> web.StreamResponse:
+    """`session`: the pool of upstream sockets (apart from the one HTTP requests use)."""
+    limits = limits if limits is not None else SocketLimits()
+    limits.take()
+    try:
+        return await _relay_held(request, session, url, headers, prepare, max_msg_size, limits)
+    finally:
+        limits.give_back()
+
+
+async def _relay_held(request: web.Request, session: aiohttp.ClientSession, url: str, headers: CIMultiDict[str],
+                      prepare: Prepare, max_msg_size: int, limits: SocketLimits) -> web.StreamResponse:
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     try:
         upstream = await session.ws_connect(url, headers=headers, protocols=protocols, max_msg_size=max_msg_size,
@@ -137,15 +172,17 @@ async def relay_websocket(
         await upstream.close()
         raise
     turns: deque[WsTurn] = deque()
-    relay = _Relay(client, upstream, turns)
+    relay = _Relay(client, upstream, turns, Inbox(limits.read_ahead_bytes, limits.read_ahead))
     down = relay.down = asyncio.create_task(relay.downstream())
+    watch = asyncio.create_task(relay.close_when_idle(limits.idle_timeout_s)) if limits.idle_timeout_s else None
     try:
         await relay.upstream_side(prepare)
     finally:
-        if not down.done():
-            down.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await down
+        for task in (down, watch):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if not upstream.closed:
             await upstream.close()
     return client
@@ -153,19 +190,21 @@ async def relay_websocket(
 
 class _Relay:
     def __init__(self, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse,
-                 turns: deque[WsTurn]) -> None:
+                 turns: deque[WsTurn], inbox: Inbox) -> None:
         self.client = client
+        self.inbox = inbox  # the client's messages read ahead of the sender
         self.upstream = upstream
         self.turns = turns
         self.send_lock = asyncio.Lock()  # client messages, retries and continuations go up one at a time
         self.down: asyncio.Task[None] | None = None  # the downstream task
         self.idle = asyncio.Event()  # no recall turn under way: the client's next message may go up
         self.idle.set()
+        self.last_message = asyncio.get_running_loop().time()  # either way
 
     async def upstream_side(self, prepare: Prepare) -> None:
         """Client -> upstream, in order; returns when the client is gone or the upstream closed."""
         code: int | None = None
-        inbox: asyncio.Queue[aiohttp.WSMessage] = asyncio.Queue(INBOX)
+        inbox = self.inbox
         sender = asyncio.create_task(self._sender(prepare, inbox))
         try:
             while not self.upstream.closed:
@@ -175,11 +214,13 @@ class _Relay:
                     code = msg.data if msg.type == WSMsgType.CLOSE else None
                     break
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    self.last_message = asyncio.get_running_loop().time()
                     await inbox.put(msg)
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sender
+            inbox.close()
         # The client closed (or went away): close the upstream with its code. The downstream
         # task stops reading first: aiohttp's receive, woken by a close from another task,
         # closes the socket itself with 1000 before the caller's code can go out.
@@ -190,33 +231,55 @@ class _Relay:
         if not self.upstream.closed:
             await self.upstream.close(code=code if code and code not in _UNSENDABLE else 1000)
 
-    async def _sender(self, prepare: Prepare, inbox: "asyncio.Queue[aiohttp.WSMessage]") -> None:
+    async def close_when_idle(self, timeout_s: float) -> None:
+        """Close the client's socket (1001, going away) once no message has passed either way for
+        `timeout_s` with no turn under way; the relay then closes the upstream's (its pooled
+        connection freed). Pings do not count: a client's keep-alive must not hold a socket forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self.last_message + timeout_s - loop.time()
+            if left > 0:
+                await asyncio.sleep(left)
+            elif self.turns or self.inbox.pending or not self.idle.is_set():
+                self.last_message = loop.time()  # a turn under way: the upstream's own timeouts govern it
+            else:
+                log.info("closing a WebSocket idle for %g s", timeout_s)
+                await self.client.close(code=GOING_AWAY, message=b"idle timeout")
+                return
+
+    async def _sender(self, prepare: Prepare, inbox: Inbox) -> None:
         """The client's messages upstream, in order, each once no recall turn is under way."""
         while True:
             msg = await inbox.get()
-            await self.idle.wait()
-            if msg.type == WSMsgType.BINARY:
-                async with self.send_lock:
-                    self.turns.append(WsTurn("", expects_reply=True))
-                    await self.upstream.send_bytes(msg.data)
-                continue
-            ev = _event(msg.data)
-            if ev is not None and ev["type"] == "response.create":
-                try:
-                    turn = await prepare(ev, msg.data)
-                except errors.Uncompactable:  # the upstream's to judge: the message goes as it came
-                    turn = WsTurn(msg.data)
-                except errors.ProxyError as e:  # the client's mistake: answered on the socket
-                    await self._to_client(ws_error(e))
-                    continue
-                except Exception:  # a bug of ours never costs the client its message
-                    log.exception("preparing a WebSocket turn failed unexpectedly; forwarding it unchanged")
-                    turn = WsTurn(msg.data)
-            else:
+            try:
+                await self._send_one(prepare, msg)
+            finally:
+                inbox.done()
+
+    async def _send_one(self, prepare: Prepare, msg: aiohttp.WSMessage) -> None:
+        await self.idle.wait()
+        if msg.type == WSMsgType.BINARY:
+            async with self.send_lock:
+                self.turns.append(WsTurn("", expects_reply=True))
+                await self.upstream.send_bytes(msg.data)
+            return
+        ev = await offload.sized(len(msg.data), _event, msg.data)
+        if ev is not None and ev["type"] == "response.create":
+            try:
+                turn = await prepare(ev, msg.data)
+            except errors.Uncompactable:  # the upstream's to judge: the message goes as it came
                 turn = WsTurn(msg.data)
-            if turn.recall is not None:
-                self.idle.clear()
-            await self._send_up(turn)
+            except errors.ProxyError as e:  # the client's mistake: answered on the socket
+                await self._to_client(ws_error(e))
+                return
+            except Exception:  # a bug of ours never costs the client its message
+                log.exception("preparing a WebSocket turn failed unexpectedly; forwarding it unchanged")
+                turn = WsTurn(msg.data)
+        else:
+            turn = WsTurn(msg.data)
+        if turn.recall is not None:
+            self.idle.clear()
+        await self._send_up(turn)
 
     async def _send_up(self, turn: WsTurn) -> None:
         async with self.send_lock:
@@ -239,6 +302,7 @@ class _Relay:
         """Upstream -> client, in order, until either side closes."""
         while True:
             msg = await self.upstream.receive()
+            self.last_message = asyncio.get_running_loop().time()
             if msg.type == WSMsgType.TEXT:
                 ev = _event(msg.data)
                 if ev is None:

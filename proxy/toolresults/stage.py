@@ -28,7 +28,8 @@ from proxy.recall import handles
 from proxy.toolresults import note as notes
 from proxy.toolresults import select as sel
 from proxy.ops import reasons
-from proxy.toolresults.breaker import CircuitBreaker
+from proxy.slots import ScopedSlots
+from proxy.toolresults.breaker import Breakers, CircuitBreaker
 from proxy.tokens import TokenCounter
 from proxy.adapters.base import Adapter, SummaryCall
 from proxy.upstream import SummarizerError, SummaryCaller
@@ -64,23 +65,21 @@ class ToolResultStage(Stage):
         self.flight: SingleFlight[dict[str, Any]] = SingleFlight(
             store, lock_ttl_s=cfg.store.lock_ttl_s, heartbeat_s=cfg.store.lock_heartbeat_s, max_wait_s=cfg.compaction.max_wait_s
         )
-        self._limit = asyncio.Semaphore(self.tcfg.concurrency)
-        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        # Per credential scope within the global limit: one tenant's slow notes leave slots to the others.
+        self._slots = ScopedSlots(self.tcfg.concurrency, self.tcfg.concurrency_per_scope)
+        self._breakers = Breakers(self.tcfg.max_breakers, lambda: CircuitBreaker(
+            self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, lambda: self.clock()))
         self.calls = 0
 
-    def breaker(self, model: str, adapter: Adapter) -> CircuitBreaker:
-        """The breaker of `model` at the upstream the `adapter`'s calls go to."""
-        key = (adapter.upstream(self.cfg).base_url, model)
-        b = self._breakers.get(key)
-        if b is None:
-            b = self._breakers[key] = CircuitBreaker(
-                self.tcfg.breaker_failures, self.tcfg.breaker_cooldown_s, lambda: self.clock()
-            )
-        return b
+    def breaker(self, model: str, adapter: Adapter, scope: str) -> CircuitBreaker:
+        """The breaker of `model` at the upstream the `adapter`'s calls go to, for one credential
+        scope: the notes' calls carry the client's own key, so a revoked one fails only its own."""
+        return self._breakers.get((scope, adapter.upstream(self.cfg).base_url, model))
 
     def breaker_states(self) -> list[tuple[str, str]]:
-        """(model, state) of every breaker, for the metrics."""
-        return [(model, b.state) for (_, model), b in self._breakers.items()]
+        """(model, state) per model, the most severe of its scopes' breakers, for the metrics (a
+        scope is never a label)."""
+        return self._breakers.states()
 
     def idle(self, flow: Flow) -> bool:
         """Off, or no envelope over the threshold (the common case: the model is not even built)."""
@@ -129,7 +128,7 @@ class ToolResultStage(Stage):
         flow.forwarded = conv.with_envelopes(changed)
         flow.report.tool_results += summarized
         flow.report.wait_ms += (time.perf_counter() - started) * 1000
-        if summarized < len(cands) and self._paused(adapter, model):
+        if summarized < len(cands) and self._paused(adapter, model, scope):
             flow.report.why = reasons.BREAKER_OPEN  # the answer says why its outputs went raw
 
     @staticmethod
@@ -144,12 +143,12 @@ class ToolResultStage(Stage):
             return self._raw_with_notice(c, OVER_CAP), False
         rec = await self._existing(self._key(c, scope))
         if rec is None:
-            return (self._raw_with_notice(c, PAUSED), False) if self._paused(adapter, model) else (None, False)
+            return (self._raw_with_notice(c, PAUSED), False) if self._paused(adapter, model, scope) else (None, False)
         return self._forwarded(c, rec)
 
-    def _paused(self, adapter: Adapter, model: str) -> bool:
-        """Whether the breaker of `model` at the `adapter`'s upstream is open (a count makes no breaker)."""
-        b = self._breakers.get((adapter.upstream(self.cfg).base_url, model))
+    def _paused(self, adapter: Adapter, model: str, scope: str) -> bool:
+        """Whether this scope's breaker of `model` at the `adapter`'s upstream is open (a count makes none)."""
+        b = self._breakers.peek((scope, adapter.upstream(self.cfg).base_url, model))
         return b is not None and b.state == "open"
 
     async def _existing(self, key: str) -> dict[str, Any] | None:
@@ -181,13 +180,13 @@ class ToolResultStage(Stage):
         key = self._key(c, scope)
 
         async def make() -> dict[str, Any]:
-            breaker = self.breaker(model, adapter)
+            breaker = self.breaker(model, adapter, scope)
             if not breaker.allow():
                 # Not stored: while the breaker stays open every request gets this same notice,
                 # and once it lets calls through again the result should be tried.
                 return {"ok": False, "reason": PAUSED}
             try:
-                async with self._limit:
+                async with self._slots.slot(scope):
                     note = await self._summarize(adapter, c, hint, model, headers)
             except SummarizerError as e:
                 breaker.failure()

@@ -46,7 +46,7 @@ Settings (attributes, settable any time, or keyword arguments):
                       sends a message that is not JSON and closes with 1011
 Recording: requests (RecordedRequest; kind "responses" | "summarizer" | "compact" | "websocket"
 (the handshake) | "other"; transport "websocket" for socket messages), responses_requests,
-summarizer_requests, compact_requests (parsed bodies).
+summarizer_requests, compact_requests (parsed bodies); sockets_open (WebSocket connections now).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class FakeResponses(ModelFake):
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
         self.stored_prompts: dict[str, dict[str, Any]] = {}
+        self.sockets_open = 0  # WebSocket connections open now
         super().__init__(**settings)
         self._prefix_cache = PrefixCache()
         self._responses: dict[str, list[Any]] = {}  # stored response id -> its input + output items
@@ -332,6 +333,14 @@ class FakeResponses(ModelFake):
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
         request[RESP_KEY] = ws
+        self.sockets_open += 1
+        try:
+            return await self._socket(request, handshake, ws)
+        finally:
+            self.sockets_open -= 1
+
+    async def _socket(self, request: web.Request, handshake: RecordedRequest,
+                      ws: web.WebSocketResponse) -> web.WebSocketResponse:
         handshake.status = 101
         local: dict[str, list[Any]] = {}
         async for msg in ws:
