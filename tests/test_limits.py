@@ -114,7 +114,9 @@ async def test_max_concurrent_summaries_runs_n_at_once_and_queues_the_next(upstr
 
 async def test_tool_results_concurrency_runs_exactly_n_notes_at_once(upstream, make_proxy):
     n = 3
-    proxy = await make_proxy(upstream.base_url, {"tool_results": {"threshold_tokens": 200, "concurrency": n},
+    # (one scope here: its own share, concurrency_per_scope, is raised to the global limit tested)
+    proxy = await make_proxy(upstream.base_url, {"tool_results": {"threshold_tokens": 200, "concurrency": n,
+                                                                  "concurrency_per_scope": n},
                                                  "compaction": {"prepare_percent": 0}})
     all_in, release = asyncio.Event(), asyncio.Event()
     running = 0
