@@ -16,6 +16,7 @@ import orjson
 
 from proxy import offload
 from proxy.compaction import extract
+from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
 MAX_IDENTIFIERS = 2000  # indexed exactly per original, at most (first seen first)
@@ -54,8 +55,11 @@ def decode(handle: str, raw: bytes) -> Original | None:
 
 
 def identifiers(text: str) -> list[str]:
-    """What an original is found by exactly."""
-    return (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+    """What an original is found by exactly: its identifiers and error lines, and (with a cap of
+    their own, so a long span's paths and hashes never crowd them out) the code symbols it
+    defines and mentions."""
+    idents = (extract.find_identifiers(text) + extract.find_error_lines(text))[:MAX_IDENTIFIERS]
+    return list(dict.fromkeys(idents + symbols.index_terms(text)))
 
 
 def valid_handle(handle: str) -> bool:
@@ -63,10 +67,12 @@ def valid_handle(handle: str) -> bool:
 
 
 def query_terms(query: str) -> tuple[list[str], list[str]]:
-    """(words, identifiers) of a search: the query itself and the identifiers in it are looked up
-    exactly; its words, less the ones that match everything, for full-text search."""
+    """(words, identifiers) of a search: the query itself and the identifiers and code symbols in
+    it (`def settle_charge` names settle_charge) are looked up exactly; its words, less the ones
+    that match everything, for full-text search."""
     q = query.strip()
-    idents = list(dict.fromkeys([q, *extract.find_identifiers(q)])) if q else []
+    named = symbols.query_symbols(q)
+    idents = list(dict.fromkeys([q, *extract.find_identifiers(q), *named, *(symbols.DEFINES + n for n in named)])) if q else []
     words = [w for w in index_words(q) if w not in _STOPWORDS and len(w) > 1]
     return words, idents
 
