@@ -28,6 +28,7 @@ from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
 from proxy.config import Config
+from proxy.ops.exchange import RECORD_CALLS
 from proxy.model import Conversation, Envelope, calls_by_id
 from proxy.prompts import Prompts
 from proxy.tokens import TokenCounter
@@ -118,6 +119,19 @@ class RecordMaker:
     async def summary(
         self, view: View, plan: Plan, previous: SummaryRecord | None, budget: Budget, *, prepared: bool,
         work: Conversation | None = None, carried: SummaryRecord | None = None,
+    ) -> SummaryRecord:
+        """A new summary record, with the number of summarizer calls that made it."""
+        made = [0]
+        token = RECORD_CALLS.set(made)
+        try:
+            record = await self._summary(view, plan, previous, budget, prepared=prepared, work=work, carried=carried)
+        finally:
+            RECORD_CALLS.reset(token)
+        return replace(record, calls=made[0])
+
+    async def _summary(
+        self, view: View, plan: Plan, previous: SummaryRecord | None, budget: Budget, *, prepared: bool,
+        work: Conversation | None, carried: SummaryRecord | None,
     ) -> SummaryRecord:
         conv, request, identity = view.conv, view.flow.request, view.flow.identity
         shown = (work or conv).envelopes  # what the summarizer reads: old outputs masked
@@ -282,7 +296,7 @@ class RecordMaker:
             return None
         prev = record or SummaryRecord(covered=0, chain="", summary="")
         return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, recall_identifiers=recall,
-                       masked_until=extent, created=self.clock(), prepared=False, expires=None,
+                       masked_until=extent, created=self.clock(), prepared=False, expires=None, calls=0,
                        live_from=len(view.conv) - n_sys)
 
     def digest_record(self, view: View, plan: Plan, previous: SummaryRecord | None, work: Conversation,

@@ -51,6 +51,7 @@ class SummaryRecord:
     # that bind their reasoning to its prefix reject the former; None: a record from before this
     # was kept, nothing left out)
     live_from: int | None = None
+    calls: int = 0  # summarizer calls that made it (its event reports them, made ahead or not)
 
     @property
     def extent(self) -> int:

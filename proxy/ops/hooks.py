@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
+from proxy.ops.exchange import CONVERSATION, CURRENT, RECORD_CALLS, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.hooks")
@@ -200,6 +200,9 @@ class _CallTimer:
         ex = CURRENT.get()
         if ex is not None:
             ex.summarizer_calls += 1
+        made = RECORD_CALLS.get()
+        if made is not None:
+            made[0] += 1
         self.t0 = time.perf_counter()
         return self.call
 
