@@ -20,7 +20,8 @@ from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 from proxy.tokens import TokenCounter
 from support.recall_protocols import driver
-from support.recall_symbols import NOT_FOUND, build_symbol_session, model_reply
+from support.recall_facts import NOT_FOUND
+from support.recall_symbols import build_symbol_session, model_reply
 from support.redis_server import redis_server  # noqa: F401  (a fixture)
 
 CASES = [("chat", "memory"), ("chat", "sqlite"), ("chat", "redis"), ("responses", "sqlite"),

@@ -23,10 +23,8 @@ from typing import Any
 
 import orjson
 
-from proxy.fakes.chat.replies import content_text
+from support.recall_facts import answer_question
 
-RECALL_PREFIX = "context_recall"
-NOT_FOUND = "I could not find that."
 KINDS = ("function", "class", "method", "key", "error")
 _VERBS = ("settle", "refund", "apply", "post", "close", "load", "render", "audit", "split", "merge", "rotate", "flush")
 _NOUNS = ("charge", "ledger", "quota", "window", "batch", "period", "journal", "account", "invoice", "tenant",
@@ -213,38 +211,7 @@ def build_symbol_session(seed: int = 11, turns: int = 66) -> tuple[list[dict[str
 _QUESTION = re.compile(r"QUESTION \[(\w+) ([^\]]+)\]")
 
 
-def _recall_name(body: dict[str, Any]) -> str | None:
-    for t in body.get("tools") or ():
-        name = (t.get("function") or {}).get("name", "")
-        if name.startswith(RECALL_PREFIX):
-            return name
-    return None
-
-
-def _query(kind: str, key: str) -> str:
-    return Fact(kind, key, "", 0).query()
-
-
 def model_reply(body: dict[str, Any]) -> Any:
     """Ordinary turns get "ok"; a question is answered from the context, or through the recall
     tool (asked the way a model names code) when the context does not carry the definition."""
-    messages = body["messages"]
-    q_at = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-    found = _QUESTION.search(content_text(messages[q_at].get("content"))) if q_at is not None else None
-    if found is None:
-        return "ok"
-    kind, key = found.groups()
-    pattern = shape(kind, key)
-    after = messages[q_at + 1:]
-    if not after:
-        context = "\n".join(content_text(m.get("content")) for m in messages[:q_at])
-        if (m := pattern.search(context)) is not None:
-            return f"From the conversation: {m.group(0)}"
-        name = _recall_name(body)
-        if name is None or body.get("tool_choice") == "none":
-            return NOT_FOUND
-        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": _query(kind, key)}}]}
-    results = "\n".join(content_text(m.get("content")) for m in after if m.get("role") == "tool")
-    if (m := pattern.search(results)) is not None:
-        return f"From the recalled original: {m.group(0)}"
-    return NOT_FOUND
+    return answer_question(body, _QUESTION, shape, lambda kind, key: Fact(kind, key, "", 0).query())
