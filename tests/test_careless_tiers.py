@@ -15,7 +15,7 @@ import pytest
 
 from proxy.fake_upstream import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
-from support.careless import CarelessSummarizer
+from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.client import chat, openai_client
 from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
 from support.invariants import check_forwarded, text_of
@@ -156,6 +156,9 @@ async def test_planted_identifiers_are_verbatim_or_listed_for_recall(upstream, m
 
     statuses = await replay(proxy, upstream, [s.messages], s.tools, check)
     assert statuses.count("summarized") + statuses.count("degraded") >= 3
+    cached, total = summarizer_cached_share(upstream)
+    print(f"chat: {cached} of {total} history summarizer input tokens cached ({100 * cached / total:.1f}%)")
+    assert cached >= 0.5 * total, (cached, total)  # OpenAI's prefix rule: the summary calls ride the cache
     assert missing == []
     # and nearly all of them verbatim in the forwarded request, not only listed for recall: the
     # careless model keeps one in ten, the identifier block the rest

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.prompts import SUMMARY_HEADINGS
-from support.careless import CarelessSummarizer
+from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
 from support.compaction_helpers import chat_history
 from support.protocols import MESSAGES, RESPONSES, Driver
@@ -120,6 +120,12 @@ async def careless_replay(driver: Driver, fake: Any, make_proxy: Any, extra_body
         assert f"\n{h}\n" in f"\n{summaries[-1]}\n", h
     for c in s.constraints:  # the user's constraints, from summarized messages, verbatim
         assert c in text, c
+    cached, total = summarizer_cached_share(fake)
+    print(f"{driver.name}: {cached} of {total} history summarizer input tokens cached ({100 * cached / total:.1f}%)")
+    if driver.name == "responses" and extra_body is None:
+        # OpenAI's prefix rule: the summary calls ride the conversation's cached prefix (the misses
+        # are the asks again in transcript form after a careless reply instead of a summary)
+        assert cached >= 0.5 * total, (cached, total)
     shares = {k: verbatim[k] / seen[k] for k in seen}
     print(f"{driver.name}: statuses {dict(Counter(statuses))}; planted identifiers verbatim:",
           {k: f"{100 * v:.1f}%" for k, v in shares.items()})
