@@ -206,3 +206,18 @@ async def test_summarizer_down_for_a_whole_session(driver, fake, make_proxy):
     assert "degraded" in statuses
     first = statuses.index("degraded")
     assert all(st in ("degraded", "masked") for st in statuses[first:]), statuses[first:]
+
+
+async def test_a_messages_client_that_caches_its_conversation_gets_the_summary_calls_cached(make_proxy):
+    """Anthropic's breakpoint rule: a cache is read only up to a breakpoint an earlier request
+    wrote. A client that marks its newest block (the top-level `cache_control`) has its history
+    written on every request, so the summary call, which repeats that history before its
+    instruction, is billed mostly as cached. (Without any breakpoint of the client's, only the
+    summary's own prefix is cached: the replay above reports that share.)"""
+    fake = await MESSAGES.start_fake(window=WINDOW)
+    try:
+        await careless_replay(MESSAGES, fake, make_proxy, extra_body={"cache_control": {"type": "ephemeral"}})
+        cached, total = summarizer_cached_share(fake)
+        assert cached >= 0.5 * total, (cached, total)
+    finally:
+        await fake.stop()
