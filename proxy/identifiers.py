@@ -86,11 +86,15 @@ def find_identifiers(text: str) -> list[str]:
     return out
 
 
+# a line that is only an exception's name (a list's bullet of identifiers) says no error
+_NAME_ONLY = re.compile(r"^[-*\s]*[A-Z]\w*(?:Error|Exception)[\s,.;]*$")
+
+
 def find_error_lines(text: str) -> list[str]:
     out: list[str] = []
     for m in (m for a, b in _pieces(text) for m in _ERROR_LINE.finditer(text, a, b)):
         line = m.group(0).strip()
-        if line and line not in out:
+        if line and line not in out and not _NAME_ONLY.match(line):
             out.append(line[:MAX_ERROR_LINE_CHARS])
         if len(out) >= MAX_ERROR_LINES:
             break

@@ -290,7 +290,5 @@ async def test_file_names_and_exception_names_of_the_swe_run_are_kept_or_listed(
     kept, listed = counts["kept"] / counts["seen"], counts["listed"] / counts["seen"]
     print(f"swe: file and exception names kept {100 * kept:.1f}%, kept or listed {100 * listed:.1f}% "
           f"of {counts['seen']} (request, name) pairs")
-    # (one pair short of all: an error line in the newest kept turn, which the clamp cut in the
-    # forwarded request while the block counted it as kept; see docs/recall-and-summaries.md)
-    assert listed >= 0.99, [k for k in counts if k.startswith("missing")]
+    assert listed == 1.0, [k for k in counts if k.startswith("missing")]
     assert kept >= 0.99, kept

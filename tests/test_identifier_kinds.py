@@ -38,3 +38,10 @@ def test_prose_with_dots_and_a_paths_tail_are_no_file_names() -> None:
 def test_exception_names_rank_with_paths_above_plain_tokens() -> None:
     ranked = rank_identifiers(["HAT001", "ValueError"])
     assert ranked[0] == "ValueError"
+
+
+def test_a_line_that_only_names_an_exception_is_no_error_line() -> None:
+    from proxy.identifiers import find_error_lines
+
+    text = "Identifiers:\n- PostingError\n- LED-7112\nledger.errors.PostingError: unbalanced posting\n"
+    assert find_error_lines(text) == ["ledger.errors.PostingError: unbalanced posting"]

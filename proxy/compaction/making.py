@@ -26,7 +26,7 @@ from proxy.recall.answers import declared_tools, recall_declared
 from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
-from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
+from proxy.compaction.view import View, apply, clamped, files_chars, identifier_budget, masked
 from proxy.config import Config
 from proxy.ops.exchange import RECORD_CALLS
 from proxy.model import Conversation, Envelope, calls_by_id
@@ -71,7 +71,9 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
     n_sys = view.n_system
     summarized = conv.envelopes[plan.start:plan.cut]  # the client's own messages, not their stubs
     text = extract.span_text(summarized)
-    kept = masked(view, previous).envelopes[plan.cut:]
+    # the kept part as it is forwarded: what a clamp cut from the newest turn is not "present"
+    kept = [clamped(view, e, plan.clamp[i], conv.tokens[i]) or e if i in plan.clamp else e
+            for i, e in enumerate(masked(view, previous).envelopes[plan.cut:], start=plan.cut)]
     kept_digests = {view.digests[i].hex() for i in range(plan.cut, len(conv))}
     covered = plan.cut - n_sys
     return Draft(
