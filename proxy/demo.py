@@ -109,22 +109,36 @@ class ScriptedModel:
 class ScriptedSummarizer:
     """The fake model's summaries: what a careful model keeps of this session (the request in
     progress, the steps done, a previous summary's steps carried forward). The proxy adds its own
-    lists (files touched, identifiers) after it, as it does for any model."""
+    lists (files touched, identifiers) after it, as it does for any model.
+
+    It reads either form of the ask: the transcript (`<conversation>` in the last message), or the
+    call that rides the prompt cache, where the conversation is the request's own messages before
+    the closing instruction (as a model would read them)."""
 
     def __call__(self, body: dict[str, Any]) -> str:
-        text = str(body["messages"][-1].get("content"))
-        convo = text.split("</conversation>", 1)[0]
+        messages = body["messages"]
+        text = str(messages[-1].get("content"))
+        if "<conversation>" in text:
+            convo = text.split("</conversation>", 1)[0]
+            previous = text.split("<previous-summary>", 1)[1] if "<previous-summary>" in text else ""
+        else:
+            earlier = [m for m in messages[:-1] if m.get("role") == "user"]
+            convo = "\n".join(f"[User]: {m.get('content')}" for m in earlier)
+            previous = "\n".join(str(m.get("content")) for m in earlier if _SUMMARY_RE.search(str(m.get("content"))))
         steps = {int(n): task.strip() for n, task in _STEP_LINE_RE.findall(convo)}
-        previous = text.split("<previous-summary>", 1)[1] if "<previous-summary>" in text else ""
         steps.update({int(n): task.strip() for n, task in _DONE_RE.findall(previous)})
-        if not steps:
-            return "## Active Task\n(nothing yet)\n"
-        last = max(steps)
-        done = "\n".join(f"- [x] step {n}: {steps[n]}" for n in sorted(steps) if n != last)
-        return (f"## Active Task\n[step {last}] {steps[last]}\n\n"
-                "## Goal\nFix the timezone handling of calendar-app's dates and land the change.\n\n"
-                f"## Progress\n### Done\n{done or '- (none yet)'}\n\n### In Progress\n- [ ] step {last}\n\n"
-                f"## Next Steps\n1. Finish step {last}, then go on with the plan.\n")
+        return _summary(steps)
+
+
+def _summary(steps: dict[int, str]) -> str:
+    if not steps:
+        return "## Active Task\n(nothing yet)\n"
+    last = max(steps)
+    done = "\n".join(f"- [x] step {n}: {steps[n]}" for n in sorted(steps) if n != last)
+    return (f"## Active Task\n[step {last}] {steps[last]}\n\n"
+            "## Goal\nFix the timezone handling of calendar-app's dates and land the change.\n\n"
+            f"## Progress\n### Done\n{done or '- (none yet)'}\n\n### In Progress\n- [ ] step {last}\n\n"
+            f"## Next Steps\n1. Finish step {last}, then go on with the plan.\n")
 
 
 @dataclass
@@ -241,10 +255,20 @@ def _report(out: Print, totals: Totals, step: int, headers: Any, fake: Any, show
             shown.add(summary)
             lines = summary.splitlines()
             out(f"           new summary ({len(lines)} lines), as the upstream got it:")
-            for line in lines[:SUMMARY_LINES]:
+            for line in _shown_lines(lines):
                 out(f"           | {line[:100]}{' ...' if len(line) > 100 else ''}")
-            if len(lines) > SUMMARY_LINES:
-                out(f"           | ... {len(lines) - SUMMARY_LINES} more lines")
+
+
+def _shown_lines(lines: list[str]) -> list[str]:
+    """A summary's first lines, and the identifiers the proxy's code kept (their heading and first
+    line), with what is left out counted."""
+    shown = lines[:SUMMARY_LINES]
+    at = next((i for i, x in enumerate(lines) if x.startswith("## Identifiers")), None)
+    if at is None or at < SUMMARY_LINES:
+        return shown + ([f"... {len(lines) - SUMMARY_LINES} more lines"] if len(lines) > SUMMARY_LINES else [])
+    ids = lines[at:at + 2]
+    return shown + [f"... {at - SUMMARY_LINES} more lines", *ids] + (
+        [f"... {len(lines) - at - 2} more lines"] if len(lines) > at + 2 else [])
 
 
 def _forwarded_summary(messages: list[dict[str, Any]]) -> str | None:

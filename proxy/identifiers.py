@@ -1,4 +1,5 @@
-"""Identifiers in text: finding them (paths, URLs, hashes, tickets, IDs, error lines) and ranking
+"""Identifiers in text: finding them (paths and file names, URLs, hashes, tickets, IDs, exception
+names, error lines) and ranking
 them by salience (spec 9.3). Pure functions, shared by the tool-result notes and the summaries.
 """
 
@@ -9,6 +10,13 @@ from typing import Iterable
 
 _URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
 _TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d+\b")  # LED-7112, PROJ-42
+# a file name without a directory (tox.ini, CHANGELOG.rst, from a directory listing): by the
+# extensions of source, config and docs, so prose with a dot (e.g. "i.e.", 3.12) is none
+_FILE_NAME = re.compile(
+    r"(?<![\w./@-])[\w][\w.+-]*\.(?:py|pyi|ini|cfg|toml|rst|md|txt|json|ya?ml|lock|js|mjs|ts|tsx|jsx|go|rs|java|kt|rb|"
+    r"php|swift|c|h|cc|cpp|hpp|cs|sh|sql|html|css|xml|csv|conf|in|mk|gradle|proto|ipynb)\b(?![\w/-])")
+# exception class names (ValueError, FieldInstanceResolutionError): agents look errors up by them
+_EXCEPTION = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning)\b")
 _IDENT_PATTERNS = [
     _URL,
     _TICKET,
@@ -25,6 +33,8 @@ _IDENT_PATTERNS = [
     re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"),
     # function names in Python tracebacks
     re.compile(r"(?<=, in )[A-Za-z_][\w.]*"),
+    _FILE_NAME,
+    _EXCEPTION,
 ]
 _ERROR_LINE = re.compile(
     r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
@@ -81,11 +91,15 @@ def find_identifiers(text: str) -> list[str]:
     return out
 
 
+# a line that is only an exception's name (a list's bullet of identifiers) says no error
+_NAME_ONLY = re.compile(r"^[-*\s]*[A-Z]\w*(?:Error|Exception)[\s,.;]*$")
+
+
 def find_error_lines(text: str) -> list[str]:
     out: list[str] = []
     for m in (m for a, b in _pieces(text) for m in _ERROR_LINE.finditer(text, a, b)):
         line = m.group(0).strip()
-        if line and line not in out:
+        if line and line not in out and not _NAME_ONLY.match(line):
             out.append(line[:MAX_ERROR_LINE_CHARS])
         if len(out) >= MAX_ERROR_LINES:
             break
@@ -98,10 +112,11 @@ _PATH_LIKE = re.compile(r"/|\.\w{1,8}$")
 
 
 def _kind_weight(ident: str) -> int:
-    """Kinds an agent needs exactly (tickets, hashes, URLs) above paths above other tokens."""
+    """Kinds an agent needs exactly (tickets, hashes, URLs) above paths and exception names above
+    other tokens."""
     if _URL.fullmatch(ident) or _TICKET.fullmatch(ident) or _HEX.match(ident) or _UUID.match(ident):
         return 3
-    if "@" in ident or _PATH_LIKE.search(ident):
+    if "@" in ident or _PATH_LIKE.search(ident) or _EXCEPTION.fullmatch(ident):
         return 2
     return 0
 

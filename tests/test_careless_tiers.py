@@ -15,7 +15,7 @@ import pytest
 
 from proxy.fake_upstream import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
-from support.careless import CarelessSummarizer
+from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.client import chat, openai_client
 from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
 from support.invariants import check_forwarded, text_of
@@ -156,6 +156,9 @@ async def test_planted_identifiers_are_verbatim_or_listed_for_recall(upstream, m
 
     statuses = await replay(proxy, upstream, [s.messages], s.tools, check)
     assert statuses.count("summarized") + statuses.count("degraded") >= 3
+    cached, total = summarizer_cached_share(upstream)
+    print(f"chat: {cached} of {total} history summarizer input tokens cached ({100 * cached / total:.1f}%)")
+    assert cached >= 0.5 * total, (cached, total)  # OpenAI's prefix rule: the summary calls ride the cache
     assert missing == []
     # and nearly all of them verbatim in the forwarded request, not only listed for recall: the
     # careless model keeps one in ten, the identifier block the rest
@@ -257,3 +260,35 @@ async def test_the_summary_call_rides_the_prompt_cache(make_proxy):
 
 def s_tools():
     return coding_session(1).tools
+
+
+async def test_file_names_and_exception_names_of_the_swe_run_are_kept_or_listed(upstream, make_proxy, fixtures_dir):
+    """The SWE-agent run (a directory listing: tox.ini, setup.cfg, CHANGELOG.rst...; source that
+    raises ValueError, defines FieldInstanceResolutionError) through the careless summarizer:
+    every file name without a directory and every exception class name the agent was sent is in
+    the forwarded request (the identifier block) or listed for recall."""
+    window, convs, tools = sessions(fixtures_dir, "swe")
+    upstream.window = window
+    upstream.summarizer = CarelessSummarizer()
+    # no masking: the history is summarized, so what code keeps of the summarized part is what counts
+    proxy = await make_proxy(upstream.base_url, settings(window, mask_tool_outputs=False))
+    names = re.compile(r"(?<![\w./@-])[\w][\w.+-]*\.(?:py|ini|cfg|rst|md|txt|toml|yml|yaml|in)\b(?![\w/-])"
+                       r"|\b[A-Z][A-Za-z0-9]*(?:Error|Exception)\b")
+    counts = Counter()
+
+    def check(history, fwd, status):
+        text, recall = all_text(fwd), "\n".join(recall_listed(proxy))  # (an error line listed names its exception)
+        for name in dict.fromkeys(names.findall(all_text(history))):
+            counts["seen"] += 1
+            counts["kept"] += name in text
+            counts["listed"] += name in text or name in recall
+            if name not in text and name not in recall:
+                counts["missing: " + name] += 1
+
+    statuses = await replay(proxy, upstream, convs, tools, check)
+    assert "summarized" in statuses or "degraded" in statuses
+    kept, listed = counts["kept"] / counts["seen"], counts["listed"] / counts["seen"]
+    print(f"swe: file and exception names kept {100 * kept:.1f}%, kept or listed {100 * listed:.1f}% "
+          f"of {counts['seen']} (request, name) pairs")
+    assert listed == 1.0, [k for k in counts if k.startswith("missing")]
+    assert kept >= 0.99, kept

@@ -471,3 +471,15 @@ def test_a_compilers_or_a_logs_error_line_comes_before_the_identifiers(line):
     lines, rest = identifier_lines(idents, [tally, line], present="", budget_chars=400, user_text="", text="")
     assert lines[0] == f"- error: {line}"
     assert tally in rest and lines[1].startswith("- src/pkg/mod_")
+
+
+def test_a_record_with_fields_of_a_newer_version_is_still_read() -> None:
+    """Replicas of two versions share a store during an upgrade: a field one added is left out."""
+    import orjson
+
+    from proxy.compaction.record import SummaryRecord
+
+    data = orjson.loads(SummaryRecord(covered=3, chain="ab", summary="s", calls=2).to_bytes())
+    read = SummaryRecord.from_bytes(orjson.dumps({**data, "added_later": [1]}))
+    assert read is not None and (read.covered, read.summary, read.calls) == (3, "s", 2)
+    assert SummaryRecord.from_bytes(b"[1]") is None and SummaryRecord.from_bytes(b'{"covered": 1}') is None

@@ -83,6 +83,16 @@ PIXELS = """(args) => {
 }"""
 
 
+# (widest label of a plot's left axis, the room the axis has for labels), in CSS pixels
+AXIS_ROOM = """(id) => {
+  const u = window.dashboard.plots[id], axis = u.axes[1];
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = axis.font[0];
+  const widest = Math.max(0, ...(axis._values || []).map((v) => ctx.measureText(String(v)).width)) / devicePixelRatio;
+  return [widest, axis._size - axis.ticks.size - axis.gap];
+}"""
+
+
 async def test_the_dashboard_draws_the_replay(upstream, make_proxy, browser):
     proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {
         "billing": {"prices": {MODEL: {"input": 30, "cached_input": 15, "output": 60}}}}))
@@ -128,6 +138,16 @@ async def test_the_dashboard_draws_the_replay(upstream, make_proxy, browser):
         assert await page.evaluate(PIXELS, [plot, colors[color]]) > 10, (plot, color)
     assert await page.evaluate("() => window.dashboard.plots['plot-tokens'].data[0].length") >= 2
 
+    # Every left axis is as wide as its longest label: none is clipped at the canvas's edge, also
+    # with a busy proxy's counts (millions of tokens a sample).
+    for plot in await page.evaluate("() => Object.keys(window.dashboard.plots)"):
+        label, room = await page.evaluate(AXIS_ROOM, plot)
+        assert 0 < label <= room, (plot, label, room)
+    await page.evaluate("""() => { const u = window.dashboard.plots['plot-tokens'];
+        u.setData([u.data[0], u.data[1].map((v, i) => 2e7 + i * 1e6), u.data[2].map((v, i) => 9e6 + i)]); }""")
+    label, room = await page.evaluate(AXIS_ROOM, "plot-tokens")
+    assert 0 < label <= room, ("plot-tokens at millions", label, room)
+
     # The latest compaction event, with its summary: the text the proxy forwarded, shown as text.
     compacted = next(r for r in upstream.chat_requests if any("<summary>" in str(m.get("content")) for m in r["messages"]))
     summary = forwarded_summary(compacted["messages"])
@@ -139,7 +159,7 @@ async def test_the_dashboard_draws_the_replay(upstream, make_proxy, browser):
     assert await page.locator("#injected").count() == 0
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)  # (the tokens plot at millions)
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
 
 

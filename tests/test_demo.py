@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy.demo import _TASKS
+
 RUN = r"""
 import json, sys
 sys.modules["openai"] = None  # not installed: the demo works after a plain `pip install`
@@ -56,6 +58,23 @@ def test_exits_0_and_shows_summaries_made_and_reused(demo) -> None:
     totals = proc.stdout[proc.stdout.index("totals:"):]
     assert f"{len(rows)} requests" in totals and "reused" in totals
     assert "Traceback" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
+
+
+def test_its_summaries_carry_the_tasks_and_identifiers_of_the_session(demo) -> None:
+    """The fake model writes its summary from the call that rides the prompt cache (the
+    conversation's own messages), so each summary names the step in progress and the steps done,
+    and the proxy's code adds the identifiers; none is the empty one."""
+    proc, _ = demo
+    summaries = proc.stdout.split("new summary")[1:]
+    assert len(summaries) >= 2, proc.stdout
+    tasks = [t for t, _ in _TASKS]
+    for s in summaries:
+        active = re.search(r"\| ## Active Task\n\s+\| \[step (\d+)\] ([^\n]*)\.\n", s)
+        assert active is not None and active.group(2) in tasks, s
+        assert "| - [x] step 1: Find why test_parse_dates fails." in s, s
+        assert "(nothing yet)" not in s and "Goal\n           | - none recorded" not in s
+        ids = re.search(r"\| ## Identifiers[^\n]*\n\s+\| - ([^\n]*)", s)
+        assert ids is not None and len(re.findall(r"\b[0-9a-f]{8}\b", ids.group(1))) >= 3, s
 
 
 def test_talks_only_to_loopback(demo) -> None:

@@ -134,3 +134,24 @@ async def test_masked_and_degraded_compactions_are_events_once_per_record(upstre
     digest = next(e for e in events if e["tier"] == "degraded")
     assert digest["summary"].startswith("## Digest of earlier messages")
     assert value(m, "compaction_proxy_summarizer_failures_total", kind="history", reason="http") >= 1
+
+
+async def test_an_event_whose_summary_was_made_ahead_counts_the_calls_that_made_it(upstream, make_proxy):
+    """A summary prepared by a worker before the request that applies it was made for that event:
+    the event counts its calls (the dashboard's event line said 0 summarizer calls)."""
+    proxy = await make_proxy(upstream.base_url, merge(SETTINGS, {"compaction": {"prepare_percent": 80}}))
+    c = openai_client(proxy, KEY)
+    try:
+        for history in request_points(conversation("prepared")):
+            made = len(upstream.history_summarizer_requests)
+            r = await c.chat.completions.with_raw_response.create(model=MODEL, messages=history)
+            if r.headers["x-compaction-status"] == "summarized":
+                break
+            await proxy.state.compaction.idle()  # the agent's think time: the preparation runs
+        else:
+            raise AssertionError("the conversation was never summarized")
+    finally:
+        await c.close()
+    assert made > 0 and len(upstream.history_summarizer_requests) == made  # made ahead, none on its path
+    (event,) = [e for e in await api_events(proxy) if e["tier"] == "summarized"]
+    assert event["calls"] == made

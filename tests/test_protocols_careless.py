@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.prompts import SUMMARY_HEADINGS
-from support.careless import CarelessSummarizer
+from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
 from support.compaction_helpers import chat_history
 from support.protocols import MESSAGES, RESPONSES, Driver
@@ -120,6 +120,12 @@ async def careless_replay(driver: Driver, fake: Any, make_proxy: Any, extra_body
         assert f"\n{h}\n" in f"\n{summaries[-1]}\n", h
     for c in s.constraints:  # the user's constraints, from summarized messages, verbatim
         assert c in text, c
+    cached, total = summarizer_cached_share(fake)
+    print(f"{driver.name}: {cached} of {total} history summarizer input tokens cached ({100 * cached / total:.1f}%)")
+    if driver.name == "responses" and extra_body is None:
+        # OpenAI's prefix rule: the summary calls ride the conversation's cached prefix (the misses
+        # are the asks again in transcript form after a careless reply instead of a summary)
+        assert cached >= 0.5 * total, (cached, total)
     shares = {k: verbatim[k] / seen[k] for k in seen}
     print(f"{driver.name}: statuses {dict(Counter(statuses))}; planted identifiers verbatim:",
           {k: f"{100 * v:.1f}%" for k, v in shares.items()})
@@ -200,3 +206,18 @@ async def test_summarizer_down_for_a_whole_session(driver, fake, make_proxy):
     assert "degraded" in statuses
     first = statuses.index("degraded")
     assert all(st in ("degraded", "masked") for st in statuses[first:]), statuses[first:]
+
+
+async def test_a_messages_client_that_caches_its_conversation_gets_the_summary_calls_cached(make_proxy):
+    """Anthropic's breakpoint rule: a cache is read only up to a breakpoint an earlier request
+    wrote. A client that marks its newest block (the top-level `cache_control`) has its history
+    written on every request, so the summary call, which repeats that history before its
+    instruction, is billed mostly as cached. (Without any breakpoint of the client's, only the
+    summary's own prefix is cached: the replay above reports that share.)"""
+    fake = await MESSAGES.start_fake(window=WINDOW)
+    try:
+        await careless_replay(MESSAGES, fake, make_proxy, extra_body={"cache_control": {"type": "ephemeral"}})
+        cached, total = summarizer_cached_share(fake)
+        assert cached >= 0.5 * total, (cached, total)
+    finally:
+        await fake.stop()

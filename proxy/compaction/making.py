@@ -26,9 +26,10 @@ from proxy.recall.answers import declared_tools, recall_declared
 from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
-from proxy.compaction.view import View, apply, files_chars, identifier_budget, masked
+from proxy.compaction.view import View, apply, clamped, files_chars, identifier_budget, masked
 from proxy.identifiers import absent, union
 from proxy.config import Config
+from proxy.ops.exchange import RECORD_CALLS
 from proxy.model import Conversation, Envelope, calls_by_id
 from proxy.prompts import Prompts
 from proxy.tokens import TokenCounter
@@ -67,7 +68,9 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
     n_sys = view.n_system
     summarized = conv.envelopes[plan.start:plan.cut]  # the client's own messages, not their stubs
     text = extract.span_text(summarized)
-    kept = masked(view, previous).envelopes[plan.cut:]
+    # the kept part as it is forwarded: what a clamp cut from the newest turn is not "present"
+    kept = [clamped(view, e, plan.clamp[i], conv.tokens[i]) or e if i in plan.clamp else e
+            for i, e in enumerate(masked(view, previous).envelopes[plan.cut:], start=plan.cut)]
     kept_digests = {view.digests[i].hex() for i in range(plan.cut, len(conv))}
     covered = plan.cut - n_sys
     return Draft(
@@ -115,6 +118,19 @@ class RecordMaker:
     async def summary(
         self, view: View, plan: Plan, previous: SummaryRecord | None, budget: Budget, *, prepared: bool,
         work: Conversation | None = None, carried: SummaryRecord | None = None,
+    ) -> SummaryRecord:
+        """A new summary record, with the number of summarizer calls that made it."""
+        made = [0]
+        token = RECORD_CALLS.set(made)
+        try:
+            record = await self._summary(view, plan, previous, budget, prepared=prepared, work=work, carried=carried)
+        finally:
+            RECORD_CALLS.reset(token)
+        return replace(record, calls=made[0])
+
+    async def _summary(
+        self, view: View, plan: Plan, previous: SummaryRecord | None, budget: Budget, *, prepared: bool,
+        work: Conversation | None, carried: SummaryRecord | None,
     ) -> SummaryRecord:
         conv, request, identity = view.conv, view.flow.request, view.flow.identity
         shown = (work or conv).envelopes  # what the summarizer reads: old outputs masked
@@ -285,7 +301,7 @@ class RecordMaker:
             return None
         prev = record or SummaryRecord(covered=0, chain="", summary="")
         return replace(prev, chain=view.chain_hex(extent), tier="mask", masks=base, recall_identifiers=recall,
-                       masked_until=extent, created=self.clock(), prepared=False, expires=None,
+                       masked_until=extent, created=self.clock(), prepared=False, expires=None, calls=0,
                        live_from=len(view.conv) - n_sys)
 
     def digest_record(self, view: View, plan: Plan, previous: SummaryRecord | None, work: Conversation,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import orjson
 
@@ -52,6 +52,7 @@ class SummaryRecord:
     # that bind their reasoning to its prefix reject the former; None: a record from before this
     # was kept, nothing left out)
     live_from: int | None = None
+    calls: int = 0  # summarizer calls that made it (its event reports them, made ahead or not)
 
     @property
     def extent(self) -> int:
@@ -64,14 +65,17 @@ class SummaryRecord:
     def from_bytes(cls, raw: bytes) -> "SummaryRecord | None":
         try:
             data = orjson.loads(raw)
-            return cls(**data)
-        except (orjson.JSONDecodeError, TypeError):
+            # fields a newer version added are left out: a record it wrote is still read (replicas
+            # of two versions share one store during an upgrade)
+            return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
             return None
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires
 
 
+_FIELDS = frozenset(f.name for f in fields(SummaryRecord))
 # Per string held (object header, pointer), roughly, for sizing records in memory.
 _STR_OVERHEAD = 56
 _RECORD_OVERHEAD = 1024  # the dataclass, its dicts and lists

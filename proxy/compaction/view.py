@@ -146,7 +146,7 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
         d = view.digests[i].hex()
         new = _stubbed(view, env, d, record.masks) if record.masks else None
         if new is None and d in record.clamped:
-            new = _clamped(view, env, record.clamped[d], conv.tokens[i])
+            new = clamped(view, env, record.clamped[d], conv.tokens[i])
         if new is None:
             continue
         changed[i] = (new, view.count(new))
@@ -195,7 +195,7 @@ def _total(view: View, conv: Conversation) -> int:
     return request.total(conv) + (request.scaled(identity.recall_tokens) if identity.recall else 0)
 
 
-def _clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope | None:
+def clamped(view: View, env: Envelope, max_tokens: int, tokens: int) -> Envelope | None:
     """Its tool outputs cut in the middle, each to the share `max_tokens` is of the envelope's
     `tokens` (one record entry per envelope: every result in it shrinks alike)."""
     new = None

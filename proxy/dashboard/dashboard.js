@@ -33,6 +33,20 @@
     return idx1 - idx0 < 12;
   }
 
+  // The left axis as wide as its longest label (a fixed width clipped "1,250,000"), measured in
+  // the axis's own font; uPlot calls it again once the labels of new data are known.
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap;
+    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+    if (longest !== "") {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.ceil(size) + 4;
+  }
+
   function plot(id, series, data) {
     const el = $(id);
     const width = Math.max(300, el.clientWidth || 400);
@@ -42,7 +56,7 @@
         legend: { show: true, live: false },
         scales: { x: { time: true } },
         series: [{}].concat(series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true, points: { show: fewPoints, size: 7, fill: s.color } }))),
-        axes: [{ space: 70, values: (u, ticks) => ticks.map((v) => new Date(v * 1000).toLocaleTimeString("en-GB")) }, { size: 60 }],
+        axes: [{ space: 70, values: (u, ticks) => ticks.map((v) => new Date(v * 1000).toLocaleTimeString("en-GB")) }, { size: axisSize }],
       }, data, el);
     } else {
       plots[id].setData(data);

@@ -31,7 +31,9 @@ def compaction_event(ex: Exchange, scope: str, conv: Conversation, outcome: Any,
     return CompactionEvent(
         time=time.time(), request_id=ex.request_id, scope=scope, conversation=ex.conversation, model=ex.model,
         tier=outcome.status, covered=covered, messages=len(conv), tokens_before=before, tokens_after=after,
-        calls=ex.summarizer_calls, wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
+        # the calls that made its record count too: a summary made ahead of the request, by a
+        # preparation worker, was made for this event though not on its path
+        calls=max(ex.summarizer_calls, getattr(record, "calls", 0)), wait_ms=outcome.wait_ms, summary=record.summary if record is not None else "",
         cut=describe_cut(conv, covered) + describe_masks(getattr(record, "masks", None)),
         reason=outcome.reason, why=outcome.why, observed=ex.observed,
     )

@@ -121,5 +121,8 @@ EXCHANGE: Any = web.RequestKey("exchange", Exchange) if hasattr(web, "RequestKey
 
 # The request being served (unset in background work): summarizer calls attribute themselves here.
 CURRENT: ContextVar[Exchange | None] = ContextVar("compaction_proxy_exchange", default=None)
+# The summarizer calls made for the summary being made (on a request or ahead of it, by a
+# preparation worker): its record keeps the count, so the event that applies it can tell.
+RECORD_CALLS: ContextVar[list[int] | None] = ContextVar("compaction_proxy_record_calls", default=None)
 # The conversation a summarizer call works for (set on request paths and by preparation workers).
 CONVERSATION: ContextVar[str] = ContextVar("compaction_proxy_conversation", default="")

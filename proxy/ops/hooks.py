@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.ops.exchange import CONVERSATION, CURRENT, Exchange, Usage
+from proxy.ops.exchange import CONVERSATION, CURRENT, RECORD_CALLS, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.hooks")
@@ -217,6 +217,9 @@ class _CallTimer:
                 self.span = ex.tracing.start_child(ex, f"summarize {self.call.kind}", {
                     "gen_ai.operation.name": "chat", "gen_ai.request.model": self.call.model,
                     "compaction.summarizer_kind": self.call.kind})
+        made = RECORD_CALLS.get()
+        if made is not None:
+            made[0] += 1
         self.t0 = time.perf_counter()
         return self.call
 

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from proxy.recall import symbols
+
 RADIUS = 700  # characters of context on each side of a hit
 _WORD = re.compile(r"[^\W_]+")  # a word as the index cuts them (store.base.index_words)
 Count = Callable[[str], int]
@@ -23,13 +25,16 @@ class Window:
 
 
 def _positions(text: str, words: list[str], identifiers: list[str]) -> list[tuple[int, str, int]]:
-    """(position, term, weight) of every hit: identifiers exactly, words case-insensitively as words."""
+    """(position, term, weight) of every hit: identifiers exactly, words case-insensitively as words.
+    Where an identifier is defined (`def name`, a method in its class) counts as one more term,
+    so the window around a definition comes before the ones around its mentions."""
     out: list[tuple[int, str, int]] = []
     for ident in identifiers:
         start = text.find(ident)
         while start >= 0 and len(out) < 10_000:
             out.append((start, ident, 1000))
             start = text.find(ident, start + 1)
+        out += [(at, "def " + ident, 1000) for at in symbols.definitions(text, ident)[:100]]
     if words:
         # Every run of letters and digits looked up once: the words as one alternation were tried
         # at every position of the text (a query of thousands of words, seconds a megabyte).

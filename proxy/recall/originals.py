@@ -16,6 +16,7 @@ import orjson
 
 from proxy import offload, textfacts
 from proxy.compaction import extract
+from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
 MAX_IDENTIFIERS = 2000  # indexed exactly per original, at most (first seen first)
@@ -56,9 +57,12 @@ def decode(handle: str, raw: bytes) -> Original | None:
 
 
 def identifiers(text: str) -> list[str]:
-    """What an original is found by exactly (a masked output's were found for its stub already)."""
+    """What an original is found by exactly: its identifiers and error lines (a masked output's
+    were found for its stub already), and (with a cap of their own, so a long span's paths and
+    hashes never crowd them out) the code symbols it defines and mentions."""
     found = textfacts.facts(text)
-    return list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
+    idents = list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
+    return list(dict.fromkeys(idents + symbols.index_terms(text)))
 
 
 def valid_handle(handle: str) -> bool:
@@ -66,13 +70,16 @@ def valid_handle(handle: str) -> bool:
 
 
 def query_terms(query: str) -> tuple[list[str], list[str]]:
-    """(words, identifiers) of a search: the query itself and the identifiers in it are looked up
-    exactly; its words, less the ones that match everything, for full-text search. Bounded: the
-    first MAX_QUERY_CHARS of a query and at most MAX_QUERY_TERMS of each (a model's tool call can
-    carry pages, and every term is a search of every original)."""
+    """(words, identifiers) of a search: the query itself and the identifiers and code symbols in
+    it (`def settle_charge` names settle_charge) are looked up exactly; its words, less the ones
+    that match everything, for full-text search. Bounded: the first MAX_QUERY_CHARS of a query and
+    at most MAX_QUERY_TERMS of each (a model's tool call can carry pages, and every term is a
+    search of every original)."""
     q = query.strip()
     head = q[:MAX_QUERY_CHARS]
-    idents = list(dict.fromkeys([*([q] if q and len(q) <= MAX_QUERY_CHARS else []), *extract.find_identifiers(head)]))
+    named = symbols.query_symbols(head)
+    exact = [q] if q and len(q) <= MAX_QUERY_CHARS else []
+    idents = list(dict.fromkeys([*exact, *extract.find_identifiers(head), *named, *(symbols.DEFINES + n for n in named)]))
     words = list(dict.fromkeys(w for w in index_words(head) if w not in _STOPWORDS and len(w) > 1))
     return words[:MAX_QUERY_TERMS], idents[:MAX_QUERY_TERMS]
 

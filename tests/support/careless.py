@@ -78,3 +78,10 @@ class CarelessSummarizer:
             "## Critical Context\n"
             f"{lines}\n"
         )
+
+
+def summarizer_cached_share(fake: Any) -> tuple[int, int]:
+    """(cached, input) tokens of the history summarizer calls a fake billed, by its prompt-cache
+    rule (OpenAI's longest exact prefix, or Anthropic's breakpoints)."""
+    calls = [r for r in fake.records("summarizer") if r.summarizer_kind == "history" and r.prompt_tokens]
+    return sum(r.cached_tokens or 0 for r in calls), sum(r.prompt_tokens for r in calls)

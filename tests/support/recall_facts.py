@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -140,13 +140,20 @@ def _recall_name(body: dict[str, Any]) -> str | None:
 def model_reply(body: dict[str, Any]) -> Any:
     """The fake model: ordinary turns get "ok"; a planted-fact question is answered from the
     context, or through the recall tool when the context does not carry it."""
+    return answer_question(body, _QUESTION, shape, lambda kind, key: key)
+
+
+def answer_question(body: dict[str, Any], question: re.Pattern[str], shape_of: Callable[[str, str], re.Pattern[str]],
+                    query_of: Callable[[str, str], str]) -> Any:
+    """A question's (kind, key) from `question`; the answer is the first passage of its shape in
+    the context, or else in what the recall tool returned when asked `query_of(kind, key)`."""
     messages = body["messages"]
     q_at = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-    found = _QUESTION.search(content_text(messages[q_at].get("content"))) if q_at is not None else None
+    found = question.search(content_text(messages[q_at].get("content"))) if q_at is not None else None
     if found is None:
         return "ok"
     kind, key = found.groups()
-    pattern = shape(kind, key)
+    pattern = shape_of(kind, key)
     after = messages[q_at + 1:]  # the recall rounds of this question
     if not after:
         context = "\n".join(content_text(m.get("content")) for m in messages[:q_at])
@@ -155,7 +162,7 @@ def model_reply(body: dict[str, Any]) -> Any:
         name = _recall_name(body)
         if name is None or body.get("tool_choice") == "none":
             return NOT_FOUND
-        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": key}}]}
+        return {"content": None, "tool_calls": [{"name": name, "arguments": {"query": query_of(kind, key)}}]}
     results = "\n".join(content_text(m.get("content")) for m in after if m.get("role") == "tool")
     if (m := pattern.search(results)) is not None:
         return f"From the recalled original: {m.group(0)}"

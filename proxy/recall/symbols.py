@@ -1,0 +1,119 @@
+"""Code symbols in text: the names an original defines and mentions, so that a model asking for
+`def settle_charge_refund`, `class LedgerWorker`, `LedgerWorker.flush` or a config key finds the
+file read that held it (pure functions).
+
+Words alone do not find code: a search for `settle_charge_refund` by its words finds every file
+with a `settle_charge_*` sibling, and the excerpt around the first word is seldom the definition.
+So an original is indexed by its symbols exactly (defined names, methods under their class,
+code-shaped names it mentions, keys), a query is read for the symbols it names, and an excerpt
+prefers the place where a name is defined.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_SYMBOLS = 2000  # indexed per original, at most (definitions first, then mentions)
+DEFINES = "def:"  # the index term of a definition (no identifier starts so: it holds no space or slash)
+# `def f`, `class C`, and their kin in other languages (JS, Go, Rust, Swift, C#, Kotlin...)
+_DEFINERS = r"(?:async[ \t]+)?(?:def|class|function|fn|func|struct|interface|enum|trait|type|impl|object|record)"
+# what follows a defined name in code (not in prose: "the class of problems")
+_AFTER = r"(?=[ \t]*[(:{<\[=]|[ \t]+(?:struct|interface|extends|implements|where)\b|[ \t]*$)"
+_DEFINITION = re.compile(rf"(?<![\w.]){_DEFINERS}[ \t]+([A-Za-z_]\w*){_AFTER}", re.MULTILINE)
+_PY_BLOCK = re.compile(r"^([ \t]*)(?:async\s+)?(def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
+# keys: quoted ones before a colon (JSON, dicts), and code-shaped ones starting a YAML/INI line
+_KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:|^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
+# Names shaped like code: snake_case, CamelCase (an inner capital after a lower-case letter),
+# dotted chains of them (Foo.bar, self.ledger.settle).
+_CODE_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_SNAKE = re.compile(r"[A-Za-z0-9]_[A-Za-z0-9]")
+_CAMEL = re.compile(r"[a-z0-9][A-Z]")
+
+
+def code_shaped(name: str) -> bool:
+    """A name no prose word looks like: snake_case, CamelCase, or dotted with such a part or a
+    capital (`Foo.bar`); bare words and file names (`notes.txt`) are not."""
+    if "." in name:
+        parts = name.split(".")
+        return len(parts) > 1 and all(parts) and (any(map(code_shaped, parts)) or parts[0][:1].isupper())
+    return bool(_SNAKE.search(name) or _CAMEL.search(name))
+
+
+def _qualified(text: str) -> list[str]:
+    """Python methods as `Class.method`: a def indented under the latest class less indented."""
+    out: list[str] = []
+    classes: list[tuple[int, str]] = []  # (indent, name) of the enclosing classes
+    for m in _PY_BLOCK.finditer(text):
+        indent, kind, name = len(m.group(1).expandtabs()), m.group(2), m.group(3)
+        while classes and classes[-1][0] >= indent:
+            classes.pop()
+        if classes:
+            out.append(f"{classes[-1][1]}.{name}")
+        if kind == "class":
+            classes.append((indent, name))
+    return out
+
+
+def defined(text: str) -> list[str]:
+    """The names `text` defines (methods also as `Class.method`), without duplicates."""
+    return list(dict.fromkeys([m.group(1) for m in _DEFINITION.finditer(text)] + _qualified(text)))
+
+
+def mentioned(text: str, limit: int) -> list[str]:
+    """Keys, then code-shaped names, in `text`: at most `limit`."""
+    found: dict[str, None] = {}
+    for m in _KEY.finditer(text):
+        if m.group(1) or code_shaped(m.group(2)):
+            found.setdefault(m.group(1) or m.group(2), None)
+    for m in _CODE_NAME.finditer(text):
+        if len(found) >= limit:
+            break
+        name = m.group(0)
+        if code_shaped(name):
+            found.setdefault(name, None)
+            last = name.rsplit(".", 1)[-1]
+            if last != name and code_shaped(last):  # `self.settle_charge` mentions `settle_charge`
+                found.setdefault(last, None)
+    return list(found)[:limit]
+
+
+def index_terms(text: str) -> list[str]:
+    """What an original is indexed by for its code, at most MAX_SYMBOLS: `def:<name>` for each
+    name it defines (a query for a name ranks the definition above the mentions), then every
+    symbol it defines or mentions."""
+    names = defined(text)[:MAX_SYMBOLS // 2]
+    terms = [DEFINES + n for n in names] + names
+    return list(dict.fromkeys(terms + mentioned(text, MAX_SYMBOLS - len(terms))))[:MAX_SYMBOLS]
+
+
+def query_symbols(query: str) -> list[str]:
+    """The symbols a query names: what it defines (`def f`, `class C`), and its code-shaped
+    names, with any quotes around them (`"flush_backoff_ms"`) dropped."""
+    found: dict[str, None] = {m.group(1): None for m in _DEFINITION.finditer(query)}
+    for m in _CODE_NAME.finditer(query.replace('"', " ").replace("'", " ").replace("`", " ")):
+        name = m.group(0).rstrip(".")
+        if code_shaped(name) or (name in found):
+            found.setdefault(name, None)
+    return list(found)
+
+
+def definitions(text: str, name: str) -> list[int]:
+    """Where `text` defines `name`: the start of each `def name`, `class name`... line, or for
+    `Class.method`, of the method's def inside that class's block."""
+    if not _NAME.fullmatch(name):
+        return []
+    cls, _, meth = name.rpartition(".")
+    if not cls:
+        pat = re.compile(rf"(?<![\w.]){_DEFINERS}[ \t]+{re.escape(name)}{_AFTER}", re.MULTILINE)
+        return [m.start() for m in pat.finditer(text)]
+    out: list[int] = []
+    for m in re.finditer(rf"^([ \t]*)class\s+{re.escape(cls.rsplit('.', 1)[-1])}\b", text, re.MULTILINE):
+        indent = len(m.group(1).expandtabs())
+        for d in _PY_BLOCK.finditer(text, m.end()):
+            if len(d.group(1).expandtabs()) <= indent:
+                break  # the class's block ended
+            if d.group(3) == meth:
+                out.append(d.start() + len(d.group(1)))
+                break
+    return out
