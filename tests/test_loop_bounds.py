@@ -224,4 +224,5 @@ def test_a_query_is_read_to_its_first_terms():
     words, idents = query_terms("deploy 7c1e2f9a " + " ".join(f"word{i} id{i:05d}x" for i in range(5000)))
     assert len(words) == len(idents) == MAX_QUERY_TERMS
     assert words[0] == "deploy" and idents[0] == "7c1e2f9a"
-    assert query_terms("  max_pool_size  ") == (["max", "pool", "size"], ["max_pool_size"])  # the query itself, exactly
+    # the query itself, exactly, and as a name defined in code
+    assert query_terms("  max_pool_size  ") == (["max", "pool", "size"], ["max_pool_size", "def:max_pool_size"])
