@@ -1,4 +1,4 @@
-"""Recall figures (design 13): planted-fact recall rate, extra upstream rounds per recall, the
+"""Recall figures (design.md § Recall): planted-fact recall rate, extra upstream rounds per recall, the
 added latency of a recall round, and the store's size per 100k tokens of compacted history.
 
 Plays the planted-facts session of tests/support/recall_facts.py through the real proxy (SQLite

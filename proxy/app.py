@@ -137,7 +137,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     add_protocol_route(app, "/v1/messages", v1(messages.handle_messages), "messages")
     add_protocol_route(app, "/v1/messages/count_tokens", v1(messages.handle_count_tokens), "messages")
     add_protocol_route(app, "/v1/responses", v1(handle_responses), "responses")
-    app.router.add_get("/v1/responses", v1(handle_responses_get))  # WebSocket mode (spec 11.3)
+    app.router.add_get("/v1/responses", v1(handle_responses_get))  # WebSocket mode (design.md § Responses API)
     app.router.add_post("/v1/responses/compact", v1(handle_compact))
     admin.add_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))

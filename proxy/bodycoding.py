@@ -1,4 +1,4 @@
-"""Compressed request bodies (`Content-Encoding: zstd | gzip | deflate | br`, spec 11.5).
+"""Compressed request bodies (`Content-Encoding: zstd | gzip | deflate | br`, design.md § Responses API).
 
 Codex sends its Responses bodies zstd-compressed; other clients gzip theirs. A route that reads
 the body decodes it here, then forwards the decoded bytes (without the Content-Encoding header; the

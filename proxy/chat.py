@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: parse, build the flow, run the stages, forward, relay.
 
-The handler is the shape every protocol's route has (spec 10.1): the adapter parses the body into
+The handler is the shape every protocol's route has (design.md § One request, one flow): the adapter parses the body into
 the neutral model, the stages (tool-result notes, then history compaction) work on the flow, and
 the forwarding is layered (proxy/send.py, shared by every route): one upstream call, and around it
 the overflow layer that asks the stages to compact harder and sends once more. When the stages change nothing, the client's
@@ -136,7 +136,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
 
 # -- the rest of the request -------------------------------------------------------------------
 def _learn_ratio(state: ProxyState, parsed: Request, after: int, resp: web.StreamResponse, usage: Any) -> None:
-    """The upstream's prompt count of what we forwarded, against ours (spec 9.5). Only for the
+    """The upstream's prompt count of what we forwarded, against ours (design.md § Learning the token ratio). Only for the
     request as planned: an overflow retry forwarded something else."""
     if (not state.cfg.compaction.learn_token_ratio or state.ratios is None or usage is None
             or resp.status != 200 or resp.headers.get("x-compaction-tokens-after") != str(after)):

@@ -234,7 +234,7 @@ class ToolResultsConfig(_Section):
 
 
 class RecallConfig(_Section):
-    """The recall tool (design 13): the model looks up what compaction replaced."""
+    """The recall tool (design.md § Recall): the model looks up what compaction replaced."""
 
     enabled: bool = True
     # The function's name; when a client declares a tool of that name, a suffixed one is used.
@@ -307,7 +307,7 @@ class BillingConfig(_Section):
 
 
 class ResponsesConfig(_Section):
-    """The Responses API (spec 11)."""
+    """The Responses API (design.md § Responses API)."""
 
     # Serve /v1/responses/compact here (the proxy's own compaction items) even when the upstream
     # serves it; otherwise it is passed through, and served here only when the upstream answers

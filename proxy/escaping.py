@@ -1,6 +1,6 @@
 """Client text made safe to place in a summarizer prompt (pure): the one place that escapes it.
 
-The summarizer reads the conversation as labelled blocks inside boundary tags (spec 4.3). Client
+The summarizer reads the conversation as labelled blocks inside boundary tags (design.md § The history as text). Client
 text must not close a block early (`</conversation>`), fake a block label (`[System]:` at the
 start of a line) or a chat-template token (`<|im_start|>`, `[INST]`). A model reads look-alikes
 as the real thing, so what is compared is normalized first: NFKC (fullwidth `＜／ｃｏｎｖｅｒｓａｔｉｏｎ＞`,

@@ -1,4 +1,4 @@
-"""One request, one flow (spec 10.1): everything the stages know about a request, in one object.
+"""One request, one flow (design.md § One request, one flow): everything the stages know about a request, in one object.
 
 A handler parses the body with its protocol's adapter, builds a Flow, runs the stages' `request`
 hooks in order, and forwards `flow.body()`. When the upstream answers that the request was too long

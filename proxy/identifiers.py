@@ -1,6 +1,6 @@
 """Identifiers in text: finding them (paths and file names, URLs, hashes, tickets, IDs, exception
 names, error lines) and ranking
-them by salience (spec 9.3). Pure functions, shared by the tool-result notes and the summaries.
+them by salience (design.md § What code keeps). Pure functions, shared by the tool-result notes and the summaries.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def union(old: list[str], new: Iterable[str]) -> list[str]:
 
 
 def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "") -> list[str]:
-    """Most salient first (spec 9.3): named by the user, in an error, of a kind agents need
+    """Most salient first (design.md § What code keeps): named by the user, in an error, of a kind agents need
     verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer)."""
     n = max(len(idents), 1)
     # (no identifier holds a newline: one joined text asks "in any error line" of each at once)

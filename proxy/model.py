@@ -1,4 +1,4 @@
-"""The neutral conversation model (spec 10.2): what every stage reads, whatever the wire protocol.
+"""The neutral conversation model (design.md § The neutral model): what every stage reads, whatever the wire protocol.
 
 A conversation is an ordered list of envelopes, the protocol's own containers (a chat message, a
 Responses input item, a Messages message). Each envelope holds one or more items, the smallest

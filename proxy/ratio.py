@@ -1,4 +1,4 @@
-"""Counting honestly (spec 3, 9.5): learn each model's ratio between the upstream's prompt count
+"""Counting honestly (design.md § Counting tokens; § Learning the token ratio): learn each model's ratio between the upstream's prompt count
 and the proxy's tiktoken count, from the `usage` of its answers.
 
 Models whose tokenizer tiktoken lacks count differently (often 10-30% more); a threshold computed

@@ -1,4 +1,4 @@
-"""One upstream call for every route, layered (spec 10.1), whatever the protocol: the adapter says
+"""One upstream call for every route, layered (design.md § One request, one flow), whatever the protocol: the adapter says
 what an overflow looks like (an error answer, or a stream's first events), how its events are
 checked and what its usage says.
 
@@ -7,7 +7,7 @@ must be whole and valid; what is not becomes an error in the route's shape). Aro
 call, the overflow layer: when the upstream says the request was too long before anything went
 to the client, `retry` (the stages compacting harder: `overflow_retry`) makes a smaller body and
 it is sent once more. Around the relay, the recall layer when the route answers the recall tool
-(design 13.3): the model's recall calls are answered inside the answer, whole or streamed.
+(design.md § Recall): the model's recall calls are answered inside the answer, whole or streamed.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class ProxyState:
     socket_session: aiohttp.ClientSession | None = None
     sockets: SocketLimits = field(default_factory=SocketLimits)
     max_body: int = field(init=False)
-    stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (spec 10.1)
+    stages: list[Stage] = field(init=False)  # every request's, in order, whatever its protocol (design.md § One request, one flow)
     watcher: Watcher = field(init=False)  # observe mode's background runs of the stages
     prefixes: PrefixAlarm = field(init=False)  # forwarded prefixes that broke outside a compaction
     _secret_task: asyncio.Task[None] | None = field(init=False, default=None)

@@ -1,6 +1,6 @@
 """Counting tokens the way the upstream will, cheaply enough for every request.
 
-tiktoken per model family (spec 3), chat-format overhead per message, tool schemas counted, and a
+tiktoken per model family (design.md § Counting tokens), chat-format overhead per message, tool schemas counted, and a
 per-message cache keyed by the message's digest so a long history is encoded once, not on every
 request. The encodings ship inside the package (proxy/encodings.py), so counting needs no network;
 only a broken install (those files missing or damaged, and no tiktoken cache) makes the counter

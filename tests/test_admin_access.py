@@ -1,4 +1,4 @@
-"""Admin routes (design 7, 14): loopback only unless admin.token is set, then only with the token as
+"""Admin routes (design.md § Security; § The operator's view): loopback only unless admin.token is set, then only with the token as
 a bearer token; only under a Host that is an address, a loopback name or a configured name (DNS
 rebinding); /v1/metrics belongs to the upstream and is proxied."""
 

@@ -1,4 +1,4 @@
-"""The bill (design 14, proxy/ops/bill.py): direct and proxied costs on a replay against the fake
+"""The bill (design.md § The operator's view, proxy/ops/bill.py): direct and proxied costs on a replay against the fake
 upstream's prefix cache, checked against a computation by hand from the recorded usage."""
 
 from __future__ import annotations

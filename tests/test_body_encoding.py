@@ -1,4 +1,4 @@
-"""Compressed request bodies (issue 14 item 6, spec 11.5): zstd, gzip, deflate and br decoded on
+"""Compressed request bodies (issue 14 item 6, design.md § Responses API): zstd, gzip, deflate and br decoded on
 the routes the proxy reads, forwarded decoded with a right Content-Length; the size limit on the
 decoded size, a bomb refused before it is inflated whole; pass-through routes forward the client's
 bytes with their Content-Encoding."""

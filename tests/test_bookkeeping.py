@@ -1,6 +1,6 @@
 """A finished request's bookkeeping (its metrics, bill and access line) runs a moment after the
 request ends, in a batch, once no request is waiting for its answer to begin (proxy/ops/hooks.py
-`Fanout`); whoever reads what it adds up settles it first (design 14, 15)."""
+`Fanout`); whoever reads what it adds up settles it first (design.md § The operator's view; § Performance)."""
 
 from __future__ import annotations
 

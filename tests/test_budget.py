@@ -1,4 +1,4 @@
-"""Thresholds and budgets (spec 4.1, 4.6)."""
+"""Thresholds and budgets (design.md § When to compact; § Budgets and folding)."""
 
 import pytest
 

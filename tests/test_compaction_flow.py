@@ -1,4 +1,4 @@
-"""History compaction through the running proxy (spec 4, 6): the real openai client (raw HTTP where
+"""History compaction through the running proxy (design.md § Tiers; § The store): the real openai client (raw HTTP where
 bytes matter) against the fake upstream, which records every forwarded and summarizer request."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """History compaction without sockets: serialization and escaping, the deterministic parts of a
 summary, the summarizer's folding and halving, and the whole engine over generated conversations
-(spec 4.2-4.7). The upstream is a scripted stand-in for SummaryCaller."""
+(design.md § Where to cut-4.7). The upstream is a scripted stand-in for SummaryCaller."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/dashboard in a real browser (design 14): Debian's chromium driven by Playwright loads the page
+"""/dashboard in a real browser (design.md § The operator's view): Debian's chromium driven by Playwright loads the page
 after a replay that compacts, and must find the plots drawn, the latest compaction event with its
 summary, and the figures equal to /metrics. A screenshot goes to test-artifacts/dashboard.png."""
 

@@ -228,7 +228,7 @@ def test_the_summarizer_reads_each_result_of_a_message_with_its_tool():
 
 
 async def test_each_masked_result_of_a_message_names_its_own_original(upstream, session):
-    """Recall (design 13.1): the two results of one message, masked, name two recall handles, and
+    """Recall (design.md § Recall): the two results of one message, masked, name two recall handles, and
     each handle keeps that result's own output (not the first result's twice)."""
     cfg = config(upstream, keep_recent_tokens=1500)
     cfg.tool_results.enabled = False

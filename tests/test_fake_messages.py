@@ -473,7 +473,7 @@ async def test_fail_status_has_the_apis_error_type(fake, status, kind, says):
 
 
 async def test_a_summary_asked_inside_the_conversation_is_recognized(fake, client):
-    """The cache-riding summary call (spec 9.4): the conversation's own request with the request
+    """The cache-riding summary call (design.md § The summary call rides the cache): the conversation's own request with the request
     for a summary as its last block is the proxy's summarizer call, not the agent's."""
     cached = Prompts().text("compaction-cached-summary").split("{{", 1)[0]
     await client.messages.create(model=MODEL, max_tokens=500, messages=[{"role": "user", "content": [

@@ -1,4 +1,4 @@
-"""`compaction-proxy inspect` (design 14): the real stages in a dry run, run as the console script
+"""`compaction-proxy inspect` (design.md § The operator's view): the real stages in a dry run, run as the console script
 against a fake upstream that records every call."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The journal of compaction events (design 14): kept in the store, bounded, read back by
+"""The journal of compaction events (design.md § The operator's view): kept in the store, bounded, read back by
 /admin/api/events and by the `compaction-proxy events` command."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No credential and no forged line in any log (issue 19 items 1 and 7, design 7).
+"""No credential and no forged line in any log (issue 19 items 1 and 7, design.md § Security).
 
 aiohttp's HTTP parser quotes the raw bytes of a malformed header line in its exception and logs it
 with a traceback; every malformed-header case goes over a raw socket with a planted key, and the

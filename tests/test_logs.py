@@ -1,4 +1,4 @@
-"""Logs (design 14): server.log_format text|json, one access line per request, compaction events
+"""Logs (design.md § The operator's view): server.log_format text|json, one access line per request, compaction events
 with their numbers; never message content or credentials."""
 
 from __future__ import annotations

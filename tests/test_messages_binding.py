@@ -1,4 +1,4 @@
-"""Compaction under preserved thinking (design 12.2): on models that bind a thinking block to its
+"""Compaction under preserved thinking (design.md § Messages API): on models that bind a thinking block to its
 prefix, the proxy's summary and stubs change the prefix of the kept turns' thinking. The strict
 fake (proxy/fakes/messages/binding.py) answers a stale block with the API's 400; through the proxy
 a long tool-using session with thinking on never gets one, the thinking made before a change is
@@ -79,7 +79,7 @@ async def test_a_bound_session_compacts_without_a_stale_thinking_block(fake, mak
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_a_recall_round_leaves_its_later_thinking_out_of_the_clients_message(fake, make_proxy, stream):
-    """The model looks something up (design 13.3) and answers in a second round: the client gets
+    """The model looks something up (design.md § Recall) and answers in a second round: the client gets
     one message, which it sends back next turn. The second round's thinking was made after the
     recall round the client never sees, so on this model it would be invalid there: it is left
     out, and the next request is valid."""

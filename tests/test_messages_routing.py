@@ -1,4 +1,4 @@
-"""Anthropic clients through the proxy (spec 12.1, issue 15 items 1, 7): /v1/messages,
+"""Anthropic clients through the proxy (design.md § Messages API, issue 15 items 1, 7): /v1/messages,
 count_tokens and every other Anthropic request reach `anthropic.base_url` (the strict fake
 Messages upstream), beside OpenAI clients of the same proxy; credentials, anthropic-version and
 anthropic-beta go as sent; streams are checked and errors are in Anthropic's shape."""

@@ -1,4 +1,4 @@
-"""/metrics (design 14): Prometheus text format, parsed with prometheus_client's own parser after a
+"""/metrics (design.md § The operator's view): Prometheus text format, parsed with prometheus_client's own parser after a
 replay that summarizes a tool result, compacts the history and reuses the summary; the counters
 must agree with what the client saw in the x-compaction-* headers and with what the fake upstream
 recorded (summarizer calls, its usage reports)."""

@@ -1,4 +1,4 @@
-"""Cut points and injection over generated conversations (spec 4.2, 4.7), without sockets."""
+"""Cut points and injection over generated conversations (design.md § Where to cut; § Putting the summary in), without sockets."""
 
 from __future__ import annotations
 

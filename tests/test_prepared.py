@@ -1,4 +1,4 @@
-"""Summaries prepared ahead of time (issue 5, design section 6): the crossing request does not wait.
+"""Summaries prepared ahead of time (issue 5, design.md § The store): the crossing request does not wait.
 
 The client's think time between turns (the model answering, tools running) is simulated by
 waiting for the proxy's background queue to drain after each answer: that is when a real agent's

@@ -1,4 +1,4 @@
-"""Prompt injection through the history (issue 7 item 4, design 4.3-4.4): conversations that try to
+"""Prompt injection through the history (issue 7 item 4, design.md § The history as text-4.4): conversations that try to
 steer the summarizer reach it escaped and wrapped. For every summarizer request the test asserts
 exactly what arrived: our system prompt, verbatim; one `<conversation>` block holding all of the
 history; `<previous-summary>` (an update) and `<focus>` only as our own blocks, once each; every

@@ -1,4 +1,4 @@
-"""Recall through the real proxy (design 13), with the real `openai` client and a strict fake
+"""Recall through the real proxy (design.md § Recall), with the real `openai` client and a strict fake
 upstream: planted facts from compacted spans answered exactly, the declaration's bytes, isolation
 between credentials, the round limit, a store outage, and a turn that mixes recall and client calls.
 """

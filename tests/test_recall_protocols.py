@@ -1,4 +1,4 @@
-"""Recall on every protocol (design 13, issue 16): the Responses and Messages routes declare and
+"""Recall on every protocol (design.md § Recall, issue 16): the Responses and Messages routes declare and
 answer the recall tool as the chat route does, through their real clients (`openai`
 responses.create / responses.stream, `anthropic` messages.create / messages.stream) and their
 strict fakes, whose fake model looks a planted fact up when its context lacks it

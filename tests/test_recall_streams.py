@@ -1,4 +1,4 @@
-"""A recall round inside an event stream, read as raw SSE (design 13.3), on every protocol: one
+"""A recall round inside an event stream, read as raw SSE (design.md § Recall), on every protocol: one
 response (Responses: one response.created and one response.completed, sequence numbers 0..n-1,
 output indexes from 0 with no gap, the completed output as the client saw it; Messages: one
 message_start and one message_stop, block indexes from 0 with no gap; chat: one id, one [DONE]),

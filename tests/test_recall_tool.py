@@ -1,4 +1,4 @@
-"""The recall tool's answers (design 13.2) over real stores: lookup by handle, search by identifier
+"""The recall tool's answers (design.md § Recall) over real stores: lookup by handle, search by identifier
 or words, verbatim excerpts with their position, the token bound and paging, isolation between
 credential scopes, and a store outage answered as "unavailable"."""
 

@@ -1,4 +1,4 @@
-"""Recall on Responses WebSocket turns (design 13.3, issue 16): a socket turn whose request declares
+"""Recall on Responses WebSocket turns (design.md § Recall, issue 16): a socket turn whose request declares
 the recall tool is one response for the client, however many rounds it took (one response.created
 and one end event, sequence numbers and output indexes without gaps, no recall call, usage summed,
 the first round's id); the client's next message waits for the turn's continuation; a later turn

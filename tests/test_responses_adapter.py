@@ -1,4 +1,4 @@
-"""The Responses adapter on the core contract (proxy/adapters/responses.py; spec 10.3, 11.1): the
+"""The Responses adapter on the core contract (proxy/adapters/responses.py; design.md § Protocol adapters; § Responses API): the
 recorded Codex session parses into the neutral model (one envelope per item, `instructions` as
 envelope 0, kinds, call ids, names, the cut rules of proxy/responses/items.py), renders back to the
 client's bytes when nothing changed, and the edits the stages ask for (a note for an output, a

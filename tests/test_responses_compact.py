@@ -1,4 +1,4 @@
-"""/v1/responses/compact (issue 14 item 7, spec 11.4): passed through to an upstream that serves
+"""/v1/responses/compact (issue 14 item 7, design.md § Responses API): passed through to an upstream that serves
 it; served here, with the proxy's own signed token, when it does not; our token bound to its
 credential (another credential's or an altered one is a 400, never expanded); the token format."""
 
@@ -168,7 +168,7 @@ PLANTED = ["src/ledger/posting.py", "src/ledger/rounding.py", "ledger.errors.Pos
 
 
 async def test_a_summary_served_here_carries_the_blocks_code_writes(make_proxy, client_for):
-    """What a history summary has beside the model's text (spec 9.3), also in a compaction item
+    """What a history summary has beside the model's text (design.md § What code keeps), also in a compaction item
     served here: the files touched, and the identifiers and error lines the model's text dropped,
     carried over into the next compaction of the same conversation."""
     async with FakeResponses(serve_compact=False) as fake:

@@ -1,4 +1,4 @@
-"""Responses input items (issue 14 item 1, spec 11.1): kinds, pairing by call_id, turns, and the
+"""Responses input items (issue 14 item 1, design.md § Responses API): kinds, pairing by call_id, turns, and the
 cuts that never separate a call from its output or a reasoning item from what follows it. The
 recorded Codex session is checked against the strict fake's own validator: every cut the rules
 allow leaves a kept part that OpenAI would accept."""

@@ -1,4 +1,4 @@
-"""The Responses event stream checks (issue 14 items 2 and 4, spec 11.2): OpenAI's events pass,
+"""The Responses event stream checks (issue 14 items 2 and 4, design.md § Responses API): OpenAI's events pass,
 a broken or unfinished stream is named, an overflow (`response.failed` with
 context_length_exceeded before any output) is recognized while nothing has gone to the client, and
 the proxy's error event is one the openai package reads as OpenAI's own."""

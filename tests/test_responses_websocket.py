@@ -1,4 +1,4 @@
-"""WebSocket mode on /v1/responses through the proxy (issue 14 item 5, spec 11.3): one upstream
+"""WebSocket mode on /v1/responses through the proxy (issue 14 item 5, design.md § Responses API): one upstream
 socket per client socket, events relayed in order, the handshake's refusal passed on, close codes
 passed on both ways, a dead or broken upstream turned into an error event and a clean close, and
 an overflow before any output retried with the route's compacted message."""

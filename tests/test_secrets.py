@@ -1,4 +1,4 @@
-"""Secrets (issue 7 item 5, design 7): a planted client key, a planted configured key and a planted
+"""Secrets (issue 7 item 5, design.md § Security): a planted client key, a planted configured key and a planted
 scope secret never appear in logs (every logger at DEBUG, in-process and a real process's own
 log), error bodies, response headers, the store (the SQLite file's bytes, every Redis key and
 value), or in the body of any request the proxy makes; the summarizer calls carry the client's own

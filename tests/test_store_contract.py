@@ -301,7 +301,7 @@ async def test_replicas_share_records_locks_expiry_and_the_bound(
     assert await b.get_many(["x", "y", "z"]) == {"z": b"3"}
 
 
-# -- originals (recall, design 13.1) -------------------------------------------------------------
+# -- originals (recall, design.md § Recall) -------------------------------------------------------------
 
 ORIG_A = "orig:scopea:"
 ORIG_B = "orig:scopeb:"

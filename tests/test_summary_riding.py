@@ -1,4 +1,4 @@
-"""The summary call that rides the conversation's own prompt cache (spec 9.4) on every protocol,
+"""The summary call that rides the conversation's own prompt cache (design.md § The summary call rides the cache) on every protocol,
 and the one summarizer every protocol shares (issue 13: the adapter builds its summarizer call).
 
 Responses: through the real proxy to the strict fake, turn by turn: each such call repeats the

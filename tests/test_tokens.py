@@ -1,4 +1,4 @@
-"""Token counting (spec section 3): encoding per model family, chat-format overhead, tools, images,
+"""Token counting (design.md § Counting tokens): encoding per model family, chat-format overhead, tools, images,
 the per-message cache and the offline estimate."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a wire protocol must provide for the proxy's stages to serve it (spec 10.3).
+"""What a wire protocol must provide for the proxy's stages to serve it (design.md § Protocol adapters).
 
 An adapter is the only code that knows a protocol's field names. It parses and checks a body into
 the neutral model (proxy/model.py), makes the edits the stages ask for (a tool result's output
@@ -6,7 +6,7 @@ replaced, the start of the history replaced by a summary), counts an envelope, r
 forwarded body (unchanged envelopes keep their bytes; nothing changed: the client's raw body), and
 knows the protocol's overflow errors, error shape and credentials. It also speaks the proxy's own
 summarizer calls in its protocol: a `SummaryCall` (protocol-neutral: instructions, prompt, model,
-cap; or the conversation's own forwarded prefix for the call that rides its cache, spec 9.4) in,
+cap; or the conversation's own forwarded prefix for the call that rides its cache, design.md § The summary call rides the cache) in,
 a request to send out, its answer read back as text. A new protocol is one module under
 proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flow.handle`.
 """
@@ -141,7 +141,7 @@ class Request:
 class SummaryCall:
     """One of the proxy's own summarizer calls, said without a protocol. Transcript form: `system`
     (the summarizer's instructions) and `prompt` (the transcript and the task) as two messages.
-    Cache-riding form (spec 9.4), when `prefix` is given: the conversation's envelopes exactly as
+    Cache-riding form (design.md § The summary call rides the cache), when `prefix` is given: the conversation's envelopes exactly as
     they were last forwarded (their values: system, messages, in order), the tools that request
     declared (`tools`, the model told not to call them), then `prompt` as one more user message;
     `request` is that conversation's request (fields the protocol must repeat to hit its cache)."""

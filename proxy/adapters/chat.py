@@ -1,4 +1,4 @@
-"""Chat Completions (`POST /v1/chat/completions`) as the neutral model, and back (spec 10.3).
+"""Chat Completions (`POST /v1/chat/completions`) as the neutral model, and back (design.md § Protocol adapters).
 
 An envelope is a message. Its items: a system or developer message is one SYSTEM item, a user
 message one USER item, an assistant message one ASSISTANT item (its text, maybe empty) and one

@@ -1,4 +1,4 @@
-"""Bodies that grow (spec 15): what the previous body of a conversation shared with this one is
+"""Bodies that grow (design.md § Performance): what the previous body of a conversation shared with this one is
 not parsed, checked, written, keyed or counted again.
 
 An agent resends its whole history on every turn, plus a turn. When the new body's bytes equal

@@ -1,5 +1,5 @@
 """The Responses API (`POST /v1/responses`, WebSocket `response.create`) as the neutral model,
-and back (spec 11.1).
+and back (design.md § Responses API).
 
 An envelope is an input item (proxy/responses/items.py classifies them, pairs calls with their
 outputs by call id, and marks the cuts). `instructions` plays the system prompt's part: it is the

@@ -1,4 +1,4 @@
-"""Whether a summarizer's answer is a summary, and completing its structure (spec 9.1): pure.
+"""Whether a summarizer's answer is a summary, and completing its structure (design.md § Tiers): pure.
 
 Real models skip headings, so a summary that lacks some is accepted and completed by code: every
 missing heading is added, in the format's order, with "none recorded", so the forwarded structure

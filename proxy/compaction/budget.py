@@ -1,4 +1,4 @@
-"""Token budgets for compaction (spec 4.1, 4.6): pure arithmetic, no I/O."""
+"""Token budgets for compaction (design.md § When to compact; § Budgets and folding): pure arithmetic, no I/O."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def summary_output_cap(window: int, reserve_tokens: int | None) -> int:
 
 def identifier_room(own: int, *, reserved: int, used: int) -> int:
     """Tokens for a summary's identifier block: its own budget, plus what the model's text and the
-    files block left unused of the room the cut reserved for them (spec 9.3: the code-written
+    files block left unused of the room the cut reserved for them (design.md § What code keeps: the code-written
     blocks are the guarantee, the model's text the bonus). The request stays within its plan."""
     return own + max(0, reserved - used)
 

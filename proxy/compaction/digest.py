@@ -1,4 +1,4 @@
-"""Tier 3, the floor (spec 9.1, 9.2): a digest of the oldest part written by code. Pure.
+"""Tier 3, the floor (design.md § Tiers; § The floor): a digest of the oldest part written by code. Pure.
 
 Used when the summarizer failed and the request does not fit the window even with old tool
 outputs masked. It keeps what the agent cannot do without, in this order, as far as the budget

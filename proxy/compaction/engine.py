@@ -1,4 +1,4 @@
-"""History compaction for one request: the decision (spec 4, 9).
+"""History compaction for one request: the decision (design.md § Tiers).
 
 Which record serves the request (one stored or made ahead, reused while it fits), when old tool
 outputs become stubs (tier 1), when the summarizer is asked (tier 2) and what happens when it
@@ -261,7 +261,7 @@ class CompactionEngine:
     async def _carry(self, view: View, record: SummaryRecord, out: Outcome) -> tuple[Outcome, bool]:
         """`out` (what the prepared `record` makes of the request) as carried, and whether this is
         the first request to carry it. When another replica carried it first, it went live
-        there: the kept turns' reasoning is left out as from then (design 12.2)."""
+        there: the kept turns' reasoning is left out as from then (design.md § Messages API)."""
         assumed = live_from(view, record)
         carried, first = await self.records.carry(view.scope, record, assumed)  # type: ignore[arg-type]
         if carried.live_from != assumed:
@@ -393,7 +393,7 @@ class CompactionEngine:
     async def _carried(self, view: View, prepared: SummaryRecord, budget: Budget) -> Outcome | None:
         """Reuse of the summary the conversation carries now, while it keeps the request at or under
         the threshold: a prepared summary waits for the request that crosses, so between two
-        compactions the forwarded prefix only grows (design 4.9). None once it no longer fits."""
+        compactions the forwarded prefix only grows (design.md § Made once, reused). None once it no longer fits."""
         keys = view.candidate_keys()
         shorter = keys[keys.index(key(view.scope, prepared.chain)) + 1 :]
         current = await self.records.first_of(shorter)

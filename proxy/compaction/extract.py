@@ -1,4 +1,4 @@
-"""The parts of a summary written by code, not by the model (spec 4.5): pure functions.
+"""The parts of a summary written by code, not by the model (design.md § The summary's shape): pure functions.
 
 They hold even when the model is sloppy: which files tool calls read or wrote, the identifiers the
 model's text dropped, the user's constraints and latest request verbatim.
@@ -126,7 +126,7 @@ def is_continuation(text: str) -> bool:
 
 def latest_requests(envelopes: Sequence[Envelope], start: int, end: int) -> list[str]:
     """What a summary of envelopes[start:end] must carry verbatim so that the user's intent is never
-    only a paraphrase (spec 9.3): the conversation's latest user message when it falls in the span
+    only a paraphrase (design.md § What code keeps): the conversation's latest user message when it falls in the span
     and, if that is a bare "ok"/"continue", the last substantive request before it; when the latest
     user message is a continuation that is kept (at or after `end`), the substantive request
     before it if that is summarized (before `end`). The first item is always the latest message

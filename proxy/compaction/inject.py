@@ -1,4 +1,4 @@
-"""Building the forwarded conversation from a stored summary (spec 4.7): pure functions.
+"""Building the forwarded conversation from a stored summary (design.md § Putting the summary in): pure functions.
 
 Every byte added comes from the stored record and the prompt files, so the same conversation and
 record always give the same forwarded prefix: that is what keeps the upstream prompt cache warm.

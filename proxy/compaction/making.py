@@ -43,7 +43,7 @@ CHARS_PER_IDENTIFIER_TOKEN = 3  # a first fill of the identifier block, checked 
 
 @dataclass(frozen=True)
 class Draft:
-    """What a summary record of `plan` holds besides the model's text (spec 9.3)."""
+    """What a summary record of `plan` holds besides the model's text (design.md § What code keeps)."""
 
     plan: Plan
     covered: int
@@ -60,7 +60,7 @@ class Draft:
     clamped: dict[str, int]
     masks: dict[str, str]  # stubs of outputs the summary keeps (the masking reached past the new cut)
     recall: list[str]  # identifiers for recall carried over from the previous record
-    spans: list[list]  # the summarized spans with their recall handles, the new one last (design 13.1)
+    spans: list[list]  # the summarized spans with their recall handles, the new one last (design.md § Recall)
 
 
 def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
@@ -182,7 +182,7 @@ class RecordMaker:
         self, view: View, plan: Plan, carried: SummaryRecord | None, job: SummaryJob, model: str
     ) -> tuple[list[Any], Any, str] | None:
         """(envelope values, tools, point) of a summary call that rides the upstream's prompt cache
-        (spec 9.4): the request as the conversation forwarded it last, so its prefix is the one the
+        (design.md § The summary call rides the cache): the request as the conversation forwarded it last, so its prefix is the one the
         upstream has cached. None when the transcript form is the one to use: another model or
         upstream writes summaries (or another protocol: Adapter.summarizer), the conversation's
         request would not fit the window with the summary's room, or what was forwarded last is
@@ -221,7 +221,7 @@ class RecordMaker:
 
     def finish(self, view: View, d: Draft, model_text: str, turn_text: str | None, budget: Budget, *,
                prepared: bool) -> SummaryRecord:
-        """The record around the model's text: the blocks code writes (spec 9.3)."""
+        """The record around the model's text: the blocks code writes (design.md § What code keeps)."""
         fchars = files_chars(budget)
         # what the summary or the kept messages carry verbatim need not be in the identifier block
         present = "\n".join([model_text, turn_text or "", d.kept_text, *d.constraints,

@@ -1,4 +1,4 @@
-"""Tier 1 of compaction (spec 9.1): old tool outputs become stubs written by code. Pure functions.
+"""Tier 1 of compaction (design.md § Tiers): old tool outputs become stubs written by code. Pure functions.
 
 No model call and no wait: the outputs of tool calls older than the kept recent part are replaced
 by one line naming the call, its size, and the identifiers and error lines found in it. User and

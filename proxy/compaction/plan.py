@@ -1,4 +1,4 @@
-"""Where to cut the history (spec 4.2) and how to make the newest turn fit: pure functions.
+"""Where to cut the history (design.md § Where to cut) and how to make the newest turn fit: pure functions.
 
 A cut at index i summarizes envelopes[start:i] and keeps envelopes[i:]. Valid cuts are where the
 adapter allows one (`cut_before`: never between a call and its result). When the kept part starts

@@ -1,4 +1,4 @@
-"""Summaries made ahead of time (spec 4.9): off the request path, for the request that will cross.
+"""Summaries made ahead of time (design.md § Made once, reused): off the request path, for the request that will cross.
 
 A request past `prepare_percent` of the threshold queues a job; a worker makes the summary the
 crossing request will need. The queue holds one job per conversation (a newer request replaces its

@@ -45,7 +45,7 @@ class SummaryRecord:
     recall_identifiers: list[str] = field(default_factory=list)
     expires: float | None = None  # a digest is short-lived: the summarizer is tried again after it
     # the summarized spans, each [handle, first, last] (message numbers from 1): the summary's
-    # `## Recall` block names them, and the originals are kept under those handles (design 13.1)
+    # `## Recall` block names them, and the originals are kept under those handles (design.md § Recall)
     recall_spans: list[list] = field(default_factory=list)
     # non-system messages of the first request forwarded with this record: the assistant turns
     # before that were made under another prefix, those from there on under this record's (models
@@ -149,7 +149,7 @@ def render_summary(
     latest_requests: list[str],
     recall: str = "",
 ) -> str:
-    """Model summary + split-turn context + the blocks code writes (spec 4.5, 9.3).
+    """Model summary + split-turn context + the blocks code writes (design.md § The summary's shape; § What code keeps).
 
     The files block is capped at `files_chars`; the identifier lines come already fitted to their
     own budget; the user's constraints and requests are never cut.

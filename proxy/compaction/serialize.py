@@ -1,4 +1,4 @@
-"""The conversation as text for the summarizer (spec 4.3): pure functions.
+"""The conversation as text for the summarizer (design.md § The history as text): pure functions.
 
 Labelled blocks, never chat turns, so the summarizer reads history as data. Every piece of it is
 untrusted: boundary tags, chat-template control tokens and imitated block labels inside it are

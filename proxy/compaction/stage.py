@@ -1,5 +1,5 @@
 """History compaction as a stage of the flow: compact before the upstream call, and once more,
-harder, when the upstream says the request was too long (spec 4, 9)."""
+harder, when the upstream says the request was too long (design.md § Tiers)."""
 
 from __future__ import annotations
 

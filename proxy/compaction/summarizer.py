@@ -1,4 +1,4 @@
-"""The history summarizer calls (spec 4.4, 4.6): prompts, folding over windows, halving on overflow.
+"""The history summarizer calls (design.md § The summarizer call; § Budgets and folding): prompts, folding over windows, halving on overflow.
 
 The conversation arrives already serialized and escaped (serialize.py), as one block per message;
 windows are cut on those block boundaries.
@@ -166,7 +166,7 @@ class HistorySummarizer:
 
     async def summarize_cached(self, job: SummaryJob, prefix: list[Any], tools: Any, point: str,
                                request: Request | None = None) -> str:
-        """The summary asked inside the conversation itself (spec 9.4): `prefix` is exactly the
+        """The summary asked inside the conversation itself (design.md § The summary call rides the cache): `prefix` is exactly the
         part of the request the upstream saw last (its envelopes' values: system, messages, same
         order and bytes; `tools` as declared), so it bills them at its cached rate; one user
         message is appended asking for the summary of everything before `point`. The adapter

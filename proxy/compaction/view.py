@@ -38,7 +38,7 @@ def files_chars(budget: Budget) -> int:
 
 
 def identifier_budget(target: int, share: float, span_tokens: int) -> int:
-    """Tokens for the identifier block (spec 9.3): growing with the summarized span, up to `share`
+    """Tokens for the identifier block (design.md § What code keeps): growing with the summarized span, up to `share`
     of the target."""
     return min(int(share * target), max(256, span_tokens // 8))
 
@@ -171,7 +171,7 @@ def live_from(view: View, record: SummaryRecord) -> int | None:
 
 def _unbind(view: View, record: SummaryRecord, cut: int, changed: dict[int, tuple[Envelope, int]]) -> None:
     """On a model that binds its reasoning to its prefix, the kept turns made before the record
-    went live lose their reasoning (made under the prefix the record changed; design 12.2): from
+    went live lose their reasoning (made under the prefix the record changed; design.md § Messages API): from
     the cut when a summary is injected (the annotation changes the system part) or the recall
     tool is declared (the tools change), else from the first stub. The turns made since keep
     theirs: the record forwards the same prefix to them."""
@@ -190,7 +190,7 @@ def _unbind(view: View, record: SummaryRecord, cut: int, changed: dict[int, tupl
 
 def _total(view: View, conv: Conversation) -> int:
     """A compacted request's count: it carries a replacement, so on a recall route it declares the
-    recall tool too (design 13.2)."""
+    recall tool too (design.md § Recall)."""
     request, identity = view.flow.request, view.flow.identity
     return request.total(conv) + (request.scaled(identity.recall_tokens) if identity.recall else 0)
 
@@ -215,7 +215,7 @@ class Planner:
         self.identifiers_share = identifiers_share
 
     def recall_room(self, view: View, record: SummaryRecord | None) -> int:
-        """What recall adds to a compacted request (design 13): the tool's declaration and the
+        """What recall adds to a compacted request (design.md § Recall): the tool's declaration and the
         summary's recall block, one line per span."""
         if not view.flow.identity.recall:
             return 0

@@ -1,4 +1,4 @@
-"""The bill (design 14): what the requests cost through the proxy against what they would have
+"""The bill (design.md § The operator's view): what the requests cost through the proxy against what they would have
 cost sent directly, both with the provider's prompt cache, from the upstream's own usage.
 
 Through the proxy (measured): each forwarded request's usage (prompt, cached, completion tokens),

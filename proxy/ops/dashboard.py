@@ -1,4 +1,4 @@
-"""/dashboard and its JSON feed /admin/api/dashboard (design 14).
+"""/dashboard and its JSON feed /admin/api/dashboard (design.md § The operator's view).
 
 The page is one HTML response with its script, its style and uPlot inlined from package data (no
 CDN, no second request that would need the admin token again), under a CSP that allows nothing

@@ -1,2 +1,2 @@
-"""Recall (design 13): nothing the proxy compacts is gone; the model looks originals up through a
+"""Recall (design.md § Recall): nothing the proxy compacts is gone; the model looks originals up through a
 tool the proxy declares and answers itself."""

@@ -1,4 +1,4 @@
-"""The recall layer around a forward, whatever the protocol (design 13.3): the originals kept and
+"""The recall layer around a forward, whatever the protocol (design.md § Recall): the originals kept and
 the tool declared once the stages replaced anything, and the answering loop over whole answers.
 
 What differs by protocol (the declaration's shape, where calls are in an answer, how a call and

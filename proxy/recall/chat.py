@@ -1,4 +1,4 @@
-"""Recall for Chat Completions (design 13.3): the chat dialect of the recall layer
+"""Recall for Chat Completions (design.md § Recall): the chat dialect of the recall layer
 (proxy/recall/answers.py has the loop), and the chat route's entry points.
 
 Chat's answer is one message: the recall calls are in its `tool_calls`; the continuation appends

@@ -1,4 +1,4 @@
-"""Recall inside a Chat Completions event stream (design 13.3).
+"""Recall inside a Chat Completions event stream (design.md § Recall).
 
 The client gets one stream. Text is relayed as it comes and stays; a recall call's deltas are held
 back (a call's first delta names its tool, so each call is told apart from its first delta); the

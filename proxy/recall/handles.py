@@ -1,4 +1,4 @@
-"""The `recall id` handles that stubs, notes and summaries carry, written by code (design 13.1).
+"""The `recall id` handles that stubs, notes and summaries carry, written by code (design.md § Recall).
 
 A handle is derived from what it stands for (the original's digest, or the hash chain of a
 summarized span), so the text that names it is the same on every request and on every replica.

@@ -1,5 +1,5 @@
 """Which originals a forwarded request stands in for, found from the handles its replacements name
-(design 13.1). Pure functions over `Part`s, so every protocol feeds them the same way.
+(design.md § Recall). Pure functions over `Part`s, so every protocol feeds them the same way.
 
 A tool result whose forwarded text names a handle and differs from what the client sent was
 replaced (a stub, a note): its original is the client's output for the same call id. A summary

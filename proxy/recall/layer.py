@@ -1,4 +1,4 @@
-"""Recall for one process (design 13): keeps the originals a forwarded request stands in for, and
+"""Recall for one process (design.md § Recall): keeps the originals a forwarded request stands in for, and
 starts the recall session of a request. The protocol routes call it; the protocol-specific parts
 (the declaration's shape, the answering loop) live beside it (proxy/recall/chat.py, ...).
 """

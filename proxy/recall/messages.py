@@ -1,4 +1,4 @@
-"""Recall for the Anthropic Messages API (design 13.3): its dialect of the recall layer (answers.py).
+"""Recall for the Anthropic Messages API (design.md § Recall): its dialect of the recall layer (answers.py).
 
 The tool is a `{"name", "description", "input_schema"}` entry. An answer's calls are its
 `tool_use` blocks; the continuation appends the assistant message as it came (signed thinking

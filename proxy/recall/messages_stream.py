@@ -1,4 +1,4 @@
-"""Recall inside a Messages event stream (design 13.3): the filter proxy/recall/relay.py runs.
+"""Recall inside a Messages event stream (design.md § Recall): the filter proxy/recall/relay.py runs.
 
 The client gets one message: one `message_start` (the first round's, relayed at once, as are the
 upstream's `ping`s: the client sees the stream the upstream sent, minus the recall calls and the

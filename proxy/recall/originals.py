@@ -1,4 +1,4 @@
-"""What compaction replaced, kept for recall (design 13.1): saving, looking up and searching originals.
+"""What compaction replaced, kept for recall (design.md § Recall): saving, looking up and searching originals.
 
 An original is one replaced text (a masked tool output, a tool output made into a note, a span of
 summarized messages) under the handle its stub, note or summary names (`recall id ...`). It is

@@ -1,4 +1,4 @@
-"""Recall inside an event stream, whatever the protocol (design 13.3): the client gets one stream;
+"""Recall inside an event stream, whatever the protocol (design.md § Recall): the client gets one stream;
 round after round, the upstream's events go through the protocol's filter (`Rounds`: chat_stream,
 responses_stream, messages_stream), which relays what the client may see at once (text stays),
 holds a recall call's events back, and keeps the round's end for the end of the last round. A

@@ -1,4 +1,4 @@
-"""Recall for the Responses API (design 13.3): its dialect of the recall layer (answers.py).
+"""Recall for the Responses API (design.md § Recall): its dialect of the recall layer (answers.py).
 
 The tool is a `{"type": "function", "name", "description", "parameters", "strict": false}` entry
 (strict off: the schema's fields are optional, which strict mode refuses). An answer's calls are

@@ -1,4 +1,4 @@
-"""Recall inside a Responses event stream (design 13.3): the filter proxy/recall/relay.py runs.
+"""Recall inside a Responses event stream (design.md § Recall): the filter proxy/recall/relay.py runs.
 
 The client gets one response: the first round's `response.created` / `in_progress` (held until
 the first event the client sees, so the headers count the lookups made before it), then every

@@ -1,4 +1,4 @@
-"""One client request's recall rounds (design 13.3), whatever the protocol: answers the model's
+"""One client request's recall rounds (design.md § Recall), whatever the protocol: answers the model's
 recall calls, counts them, and knows when the rounds are used up.
 
 Counting and logging never include content (queries, excerpts) unless server.log_content is on.

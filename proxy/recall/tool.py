@@ -1,4 +1,4 @@
-"""The recall tool (design 13.2): its declaration, and its answers. Pure apart from the lookups.
+"""The recall tool (design.md § Recall): its declaration, and its answers. Pure apart from the lookups.
 
 The declaration is built from fixed parts only (the name, a prompt file, a constant schema), so its
 bytes are the same on every request that carries it and the upstream's prompt cache never sees

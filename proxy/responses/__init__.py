@@ -1,1 +1,1 @@
-"""The OpenAI Responses API: its items, streams, WebSocket and compaction items (spec 11)."""
+"""The OpenAI Responses API: its items, streams, WebSocket and compaction items (design.md § Responses API)."""

@@ -1,4 +1,4 @@
-"""The proxy's own compaction items and `/v1/responses/compact` served locally (spec 11.4).
+"""The proxy's own compaction items and `/v1/responses/compact` served locally (design.md § Responses API).
 
 OpenAI's `compaction` items carry `encrypted_content` only OpenAI can read. An upstream without
 `/responses/compact` (a local server, vLLM, llama.cpp) gets this proxy's instead: the compact call
@@ -149,7 +149,7 @@ async def expand(items: list[Any], store: Store, secret: bytes, scope: str | Non
 
 
 def transcript(entries: list[Entry]) -> list[str]:
-    """Labelled, escaped blocks for the summarizer (spec 4.3), one per item; the system part,
+    """Labelled, escaped blocks for the summarizer (design.md § The history as text), one per item; the system part,
     reasoning and items nobody can read are left out."""
     blocks = []
     for e in entries:
@@ -172,7 +172,7 @@ def transcript(entries: list[Entry]) -> list[str]:
 def finish(model_text: str, span: list[Envelope], kept_text: str, previous: CompactRecord | None, *, model: str,
            created: float, files_chars: int, identifier_chars: int) -> CompactRecord:
     """The record around the model's text, with the blocks code writes, as a history summary has
-    them (spec 9.3): the files the span's tool calls touched, and its identifiers and error lines
+    them (design.md § What code keeps): the files the span's tool calls touched, and its identifiers and error lines
     that neither the model's text nor the returned user messages (`kept_text`) carry verbatim,
     within `identifier_chars`; each carried over from the previous compaction. The user's requests
     and constraints need no block: the compacted output returns every user message as it was."""

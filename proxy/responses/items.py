@@ -1,4 +1,4 @@
-"""A Responses request's `input` as classified items, and where a cut may fall (spec 11.1). Pure.
+"""A Responses request's `input` as classified items, and where a cut may fall (design.md § Responses API). Pure.
 
 Every input item becomes one `Entry`: its kind (system, user, assistant, tool call, tool result,
 opaque), the text that is counted and shown to the summarizer, the id that pairs a call with its
@@ -220,7 +220,7 @@ def _cuts(entries: list[Entry]) -> None:
 
 
 def stateful(body: dict[str, Any]) -> str | None:
-    """Why the proxy cannot see this request's whole history (spec 11.1), or None."""
+    """Why the proxy cannot see this request's whole history (design.md § Responses API), or None."""
     if body.get("previous_response_id") is not None:
         return "previous_response_id"
     if body.get("conversation") is not None:

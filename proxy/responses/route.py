@@ -1,5 +1,5 @@
 """POST /v1/responses (and each WebSocket `response.create`): the chat path's flow and stages for
-the Responses API (spec 10, 11).
+the Responses API (design.md § One request, one flow, 11).
 
 A request: body decoded (zstd, gzip ...) and checked; the proxy's own compaction items expanded
 into their summary messages; a stateful request (`previous_response_id`, `conversation`) forwarded
@@ -68,7 +68,7 @@ class Prepared:
     headers: dict[str, str]
     stream: bool
     retry: Any = None  # send.Retry: compacted harder after an overflow
-    recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
+    recall: RecallSession | None = None  # the recall tool is declared and answered here (design.md § Recall)
     # send's not_an_overflow: the request is well under its window (None: it may be over it)
     small: Callable[[], str] | None = None
 

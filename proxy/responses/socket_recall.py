@@ -1,4 +1,4 @@
-"""Recall on a Responses WebSocket turn (design 13.3; the HTTP stream's relay is proxy/recall/relay.py).
+"""Recall on a Responses WebSocket turn (design.md § Recall; the HTTP stream's relay is proxy/recall/relay.py).
 
 A `response.create` whose forwarded request declares the recall tool is one client-visible
 response however many rounds it takes. Its upstream events go through the Responses stream filter

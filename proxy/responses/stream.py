@@ -1,4 +1,4 @@
-"""The Responses event stream (spec 11.2): what a relayed event must look like, how it ends, how
+"""The Responses event stream (design.md § Responses API): what a relayed event must look like, how it ends, how
 an overflow shows before any output, and how the proxy writes an error event.
 
 OpenAI's stream: `event: <type>` and `data: <JSON object whose "type" is that name>`, each with a

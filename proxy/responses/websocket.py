@@ -1,4 +1,4 @@
-"""WebSocket mode of the Responses API on `/v1/responses` (spec 11.3), aiohttp on both sides.
+"""WebSocket mode of the Responses API on `/v1/responses` (design.md § Responses API), aiohttp on both sides.
 
 One upstream socket per client socket, opened before the client's handshake is answered (so an
 upstream that refuses it, 401 or 404, refuses the client the same way). Each client
@@ -9,7 +9,7 @@ type), and a response's opening events are held until it shows output, so that a
 (an `error` event with `context_length_exceeded`, or `response.failed` with it, before any
 output) can be retried without the client seeing the failed attempt.
 
-Recall (design 13.3): a turn whose request declares the recall tool carries a `SocketRecall`
+Recall (design.md § Recall): a turn whose request declares the recall tool carries a `SocketRecall`
 (socket_recall.py); its rounds are answered on this socket and relayed as one response. While such
 a turn is under way (or a turn is being prepared) the client's next messages wait here, read
 ahead up to a bound in count and decoded bytes (inbox.py; then the socket is not read until room

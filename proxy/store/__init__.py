@@ -1,4 +1,4 @@
-"""Key-value storage for summaries, the scope secret and locks (design section 6).
+"""Key-value storage for summaries, the scope secret and locks (design.md § The store).
 
 `open_store` picks the backend from `store.url`; wrap the result in `ResilientStore` so that an
 unreachable backend never fails a request.

@@ -14,7 +14,7 @@ guarantees, which tests/test_store_contract.py checks against all three:
   max_len)` adds an entry stamped with the clock and keeps the newest `max_len`; an entry expires
   `ttl_s` after it was appended (reads do not refresh it); `tail(name, n)` is the newest n live
   entries, oldest first. Logs do not count towards `max_records`;
-- originals (what compaction replaced, kept for recall: design 13.1) are expiring keys like any
+- originals (what compaction replaced, kept for recall: design.md § Recall) are expiring keys like any
   other (same TTL, refreshed by reads, counted in `max_records`, evicted least recently used),
   written by `put_original` with an index: their identifiers exactly, the words of their value
   for search. `find_originals(prefix, ...)` returns live keys under one prefix only (the prefix

@@ -7,7 +7,7 @@ Layout under the namespace `<ns>` (default "cp:"):
 Expiry and LRU eviction are decided from the ZSET, so they follow the same clock as the other
 backends (and tests need no sleeping); PEXPIRE only reclaims memory when nobody reads a key.
 Permanent keys appear in neither ZSET nor HASH.
-Originals (design 13.1) have a plain inverted index, no module needed: `<ns>ix:<prefix>i:<ident>`
+Originals (design.md § Recall) have a plain inverted index, no module needed: `<ns>ix:<prefix>i:<ident>`
 and `<ns>ix:<prefix>w:<word>` are SETs of value keys (the prefix holds the scope, so a search
 never sees another scope's sets), and `<ns>ixk:<key>` lists the SETs one original is in, so that
 whatever drops the value (eviction, expiry by the clock, delete) drops its index entries in the

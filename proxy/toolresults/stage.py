@@ -1,4 +1,4 @@
-"""Replacing oversized tool results with notes before the request goes upstream (spec 5).
+"""Replacing oversized tool results with notes before the request goes upstream (design.md § Oversized tool results).
 
 A note is made once per (credential scope, tool call id, content hash) and stored, so the same tool
 result gives the same bytes on every later request; a failure is stored too, until the end of the
@@ -111,7 +111,7 @@ class ToolResultStage(Stage):
             notes = [await self._stored_note(adapter, c, model, scope) for c in cands]
         else:
             notes = await asyncio.gather(*(self._note(adapter, c, hint, model, headers, scope) for c in cands))
-        if flow.identity.recall:  # each note names its original, which the route keeps (design 13.1)
+        if flow.identity.recall:  # each note names its original, which the route keeps (design.md § Recall)
             notes = [(text + "\n" + handles.note_line(handles.of_text(c.text)), True) if ok and text else (text, ok)
                      for c, (text, ok) in zip(cands, notes)]
         rewritten: dict[int, Envelope] = {}  # envelope index -> with its notes (several results may share one)

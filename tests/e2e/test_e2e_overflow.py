@@ -3,8 +3,8 @@
 The proxy believes the model has a 4096-token window while the server runs with n_ctx 2048, so the
 proxy does not compact on its own and forwards a ~2,300-token request, which the real server
 rejects. Nothing has reached the client yet, so the proxy compacts with half the threshold and
-retries once (spec 4.10). The summarizer's own first call overflows the small server too and is
-halved (spec 4.6). The proxy accepts the real model's summary (`summarized`) or, when the model
+retries once (design.md § Failure and overflow). The summarizer's own first call overflows the small server too and is
+halved (design.md § Budgets and folding). The proxy accepts the real model's summary (`summarized`) or, when the model
 replied instead of summarizing, refuses it and falls back to a digest written by code
 (`degraded`); either way the retry succeeds.
 """

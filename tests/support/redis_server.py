@@ -1,4 +1,4 @@
-"""A real, throwaway redis-server for tests (design section 8: storage in tests is real).
+"""A real, throwaway redis-server for tests (design.md § How it is tested: storage in tests is real).
 
     with RedisServer() as server:      # started, answers PING
         use(server.url)

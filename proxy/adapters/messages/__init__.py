@@ -1,1 +1,1 @@
-"""The Anthropic Messages API (spec section 12): routing, body, cuts, breakpoints, streams, errors."""
+"""The Anthropic Messages API (design.md § Messages API): routing, body, cuts, breakpoints, streams, errors."""

@@ -1,4 +1,4 @@
-"""Anthropic Messages (`POST /v1/messages`) as the neutral model, and back (spec 12.2, 12.3).
+"""Anthropic Messages (`POST /v1/messages`) as the neutral model, and back (design.md § Messages API).
 
 An envelope is a message (a turn; cuts fall between messages, turns.py says where), plus one
 SYSTEM envelope first for the top-level `system` when there is one. Items are the message's

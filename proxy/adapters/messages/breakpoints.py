@@ -1,4 +1,4 @@
-"""Anthropic's explicit prompt caching on a compacted request (spec 12.3), as a pure function.
+"""Anthropic's explicit prompt caching on a compacted request (design.md § Messages API), as a pure function.
 
 The API caches only up to `cache_control` breakpoints, at most 4 per request (tools, system
 blocks, message blocks, blocks inside a tool_result, and a top-level `cache_control`, which marks

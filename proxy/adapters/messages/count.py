@@ -1,4 +1,4 @@
-"""The proxy's own token count of a Messages request (spec 3, for this protocol): tiktoken over
+"""The proxy's own token count of a Messages request (design.md § Counting tokens, for this protocol): tiktoken over
 what each block says, a fixed estimate for images and documents, the JSON of blocks it cannot
 read (server tool results, compaction blocks, unknown ones), plus tool schemas. Counts are cached
 per message like the chat path's, under keys of their own."""

@@ -1,4 +1,4 @@
-"""Errors the proxy makes on Anthropic routes, in Anthropic's shape (spec 12.1):
+"""Errors the proxy makes on Anthropic routes, in Anthropic's shape (design.md § Messages API):
 `{"type": "error", "error": {"type", "message"}}`, the type named by the status as the API names
 it (docs.claude.com/en/api/errors), so the anthropic SDKs raise the matching exception class."""
 

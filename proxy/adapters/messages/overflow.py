@@ -1,4 +1,4 @@
-"""Anthropic's "the prompt does not fit" rejections (spec 12.2): HTTP 400 invalid_request_error
+"""Anthropic's "the prompt does not fit" rejections (design.md § Messages API): HTTP 400 invalid_request_error
 "prompt is too long: 210000 tokens > 200000 maximum", and the one for input plus max_tokens over
 the window. A Messages-compatible server that words it otherwise (LiteLLM relaying another
 backend) is recognized by the general rule."""

@@ -1,4 +1,4 @@
-"""The Anthropic routes (spec 12.1): /v1/messages, /v1/messages/count_tokens, and every other
+"""The Anthropic routes (design.md § Messages API): /v1/messages, /v1/messages/count_tokens, and every other
 Anthropic request passed through to `anthropic.base_url`, beside the OpenAI routes of the same
 proxy. An Anthropic request is one on an Anthropic-only path (/v1/messages..., /v1/complete) or
 one that carries `anthropic-version` (the anthropic SDKs and Claude Code send it on every call,
@@ -127,7 +127,7 @@ class Prepared:
     forwarded: Conversation
     report: Report
     retry: Any = None  # send.Retry: compacted harder after an overflow
-    recall: RecallSession | None = None  # the recall tool is declared and answered here (design 13)
+    recall: RecallSession | None = None  # the recall tool is declared and answered here (design.md § Recall)
 
     def body(self) -> bytes:
         return MESSAGES.render(self.request, self.forwarded)
@@ -226,7 +226,7 @@ async def _as_sent(request: web.Request, state: Any, raw: bytes, headers: Any, s
 @anthropic_route
 async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     """Claude Code decides its own compaction from this count: it is the count of what the proxy
-    would forward now (spec 12.4), asked of the upstream."""
+    would forward now (design.md § Messages API), asked of the upstream."""
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     caller = _caller_of(request, state)

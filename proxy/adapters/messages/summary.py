@@ -1,7 +1,7 @@
 """The proxy's own summarizer calls as Messages calls, and their answers read (pure).
 
 Transcript form: the instructions as `system`, the prompt as the one user message. The form that
-rides the conversation's cache (spec 9.4) repeats the forwarded request's system, tools, thinking
+rides the conversation's cache (design.md § The summary call rides the cache) repeats the forwarded request's system, tools, thinking
 setting (changing it would invalidate the cached messages) and messages as they were, up to where
 the last request ended (`riding_end`), then asks in one more user message (merged into the last
 one when that is a user message: roles alternate). Anthropic reads its cache only at a

@@ -1,4 +1,4 @@
-"""Where a Messages history may be cut and how the kept part is put back together (spec 12.2),
+"""Where a Messages history may be cut and how the kept part is put back together (design.md § Messages API),
 as pure functions over the request's `messages`.
 
 A turn is a message: its blocks (text, tool_use, thinking ...) stay together, so cuts fall between
@@ -35,7 +35,7 @@ def cut_allowed(messages: list[dict[str, Any]]) -> list[bool]:
 
 
 def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:
-    """Why the client's own (Anthropic's) compaction covers this request, or None (spec 12.5):
+    """Why the client's own (Anthropic's) compaction covers this request, or None (design.md § Messages API):
     `context_management` with an edit that clears or compacts history (tool-result clearing, the
     compact edit, or one this code does not know), or `compaction` blocks in the history (from
     message `start` on: those before are known to carry none). The proxy then does not compact
