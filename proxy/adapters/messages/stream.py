@@ -1,4 +1,4 @@
-"""Checking a Messages event stream on its way to the client (design.md § Messages API, item 7): Anthropic's SSE,
+"""Checking a Messages event stream on its way to the client (design.md § Messages API): Anthropic's SSE,
 `event: <type>` then `data: <JSON whose type is that name>`; message_start first, then
 content_block_start / _delta / _stop, ping, message_delta, and message_stop at the end, or an
 `error` event. A stream that breaks this (bad JSON, a name that disagrees with its data, an end
