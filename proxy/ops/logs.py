@@ -226,7 +226,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().flush()
 
 
-FLUSH_S = 0.05  # how long an access line may wait to be written (documented in the README)
+FLUSH_S = 0.05  # how long an access line may wait to be written (documented in docs/operations.md, Logs)
 BATCH_BYTES = 4096  # PIPE_BUF on Linux: the most one write may carry and stay atomic on a pipe
 _HANDLERS: "weakref.WeakSet[LineHandler]" = weakref.WeakSet()
 
