@@ -73,3 +73,23 @@ async def client_for():
 @pytest.fixture
 def client(proxy, client_for):
     return client_for(proxy)
+
+
+# The quick subset, `scripts/test -m quick`, for the edit-test loop: every test but those of the
+# files below, which start processes, replay whole sessions through every protocol or wait on
+# real time. They are about four fifths of the suite's time (measured: docs/development.md); CI
+# runs everything.
+SLOW_FILES = frozenset({
+    "test_recall_protocols.py", "test_protocols_careless.py", "test_recall_symbols.py", "test_careless_tiers.py",
+    "test_recall_flow.py", "test_wrap.py", "test_inspect.py", "test_workers.py", "test_recall_websocket.py",
+    "test_recall_streams.py", "test_scaleout.py", "test_server_limits.py", "test_soak.py", "test_protocols_shared.py",
+    "test_loop_bounds.py", "test_crash_recovery.py", "test_socket_limits.py", "test_health_command.py",
+    "test_shutdown.py", "test_prepared.py", "test_journal.py", "test_fake_upstream_command.py", "test_config_cli.py",
+    "test_dashboard.py", "test_logs.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name not in SLOW_FILES and "e2e" not in item.keywords:
+            item.add_marker(pytest.mark.quick)

@@ -131,3 +131,13 @@ def test_wheel_carries_every_package_of_the_tree_and_the_app_imports_from_it(whe
     proc = subprocess.run([sys.executable, "-c", probe, str(wheel)], env=_offline_env(tmp_path), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_quick_subsets_slow_files_exist():
+    """`scripts/test -m quick` leaves out the files conftest names: a renamed one would silently
+    join the quick subset."""
+    from conftest import SLOW_FILES
+
+    tests = Path(__file__).resolve().parent
+    assert SLOW_FILES and all((tests / name).is_file() for name in SLOW_FILES), \
+        sorted(n for n in SLOW_FILES if not (tests / n).is_file())
