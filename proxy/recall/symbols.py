@@ -64,6 +64,8 @@ def mentioned(text: str, limit: int) -> list[str]:
     """Keys, then code-shaped names, in `text`: at most `limit`."""
     found: dict[str, None] = {}
     for m in _KEY.finditer(text):
+        if len(found) >= limit:  # (a large JSON output has keys without end: read no further)
+            break
         if m.group(1) or code_shaped(m.group(2)):
             found.setdefault(m.group(1) or m.group(2), None)
     for m in _CODE_NAME.finditer(text):
