@@ -27,6 +27,26 @@ MIN_SAMPLE_GAP_S = 0.5  # a feed read adds a point unless the last one is this r
 EVENTS_SHOWN = 10
 
 
+# A figure that is a metric's samples added up over their labels, or (a gauge) its latest value.
+_SUMMED = {
+    "compaction_proxy_tokens_received_total": "tokens_received",
+    "compaction_proxy_tokens_forwarded_total": "tokens_forwarded",
+    "compaction_proxy_tool_result_notes_total": "tool_notes",
+    "compaction_proxy_summarizer_calls_total": "summarizer_calls",
+    "compaction_proxy_summarizer_failures_total": "summarizer_failures",
+    "compaction_proxy_summarizer_duration_seconds_sum": "summarizer_seconds",
+    "compaction_proxy_store_errors_total": "store_errors",
+    "compaction_proxy_prefix_breaks_total": "prefix_breaks",
+    "compaction_proxy_observed_tokens_saved_total": "observed_tokens_saved",
+    "compaction_proxy_observed_cost_saved_usd_total": "observed_cost_saved",
+}
+_LATEST = {
+    "compaction_proxy_store_up": "store_up",
+    "compaction_proxy_requests_in_flight": "in_flight",
+    "compaction_proxy_streams_open": "streams_open",
+}
+
+
 def figures(metrics: Any) -> dict[str, Any]:
     """The dashboard's numbers, summed from the registry's samples (the same as /metrics)."""
     f: dict[str, Any] = {
@@ -45,38 +65,16 @@ def figures(metrics: Any) -> dict[str, Any]:
                 f["requests"] += v
                 if labels.get("code", "").startswith("5"):
                     f["errors"] += v
-            elif name == "compaction_proxy_tokens_received_total":
-                f["tokens_received"] += v
-            elif name == "compaction_proxy_tokens_forwarded_total":
-                f["tokens_forwarded"] += v
-            elif name == "compaction_proxy_tool_result_notes_total":
-                f["tool_notes"] += v
+            elif name in _SUMMED:
+                f[_SUMMED[name]] += v
+            elif name in _LATEST:
+                f[_LATEST[name]] = v
             elif name == "compaction_proxy_upstream_tokens_total" and labels.get("kind") in ("prompt", "cached"):
                 f["upstream_" + labels["kind"]] += v
-            elif name == "compaction_proxy_summarizer_calls_total":
-                f["summarizer_calls"] += v
-            elif name == "compaction_proxy_summarizer_failures_total":
-                f["summarizer_failures"] += v
-            elif name == "compaction_proxy_summarizer_duration_seconds_sum":
-                f["summarizer_seconds"] += v
             elif name == "compaction_proxy_compactions_total":
                 f["compactions"][labels["tier"]] = f["compactions"].get(labels["tier"], 0.0) + v
-            elif name == "compaction_proxy_store_errors_total":
-                f["store_errors"] += v
-            elif name == "compaction_proxy_store_up":
-                f["store_up"] = v
             elif name == "compaction_proxy_cost_usd_total":
                 f["cost_" + labels["way"]] = v
-            elif name == "compaction_proxy_requests_in_flight":
-                f["in_flight"] = v
-            elif name == "compaction_proxy_streams_open":
-                f["streams_open"] = v
-            elif name == "compaction_proxy_prefix_breaks_total":
-                f["prefix_breaks"] += v
-            elif name == "compaction_proxy_observed_tokens_saved_total":
-                f["observed_tokens_saved"] += v
-            elif name == "compaction_proxy_observed_cost_saved_usd_total":
-                f["observed_cost_saved"] += v
     return f
 
 
