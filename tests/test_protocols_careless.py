@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from proxy.fakes.summarizer_match import is_cached_history_request
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.coding_session import CONTINUE, KINDS, coding_session, request_then_continue
@@ -123,6 +124,13 @@ async def careless_replay(driver: Driver, fake: Any, make_proxy: Any, extra_body
         assert c in text, c
     cached, total = summarizer_cached_share(fake)
     print(f"{driver.name}: {cached} of {total} history summarizer input tokens cached ({100 * cached / total:.1f}%)")
+    if driver.name == "gemini":
+        # Gemini's implicit prefix cache: each summary call that rides the conversation repeats
+        # the forwarded prefix, so most of its input is read from the cache
+        riding = [r for r in fake.records("summarizer") if r.summarizer_kind == "history" and
+                  is_cached_history_request(fake.prompts_dir, r.json["contents"][-1]["parts"][-1].get("text", ""))]
+        assert riding and all(r.cached_tokens >= 0.8 * r.prompt_tokens for r in riding), [
+            (r.cached_tokens, r.prompt_tokens) for r in riding]
     if driver.name == "responses" and extra_body is None:
         # OpenAI's prefix rule: the summary calls ride the conversation's cached prefix (the misses
         # are the asks again in transcript form after a careless reply instead of a summary)
