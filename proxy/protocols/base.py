@@ -34,7 +34,7 @@ class AsSent:
 @dataclass(frozen=True)
 class Protocol:
     adapter: Adapter
-    callers: ByHeaders[Caller]  # what a request's headers say, worked out once per header list
+    callers: ByHeaders[Caller] | None  # what a request's headers say, worked out once per header list
     rounds: Callable[[str], Any]  # the stream filter of recall rounds (recall.relay.Rounds)
     # The body to run the stages on, given the state, the pipeline's Incoming and the credential's
     # scope: a Request, or AsSent. None: the adapter's parse, reusing what the conversation's
@@ -48,6 +48,9 @@ class Protocol:
     mends_reasoning: bool = False  # signed reasoning a changed prefix makes stale is the proxy's to mend
     learns_ratio: bool = False  # the upstream's usage teaches the token ratio (compaction.learn_token_ratio)
     log_content: Callable[[dict[str, Any]], None] | None = None  # server.log_content: what to log of a body
+    # What a request says of its caller, when more than its headers do (Gemini's `?key=`): then
+    # `callers` is not used.
+    caller_of: Callable[[Any, Any], Caller] | None = None
 
     @property
     def name(self) -> str:
@@ -59,6 +62,9 @@ class Protocol:
         return self.adapter.dialect
 
     def caller(self, request: Any, state: Any) -> Caller:
+        if self.caller_of is not None:
+            return self.caller_of(request, state)
+        assert self.callers is not None
         return self.callers.of(request, (state.scope_secret, secret(self.adapter.upstream(state.cfg).api_key)))
 
 
@@ -74,6 +80,7 @@ class Route:
     path: str
     handler: Handler
     label: str | None = None
+    guarded: bool = True  # behind the cross-site guard (a route that may carry the proxy's own key)
 
 
 @dataclass(frozen=True)
