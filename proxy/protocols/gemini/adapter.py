@@ -22,7 +22,7 @@ from proxy.config import Config
 from proxy.errors import ProxyError, Uncompactable
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.protocols.gemini import summary, turns
 from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text
 from proxy.protocols.gemini.count import count_content

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.sse import EventChecker
 from proxy.upstream import is_context_overflow
 
