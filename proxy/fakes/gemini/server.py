@@ -68,7 +68,41 @@ def view(body: dict[str, Any]) -> dict[str, Any]:
              for c in body["contents"]]
     names = [str(f.get("name")) for t in body.get("tools") or [] if isinstance(t, dict)
              for f in t.get("functionDeclarations") or [] if isinstance(f, dict)]
-    return chat_view(body.get("model"), system, turns, names, body)
+    v = chat_view(body.get("model"), system, turns, names, body)
+    v["calls"] = calls_view(body, system, names)
+    return v
+
+
+def calls_view(body: dict[str, Any], system: str | None, names: list[str]) -> dict[str, Any]:
+    """The request as a Chat Completions body, calls and responses kept apart (a functionCall as
+    an assistant message's tool_call, a functionResponse as a `tool` message, paired by id or by
+    name and order): a reply written for the chat fake reads a Gemini request through it."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    pending: dict[str, list[str]] = {}  # name -> ids of calls not yet answered, in order
+    for n, c in enumerate(body["contents"]):
+        texts = [str(p["text"]) for p in c["parts"] if "text" in p and not p.get("thought")]
+        for r in (p["functionResponse"] for p in c["parts"] if "functionResponse" in p):
+            queue = pending.get(r["name"]) or [r.get("id") or r["name"]]
+            rid = r.get("id") if r.get("id") in queue else queue[0]
+            queue.remove(rid) if rid in queue else None
+            output = (r.get("response") or {}).get("output")
+            messages.append({"role": "tool", "tool_call_id": rid,
+                             "content": output if isinstance(output, str) else part_text({"functionResponse": r})})
+        calls = [p["functionCall"] for p in c["parts"] if "functionCall" in p]
+        if validate.role(c) == "model":
+            msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+            if calls:
+                msg["tool_calls"] = []
+                for k, fc in enumerate(calls):
+                    cid = fc.get("id") or f"{fc['name']}#{n}.{k}"
+                    pending.setdefault(fc["name"], []).append(cid)
+                    msg["tool_calls"].append({"id": cid, "type": "function", "function": {
+                        "name": fc["name"], "arguments": orjson.dumps(fc.get("args", {})).decode()}})
+            messages.append(msg)
+        elif texts:
+            messages.append({"role": "user", "content": "\n".join(texts)})
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"model": body.get("model"), "messages": messages, "tools": tools}
 
 
 class FakeGemini(ModelFake):

@@ -27,6 +27,7 @@ from proxy.protocols.gemini import summary, turns
 from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text
 from proxy.protocols.gemini.count import count_content
 from proxy.protocols.gemini.errors import GOOGLE
+from proxy.protocols.gemini.recall import GEMINI_RECALL
 from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage, is_overflow
 from proxy.tokens import TokenCounter, encoding_name_for
 
@@ -68,6 +69,7 @@ def _items(content: dict[str, Any], keys: list[str | None]) -> tuple[Item, ...]:
 
 class GeminiAdapter(Adapter):
     protocol = "gemini"
+    dialect = GEMINI_RECALL
     upstream_path = ""  # the client's own path (the model is in it), under gemini.base_url
     credential_headers = CREDENTIAL_HEADERS
 

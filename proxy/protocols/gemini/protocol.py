@@ -16,6 +16,7 @@ from proxy.byheaders import Caller
 from proxy.forward import upstream_request_headers
 from proxy.protocols.base import Protocol
 from proxy.protocols.gemini.adapter import GEMINI
+from proxy.protocols.gemini.recall_stream import Rounds
 
 KEY_HEADER = "x-goog-api-key"
 STREAMED = "streamGenerateContent"
@@ -48,4 +49,4 @@ async def read(state: Any, incoming: Any, scope: str | None) -> Request:
     return req
 
 
-PROTOCOL = Protocol(GEMINI, None, rounds=lambda name: None, read=read, caller_of=caller_of)
+PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, read=read, caller_of=caller_of)
