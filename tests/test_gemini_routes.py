@@ -151,3 +151,15 @@ async def test_code_assist_is_relayed_as_it_came_to_its_own_upstream(fake, make_
         "/v1internal:streamGenerateContent?alt=sse", body, "Bearer ya29.token")
     await get(proxy.root, "/v1internal/operations/op-1")
     assert fake.requests[-1].raw_path == "/v1internal/operations/op-1"
+
+
+async def test_a_count_of_a_wrapped_request_goes_to_the_upstream_as_it_came(fake, make_proxy):
+    """countTokens also takes {"generateContentRequest": {...}}: what the upstream accepts, the
+    proxy does not refuse; it forwards it as it came."""
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake))
+    body = json.dumps({"generateContentRequest": {"model": "models/gemini-2.5-flash", "contents": [
+        {"role": "user", "parts": [{"text": "hi"}]}]}}).encode()
+    answer = await post(proxy.root, body, {"x-goog-api-key": "k-1"}, path="/v1beta/models/gemini-2.5-flash:countTokens",
+                        expect=200)
+    assert answer.headers["x-compaction-status"] == "none" and fake.requests[-1].body == body
+    assert answer.json()["totalTokens"] > 0

@@ -221,6 +221,8 @@ class FakeGemini(ModelFake):
             return self._error_response(rec, google_error(self.fail_status, _MESSAGES.get(self.fail_status, "Error"),
                                                           headers))
         try:
+            if rec.kind == "count_tokens" and isinstance(rec.json, dict) and "generateContentRequest" in rec.json:
+                rec.json = rec.json["generateContentRequest"]  # countTokens may wrap a whole request
             body = self._validate(rec, m.group(1))
             if rec.kind == "count_tokens":
                 return self._count_tokens(rec, body)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import jsonbody
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, Uncompactable
 from proxy.protocols.gemini.errors import invalid
 
 ROLES = ("user", "model")
@@ -42,6 +42,9 @@ def validate_body(body: Any) -> None:
     if not isinstance(body, dict):
         raise invalid("Invalid JSON payload received. Expected an object.")
     contents = body.get("contents")
+    if contents is None and isinstance(body.get("generateContentRequest"), dict):
+        # countTokens may wrap a whole request: the upstream counts it; the proxy does not read it
+        raise Uncompactable(400, "countTokens with generateContentRequest is counted by the upstream")
     if contents is None:
         raise invalid(f"{_AT}.contents: contents is not specified")
     if not isinstance(contents, list):
