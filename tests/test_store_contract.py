@@ -22,9 +22,11 @@ from proxy.recall.tool import answer as tool_answer
 from proxy.store import Store, StoreUnavailable, open_store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
+from proxy.store.redis_cluster import RedisClusterStore
 from proxy.store.resilient import ResilientStore
 from proxy.store.sqlite import SqliteStore
 from support.clock import FakeClock
+from support.redis_cluster import RedisCluster, redis_cluster  # noqa: F401
 from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
 
 TTL = 100.0
@@ -41,7 +43,8 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis-cluster", marks=pytest.mark.redis)])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -56,6 +59,7 @@ async def make_store(
     replicas sharing a store; memory stores never do.
     """
     server: RedisServer | None = request.getfixturevalue("redis_server") if backend == "redis" else None
+    cluster: RedisCluster | None = request.getfixturevalue("redis_cluster") if backend == "redis-cluster" else None
     namespace = f"test-{uuid.uuid4().hex}:"
     stores: list[Store] = []
 
@@ -65,6 +69,10 @@ async def make_store(
             store = MemoryStore(ttl_s=ttl_s, max_records=max_records, clock=clock)
         elif backend == "sqlite":
             store = SqliteStore(str(tmp_path / "store.db"), ttl_s=ttl_s, max_records=max_records, clock=clock)
+        elif cluster is not None:
+            store = RedisClusterStore(
+                cluster.url, ttl_s=ttl_s, max_records=max_records, clock=clock, namespace=namespace
+            )
         else:
             assert server is not None
             store = RedisStore(
@@ -376,8 +384,11 @@ async def test_originals_share_the_ttl_and_a_read_refreshes_them(store: Store, c
     assert await store.find_originals(ORIG_A, ["words"], [], 10) == []
 
 
-async def test_store_growth_with_originals_stays_within_max_records(make_store: MakeStore, clock: FakeClock) -> None:
-    """At the edge: originals and records share one bound; evicted originals leave no index."""
+async def test_store_growth_with_originals_stays_within_max_records(
+    backend: str, make_store: MakeStore, clock: FakeClock
+) -> None:
+    """At the edge: originals and records share one bound (on a cluster, each group of keys has
+    its own: a scope's originals, its summaries); evicted originals leave no index."""
     store = make_store(max_records=5)
     await store.put("sum:x", b"record")
     for i in range(12):
@@ -385,9 +396,10 @@ async def test_store_growth_with_originals_stays_within_max_records(make_store: 
         clock.advance(1)
     keys = ["sum:x"] + [f"{ORIG_A}h{i:02d}" for i in range(12)]
     live = await store.get_many(keys)
-    assert sorted(live) == [f"{ORIG_A}h{i:02d}" for i in range(7, 12)]  # the newest five: the bound
+    newest = [f"{ORIG_A}h{i:02d}" for i in range(7, 12)]  # the newest five: the bound
+    assert sorted(live) == newest + (["sum:x"] if backend == "redis-cluster" else [])
     found = await store.find_originals(ORIG_A, ["common"], [], 100)
-    assert sorted(found) == sorted(live)
+    assert sorted(found) == newest
     assert await store.find_originals(ORIG_A, ["unique3"], ["ident-3x"], 10) == []
     clock.advance(TTL + 1)
     assert await store.find_originals(ORIG_A, ["common"], [], 100) == []

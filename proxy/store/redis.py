@@ -43,6 +43,11 @@ local function unindex(k)
   for i = 1, #sets do redis.call('SREM', sets[i], k) end
   if #sets > 0 then redis.call('DEL', ik) end
 end
+-- Bookkeeping outlives what it tracks, and no longer: on a cluster every group has its own, and
+-- groups come and go (a conversation ends); PTTL -1 (none yet) or shorter than ms gets ms.
+local function outlive(k, ms)
+  if redis.call('PTTL', k) < tonumber(ms) then redis.call('PEXPIRE', k, ms) end
+end
 local function drop(k)
   redis.call('DEL', k); redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k); unindex(k)
 end
@@ -71,6 +76,7 @@ local function store(k, now, nx)
     return 1
   end
   redis.call('ZADD', lru, now, k); redis.call('HSET', ttls, k, ttl)
+  outlive(lru, ttl); outlive(ttls, ttl)
   local over = redis.call('ZCARD', lru) - max
   if over > 0 then
     local popped = redis.call('ZPOPMIN', lru, over)
@@ -92,6 +98,11 @@ for i = 3, #KEYS do
   local ttl = v and redis.call('HGET', ttls, k)
   if ttl then
     redis.call('ZADD', lru, now, k); redis.call('PEXPIRE', k, ttl)
+    outlive(lru, ttl); outlive(ttls, ttl)
+    local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)  -- an original's index lives as long
+    local sets = redis.call('SMEMBERS', ik)
+    if #sets > 0 then outlive(ik, ttl) end
+    for j = 1, #sets do outlive(sets[j], ttl) end
   end
   out[#out + 1] = v
 end
@@ -126,8 +137,9 @@ unindex(k)
 local stored = store(k, tonumber(ARGV[2]), false)
 local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)
 for i = 5, #ARGV do
-  redis.call('SADD', ARGV[i], k); redis.call('SADD', ik, ARGV[i])
+  redis.call('SADD', ARGV[i], k); redis.call('SADD', ik, ARGV[i]); outlive(ARGV[i], ARGV[3])
 end
+if #ARGV >= 5 then outlive(ik, ARGV[3]) end
 return stored
 """
 
@@ -184,18 +196,8 @@ class RedisStore(Store):
         namespace: str = "cp:",
     ) -> None:
         super().__init__(ttl_s=ttl_s, max_records=max_records, clock=clock)
-        # Short timeouts: a down Redis must cost a request milliseconds, not seconds; the caller
-        # carries on without reuse. One immediate retry on a connection error only: after Redis
-        # restarts, every pooled connection is dead, and each would otherwise fail one call (and
-        # start an outage) before it is replaced. A timeout is never retried: it would double.
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=1.0,
-            socket_timeout=2.0,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
+        self._redis = self._connect(url)
         self._ns = namespace
-        self._meta = [f"{namespace}lru", f"{namespace}ttl"]
         self._get_many = self._redis.register_script(_GET_MANY)
         self._peek = self._redis.register_script(_PEEK)
         self._put = self._redis.register_script(_PUT)
@@ -205,14 +207,34 @@ class RedisStore(Store):
         self._put_original = self._redis.register_script(_PUT_ORIGINAL)
         self._find_originals = self._redis.register_script(_FIND_ORIGINALS)
 
-    def _key(self, key: str) -> str:
-        return f"{self._ns}k:{key}"
+    def _connect(self, url: str) -> Any:
+        # Short timeouts: a down Redis must cost a request milliseconds, not seconds; the caller
+        # carries on without reuse. One immediate retry on a connection error only: after Redis
+        # restarts, every pooled connection is dead, and each would otherwise fail one call (and
+        # start an outage) before it is replaced. A timeout is never retried: it would double.
+        return aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=1.0,
+            socket_timeout=2.0,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _space(self, key: str) -> str:
+        """The namespace holding `key` and its bookkeeping: one for all keys on one Redis (a
+        cluster's store gives each group of keys its own, see redis_cluster.py)."""
+        return self._ns
+
+    def _key(self, key: str) -> str:
+        return f"{self._space(key)}k:{key}"
+
+    async def _call(self, script: Any, space: str, keys: list[str], args: list[Any]) -> Any:
         try:
-            return await script(keys=self._meta + keys, args=args)
+            return await script(keys=[f"{space}lru", f"{space}ttl", *keys], args=args)
         except (RedisError, OSError) as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def _call_one(self, script: Any, key: str, args: list[Any]) -> Any:
+        return await self._call(script, self._space(key), [self._key(key)], args)
 
     def _ttl_ms(self, ttl_s: float | None) -> str:
         ttl = self._ttl(ttl_s)
@@ -221,29 +243,33 @@ class RedisStore(Store):
     async def get_many(self, keys: list[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
         now = repr(self.clock())
-        for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i : i + _CHUNK]
-            values = await self._call(self._get_many, [self._key(k) for k in chunk], [now])
-            found.update((k, v) for k, v in zip(chunk, values) if v is not None)
+        spaces: dict[str, list[str]] = {}
+        for k in keys:  # one script per namespace: a script touches one (a cluster slot) only
+            spaces.setdefault(self._space(k), []).append(k)
+        for space, group in spaces.items():
+            for i in range(0, len(group), _CHUNK):
+                chunk = group[i : i + _CHUNK]
+                values = await self._call(self._get_many, space, [self._key(k) for k in chunk], [now])
+                found.update((k, v) for k, v in zip(chunk, values) if v is not None)
         return found
 
     async def peek(self, key: str) -> bytes | None:
-        return await self._call(self._peek, [self._key(key)], [repr(self.clock())])
+        return await self._call_one(self._peek, key, [repr(self.clock())])
 
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
-        await self._call(self._put, [self._key(key)], args)
+        await self._call_one(self._put, key, args)
 
     async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
         args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
-        return bool(await self._call(self._add, [self._key(key)], args))
+        return bool(await self._call_one(self._add, key, args))
 
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         args = [repr(self.clock()), "0" if expected is None else "1", expected or b""]
-        return bool(await self._call(self._delete, [self._key(key)], args))
+        return bool(await self._call_one(self._delete, key, args))
 
     def _index_key(self, prefix: str, kind: str, term: str) -> str:
-        return f"{self._ns}ix:{prefix}{kind}:{term}"
+        return f"{self._space(prefix)}ix:{prefix}{kind}:{term}"
 
     async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
         if not key.startswith("orig:"):
@@ -252,7 +278,7 @@ class RedisStore(Store):
         sets = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
         sets += [self._index_key(prefix, "w", w) for w in await value_words(value)]
         args = [value, repr(self.clock()), self._ttl_ms(...), self.max_records, *sets]
-        await self._call(self._put_original, [self._key(key)], args)
+        await self._call_one(self._put_original, key, args)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
@@ -261,8 +287,9 @@ class RedisStore(Store):
             return []
         idents = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
         sets = idents + [self._index_key(prefix, "w", w) for w in dict.fromkeys(words)]
-        found = await self._call(self._find_originals, [], [repr(self.clock()), limit, len(idents), *sets])
-        strip = len(self._key(""))
+        args = [repr(self.clock()), limit, len(idents), *sets]
+        found = await self._call(self._find_originals, self._space(prefix), [], args)
+        strip = len(self._key(prefix)) - len(prefix)
         return [k.decode()[strip:] for k in found]
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
