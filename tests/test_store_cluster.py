@@ -6,8 +6,8 @@ compacting session while one node dies and comes back.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,15 +166,17 @@ async def test_two_replicas_ride_out_a_dead_node_and_catch_up(
 
     victim = own_cluster.nodes[1]
     victim.stop(kill=True)
-    # Down (the dead node's slots at once, the whole cluster once it has noticed): both replicas
-    # go on serving, alternately, and make a summary without the store.
+    # The others notice (cluster-node-timeout) and, requiring full coverage, answer nothing: the
+    # store is down for every key, whichever node it is on.
+    own_cluster.wait_state("fail", [n for n in own_cluster.nodes if n is not victim])
+    # Down: both replicas go on serving, alternately, and make a summary without the store.
     during, _ = await until_summarized([a, b])
     assert set(during) <= ALLOWED and "summarized" in during, during
     assert "down" in {_store_state(r) for r in replicas}
 
     victim.start()  # same port, its slots from nodes.conf, its keys gone (no persistence)
     own_cluster.wait_ok()
-    time.sleep(1.1)  # past the replicas' back-off (ResilientStore.retry_after_s): their next call asks
+    await asyncio.sleep(1.1)  # past the replicas' back-off (ResilientStore.retry_after_s): their next call asks
     seen: list[str] = []
     # Back: B compacts another conversation and A reuses B's summary through the store again.
     for history in request_points(second):

@@ -61,10 +61,14 @@ class RedisCluster:
 
     def wait_ok(self) -> None:
         """Until every node says cluster_state:ok (all slots served, every node known)."""
+        self.wait_state("ok", self.nodes)
+
+    def wait_state(self, state: str, nodes: list[RedisServer]) -> None:
+        """Until each of `nodes` says cluster_state:<state> (`fail`: they noticed a dead node)."""
         deadline = time.monotonic() + _READY_TIMEOUT_S
-        while not all("cluster_state:ok" in self.info(n) for n in self.nodes):
+        while not all(f"cluster_state:{state}" in self.info(n) for n in nodes):
             if time.monotonic() > deadline:
-                raise RuntimeError("the test cluster did not reach cluster_state:ok")
+                raise RuntimeError(f"the test cluster did not reach cluster_state:{state}")
             time.sleep(0.05)
 
     def close(self) -> None:
