@@ -23,9 +23,8 @@ from proxy.store.redis_cluster import RedisClusterStore, group_tag, parse_cluste
 from support.clock import FakeClock
 from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations
 from support.invariants import check_forwarded
-from support.redis_cluster import RedisCluster, redis_cluster  # noqa: F401
-from support.redis_server import start_redis_or_skip
-from support.replicas import Replica
+from support.redis_cluster import RedisCluster, redis_cluster, redis_cluster_fixture  # noqa: F401
+from support.replicas import Replica, running_replicas
 
 ALLOWED = {"none", "summarized", "reused", "failed-open"}
 SETTINGS = {
@@ -101,12 +100,8 @@ def test_a_cluster_url_without_nodes_is_refused_at_start(monkeypatch: pytest.Mon
 # -- two replicas, one node killed mid-session ----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[RedisCluster]:
-    """A cluster of this module's own: its test kills a node."""
-    start_redis_or_skip().close()
-    with RedisCluster() as cluster:
-        yield cluster
+# A cluster of this module's own: its test kills a node.
+own_cluster = redis_cluster_fixture("own_cluster", scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +112,8 @@ def fake() -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream, own_cluster: RedisCluster) -> Iterator[list[Replica]]:
-    workdir = tmp_path_factory.mktemp("cluster-replicas")
-    pair = [Replica(workdir, name, fake.base_url, own_cluster.url, SETTINGS) for name in ("a", "b")]
-    try:
-        for r in pair:
-            r.start()
-        for r in pair:
-            r.wait_ready()
+    with running_replicas(tmp_path_factory.mktemp("cluster-replicas"), fake.base_url, own_cluster.url, SETTINGS) as pair:
         yield pair
-    finally:
-        for r in pair:
-            r.stop()
 
 
 def _store_state(replica: Replica) -> str:

@@ -7,7 +7,8 @@
 Each node is a RedisServer (tests/support/redis_server.py) started with cluster mode and its own
 nodes.conf in its temp dir, so a node that restarts comes back with its slots (its data is gone:
 no persistence). `cluster-node-timeout` is short so that the cluster notices a dead node within a
-second, not fifteen. Fixture: `redis_cluster` (one cluster per session).
+second, not fifteen. Fixtures: `redis_cluster` (one cluster per session);
+`redis_cluster_fixture(name, scope)` makes more, e.g. a module's own for a test that kills a node.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
+from typing import Any
 
 import pytest
 
@@ -84,8 +86,17 @@ class RedisCluster:
         self.close()
 
 
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[RedisCluster]:
-    start_redis_or_skip().close()  # skips (or fails under CI) without redis-server
-    with RedisCluster() as cluster:
-        yield cluster
+def redis_cluster_fixture(name: str, scope: Any = "session") -> Callable[..., Any]:
+    """A pytest fixture called `name` yielding a RedisCluster, closed when its scope ends; skipped
+    (failed under CI) without redis-server."""
+
+    @pytest.fixture(name=name, scope=scope)
+    def _fixture() -> Iterator[RedisCluster]:
+        start_redis_or_skip().close()
+        with RedisCluster() as cluster:
+            yield cluster
+
+    return _fixture
+
+
+redis_cluster = redis_cluster_fixture("redis_cluster")
