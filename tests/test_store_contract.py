@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from proxy.prompts import Prompts
 from proxy.recall.originals import Original, Originals
@@ -528,6 +529,31 @@ async def test_sqlite_unwritable_location_raises_store_unavailable(tmp_path: Pat
 
 
 # -- Redis specifics --------------------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_redis_bookkeeping_expires_with_what_it_tracks(redis_server: RedisServer, clock: FakeClock) -> None:
+    """The LRU ZSET, the TTL HASH and the recall index carry Redis's own expiry, as the values do:
+    what nobody uses any more leaves nothing behind (only a permanent key stays)."""
+    namespace = f"test-{uuid.uuid4().hex}:"
+    store = RedisStore(redis_server.url, ttl_s=100, max_records=10, clock=clock, namespace=namespace)
+    await store.put("sum:s:c", b"record")
+    await store.put_original("orig:s:h", b"two words", ["Id_1"])
+    await store.put("secret", b"s", ttl_s=None)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        index_set = f"{namespace}ix:orig:s:w:two"
+        await client.pexpire(index_set, 5000)
+        assert await store.get("orig:s:h") == b"two words"  # a read extends the index as the value
+        assert await client.pttl(index_set) > 5000
+        ttls = {k.decode()[len(namespace):]: await client.pttl(k) for k in await client.keys(namespace + "*")}
+    finally:
+        await client.aclose()
+        await store.close()
+    assert ttls.pop("k:secret") == -1
+    assert sorted(ttls) == ["ix:orig:s:i:Id_1", "ix:orig:s:w:two", "ix:orig:s:w:words", "ixk:orig:s:h",
+                            "k:orig:s:h", "k:sum:s:c", "lru", "ttl"]
+    assert all(0 < ms <= 100_000 for ms in ttls.values()), ttls
 
 
 @pytest.mark.redis

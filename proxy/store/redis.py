@@ -15,6 +15,10 @@ same script. A value Redis expired by itself leaves entries behind until a searc
 prunes them) or its ZSET entry is evicted: bounded like the ZSET. Every operation is one Lua script, so each is
 atomic across replicas. Bookkeeping left behind by a key that PEXPIRE removed is harmless: it is
 the oldest entry in the ZSET, so the next eviction pops it first, and the ZSET stays bounded.
+The ZSET, the HASH and the index SETs carry a PEXPIRE too, never shorter than that of a key they
+track, so that bookkeeping nobody writes any more goes as well.
+On a Redis Cluster (redis_cluster.py) `<ns>` is one hash-tagged namespace per group of keys, so
+the same scripts touch one slot each.
 """
 
 from __future__ import annotations
