@@ -116,6 +116,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream, own_c
         yield pair
 
 
+def _logs(replicas: list[Replica]) -> str:
+    """The replicas' log tails, for a failure's message."""
+    return "\n".join(f"--- {r.name}:\n{r.log_text()[-1500:]}" for r in replicas)
+
+
 def _store_state(replica: Replica) -> str:
     """What the replica's /healthz says of its store: ok or down."""
     with urllib.request.urlopen(replica.root + "/healthz", timeout=5) as resp:
@@ -146,7 +151,8 @@ async def test_two_replicas_ride_out_a_dead_node_and_catch_up(
 
     # Up: A compacts; B, which never saw the conversation, reuses A's summary from the cluster.
     _, history = await until_summarized([a])
-    assert await turn(b, history) == "reused"
+    status = await turn(b, history)
+    assert status == "reused", (status, _logs(replicas))
     chat = fake.records("chat")
     assert chat[-1].body == chat[-2].body  # byte for byte
 
@@ -158,7 +164,7 @@ async def test_two_replicas_ride_out_a_dead_node_and_catch_up(
     # Down: both replicas go on serving, alternately, and make a summary without the store.
     during, _ = await until_summarized([a, b])
     assert set(during) <= ALLOWED and "summarized" in during, during
-    assert "down" in {_store_state(r) for r in replicas}
+    assert "down" in {_store_state(r) for r in replicas}, _logs(replicas)
 
     victim.start()  # same port, its slots from nodes.conf, its keys gone (no persistence)
     own_cluster.wait_ok()
@@ -168,7 +174,8 @@ async def test_two_replicas_ride_out_a_dead_node_and_catch_up(
     for history in request_points(second):
         seen.append(await turn(b, history))
         if seen[-1] == "summarized":
-            assert await turn(a, history) == "reused"
+            status = await turn(a, history)
+            assert status == "reused", (status, seen, _logs(replicas))
             chat = fake.records("chat")
             assert chat[-1].body == chat[-2].body
             break
