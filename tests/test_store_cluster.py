@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import redis
 
 from proxy.config import ConfigError, load_config
 from proxy.fake_upstream import FakeUpstream
-from proxy.store import open_store
+from proxy.store import StoreUnavailable, open_store
 from proxy.store.redis_cluster import RedisClusterStore, group_tag, parse_cluster_url
 from support.clock import FakeClock
 from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations
@@ -88,6 +89,20 @@ def test_cluster_urls() -> None:
         with pytest.raises(ValueError) as e:
             parse_cluster_url(bad)
         assert "secret" not in str(e.value)
+
+
+async def test_an_unreachable_cluster_is_store_unavailable() -> None:
+    """The cluster client's own error (no seed node answers) is no RedisError: still an outage."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    store = RedisClusterStore(f"redis+cluster://127.0.0.1:{port}", ttl_s=10, max_records=10)
+    try:
+        for call in (lambda: store.get("a"), lambda: store.put("a", b"v"), store.ping, lambda: store.tail("j", 1)):
+            with pytest.raises(StoreUnavailable, match="RedisClusterUnreachableError"):
+                await call()
+    finally:
+        await store.close()
 
 
 def test_a_cluster_url_without_nodes_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -190,6 +190,8 @@ return 1
 
 
 class RedisStore(Store):
+    errors: tuple[type[BaseException], ...] = (RedisError, OSError)  # what counts as "unavailable"
+
     def __init__(
         self,
         url: str,
@@ -234,7 +236,7 @@ class RedisStore(Store):
     async def _call(self, script: Any, space: str, keys: list[str], args: list[Any]) -> Any:
         try:
             return await script(keys=[f"{space}lru", f"{space}ttl", *keys], args=args)
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def _call_one(self, script: Any, key: str, args: list[Any]) -> Any:
@@ -300,7 +302,7 @@ class RedisStore(Store):
         entry = repr(self.clock()).encode() + b" " + value
         try:
             await self._append(keys=[self._log_key(name)], args=[entry, max_len, max(1, round(self.ttl_s * 1000))])
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
@@ -308,7 +310,7 @@ class RedisStore(Store):
             return []
         try:
             raw = await self._redis.lrange(self._log_key(name), -n, -1)
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
         since = self.clock() - self.ttl_s
         out = []
@@ -324,7 +326,7 @@ class RedisStore(Store):
     async def ping(self) -> None:
         try:
             await self._redis.ping()
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def close(self) -> None:

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException
 
 from .base import StoreUnavailable
 from .redis import RedisStore
@@ -60,6 +60,9 @@ def parse_cluster_url(url: str) -> dict[str, Any]:
 
 
 class RedisClusterStore(RedisStore):
+    # The cluster client's own failures (no node reachable, a slot nobody serves) are no RedisError.
+    errors = (*RedisStore.errors, RedisClusterException)
+
     def _connect(self, url: str) -> Any:
         # As on one Redis: short timeouts, one immediate retry. Not the client's default of
         # three retries with backoff: a dead node would cost every call all of them before the
@@ -79,5 +82,5 @@ class RedisClusterStore(RedisStore):
         cluster-require-full-coverage, the default, any other)."""
         try:
             await self._redis.ping(target_nodes=RedisCluster.PRIMARIES)
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis cluster: {type(e).__name__}: {e}") from e
