@@ -112,6 +112,50 @@ def test_a_cluster_url_without_nodes_is_refused_at_start(monkeypatch: pytest.Mon
     assert "seed node" in str(e.value) and "pw" not in str(e.value)
 
 
+# A cluster per test for the tests that kill a node.
+doomed_cluster = redis_cluster_fixture("doomed_cluster", scope="function")
+
+
+def _script_attempts(nodes: list) -> int:
+    """Scripts the nodes ran or refused (CLUSTERDOWN) since their stats were last reset."""
+    total = 0
+    for node in nodes:
+        with redis.Redis(host="127.0.0.1", port=node.port) as r:
+            stats = r.info("commandstats").get("cmdstat_evalsha", {})
+            total += stats.get("calls", 0) + stats.get("rejected_calls", 0)
+            r.config_resetstat()
+    return total
+
+
+@pytest.mark.redis
+async def test_a_cluster_that_is_down_costs_a_call_one_attempt(doomed_cluster: RedisCluster) -> None:
+    """A cluster that refuses (CLUSTERDOWN) is an outage: not retried, since the client waits
+    0.25 s before failing every attempt; a restarted node's dead connection still is, at once."""
+    store = RedisClusterStore(doomed_cluster.url, ttl_s=100, max_records=10, clock=FakeClock(), namespace="down:")
+    keys = [f"sum:s{i}:c" for i in range(12)]  # groups on every node
+    try:
+        await store.get_many(keys)
+        victim, living = doomed_cluster.nodes[1], [doomed_cluster.nodes[0], doomed_cluster.nodes[2]]
+        on_living = next(k for k in keys if _port_of(doomed_cluster, k) != victim.port)
+        victim.stop(kill=True)
+        doomed_cluster.wait_state("fail", living)
+        _script_attempts(living)
+        with pytest.raises(StoreUnavailable, match="ClusterDownError"):
+            await store.get(on_living)
+        assert _script_attempts(living) == 1
+        victim.start()
+        doomed_cluster.wait_ok()
+        assert await store.get_many(keys) == {}  # every node answers again, the first call included
+    finally:
+        await store.close()
+
+
+def _port_of(cluster: RedisCluster, key: str) -> int:
+    """The port of the node serving `key`'s group (asked while the cluster is up)."""
+    with redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port) as r:
+        return r.get_node_from_key("{" + group_tag(key) + "}").port
+
+
 # -- two replicas, one node killed mid-session ----------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from .base import StoreUnavailable
@@ -59,6 +60,13 @@ def parse_cluster_url(url: str) -> dict[str, Any]:
             "password": unquote(password) or None, "ssl": scheme == "rediss+cluster"}
 
 
+class _Cluster(RedisCluster):
+    # Retried (once, at once): a connection error, what a restarted node's pooled connections give.
+    # Not a cluster that is down (the client waits 0.25 s before failing each such attempt), nor a
+    # timeout (it would double): those are an outage, answered by going on without the store.
+    ERRORS_ALLOW_RETRY = (RedisConnectionError,)
+
+
 class RedisClusterStore(RedisStore):
     # The cluster client's own failures (no node reachable, a slot nobody serves) are no RedisError.
     errors = (*RedisStore.errors, RedisClusterException)
@@ -67,7 +75,7 @@ class RedisClusterStore(RedisStore):
         # As on one Redis: short timeouts, one immediate retry. Not the client's default of
         # three retries with backoff: a dead node would cost every call all of them before the
         # proxy goes on without the store.
-        return RedisCluster(
+        return _Cluster(
             **parse_cluster_url(url),
             socket_connect_timeout=1.0,
             socket_timeout=2.0,
