@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from proxy.config_sources import ENV_PREFIX, ConfigError, deep_merge, env_overrides, env_paths_of, format_error, sets_key
+from proxy.store.redis_cluster import SCHEMES as CLUSTER_SCHEMES
+from proxy.store.redis_cluster import parse_cluster_url
 from proxy.windows import window_for
 
 
@@ -258,8 +260,11 @@ class StoreConfig(_Section):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
-            raise ValueError("must be sqlite:///path, memory://, or redis://host:port/db")
+        if v.startswith(CLUSTER_SCHEMES):
+            parse_cluster_url(v)  # seed nodes named at start, not at the first request
+        elif not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
+            raise ValueError("must be sqlite:///path, memory://, redis://host:port/db or "
+                             "redis+cluster://host:port[,host:port...]")
         return v
 
     @model_validator(mode="after")

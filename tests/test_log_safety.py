@@ -126,7 +126,9 @@ async def test_a_model_or_tool_name_cannot_forge_a_log_line(upstream, make_proxy
     ("sqlite:///compaction-proxy.db", "sqlite:///compaction-proxy.db"),
     ("memory://", "memory://"),
     ("https://api.openai.com/v1", "https://api.openai.com/v1"),
-], ids=["redis", "rediss-user", "https-user", "sqlite", "memory", "plain"])
+    (f"redis+cluster://:{KEY}@10.0.0.1:7000,10.0.0.2:7001/", "redis+cluster://10.0.0.1:7000,10.0.0.2:7001/"),
+    ("rediss+cluster://a:1,b:2", "rediss+cluster://a:1,b:2"),
+], ids=["redis", "rediss-user", "https-user", "sqlite", "memory", "plain", "cluster", "cluster-plain"])
 def test_a_configured_url_is_logged_without_its_user_and_password(url, shown):
     """The start-up line names the upstreams and the store; a password in their URL stays out."""
     assert shown_url(url) == shown
