@@ -8,9 +8,11 @@ are read, and a few optional hooks. A field left at its default is the common be
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from proxy import errors
 from proxy.adapter import Adapter, Request
 from proxy.byheaders import ByHeaders, Caller
 from proxy.config import secret
@@ -69,6 +71,21 @@ class Protocol:
 
 
 Handler = Callable[[Any], Awaitable[Any]]
+
+
+def shaped(shape: Any) -> Callable[[Handler], Handler]:
+    """A route's decorator: every error made while handling its request (the middleware's, a
+    relay's, a stream's last event) takes the protocol's `shape` (errors.SHAPE)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def wrapped(request: Any) -> Any:
+            errors.SHAPE.set(shape)  # this request's task only
+            return await handler(request)
+
+        return wrapped
+
+    return decorate
 
 
 @dataclass(frozen=True)

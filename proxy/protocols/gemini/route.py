@@ -9,21 +9,16 @@ Google's shape."""
 
 from __future__ import annotations
 
-import functools
-from typing import Awaitable, Callable
-
 from aiohttp import web
 
-from proxy import errors
 from proxy.body import BodyPace
 from proxy.forward import passthrough
 from proxy.protocols import pipeline
-from proxy.protocols.base import Route
+from proxy.protocols.base import Route, shaped
 from proxy.protocols.gemini.errors import GOOGLE
 from proxy.protocols.gemini.protocol import PROTOCOL, model_and_method
 from proxy.state import STATE
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # One route per version: aiohttp finds a route by its path's literal prefix first, so each
 # `/<version>/models` prefix must be literal to win over that version's pass-through.
 VERSIONS = ("v1", "v1beta", "v1alpha")
@@ -31,15 +26,7 @@ MODEL_PATHS = tuple(f"/{v}/models/{{target:[^/:]+:[A-Za-z]+}}" for v in VERSIONS
 COMPACTED = ("generateContent", "streamGenerateContent")
 
 
-def gemini_route(handler: Handler) -> Handler:
-    """Every error made while handling this request takes Google's shape."""
-
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        errors.SHAPE.set(GOOGLE)  # this request's task only
-        return await handler(request)
-
-    return wrapped
+gemini_route = shaped(GOOGLE)
 
 
 @gemini_route
