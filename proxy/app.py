@@ -19,6 +19,7 @@ from proxy.forward import passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops import observe
+from proxy.protocols.gemini import route as gemini
 from proxy.responses.handlers import handle_compact, handle_responses_get
 from proxy.responses.route import handle_responses
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
@@ -89,17 +90,10 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
-async def handle_gemini(request: web.Request) -> web.StreamResponse:
-    """Google's Gemini API, relayed as it came (the proxy does not compact it)."""
-    state = request.app[STATE]
-    return await passthrough(request, state.session, state.cfg.gemini, state.max_body, BodyPace.of(state.cfg.server),
-                             base_path="")
-
-
 def add_protocol_route(app: web.Application, path: str, handler: Handler, protocol: str) -> None:
     """A route served by a protocol adapter; `protocol` labels its metrics and log lines."""
-    PROTOCOLS[path] = protocol
-    app.router.add_post(path, handler)
+    route = app.router.add_post(path, handler)
+    PROTOCOLS[route.resource.canonical] = protocol  # (a pattern's canonical form is what a request's route reports)
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
@@ -140,8 +134,11 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app.router.add_get("/v1/responses", v1(handle_responses_get))  # WebSocket mode (design.md § Responses API)
     app.router.add_post("/v1/responses/compact", v1(handle_compact))
     admin.add_routes(app)
-    app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
     # The proxy holds no Gemini key, so a page cannot borrow one: the cross-site guard is not needed.
-    app.router.add_route("*", "/v1beta/{tail:.*}", handle_gemini)
-    app.router.add_route("*", "/v1alpha/{tail:.*}", handle_gemini)
+    # A `models/...:method` path is Gemini's under /v1 too (before the OpenAI pass-through).
+    for path in gemini.MODEL_PATHS:
+        add_protocol_route(app, path, gemini.handle_model_call, "gemini")
+    app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
+    app.router.add_route("*", "/v1beta/{tail:.*}", gemini.handle_gemini_passthrough)
+    app.router.add_route("*", "/v1alpha/{tail:.*}", gemini.handle_gemini_passthrough)
     return app
