@@ -49,13 +49,21 @@ def last_log_read(body: dict[str, Any]) -> int:
 def agent(logs: list[Path]):
     def reply(view: dict[str, Any]) -> Any:
         done = last_log_read(view["raw"])
-        if done >= LOGS:
+        if done >= len(logs):
             return DONE
         path = str(logs[done])
         call = {"name": "read_file", "input": {"file_path": path}} if done % 2 == 0 else \
             {"name": "run_shell_command", "input": {"command": f"cat {path}", "description": "Show the log"}}
         return {"content": f"Reading log {done + 1}.", "tool_uses": [call]}
     return reply
+
+
+def routed(reply, verdict: str):
+    """`reply`, with Gemini CLI's routing call (its classifier's system instruction) answered by
+    `verdict`, the JSON its schema asks for."""
+    def answer(view: dict[str, Any]) -> Any:
+        return verdict if "Task Routing AI" in json.dumps(view["messages"][:1]) else reply(view)
+    return answer
 
 
 def forwarded_summary(body: dict[str, Any]) -> str | None:
@@ -73,8 +81,8 @@ def setup(tmp_path: Path, settings: dict[str, Any]) -> tuple[list[Path], Path, P
     return write_logs(work), work, home
 
 
-def cli_args() -> list[str]:
-    return ["-m", MODEL, "-p", TASK, "--yolo", "--skip-trust", "--output-format", "json"]
+def cli_args(model: str | None = MODEL) -> list[str]:
+    return [*(["-m", model] if model else []), "-p", TASK, "--yolo", "--skip-trust", "--output-format", "json"]
 
 
 def finished(run: subprocess.CompletedProcess[str], requests: list[Any]) -> list[Any]:
@@ -119,3 +127,28 @@ def test_gemini_cli_finishes_a_task_the_proxy_compacts_along_the_way(gemini_cli:
     assert len(calls[-1].json["contents"]) < 1 + 2 * LOGS  # Gemini CLI's own: the task and two contents a log
     log = proxy.log_text()
     assert "Traceback" not in log and KEY not in log
+
+
+def test_without_a_model_its_routing_call_goes_through_the_proxy_too(gemini_cli: Path, start_proxy, tmp_path: Path):
+    """Gemini CLI's default model is "auto": each prompt is first classified by a small model
+    (non-streamed generateContent, two user contents in a row, a JSON schema), whose score picks
+    the model of the turn. That call is forwarded as any other, and the verdict is obeyed."""
+    logs, work, home = setup(tmp_path, SETTINGS)
+    verdict = '{"complexity_reasoning": "Reading files one by one is simple.", "complexity_score": 10}'
+    with FakeGemini() as fake:
+        fake.reply = routed(agent(logs[:2]), verdict)
+        proxy = start_proxy(gemini={"base_url": fake.base_url}, upstream={"base_url": fake.base_url})
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+               "GOOGLE_GEMINI_BASE_URL": proxy.url, "GEMINI_API_KEY": KEY}
+        run = subprocess.run([str(gemini_cli), *cli_args(None)], cwd=work, env=env, capture_output=True, text=True,
+                             timeout=300)
+        requests = list(fake.requests)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], [(r.path, r.status) for r in requests])
+    router, *turns = requests
+    assert router.path.endswith(":generateContent") and router.status == 200
+    assert [c["role"] for c in router.json["contents"]] == ["user", "user"]
+    assert router.json["generationConfig"]["responseMimeType"] == "application/json"
+    chosen = {r.path.split("/")[-1].split(":")[0] for r in turns}
+    assert len(chosen) == 1 and "lite" not in chosen.pop()  # the model its verdict picked, for every turn
+    assert all(r.path.endswith(":streamGenerateContent") and r.status == 200 for r in turns)
+    assert last_log_read(turns[-1].json) == 2 and json.loads(run.stdout)["response"] == DONE
