@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.config import Config
 from proxy.errors import ProxyError, Uncompactable
 from proxy.hashing import message_digest

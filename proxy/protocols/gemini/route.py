@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import credentials, errors, offload
-from proxy.adapters.base import Request
+from proxy.adapter import Request
 from proxy.body import BodyPace, read_body
 from proxy.byheaders import Caller
 from proxy.compaction.stage import journal_fault
