@@ -141,4 +141,5 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
     app.router.add_route("*", "/v1beta/{tail:.*}", gemini.handle_gemini_passthrough)
     app.router.add_route("*", "/v1alpha/{tail:.*}", gemini.handle_gemini_passthrough)
+    app.router.add_route("*", gemini.CODE_ASSIST_PATH, gemini.handle_code_assist)
     return app

@@ -120,11 +120,20 @@ class AnthropicConfig(_RelayConfig):
 
 
 class GeminiConfig(_RelayConfig):
-    """Where Google's Gemini API requests (/v1beta/..., /v1alpha/...; Gemini CLI with an API key
-    under `wrap`) go: relayed as they came, never compacted. The client's own key (x-goog-api-key
-    or ?key=) goes with them; the proxy has none to add."""
+    """Where Google's Gemini API requests go (Gemini CLI with an API key, google-genai):
+    `models/{model}:generateContent` and `:streamGenerateContent` compacted, `:countTokens`
+    counted as forwarded, every other /v1beta and /v1alpha path relayed as it came. The client's
+    own key (x-goog-api-key or ?key=) goes with them; the proxy has none to add. The URL has no
+    version: the client's path is appended whole."""
 
     base_url: str = "https://generativelanguage.googleapis.com"
+    # Code Assist (Gemini CLI signed in with Google: /v1internal:...), relayed as it came, not compacted
+    code_assist_base_url: str = "https://cloudcode-pa.googleapis.com"
+
+    @field_validator("code_assist_base_url")
+    @classmethod
+    def _strip_code_assist_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
 
     @property
     def api_key(self) -> None:  # (the pass-through's configured key: none)

@@ -153,3 +153,10 @@ def test_a_record_is_cleaned_in_its_arguments_its_message_and_its_traceback():
     assert "got x\\nERROR proxy: FORGED-LOG-LINE and 3" in out and "Traceback" in out
     bare = clean_record(logging.LogRecord("lib", logging.INFO, __file__, 1, f"m\n{FORGED}", (), None))
     assert bare.getMessage() == "m\\nERROR proxy: FORGED-LOG-LINE"
+
+
+def test_a_key_in_a_urls_query_is_redacted_from_any_log_text():
+    line = '"POST /v1beta/models/m:streamGenerateContent?alt=sse&key=AIza-secret HTTP/1.1" ?access_token=ya29.tok'
+    assert log_text(line) == '"POST /v1beta/models/m:streamGenerateContent?alt=sse&key=[redacted] HTTP/1.1" ' \
+                             '?access_token=[redacted]'
+    assert log_text("model=gpt-4 monkey=1") == "model=gpt-4 monkey=1"

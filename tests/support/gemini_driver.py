@@ -76,6 +76,8 @@ def body(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
         out["systemInstruction"] = {"parts": [{"text": system}]}
     if tools:
         out["tools"] = gemini_tools(tools)
+    if system or tools:
+        out["generationConfig"] = {}  # what google-genai sends along with a config
     return out
 
 
@@ -113,7 +115,7 @@ from support.client import BOUND_S, post  # noqa: E402
 from support.protocols import Driver, Reply  # noqa: E402
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GeminiDriver(Driver):
     """Gemini's credential is always `x-goog-api-key` (a raw request's `Authorization: Bearer K`
     is sent as that header, so the shared tests' raw requests speak Gemini)."""

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 from proxy import jsonbody
-from proxy.protocols.gemini.body import MEDIA, part_text, parts
+from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, part_text, parts
 from proxy.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 MEDIA_TOKENS = 258  # Gemini counts an image (up to 384 px a side, or each 768 px tile) as 258 tokens
 CALL_OVERHEAD = 3
-_READ = ("text", "functionCall", "functionResponse")
 
 
 def count_part(counter: TokenCounter, part: Any, enc: str) -> int:
@@ -20,8 +19,14 @@ def count_part(counter: TokenCounter, part: Any, enc: str) -> int:
         return 0
     if part.get("thought") is True:
         return counter.count_text(str(part.get("text", "")), enc)
-    if any(k in part for k in _READ):
-        return counter.count_text(part_text(part), enc) + (0 if "text" in part else CALL_OVERHEAD)
+    if "text" in part:
+        return counter.count_text(part_text(part), enc)
+    for key, inner in ((CALL, "args"), (RESPONSE, "response")):
+        if key in part:
+            # the model reads the object as structured data: its JSON, escapes and all
+            obj = part[key]
+            return counter.count_text(f"{obj.get('name', '')}{jsonbody.dumps(obj.get(inner, {})).decode()}", enc) + \
+                CALL_OVERHEAD
     if any(k in part for k in MEDIA):
         return MEDIA_TOKENS
     return counter.count_text(jsonbody.dumps(part).decode(), enc)

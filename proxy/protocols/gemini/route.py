@@ -60,6 +60,20 @@ async def handle_gemini_passthrough(request: web.Request) -> web.StreamResponse:
                              base_path="")
 
 
+CODE_ASSIST_PATH = "/v1internal{tail:[:/].*}"
+
+
+@gemini_route
+async def handle_code_assist(request: web.Request) -> web.StreamResponse:
+    """Code Assist (Gemini CLI signed in with Google: `/v1internal:generateContent` and the rest,
+    an OAuth bearer token), relayed as it came to `gemini.code_assist_base_url`; not compacted."""
+    state = request.app[STATE]
+    section = state.cfg.gemini
+    upstream = section.model_copy(update={"base_url": section.code_assist_base_url})
+    return await passthrough(request, state.session, upstream, state.max_body, BodyPace.of(state.cfg.server),
+                             base_path="")
+
+
 def caller_of(request: web.Request, state: Any) -> Caller:
     """The credential from x-goog-api-key, Authorization, or `?key=` (read as x-goog-api-key, so a
     key scopes the same records however it came); the client's headers go upstream unchanged."""
