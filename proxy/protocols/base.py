@@ -9,6 +9,7 @@ are read, and a few optional hooks. A field left at its default is the common be
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -57,6 +58,11 @@ class Protocol:
     @property
     def name(self) -> str:
         return self.adapter.protocol
+
+    @functools.cached_property
+    def log(self) -> logging.Logger:
+        """The protocol's own logger (`proxy.chat` ...), looked up once."""
+        return logging.getLogger(f"proxy.{self.name}")
 
     @property
     def dialect(self) -> Any:
