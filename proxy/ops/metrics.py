@@ -191,7 +191,7 @@ class Metrics(Hooks):
             self.flush()
 
     def request_done(self, ex: Exchange) -> None:
-        # (Tally.add written out: a call each costs as much as the adding; tests/test_metrics.py
+        # (Tally.add written out: a call each costs as much as the adding; tests/ops/test_metrics.py
         # checks the series against prometheus-client's own observe)
         self._live -= 1
         route, protocol = ex.route, ex.protocol

@@ -25,7 +25,7 @@ from support.proxy_server import merge, start_proxy
 
 SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 # The script imports the package of this checkout (the venv may be shared by several checkouts).
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                                  os.environ.get("PYTHONPATH")]))}
 KEY = "sk-inspect-key"
 

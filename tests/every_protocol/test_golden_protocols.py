@@ -8,7 +8,7 @@ Each replay runs twice: with the prefix reuse on (every body after the first gro
 before it, so most of each is taken from the previous parse) and with it off (every body parsed
 cold). Both must match the recording: reusing a prefix never changes a forwarded byte.
 
-    GOLDEN_RECORD=1 pytest tests/test_golden_protocols.py    # re-record (only for an intended change)
+    GOLDEN_RECORD=1 pytest tests/every_protocol/test_golden_protocols.py    # re-record (only for an intended change)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 answer the recall tool as the chat route does, through their real clients (`openai`
 responses.create / responses.stream, `anthropic` messages.create / messages.stream) and their
 strict fakes, whose fake model looks a planted fact up when its context lacks it
-(support/recall_facts.py; the chat route's own tests are tests/test_recall_flow.py).
+(support/recall_facts.py; the chat route's own tests are tests/recall/test_recall_flow.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ async def test_max_rounds_holds_against_a_model_that_calls_forever(protocol: str
         assert "No more lookups" in str(d.chat_form(last)["messages"][-1]["content"])
         assert a.stop == ("completed" if d.family == "responses" else "end_turn")
         # (a Messages stream's headers go out with its message_start, before any lookup: the count
-        # ends the stream as a comment, tests/test_recall_streams.py)
+        # ends the stream as a comment, tests/recall/test_recall_streams.py)
         assert a.headers["x-compaction-recalls"] == ("0" if protocol == "messages" and stream else "3")
 
 

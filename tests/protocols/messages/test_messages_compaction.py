@@ -1,7 +1,7 @@
 """Compaction on the Messages API (issue 15 items 2-6): the real `anthropic` client through the
 proxy to the strict fake Messages upstream, which rejects what Anthropic rejects (alternation, a
 tool_use without its result, an edited thinking signature, a fifth breakpoint). The overflow retry,
-a failing summarizer, reuse and isolation run for every protocol in tests/test_protocols_shared.py."""
+a failing summarizer, reuse and isolation run for every protocol in tests/every_protocol/test_protocols_shared.py."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from proxy.tokens import TokenCounter
 from support.client import anthropic_client, auth, chat, post
 from support.loop_probe import STALL_BOUND_S, LoopProbe
 
-ROOT = Path(__file__).resolve().parent.parent  # the worktree: the child imports its proxy
+ROOT = Path(__file__).resolve().parents[2]  # the worktree: the child imports its proxy
 MODEL = "gpt-4"
 KEY = "sk-loop-bounds"
 

@@ -1,4 +1,4 @@
-"""A made-up protocol, "toylog" (tests/test_toy_protocol.py's adapter), served end to end by the
+"""A made-up protocol, "toylog" (tests/every_protocol/test_toy_protocol.py's adapter), served end to end by the
 real pipeline: a route that is one `pipeline.handle` call on the real app, real HTTP to a loopback
 upstream that speaks toylog, the real stages, store and summarizer calls. Nothing on the request
 path knows the protocol's name, so it gets notes, a summary, the summary reused byte for byte, the

@@ -1,5 +1,5 @@
 """The recall loop's pure parts: the stream filter over rounds, and the loop over whole answers
-with a scripted upstream (the loop through the real proxy is in tests/test_recall_flow.py)."""
+with a scripted upstream (the loop through the real proxy is in tests/recall/test_recall_flow.py)."""
 
 from __future__ import annotations
 

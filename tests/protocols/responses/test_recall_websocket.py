@@ -6,7 +6,7 @@ chaining from the shown id (store false: the socket keeps only its latest respon
 socket reads it as its whole history and sends it unchained), and so is one answering a mixed
 turn's client call by previous_response_id (over HTTP the recall call it left unanswered gets an
 output; on the socket the whole history as the client saw it goes, without that call). The planted facts, declaration, max_rounds, mixed turn, isolation and
-outage tests run on the socket too (tests/test_recall_protocols.py, protocol "responses-ws").
+outage tests run on the socket too (tests/every_protocol/test_recall_protocols.py, protocol "responses-ws").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from support.loopback import accepts
 from support.replicas import _free_port
 from support.waiting import until_sync
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve(tmp_path: Path, args: list[str], **env: str) -> subprocess.Popen[bytes]:

@@ -4,8 +4,8 @@ and now and then answers the conversation instead of summarizing it (tests/suppo
 What code writes must still hold on every route: the forwarded request keeps the identifiers and
 the user's latest request verbatim, summaries carry every heading, acceptance refuses what is no
 summary, nothing goes over the window, and the strict fakes accept every forwarded conversation
-(pairs, alternation, roles). The chat originals are tests/test_careless_tiers.py and
-tests/test_acceptance.py; these go through the protocols' real clients."""
+(pairs, alternation, roles). The chat originals are tests/compaction/test_careless_tiers.py and
+tests/compaction/test_acceptance.py; these go through the protocols' real clients."""
 
 from __future__ import annotations
 

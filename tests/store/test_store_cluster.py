@@ -1,6 +1,6 @@
 """Redis Cluster as the store, on a real three-node cluster of redis-server on loopback
 (tests/support/redis_cluster.py). The store contract itself runs on the cluster in
-tests/test_store_contract.py; here: the key layout, the URL, and two proxy replicas serving a
+tests/store/test_store_contract.py; here: the key layout, the URL, and two proxy replicas serving a
 compacting session while one node dies and comes back.
 """
 
