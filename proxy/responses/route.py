@@ -36,7 +36,7 @@ from proxy.recall.responses_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
-from proxy.responses import compact
+from proxy.responses import compact, trigger
 from proxy.responses.body import parse_responses_body
 from proxy.responses.items import stateful
 from proxy.send import Answering, Upstream, overflow_retry, send
@@ -166,12 +166,17 @@ async def prepare(state: ProxyState, raw: bytes, body: dict[str, Any] | None, in
 async def handle_responses(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.cfg
-    ex = request[EXCHANGE]
     raw = await read_body(request, state.max_body, BodyPace.of(cfg.server))
     caller = CALLERS.of(request, (state.scope_secret, secret(cfg.upstream.api_key)))
     up_headers = caller.forwarded()
     if caller.bypass:
         return await _as_sent(request, state, raw, up_headers, "bypassed", reasons.BYPASS)
+    return await trigger.handled(request, raw, caller, partial(_forward, request, state, raw, caller, up_headers))
+
+
+async def _forward(request: web.Request, state: ProxyState, raw: bytes, caller: Caller,
+                   up_headers: Any) -> web.StreamResponse:
+    ex = request[EXCHANGE]
     try:
         p = await prepare(state, raw, None, request.headers, ex, caller=caller)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it (a stored prompt's model)

@@ -1,0 +1,158 @@
+"""Codex's remote compaction v2 (design.md § Responses API): a `POST /v1/responses` whose last
+input item is `{"type": "compaction_trigger"}` asks for exactly one `compaction` output item,
+which the client then keeps (with its user, developer and system messages) as its new history.
+Codex reads the `response.output_item.done` events, counts the compaction items among them (it
+fails on any count but one) and needs a `response.completed`.
+
+An upstream that serves it gets the request as any other (the stages applied; its item relayed
+unchanged). One that does not (a local server, vLLM, llama.cpp, a gateway) refuses the unknown
+item type with a 400; the proxy then answers the request itself, with the item its own
+`/v1/responses/compact` makes (`cpx1.` token, credential scoped, expanded into its summary on the
+next request: proxy/responses/compact.py), whole or streamed as asked.
+`responses.native_compaction` says which: `upstream`, `proxy`, or `auto` (sent up until an
+upstream and model refuse it once; answered here from then on).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from proxy import jsonbody, offload
+from proxy.byheaders import Caller
+from proxy.ops.exchange import EXCHANGE
+from proxy.responses.runtime import RESPONSES
+from proxy.state import STATE
+
+log = logging.getLogger("proxy.responses")
+
+TRIGGER = "compaction_trigger"
+REFUSALS = (400, 422)  # how a server that does not know an item type answers (422: pydantic servers)
+
+
+def maybe_trigger(raw: bytes) -> bool:
+    """A byte search that every trigger request passes (and nearly every other fails)."""
+    return raw.find(b'compaction_trigger"') >= 0
+
+
+def is_trigger(body: Any) -> bool:
+    """Whether `body` asks for a compaction: its last input item is the trigger."""
+    items = body.get("input") if isinstance(body, dict) else None
+    return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) and items[-1].get("type") == TRIGGER
+
+
+def answers_here(mode: str, supported: bool | None) -> bool:
+    """Whether the proxy answers a trigger itself: always (`proxy`), never (`upstream`), or once
+    the upstream has refused it for this model (`auto`)."""
+    return mode == "proxy" or (mode == "auto" and supported is False)
+
+
+def refused(status: int, body: Any) -> bool:
+    """Whether an upstream's error answer says it does not know the trigger item. Servers word it
+    their own way (OpenAI: "Invalid value: 'compaction_trigger'. Supported values are: ...";
+    serde: "unknown variant `compaction_trigger`"; pydantic: "Input tag 'compaction_trigger' found
+    using 'type' does not match any of the expected tags"), but each names it."""
+    return status in REFUSALS and isinstance(body, (bytes, bytearray)) and b"compaction_trigger" in body
+
+
+def response_object(body: dict[str, Any], item: dict[str, Any], usage: dict[str, Any], status: str = "completed",
+                    created_at: int | None = None) -> dict[str, Any]:
+    """The Response a server sends for the request `body`, whose one output item is `item`."""
+    return {
+        "id": "resp_" + item["id"].removeprefix("cmp_"), "object": "response",
+        "created_at": created_at or int(time.time()), "status": status, "background": False, "error": None,
+        "incomplete_details": None, "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"), "model": body["model"],
+        "output": [item] if status == "completed" else [],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": None,
+        "reasoning": body.get("reasoning") or {"effort": None, "summary": None}, "service_tier": "default",
+        "store": body.get("store", True), "temperature": body.get("temperature", 1.0),
+        "text": body.get("text") or {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+        "top_p": body.get("top_p", 1.0), "truncation": body.get("truncation") or "disabled",
+        "usage": usage if status == "completed" else None, "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def stream_events(body: dict[str, Any], item: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """The whole event stream of that response, as a server writes it: created, in_progress, the
+    item added and done, completed; each with its `sequence_number`."""
+    created = int(time.time())
+    start = response_object(body, item, usage, "in_progress", created)
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": response_object(body, item, usage, created_at=created)},
+    ]
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: "
+                    + orjson.dumps({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
+                    for n, e in enumerate(events))
+
+
+async def answer(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> web.StreamResponse:
+    """The trigger answered here: the history before it compacted as `/v1/responses/compact` does
+    (our earlier items' summaries updated), its one compaction item sent whole or streamed."""
+    # (handlers imports the route, which calls this module: imported when first used)
+    from proxy.responses.handlers import serve_compact
+
+    state = request.app[STATE]
+    history = {**body, "input": body["input"][:-1]}
+    compacted = await serve_compact(state, history, caller.credentials, caller.focus, size=size)
+    item, usage = compacted["output"][-1], compacted["usage"]
+    headers = {"x-compaction-status": "summarized", "x-compaction-native": "proxy"}
+    if not body.get("stream"):
+        return web.json_response(response_object(body, item, usage), headers=headers)
+    resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(stream_events(body, item, usage))
+    await resp.write_eof()
+    return resp
+
+
+Forward = Callable[[], Awaitable[web.StreamResponse]]
+
+
+async def handled(request: web.Request, raw: bytes, caller: Caller, forward: Forward) -> web.StreamResponse:
+    """A trigger request answered here or forwarded (`forward`: the route's own path) as the
+    setting and what the upstream has shown say; any other request forwarded."""
+    if not maybe_trigger(raw):
+        return await forward()
+    body = await offload.sized(len(raw), _parse, raw)
+    if body is None or not is_trigger(body) or not isinstance(body.get("model"), str):
+        return await forward()  # (the upstream judges a body that is not a trigger request)
+    state = request.app[STATE]
+    ex = request[EXCHANGE]
+    ex.model, ex.stream = body["model"], bool(body.get("stream"))
+    mode = state.cfg.responses.native_compaction
+    known = request.app[RESPONSES].native_compaction
+    key = (state.cfg.upstream.base_url, body["model"])
+    if answers_here(mode, known.get(key)):
+        return await answer(request, body, caller, len(raw))
+    resp = await forward()
+    if mode != "auto" or key in known:
+        return resp
+    if isinstance(resp, web.Response) and not resp.prepared and refused(resp.status, resp.body):
+        log.info("the upstream does not know compaction_trigger (HTTP %d, model %s); answering it here",
+                 resp.status, body["model"])
+        known[key] = False
+        return await answer(request, body, caller, len(raw))
+    if resp.status == 200:
+        known[key] = True
+    return resp
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        body = jsonbody.load_request(raw)
+    except jsonbody.Unreadable:
+        return None
+    return body if isinstance(body, dict) else None
+
