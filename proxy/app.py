@@ -22,6 +22,7 @@ from proxy.ops import observe
 from proxy.responses.handlers import handle_compact, handle_responses_get
 from proxy.responses.route import handle_responses
 from proxy.responses.runtime import RESPONSES, ResponsesRuntime
+from proxy.adapters.messages import ondemand
 from proxy.serve import INFLIGHT, LOOP
 from proxy.state import STATE, ProxyState
 
@@ -130,6 +131,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app[RESPONSES] = ResponsesRuntime()
+    app[ondemand.LEARNED] = {}  # which Messages upstreams serve on-demand compaction, by model
     app.on_response_prepare.append(observe.on_prepare)
     app.router.add_get("/healthz", healthz)
     v1 = functools.partial(guarded, cfg=cfg)  # every route that may carry the proxy's own key

@@ -117,6 +117,10 @@ class AnthropicConfig(_RelayConfig):
     base_url: str = "https://api.anthropic.com"
     # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
     api_key: SecretStr | None = None
+    # Anthropic's on-demand compaction (the `compaction` parameter, beta compact-2026-09-04): answered
+    # here with a block the proxy signs (`proxy`), passed on (`upstream`), or passed on until the
+    # upstream refuses it for a model, then answered here (`auto`).
+    native_compaction: Literal["auto", "upstream", "proxy"] = "auto"
 
 
 class GeminiConfig(_RelayConfig):

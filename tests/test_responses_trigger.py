@@ -10,6 +10,7 @@ import pytest
 from openai import BadRequestError
 
 from proxy.fakes.responses import FakeResponses
+from proxy import native
 from proxy.responses import trigger
 from support.protocols import compaction_input
 
@@ -45,9 +46,9 @@ def test_what_a_refusal_of_the_item_looks_like() -> None:
 
 
 def test_who_answers() -> None:
-    assert [trigger.answers_here("auto", s) for s in (None, True, False)] == [False, False, True]
-    assert [trigger.answers_here("proxy", s) for s in (None, True, False)] == [True, True, True]
-    assert [trigger.answers_here("upstream", s) for s in (None, True, False)] == [False, False, False]
+    assert [native.answers_here("auto", s) for s in (None, True, False)] == [False, False, True]
+    assert [native.answers_here("proxy", s) for s in (None, True, False)] == [True, True, True]
+    assert [native.answers_here("upstream", s) for s in (None, True, False)] == [False, False, False]
     assert trigger.is_trigger({"input": [user("x"), TRIGGER]})
     assert not trigger.is_trigger({"input": [TRIGGER, user("x")]}) and not trigger.is_trigger({"input": "x"})
 

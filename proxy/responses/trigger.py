@@ -15,20 +15,17 @@ upstream and model refuse it once; answered here from then on).
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
-from proxy import jsonbody, offload
+from proxy import native, offload
 from proxy.byheaders import Caller
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses.runtime import RESPONSES
 from proxy.state import STATE
-
-log = logging.getLogger("proxy.responses")
 
 TRIGGER = "compaction_trigger"
 REFUSALS = (400, 422)  # how a server that does not know an item type answers (422: pydantic servers)
@@ -43,12 +40,6 @@ def is_trigger(body: Any) -> bool:
     """Whether `body` asks for a compaction: its last input item is the trigger."""
     items = body.get("input") if isinstance(body, dict) else None
     return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) and items[-1].get("type") == TRIGGER
-
-
-def answers_here(mode: str, supported: bool | None) -> bool:
-    """Whether the proxy answers a trigger itself: always (`proxy`), never (`upstream`), or once
-    the upstream has refused it for this model (`auto`)."""
-    return mode == "proxy" or (mode == "auto" and supported is False)
 
 
 def refused(status: int, body: Any) -> bool:
@@ -106,15 +97,8 @@ async def answer(request: web.Request, body: dict[str, Any], caller: Caller, siz
     history = {**body, "input": body["input"][:-1]}
     compacted = await serve_compact(state, history, caller.credentials, caller.focus, size=size)
     item, usage = compacted["output"][-1], compacted["usage"]
-    headers = {"x-compaction-status": "summarized", "x-compaction-native": "proxy"}
-    if not body.get("stream"):
-        return web.json_response(response_object(body, item, usage), headers=headers)
-    resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8",
-                                       "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    await resp.write(stream_events(body, item, usage))
-    await resp.write_eof()
-    return resp
+    events = (lambda: stream_events(body, item, usage)) if body.get("stream") else None
+    return await native.whole_or_streamed(request, response_object(body, item, usage), events)
 
 
 Forward = Callable[[], Awaitable[web.StreamResponse]]
@@ -125,34 +109,13 @@ async def handled(request: web.Request, raw: bytes, caller: Caller, forward: For
     setting and what the upstream has shown say; any other request forwarded."""
     if not maybe_trigger(raw):
         return await forward()
-    body = await offload.sized(len(raw), _parse, raw)
+    body = await offload.sized(len(raw), native.parse_object, raw)
     if body is None or not is_trigger(body) or not isinstance(body.get("model"), str):
         return await forward()  # (the upstream judges a body that is not a trigger request)
     state = request.app[STATE]
     ex = request[EXCHANGE]
     ex.model, ex.stream = body["model"], bool(body.get("stream"))
-    mode = state.cfg.responses.native_compaction
     known = request.app[RESPONSES].native_compaction
-    key = (state.cfg.upstream.base_url, body["model"])
-    if answers_here(mode, known.get(key)):
-        return await answer(request, body, caller, len(raw))
-    resp = await forward()
-    if mode != "auto" or key in known:
-        return resp
-    if isinstance(resp, web.Response) and not resp.prepared and refused(resp.status, resp.body):
-        log.info("the upstream does not know compaction_trigger (HTTP %d, model %s); answering it here",
-                 resp.status, body["model"])
-        known[key] = False
-        return await answer(request, body, caller, len(raw))
-    if resp.status == 200:
-        known[key] = True
-    return resp
-
-
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    try:
-        body = jsonbody.load_request(raw)
-    except jsonbody.Unreadable:
-        return None
-    return body if isinstance(body, dict) else None
-
+    return await native.handshake(state.cfg.responses.native_compaction, known,
+                                  (state.cfg.upstream.base_url, body["model"]), forward,
+                                  lambda: answer(request, body, caller, len(raw)), refused)

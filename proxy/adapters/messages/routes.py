@@ -22,6 +22,7 @@ from proxy.adapters import prefix
 from proxy.adapters.base import Request
 from proxy.adapters.messages.adapter import MessagesAdapter
 from proxy.adapters.messages.errors import ANTHROPIC
+from proxy.adapters.messages import ondemand
 from proxy.adapters.messages.forward import upstream_headers
 from proxy.adapters.messages.windows import long_context
 from proxy.compaction.stage import journal_fault
@@ -196,6 +197,11 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     headers = caller.forwarded()
     if caller.bypass:
         return await _as_sent(request, state, raw, headers, "bypassed", reasons.BYPASS)
+    return await ondemand.handled(request, raw, caller, functools.partial(_forward, request, state, caller, headers))
+
+
+async def _forward(request: web.Request, state: Any, caller: Caller, headers: Any, raw: bytes) -> web.StreamResponse:
+    cfg = state.cfg
     try:
         p = await prepare(request, state, raw, caller, count_only=False)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
@@ -230,6 +236,7 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     caller = _caller_of(request, state)
+    raw = await ondemand.expanded(request, raw, caller)  # the count of what goes upstream: our blocks as their text
     try:
         p = await prepare(request, state, raw, caller, count_only=True)
     except errors.Uncompactable:
