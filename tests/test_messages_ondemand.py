@@ -35,6 +35,17 @@ def later(block) -> list:
             {"role": "user", "content": "Now run the whole suite."}]
 
 
+async def proxy_before(make_proxy, fake, mode: str | None = "proxy"):
+    """A proxy whose Messages upstream is `fake` (`mode`: anthropic.native_compaction; None: the default)."""
+    section = {"base_url": fake.base_url, **({"native_compaction": mode} if mode else {})}
+    return await make_proxy("http://127.0.0.1:9", {"anthropic": section})
+
+
+async def compacted(c, messages=HISTORY):
+    """The compaction request, whole."""
+    return await c.beta.messages.create(model=MODEL, max_tokens=1000, messages=messages, compaction=ASK, betas=BETA)
+
+
 @pytest.fixture
 async def lacking():
     async with FakeMessages(on_demand_compaction=False) as f:
@@ -52,8 +63,7 @@ def test_what_a_refusal_looks_like() -> None:
 
 
 async def test_answered_here_whole_then_expanded_on_the_next_request(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url,
-                                                                  "native_compaction": "proxy"}})
+    proxy = await proxy_before(make_proxy, lacking, "proxy")
     async with anthropic_client(proxy, "sk-ant-alice") as c:
         raw = await c.beta.messages.with_raw_response.create(model=MODEL, max_tokens=1000, messages=HISTORY,
                                                              compaction=ASK, betas=BETA)
@@ -71,8 +81,7 @@ async def test_answered_here_whole_then_expanded_on_the_next_request(make_proxy,
 
 
 async def test_answered_here_streamed(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url,
-                                                                  "native_compaction": "proxy"}})
+    proxy = await proxy_before(make_proxy, lacking, "proxy")
     async with anthropic_client(proxy, "sk-ant-alice") as c:
         async with c.beta.messages.stream(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK,
                                           betas=BETA) as stream:
@@ -86,10 +95,9 @@ async def test_answered_here_streamed(make_proxy, lacking):
 
 async def test_passed_through_to_an_upstream_that_serves_it(make_proxy):
     async with FakeMessages() as fake:
-        proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": fake.base_url}})  # auto
+        proxy = await proxy_before(make_proxy, fake, None)  # auto
         async with anthropic_client(proxy, "sk-ant-alice") as c:
-            msg = await c.beta.messages.create(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK,
-                                               betas=BETA)
+            msg = await compacted(c)
             block = msg.content[0]
             assert msg.stop_reason == "compaction" and not block.signature.startswith("cpx1.")
             assert fake.messages_requests[-1]["compaction"] == ASK and fake.summarizer_requests == []
@@ -99,10 +107,9 @@ async def test_passed_through_to_an_upstream_that_serves_it(make_proxy):
 
 
 async def test_auto_learns_from_the_upstreams_400_once_per_model(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url}})  # auto
+    proxy = await proxy_before(make_proxy, lacking, None)  # auto
     async with anthropic_client(proxy, "sk-ant-alice") as c:
-        msg = await c.beta.messages.create(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK,
-                                           betas=BETA)
+        msg = await compacted(c)
         assert msg.content[0].signature.startswith("cpx1.")
         sent = lacking.records("messages")
         assert len(sent) == 1 and sent[0].status == 400  # asked once, refused: answered here
@@ -113,39 +120,33 @@ async def test_auto_learns_from_the_upstreams_400_once_per_model(make_proxy, lac
 
 
 async def test_upstream_mode_relays_the_refusal(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url,
-                                                                  "native_compaction": "upstream"}})
+    proxy = await proxy_before(make_proxy, lacking, "upstream")
     async with anthropic_client(proxy, "sk-ant-alice") as c:
         with pytest.raises(BadRequestError) as e:
-            await c.beta.messages.create(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK, betas=BETA)
+            await compacted(c)
     assert "compaction: Extra inputs are not permitted" in str(e.value) and lacking.summarizer_requests == []
 
 
 async def test_another_credentials_block_is_not_expanded(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url,
-                                                                  "native_compaction": "proxy"}})
+    proxy = await proxy_before(make_proxy, lacking, "proxy")
     async with anthropic_client(proxy, "sk-ant-alice") as alice:
-        block = (await alice.beta.messages.create(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK,
-                                                  betas=BETA)).content[0]
+        block = (await compacted(alice)).content[0]
     before = len(lacking.requests)
     async with anthropic_client(proxy, "sk-ant-bob") as bob:
         with pytest.raises(BadRequestError) as e:
             await bob.beta.messages.create(model=MODEL, max_tokens=100, messages=later(block), betas=BETA)
         assert "messages.0.content.0: Invalid `signature` in `compaction` block" in str(e.value)
         with pytest.raises(BadRequestError):  # nor compacted again under bob's name
-            await bob.beta.messages.create(model=MODEL, max_tokens=1000, messages=later(block), compaction=ASK,
-                                           betas=BETA)
+            await compacted(bob, later(block))
         with pytest.raises(BadRequestError):  # nor counted
             await bob.beta.messages.count_tokens(model=MODEL, messages=later(block), betas=BETA)
     assert len(lacking.requests) == before  # nothing of bob's went upstream
 
 
 async def test_count_tokens_counts_the_expanded_block(make_proxy, lacking):
-    proxy = await make_proxy("http://127.0.0.1:9", {"anthropic": {"base_url": lacking.base_url,
-                                                                  "native_compaction": "proxy"}})
+    proxy = await proxy_before(make_proxy, lacking, "proxy")
     async with anthropic_client(proxy, "sk-ant-alice") as c:
-        block = (await c.beta.messages.create(model=MODEL, max_tokens=1000, messages=HISTORY, compaction=ASK,
-                                              betas=BETA)).content[0]
+        block = (await compacted(c)).content[0]
         counted = await c.beta.messages.count_tokens(model=MODEL, messages=later(block), betas=BETA)
     assert counted.input_tokens > 0
     assert "cpx1." not in str(lacking.count_requests[-1]) and "tests/test_posting.py" in str(lacking.count_requests[-1])

@@ -13,26 +13,11 @@ from proxy.fakes.responses import FakeResponses
 from proxy import native
 from proxy.responses import trigger
 from support.protocols import compaction_input
+from test_responses_compact import HISTORY as EXCHANGE, user
 
 MODEL = "gpt-5"
 TRIGGER = {"type": "compaction_trigger"}
-
-
-def user(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def assistant(text: str) -> dict:
-    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
-
-
-HISTORY = [
-    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
-    user("Fix the rounding bug in src/ledger/posting.py (LEDGER-4211)."),
-    {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": '{"cmd": "pytest -q"}'},
-    {"type": "function_call_output", "call_id": "call_1", "output": "FAILED tests/test_posting.py::test_split_rounding"},
-    assistant("The split rounding loses a cent; fixed in split_posting."),
-]
+HISTORY = EXCHANGE[:5]  # up to the assistant's answer
 
 
 def test_what_a_refusal_of_the_item_looks_like() -> None:
