@@ -134,3 +134,46 @@ async def test_another_credentials_item_is_not_expanded(make_proxy, client_for):
             await client_for(proxy, "sk-bob").responses.create(
                 model=MODEL, input=[HISTORY[1], *compaction_input(out.output), TRIGGER])
         assert len(fake.requests) == before  # nothing of either went upstream
+
+
+async def socket_turn(conn, **create) -> list:
+    await conn.response.create(**create)
+    events = []
+    async for e in conn:
+        events.append(e)
+        if e.type in ("response.completed", "response.failed", "error"):
+            return events
+    return events
+
+
+async def test_over_a_websocket_auto_learns_from_the_error_event_and_answers_here(make_proxy, client_for):
+    """Codex with its built-in OpenAI provider sends the trigger over a WebSocket."""
+    async with FakeResponses(compaction_trigger=False) as fake:
+        proxy = await make_proxy(fake.base_url)  # auto
+        async with client_for(proxy, "sk-alice").responses.connect() as conn:
+            first = await socket_turn(conn, model=MODEL, input=[*HISTORY, TRIGGER], store=False)
+            assert [e.type for e in first] == ["response.created", "response.in_progress", "response.output_item.added",
+                                               "response.output_item.done", "response.completed"]
+            token = only_compaction(first[-1].response)
+            assert token.startswith("cpx1.")
+            refused = [r for r in fake.requests if r.transport == "websocket"]
+            assert [r.status for r in refused] == [400]  # sent up once, its error event not relayed
+            again = await socket_turn(conn, model=MODEL, input=[*HISTORY, user("more"), TRIGGER], store=False)
+            assert only_compaction(again[-1].response).startswith("cpx1.")
+            assert len([r for r in fake.requests if r.transport == "websocket"]) == 1  # answered here
+            # the socket goes on: the next turn carries the item, expanded upstream
+            kept = [HISTORY[1], *compaction_input(first[-1].response.output), user("Now run the whole suite.")]
+            after = await socket_turn(conn, model=MODEL, input=kept, store=False)
+            assert after[-1].type == "response.completed"
+        sent = [r for r in fake.requests if r.transport == "websocket"][-1].json["input"]
+        assert "cpx1." not in str(sent) and "<summary>" in str(sent[1])
+
+
+async def test_over_a_websocket_passed_through_to_an_upstream_that_serves_it(make_proxy, client_for):
+    async with FakeResponses() as fake:
+        proxy = await make_proxy(fake.base_url, {"responses": {"native_compaction": "upstream"}})
+        async with client_for(proxy, "sk-alice").responses.connect() as conn:
+            events = await socket_turn(conn, model=MODEL, input=[*HISTORY, TRIGGER], store=False)
+        item = events[-1].response.output[0]
+        assert item.type == "compaction" and fake.signer.verify("compaction", item.encrypted_content) is not None
+        assert fake.summarizer_requests == []

@@ -30,7 +30,7 @@ from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
 from proxy.recall import chains as recall_chains
 from proxy.recall.relay import RECALLS
-from proxy.responses import compact, route
+from proxy.responses import compact, route, trigger
 from proxy.responses.chain import Chain, Sent
 from proxy.responses.items import input_items, item_type, parse_items, system_count
 from proxy.responses.runtime import RESPONSES
@@ -59,10 +59,14 @@ def socket_prepare(request: web.Request) -> Prepare:
     cfg = state.cfg
     # (with both stages off nothing can change: the chain is not read, nor its history kept)
     chain = Chain(max_bytes=state.max_body) if cfg.compaction.enabled or cfg.tool_results.enabled else None
+    creds = credentials.resolve(request.headers, state.scope_secret, secret(cfg.upstream.api_key))
 
     async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
         body = {k: v for k, v in event.items() if k != "type"}
         whole = chain.whole(body) if chain is not None else None
+        native = trigger.on_socket(request, whole or body, creds, request.headers.get("x-compaction-focus"))
+        if native is not None and native.now:  # answered here: nothing goes upstream
+            return WsTurn("", native=native)
         # Parsed (and checked) as an HTTP body is: a turn that resends the whole history (or is
         # read as it) reuses the previous turn's parse of it (the same writing of the same items).
         # Written off the event loop when large (a chain's history is up to the body limit).
@@ -126,7 +130,7 @@ def socket_prepare(request: web.Request) -> Prepare:
             out = message
         else:  # changed, or the upstream's history is not the client's (a recall turn's rounds): through the chain
             out = await outgoing(p.data, recall.body if recall is not None else None)
-        return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
+        return WsTurn(out, retry=retry, done=done, report=report, recall=recall, native=native)
 
     return prepare_create
 

@@ -25,6 +25,7 @@ from proxy import native, offload
 from proxy.byheaders import Caller
 from proxy.ops.exchange import EXCHANGE
 from proxy.responses.runtime import RESPONSES
+from proxy.responses.websocket import NativeAnswer
 from proxy.state import STATE
 
 TRIGGER = "compaction_trigger"
@@ -70,35 +71,72 @@ def response_object(body: dict[str, Any], item: dict[str, Any], usage: dict[str,
     }
 
 
-def stream_events(body: dict[str, Any], item: dict[str, Any], usage: dict[str, Any]) -> bytes:
-    """The whole event stream of that response, as a server writes it: created, in_progress, the
-    item added and done, completed; each with its `sequence_number`."""
+def events(body: dict[str, Any], item: dict[str, Any], usage: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of that response, as a server sends them: created, in_progress, the item added
+    and done, completed; each with its `sequence_number`."""
     created = int(time.time())
     start = response_object(body, item, usage, "in_progress", created)
-    events: list[dict[str, Any]] = [
+    out: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
         {"type": "response.in_progress", "response": start},
         {"type": "response.output_item.added", "output_index": 0, "item": item},
         {"type": "response.output_item.done", "output_index": 0, "item": item},
         {"type": "response.completed", "response": response_object(body, item, usage, created_at=created)},
     ]
-    return b"".join(b"event: " + e["type"].encode() + b"\ndata: "
-                    + orjson.dumps({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
-                    for n, e in enumerate(events))
+    return [{"type": e["type"], "sequence_number": n, **e} for n, e in enumerate(out)]
 
 
-async def answer(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> web.StreamResponse:
-    """The trigger answered here: the history before it compacted as `/v1/responses/compact` does
-    (our earlier items' summaries updated), its one compaction item sent whole or streamed."""
+def stream_events(body: dict[str, Any], item: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """Those events as an HTTP event stream."""
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+                    for e in events(body, item, usage))
+
+
+async def compacted(request: web.Request, body: dict[str, Any], creds: Any, focus: str | None,
+                    size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The history before the trigger compacted as `/v1/responses/compact` does (our earlier
+    items' summaries updated): its one compaction item, and the usage."""
     # (handlers imports the route, which calls this module: imported when first used)
     from proxy.responses.handlers import serve_compact
 
-    state = request.app[STATE]
     history = {**body, "input": body["input"][:-1]}
-    compacted = await serve_compact(state, history, caller.credentials, caller.focus, size=size)
-    item, usage = compacted["output"][-1], compacted["usage"]
-    events = (lambda: stream_events(body, item, usage)) if body.get("stream") else None
-    return await native.whole_or_streamed(request, response_object(body, item, usage), events)
+    out = await serve_compact(request.app[STATE], history, creds, focus, size=size)
+    return out["output"][-1], out["usage"]
+
+
+async def answer(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> web.StreamResponse:
+    """The trigger answered here, its one compaction item sent whole or streamed."""
+    item, usage = await compacted(request, body, caller.credentials, caller.focus, size)
+    streamed = (lambda: stream_events(body, item, usage)) if body.get("stream") else None
+    return await native.whole_or_streamed(request, response_object(body, item, usage), streamed)
+
+
+def on_socket(request: web.Request, body: dict[str, Any], creds: Any, focus: str | None) -> NativeAnswer | None:
+    """A socket turn (`body`: the whole history it stands for) that is a trigger the proxy may
+    answer: now (as for HTTP), or once the upstream's error event refuses it (`auto`, not known
+    yet: learned then)."""
+    if not is_trigger(body) or not isinstance(body.get("model"), str):
+        return None
+    state = request.app[STATE]
+    mode, known = state.cfg.responses.native_compaction, request.app[RESPONSES].native_compaction
+    key = (state.cfg.upstream.base_url, body["model"])
+    now = native.answers_here(mode, known.get(key))
+    if not now and (mode != "auto" or key in known):
+        return None
+
+    async def made() -> list[str]:
+        item, usage = await compacted(request, body, creds, focus, 0)
+        return [orjson.dumps(e).decode() for e in events(body, item, usage)]
+
+    def refusal(ev: dict[str, Any]) -> bool:
+        if not refused(int(ev.get("status") or 400), orjson.dumps(ev.get("error"))):
+            return False
+        native.log.info("the upstream refused compaction_trigger on a WebSocket (model %s); answering it here",
+                        body["model"])
+        known[key] = False
+        return True
+
+    return NativeAnswer(made, now, refusal)
 
 
 Forward = Callable[[], Awaitable[web.StreamResponse]]
