@@ -1,6 +1,6 @@
 """The agents' own compaction handshakes (design.md § Responses API, § Messages API): Codex's
-`compaction_trigger` (proxy/responses/trigger.py) and Anthropic's on-demand `compaction`
-(proxy/adapters/messages/ondemand.py). Each protocol's module says what a request asking for one
+`compaction_trigger` (proxy/protocols/responses/trigger.py) and Anthropic's on-demand `compaction`
+(proxy/protocols/messages/ondemand.py). Each protocol's module says what a request asking for one
 looks like, how an upstream refuses it, and how the proxy answers it; what is shared is here: who
 answers (the setting, and in `auto` what the upstream has shown for a model), and writing a
 whole answer's event stream."""

@@ -1,4 +1,4 @@
-"""Anthropic's on-demand compaction (issue 41, beta compact-2026-09-04; proxy/adapters/messages/
+"""Anthropic's on-demand compaction (issue 41, beta compact-2026-09-04; proxy/protocols/messages/
 ondemand.py): a request with the `compaction` parameter is answered here, whole or streamed, with
 one `compaction` block the proxy signs (credential scoped), `stop_reason: "compaction"`, when the
 upstream lacks the beta; a later request carrying that block has it expanded to the proxy's summary
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from anthropic import BadRequestError
 
-from proxy.adapters.messages import ondemand
+from proxy.protocols.messages import ondemand
 from proxy.fakes.messages import FakeMessages
 from support.client import anthropic_client
 

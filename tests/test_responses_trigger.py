@@ -1,4 +1,4 @@
-"""Codex's remote compaction v2 (issue 41, proxy/responses/trigger.py): a `/v1/responses` request
+"""Codex's remote compaction v2 (issue 41, proxy/protocols/responses/trigger.py): a `/v1/responses` request
 whose last input item is `compaction_trigger` is answered here with exactly one of the proxy's own
 compaction items (whole or streamed, credential scoped, expanded on the next request) when the
 upstream does not know the item, and passed on with the upstream's item relayed unchanged when it
@@ -11,7 +11,7 @@ from openai import BadRequestError
 
 from proxy.fakes.responses import FakeResponses
 from proxy import native
-from proxy.responses import trigger
+from proxy.protocols.responses import trigger
 from support.protocols import compaction_input
 from test_responses_compact import HISTORY as EXCHANGE, user
 

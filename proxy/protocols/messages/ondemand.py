@@ -6,7 +6,7 @@ later requests send first in an assistant message in place of the messages it su
 An upstream that serves it gets the request (and its blocks) as any other. For one that does not
 (LiteLLM before a local model, any Messages-compatible server) the proxy answers it, whole or
 streamed, with a block whose `signature` is the proxy's token for a stored summary record (the
-`cpx1.` token of proxy/responses/compact.py: an HMAC with the scope secret, so credential scoped);
+`cpx1.` token of proxy/protocols/responses/compact.py: an HMAC with the scope secret, so credential scoped);
 a later request carrying such a block has it replaced by the summary's text before it goes
 upstream. Blocks signed by the upstream go on unchanged. `anthropic.native_compaction` says
 which: `upstream`, `proxy`, or `auto` (sent up until an upstream and model refuse it once).
@@ -28,7 +28,7 @@ from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
-from proxy.responses import compact
+from proxy.protocols.responses import compact
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
 
@@ -106,7 +106,7 @@ def record_id(scope: str, body: dict[str, Any]) -> bytes:
 async def summarize(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> tuple[Any, bytes, int]:
     """The conversation after our last block summarized (that block's summary updated), stored:
     (the record, its id, the tokens read)."""
-    from proxy.adapters.messages.routes import MESSAGES  # (the routes call this module)
+    from proxy.protocols.messages.route import MESSAGES  # (the routes call this module)
 
     state = request.app[STATE]
     cfg, scope, messages = state.cfg, caller.credentials.scope, body["messages"]

@@ -8,7 +8,7 @@ An upstream that serves it gets the request as any other (the stages applied; it
 unchanged). One that does not (a local server, vLLM, llama.cpp, a gateway) refuses the unknown
 item type with a 400; the proxy then answers the request itself, with the item its own
 `/v1/responses/compact` makes (`cpx1.` token, credential scoped, expanded into its summary on the
-next request: proxy/responses/compact.py), whole or streamed as asked.
+next request: proxy/protocols/responses/compact.py), whole or streamed as asked.
 `responses.native_compaction` says which: `upstream`, `proxy`, or `auto` (sent up until an
 upstream and model refuse it once; answered here from then on).
 """
@@ -24,8 +24,8 @@ from aiohttp import web
 from proxy import native, offload
 from proxy.byheaders import Caller
 from proxy.ops.exchange import EXCHANGE
-from proxy.responses.runtime import RESPONSES
-from proxy.responses.websocket import NativeAnswer
+from proxy.protocols.responses.runtime import RESPONSES
+from proxy.protocols.responses.websocket import NativeAnswer
 from proxy.state import STATE
 
 TRIGGER = "compaction_trigger"
@@ -97,7 +97,7 @@ async def compacted(request: web.Request, body: dict[str, Any], creds: Any, focu
     """The history before the trigger compacted as `/v1/responses/compact` does (our earlier
     items' summaries updated): its one compaction item, and the usage."""
     # (handlers imports the route, which calls this module: imported when first used)
-    from proxy.responses.handlers import serve_compact
+    from proxy.protocols.responses.handlers import serve_compact
 
     history = {**body, "input": body["input"][:-1]}
     out = await serve_compact(request.app[STATE], history, creds, focus, size=size)
