@@ -2,8 +2,9 @@
 `remote_compaction_v2` feature on asks the API for a compaction by appending a
 `compaction_trigger` item to an ordinary streamed `/v1/responses` request, and needs exactly one
 `compaction` output item back. It does so only for a provider it takes for OpenAI's
-(`supports_remote_compaction`: one named "OpenAI", or Azure); a custom provider of that name
-talks HTTP (the built-in one prefers a WebSocket). Against a fake upstream that does not know
+(`supports_remote_compaction`: one named "OpenAI", or Azure): run both ways, its built-in
+provider with the proxy as `openai_base_url` (a WebSocket, the key from CODEX_API_KEY) and a
+custom provider of that name (HTTP). Against a fake upstream that does not know
 the item, the proxy (`responses.native_compaction: auto`) sends it up once, answers the 400 with
 its own item, answers every later trigger itself, and expands the item Codex then carries into
 its summary.
@@ -45,27 +46,30 @@ def remembering_agent(logs: list[Path]):
     return reply
 
 
-def run_codex_v2(codex: Path, proxy: Any, work: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    """`codex exec` of the task, its provider the proxy under the name "OpenAI" (remote
-    compaction on), v2 on, and an auto-compaction limit passed several times during the task."""
+def run_codex_v2(codex: Path, proxy: Any, work: Path, home: Path, *, builtin: bool) -> subprocess.CompletedProcess[str]:
+    """`codex exec` of the task with v2 on and an auto-compaction limit passed several times during
+    the task; its provider the built-in OpenAI one with the proxy as `openai_base_url` (`builtin`:
+    over a WebSocket), or a custom one named "OpenAI" (over HTTP)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home.parent), "CODEX_HOME": str(home),
-           "OPENAI_API_KEY": "sk-e2e-codex"}
-    settings = ["-c", 'model_provider="proxy"', "-c", 'model_providers.proxy.name="OpenAI"',
-                "-c", f'model_providers.proxy.base_url="{proxy.base_url}"',
-                "-c", 'model_providers.proxy.env_key="OPENAI_API_KEY"',
-                "-c", 'model_providers.proxy.wire_api="responses"', "-c", "features.remote_compaction_v2=true",
+           "OPENAI_API_KEY": "sk-e2e-codex", "CODEX_API_KEY": "sk-e2e-codex"}
+    provider = ["-c", f'openai_base_url="{proxy.base_url}"'] if builtin else [
+        "-c", 'model_provider="proxy"', "-c", 'model_providers.proxy.name="OpenAI"',
+        "-c", f'model_providers.proxy.base_url="{proxy.base_url}"', "-c", 'model_providers.proxy.env_key="OPENAI_API_KEY"',
+        "-c", 'model_providers.proxy.wire_api="responses"']
+    settings = [*provider, "-c", "features.remote_compaction_v2=true",
                 "-c", f"model_auto_compact_token_limit={AUTO_COMPACT_TOKENS}"]
     return subprocess.run(
         [str(codex), "exec", "--skip-git-repo-check", "--json", "-s", "danger-full-access", "-m", MODEL, *settings,
          TASK], cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
 
 
-def test_codex_remote_compaction_v2_is_answered_by_the_proxy(codex: Path, start_proxy, tmp_path: Path):
+@pytest.mark.parametrize("builtin", [False, True], ids=["http", "websocket"])
+def test_codex_remote_compaction_v2_is_answered_by_the_proxy(codex: Path, start_proxy, tmp_path: Path, builtin: bool):
     logs, work, home = setup(tmp_path)
     with FakeResponses(compaction_trigger=False) as fake:
         fake.reply = remembering_agent(logs)
         proxy = start_proxy(upstream={"base_url": fake.base_url}, models={MODEL: {"context_window": WINDOW}})
-        run = run_codex_v2(codex, proxy, work, home)
+        run = run_codex_v2(codex, proxy, work, home, builtin=builtin)
         requests = list(fake.requests)
     finished(run, requests)
     calls = [r for r in requests if r.kind == "responses"]
@@ -79,4 +83,5 @@ def test_codex_remote_compaction_v2_is_answered_by_the_proxy(codex: Path, start_
     assert all("cpx1." not in json.dumps(r.json) for r in calls)
     assert sum(1 for r in after if forwarded_summary(r.json)) >= 2
     assert all(r.status == 200 for r in calls if r not in triggers)
+    assert all(r.transport == ("websocket" if builtin else "http") for r in calls)
     assert "Traceback" not in proxy.log_text()
