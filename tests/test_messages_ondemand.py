@@ -143,10 +143,13 @@ async def test_another_credentials_block_is_not_expanded(make_proxy, lacking):
     assert len(lacking.requests) == before  # nothing of bob's went upstream
 
 
-async def test_count_tokens_counts_the_expanded_block(make_proxy, lacking):
+async def test_count_tokens_counts_the_expanded_block_and_leaves_the_parameter_out(make_proxy, lacking):
     proxy = await proxy_before(make_proxy, lacking, "proxy")
     async with anthropic_client(proxy, "sk-ant-alice") as c:
         block = (await compacted(c)).content[0]
         counted = await c.beta.messages.count_tokens(model=MODEL, messages=later(block), betas=BETA)
-    assert counted.input_tokens > 0
-    assert "cpx1." not in str(lacking.count_requests[-1]) and "tests/test_posting.py" in str(lacking.count_requests[-1])
+        sent = lacking.count_requests[-1]
+        assert counted.input_tokens > 0 and "cpx1." not in str(sent) and "tests/test_posting.py" in str(sent)
+        # the parameter, which a count ignores, is not sent to an upstream that refuses it
+        also = await c.beta.messages.count_tokens(model=MODEL, messages=HISTORY, compaction=ASK, betas=BETA)
+    assert also.input_tokens > 0 and "compaction" not in lacking.count_requests[-1]

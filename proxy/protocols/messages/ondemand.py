@@ -185,13 +185,18 @@ async def answer(request: web.Request, body: dict[str, Any], caller: Caller, siz
     return await native.whole_or_streamed(request, final, (lambda: stream_events(final)) if body.get("stream") else None)
 
 
-async def expanded(request: web.Request, raw: bytes, caller: Caller) -> bytes:
-    """`raw` with our blocks replaced by their summaries (the same bytes when it has none)."""
+async def counted(request: web.Request, raw: bytes, caller: Caller) -> bytes:
+    """A count_tokens body as it goes upstream: our blocks replaced by their summaries, and the
+    `compaction` parameter, which the count ignores, left out unless the setting says the upstream
+    serves it (one that does not refuses it); the same bytes when neither is there."""
     body = await offload.sized(len(raw), native.parse_object, raw) if raw.find(b'"compaction"') >= 0 else None
     at = own_blocks(body.get("messages")) if body is not None else []
-    if not at:
+    state = request.app[STATE]
+    dropped = body is not None and "compaction" in body and state.cfg.anthropic.native_compaction != "upstream"
+    if not at and not dropped:
         return raw
-    return jsonbody.dumps(await expand(body, at, request.app[STATE], caller.credentials.scope))  # type: ignore[arg-type]
+    body = await expand(body, at, state, caller.credentials.scope) if at else body  # type: ignore[arg-type]
+    return jsonbody.dumps({k: v for k, v in body.items() if not (dropped and k == "compaction")})
 
 
 Forward = Callable[[bytes], Awaitable[web.StreamResponse]]

@@ -236,7 +236,7 @@ async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     raw = await read_body(request, state.max_body, BodyPace.of(state.cfg.server))
     caller = _caller_of(request, state)
-    raw = await ondemand.expanded(request, raw, caller)  # the count of what goes upstream: our blocks as their text
+    raw = await ondemand.counted(request, raw, caller)  # what goes upstream: our blocks as their text
     try:
         p = await prepare(request, state, raw, caller, count_only=True)
     except errors.Uncompactable:
