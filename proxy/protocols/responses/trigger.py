@@ -21,9 +21,10 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from proxy import native, offload
+from proxy import errors, native, offload
 from proxy.byheaders import Caller
 from proxy.ops.exchange import EXCHANGE
+from proxy.protocols.responses.body import parse_responses_body
 from proxy.protocols.responses.runtime import RESPONSES
 from proxy.protocols.responses.websocket import NativeAnswer
 from proxy.state import STATE
@@ -147,9 +148,9 @@ async def handled(request: web.Request, raw: bytes, caller: Caller, forward: For
     setting and what the upstream has shown say; any other request forwarded."""
     if not maybe_trigger(raw):
         return await forward()
-    body = await offload.sized(len(raw), native.parse_object, raw)
-    if body is None or not is_trigger(body) or not isinstance(body.get("model"), str):
-        return await forward()  # (the upstream judges a body that is not a trigger request)
+    body = await offload.sized(len(raw), _checked, raw)
+    if body is None or not is_trigger(body):
+        return await forward()  # (the route answers a body it cannot read as it does any other)
     state = request.app[STATE]
     ex = request[EXCHANGE]
     ex.model, ex.stream = body["model"], bool(body.get("stream"))
@@ -157,3 +158,11 @@ async def handled(request: web.Request, raw: bytes, caller: Caller, forward: For
     return await native.handshake(state.cfg.responses.native_compaction, known,
                                   (state.cfg.upstream.base_url, body["model"]), forward,
                                   lambda: answer(request, body, caller, len(raw)), refused)
+
+
+def _checked(raw: bytes) -> dict[str, Any] | None:
+    """The body, when the route's own checks pass it (else None: the route answers their error)."""
+    try:
+        return parse_responses_body(raw)
+    except errors.ProxyError:
+        return None
