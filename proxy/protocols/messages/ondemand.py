@@ -106,7 +106,7 @@ def record_id(scope: str, body: dict[str, Any]) -> bytes:
 async def summarize(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> tuple[Any, bytes, int]:
     """The conversation after our last block summarized (that block's summary updated), stored:
     (the record, its id, the tokens read)."""
-    from proxy.protocols.messages.route import MESSAGES  # (the routes call this module)
+    from proxy.protocols.messages.protocol import MESSAGES  # (its protocol calls this module)
 
     state = request.app[STATE]
     cfg, scope, messages = state.cfg, caller.credentials.scope, body["messages"]
@@ -130,7 +130,7 @@ async def summarize(request: web.Request, body: dict[str, Any], caller: Caller, 
         return previous, record_id(scope, body), 0
     instructions = (body["compaction"].get("instructions") or "").strip()
     job = SummaryJob(adapter=MESSAGES.summarizer(cfg), headers=summarizer_headers(cfg.compaction.summarizer,
-                                                                                  caller.extra.headers),
+                                                                                  caller.own_headers),
                      model=model, window=cfg.context_window(model), output_cap=budget.output_cap,
                      timeout_s=cfg.compaction.summarizer_timeout_s,
                      focus=instructions or caller.focus or cfg.compaction.focus,
@@ -202,10 +202,14 @@ async def counted(request: web.Request, raw: bytes, caller: Caller) -> bytes:
 Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
 
 
-async def handled(request: web.Request, raw: bytes, caller: Caller, forward: Forward) -> web.StreamResponse:
-    """A compaction request answered here or forwarded (`forward`: the route's own path, given
-    the body to send) as the setting and the upstream say; our blocks expanded in whatever goes
-    upstream; any other request forwarded as it came."""
+async def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
+                  forward: Forward) -> web.StreamResponse:
+    """The protocol's native hook (protocols/base.py): a compaction request answered here or
+    forwarded (`forward`: the pipeline's own path, given the body to send) as the setting and the
+    upstream say; our blocks expanded in whatever goes upstream (a count: `counted`); any other
+    request forwarded as it came."""
+    if count_only:
+        return await forward(await counted(request, raw, caller))
     if raw.find(b'"compaction"') < 0:
         return await forward(raw)
     body = await offload.sized(len(raw), native.parse_object, raw)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from proxy import errors, native, offload
 from proxy.byheaders import Caller
-from proxy.ops.exchange import EXCHANGE
+from proxy.exchange import EXCHANGE
 from proxy.protocols.responses.body import parse_responses_body
 from proxy.protocols.responses.runtime import RESPONSES
 from proxy.protocols.responses.websocket import NativeAnswer
@@ -93,7 +93,7 @@ def stream_events(body: dict[str, Any], item: dict[str, Any], usage: dict[str, A
                     for e in events(body, item, usage))
 
 
-async def compacted(request: web.Request, body: dict[str, Any], creds: Any, focus: str | None,
+async def compacted(app: web.Application, body: dict[str, Any], creds: Any, focus: str | None,
                     size: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The history before the trigger compacted as `/v1/responses/compact` does (our earlier
     items' summaries updated): its one compaction item, and the usage."""
@@ -101,32 +101,32 @@ async def compacted(request: web.Request, body: dict[str, Any], creds: Any, focu
     from proxy.protocols.responses.handlers import serve_compact
 
     history = {**body, "input": body["input"][:-1]}
-    out = await serve_compact(request.app[STATE], history, creds, focus, size=size)
+    out = await serve_compact(app[STATE], history, creds, focus, size=size)
     return out["output"][-1], out["usage"]
 
 
 async def answer(request: web.Request, body: dict[str, Any], caller: Caller, size: int) -> web.StreamResponse:
     """The trigger answered here, its one compaction item sent whole or streamed."""
-    item, usage = await compacted(request, body, caller.credentials, caller.focus, size)
+    item, usage = await compacted(request.app, body, caller.credentials, caller.focus, size)
     streamed = (lambda: stream_events(body, item, usage)) if body.get("stream") else None
     return await native.whole_or_streamed(request, response_object(body, item, usage), streamed)
 
 
-def on_socket(request: web.Request, body: dict[str, Any], creds: Any, focus: str | None) -> NativeAnswer | None:
+def on_socket(app: web.Application, body: dict[str, Any], caller: Caller) -> NativeAnswer | None:
     """A socket turn (`body`: the whole history it stands for) that is a trigger the proxy may
     answer: now (as for HTTP), or once the upstream's error event refuses it (`auto`, not known
     yet: learned then)."""
     if not is_trigger(body) or not isinstance(body.get("model"), str):
         return None
-    state = request.app[STATE]
-    mode, known = state.cfg.responses.native_compaction, request.app[RESPONSES].native_compaction
+    state = app[STATE]
+    mode, known = state.cfg.responses.native_compaction, app[RESPONSES].native_compaction
     key = (state.cfg.upstream.base_url, body["model"])
     now = native.answers_here(mode, known.get(key))
     if not now and (mode != "auto" or key in known):
         return None
 
     async def made() -> list[str]:
-        item, usage = await compacted(request, body, creds, focus, 0)
+        item, usage = await compacted(app, body, caller.credentials, caller.focus, 0)
         return [orjson.dumps(e).decode() for e in events(body, item, usage)]
 
     def refusal(ev: dict[str, Any]) -> bool:
@@ -140,23 +140,25 @@ def on_socket(request: web.Request, body: dict[str, Any], creds: Any, focus: str
     return NativeAnswer(made, now, refusal)
 
 
-Forward = Callable[[], Awaitable[web.StreamResponse]]
+Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
 
 
-async def handled(request: web.Request, raw: bytes, caller: Caller, forward: Forward) -> web.StreamResponse:
-    """A trigger request answered here or forwarded (`forward`: the route's own path) as the
-    setting and what the upstream has shown say; any other request forwarded."""
+async def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
+                  forward: Forward) -> web.StreamResponse:
+    """The protocol's native hook (protocols/base.py): a trigger request answered here or
+    forwarded (`forward`: the pipeline's own path) as the setting and what the upstream has shown
+    say; any other request forwarded."""
     if not maybe_trigger(raw):
-        return await forward()
+        return await forward(raw)
     body = await offload.sized(len(raw), _checked, raw)
     if body is None or not is_trigger(body):
-        return await forward()  # (the route answers a body it cannot read as it does any other)
+        return await forward(raw)  # (the route answers a body it cannot read as it does any other)
     state = request.app[STATE]
     ex = request[EXCHANGE]
     ex.model, ex.stream = body["model"], bool(body.get("stream"))
     known = request.app[RESPONSES].native_compaction
     return await native.handshake(state.cfg.responses.native_compaction, known,
-                                  (state.cfg.upstream.base_url, body["model"]), forward,
+                                  (state.cfg.upstream.base_url, body["model"]), lambda: forward(raw),
                                   lambda: answer(request, body, caller, len(raw)), refused)
 
 
