@@ -97,7 +97,7 @@ async def compacted(app: web.Application, body: dict[str, Any], creds: Any, focu
                     size: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The history before the trigger compacted as `/v1/responses/compact` does (our earlier
     items' summaries updated): its one compaction item, and the usage."""
-    # (handlers imports the route, which calls this module: imported when first used)
+    # (handlers imports the protocol, whose hook this module is: imported when first used)
     from proxy.protocols.responses.handlers import serve_compact
 
     history = {**body, "input": body["input"][:-1]}
@@ -116,8 +116,8 @@ def on_socket(app: web.Application, body: dict[str, Any], caller: Caller) -> Nat
     """A socket turn (`body`: the whole history it stands for) that is a trigger the proxy may
     answer: now (as for HTTP), or once the upstream's error event refuses it (`auto`, not known
     yet: learned then)."""
-    if not is_trigger(body) or not isinstance(body.get("model"), str):
-        return None
+    if not is_trigger(body) or not isinstance(body.get("model"), str) or body.get("previous_response_id"):
+        return None  # (a chain not read, both stages off: the history is the upstream's to compact)
     state = app[STATE]
     mode, known = state.cfg.responses.native_compaction, app[RESPONSES].native_compaction
     key = (state.cfg.upstream.base_url, body["model"])
