@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy import errors, jsonbody, native, offload
 from proxy.byheaders import Caller
+from proxy.exchange import EXCHANGE
 from proxy.compaction.inject import summary_message_text
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.serialize import serialize_envelopes
@@ -223,6 +224,8 @@ async def handled(request: web.Request, raw: bytes, caller: Caller, count_only: 
 
     if not asks(body):
         return await forwarded()
+    ex = request[EXCHANGE]  # (logged as any request, answered here or not)
+    ex.model, ex.stream = body["model"], bool(body.get("stream"))
     return await native.handshake(state.cfg.anthropic.native_compaction, request.app[LEARNED],
                                   (state.cfg.anthropic.base_url, body["model"]), forwarded,
                                   lambda: answer(request, body, caller, len(raw)), refused)
