@@ -92,20 +92,13 @@ async def handle_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
-async def handle_gemini(request: web.Request) -> web.StreamResponse:
-    """Google's Gemini API, relayed as it came (the proxy does not compact it)."""
-    state = request.app[STATE]
-    return await passthrough(request, state.session, state.cfg.gemini, state.max_body, BodyPace.of(state.cfg.server),
-                             base_path="")
-
-
 def add_routes(app: web.Application, guard: Callable[[Handler], Handler]) -> None:
     """Every protocol's routes (proxy/protocols/registry.py); a labelled one names its protocol in
     metrics and log lines."""
     for route in ROUTES:
+        added = app.router.add_route(route.method, route.path, guard(route.handler) if route.guarded else route.handler)
         if route.label is not None:
-            PROTOCOLS[route.path] = route.label
-        app.router.add_route(route.method, route.path, guard(route.handler))
+            PROTOCOLS[added.resource.canonical] = route.label  # (a pattern's canonical form is what a request reports)
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
@@ -142,8 +135,6 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     v1 = functools.partial(guarded, cfg=cfg)  # every route that may carry the proxy's own key
     add_routes(app, v1)
     admin.add_routes(app)
+    # (after every protocol's routes: a Gemini `models/...:method` path under /v1 is Gemini's)
     app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
-    # The proxy holds no Gemini key, so a page cannot borrow one: the cross-site guard is not needed.
-    app.router.add_route("*", "/v1beta/{tail:.*}", handle_gemini)
-    app.router.add_route("*", "/v1alpha/{tail:.*}", handle_gemini)
     return app

@@ -33,6 +33,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--anthropic-upstream", metavar="URL",
         help="Messages API upstream for Anthropic clients (default https://api.anthropic.com)",
     )
+    p.add_argument(
+        "--gemini-upstream", metavar="URL",
+        help="Gemini API upstream for Google clients, without a version (default https://generativelanguage.googleapis.com)",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p.parse_args(argv)
 
@@ -47,6 +51,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out.setdefault("upstream", {})["base_url"] = args.upstream
     if args.anthropic_upstream is not None:
         out.setdefault("anthropic", {})["base_url"] = args.anthropic_upstream
+    if args.gemini_upstream is not None:
+        out.setdefault("gemini", {})["base_url"] = args.gemini_upstream
     return out
 
 

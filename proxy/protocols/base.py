@@ -8,9 +8,11 @@ are read, and a few optional hooks. A field left at its default is the common be
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from proxy import errors
 from proxy.adapter import Adapter, Request
 from proxy.byheaders import ByHeaders, Caller
 from proxy.config import secret
@@ -34,7 +36,7 @@ class AsSent:
 @dataclass(frozen=True)
 class Protocol:
     adapter: Adapter
-    callers: ByHeaders[Caller]  # what a request's headers say, worked out once per header list
+    callers: ByHeaders[Caller] | None  # what a request's headers say, worked out once per header list
     rounds: Callable[[str], Any]  # the stream filter of recall rounds (recall.relay.Rounds)
     # The body to run the stages on, given the state, the pipeline's Incoming and the credential's
     # scope: a Request, or AsSent. None: the adapter's parse, reusing what the conversation's
@@ -48,6 +50,9 @@ class Protocol:
     mends_reasoning: bool = False  # signed reasoning a changed prefix makes stale is the proxy's to mend
     learns_ratio: bool = False  # the upstream's usage teaches the token ratio (compaction.learn_token_ratio)
     log_content: Callable[[dict[str, Any]], None] | None = None  # server.log_content: what to log of a body
+    # What a request says of its caller, when more than its headers do (Gemini's `?key=`): then
+    # `callers` is not used.
+    caller_of: Callable[[Any, Any], Caller] | None = None
     # The agent's own compaction handshake (proxy/native.py): `native(request, raw, caller,
     # count_only, forward)` answers the request here, or calls `forward(body)` (the pipeline's own
     # path, with the body to send). None: the protocol has none.
@@ -63,10 +68,28 @@ class Protocol:
         return self.adapter.dialect
 
     def caller(self, request: Any, state: Any) -> Caller:
+        if self.caller_of is not None:
+            return self.caller_of(request, state)
+        assert self.callers is not None
         return self.callers.of(request, (state.scope_secret, secret(self.adapter.upstream(state.cfg).api_key)))
 
 
 Handler = Callable[[Any], Awaitable[Any]]
+
+
+def shaped(shape: Any) -> Callable[[Handler], Handler]:
+    """A route's decorator: every error made while handling its request (the middleware's, a
+    relay's, a stream's last event) takes the protocol's `shape` (errors.SHAPE)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def wrapped(request: Any) -> Any:
+            errors.SHAPE.set(shape)  # this request's task only
+            return await handler(request)
+
+        return wrapped
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,7 @@ class Route:
     path: str
     handler: Handler
     label: str | None = None
+    guarded: bool = True  # behind the cross-site guard (a route that may carry the proxy's own key)
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,10 @@ def _after_stages(state: ProxyState, protocol: Protocol, flow: Flow, ex: Exchang
     report, parsed = flow.report, flow.request
     if report.tokens_after is None:
         report.tokens_after = flow.total()
+    protocol_log = logging.getLogger(f"proxy.{protocol.name}")
+    if protocol_log.isEnabledFor(logging.DEBUG):
+        protocol_log.debug("%s %s: %s, %d -> %d tokens, %d tool results summarized", protocol.name, parsed.model,
+                           report.status, report.tokens_before, report.tokens_after, report.tool_results)
     headers = report.headers()
     p = Prepared(data, headers, parsed.model, parsed.stream, request=parsed)
     if dry:
