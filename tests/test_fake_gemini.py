@@ -32,7 +32,9 @@ def answer(*names: str, id_: str | None = None) -> dict[str, Any]:
 
 REFUSED = {
     "no-contents": ({}, "contents is not specified"),
-    "roles-repeat": ({"contents": [user("a"), user("b")]}, "alternate between user and model"),
+    # (two plain user contents in a row are taken, as the API takes Gemini CLI's routing call)
+    "roles-repeat": ({"contents": [user("a"), {"role": "model", "parts": [{"text": "b"}]},
+                                   {"role": "model", "parts": [{"text": "c"}]}]}, "alternate between user and model"),
     "bad-role": ({"contents": [user("a"), {"role": "assistant", "parts": [{"text": "b"}]}]}, "valid role"),
     "empty-parts": ({"contents": [{"role": "user", "parts": []}]}, "must not be empty"),
     "two-data": ({"contents": [{"role": "user", "parts": [{"text": "a", "inlineData": {}}]}]}, "oneof field 'data'"),

@@ -135,3 +135,19 @@ async def test_count_tokens_counts_what_would_be_forwarded_now(fake, make_proxy)
     counted = await client.aio.models.count_tokens(model="gemini-2.5-flash", contents=body["contents"])
     assert counted.total_tokens == forwarded < as_sent
     assert len(fake.records("summarizer")) == made and fake.count_requests[-1]["contents"] != body["contents"]
+
+
+async def test_code_assist_is_relayed_as_it_came_to_its_own_upstream(fake, make_proxy):
+    """Gemini CLI signed in with Google speaks Code Assist (`/v1internal:...`, the request wrapped
+    as {"model", "project", "request"}): relayed byte for byte with its bearer token, not compacted."""
+    proxy = await make_proxy("http://127.0.0.1:9/v1", {"gemini": {"code_assist_base_url": fake.base_url + "/"}})
+    body = json.dumps({"model": "gemini-2.5-pro", "project": "p-1",
+                       "request": {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}}).encode()
+    answer = await post(proxy.root, body, {"Authorization": "Bearer ya29.token"},
+                        path="/v1internal:streamGenerateContent?alt=sse")
+    assert answer.status == 404 and "x-compaction-status" not in answer.headers  # the fake's own answer
+    (rec,) = fake.requests
+    assert (rec.raw_path, rec.body, rec.headers["authorization"]) == (
+        "/v1internal:streamGenerateContent?alt=sse", body, "Bearer ya29.token")
+    await get(proxy.root, "/v1internal/operations/op-1")
+    assert fake.requests[-1].raw_path == "/v1internal/operations/op-1"

@@ -36,6 +36,20 @@ async def handle_gemini_passthrough(request: web.Request) -> web.StreamResponse:
                              base_path="")
 
 
+CODE_ASSIST_PATH = "/v1internal{tail:[:/].*}"
+
+
+@gemini_route
+async def handle_code_assist(request: web.Request) -> web.StreamResponse:
+    """Code Assist (Gemini CLI signed in with Google: `/v1internal:generateContent` and the rest,
+    an OAuth bearer token), relayed as it came to `gemini.code_assist_base_url`; not compacted."""
+    state = request.app[STATE]
+    section = state.cfg.gemini
+    upstream = section.model_copy(update={"base_url": section.code_assist_base_url})
+    return await passthrough(request, state.session, upstream, state.max_body, BodyPace.of(state.cfg.server),
+                             base_path="")
+
+
 @gemini_route
 async def handle_model_call(request: web.Request) -> web.StreamResponse:
     """generateContent / streamGenerateContent compacted; countTokens counted as forwarded now;
@@ -49,4 +63,5 @@ async def handle_model_call(request: web.Request) -> web.StreamResponse:
 # The proxy holds no Gemini key, so a page cannot borrow one: the cross-site guard is not needed.
 ROUTES = (*(Route("POST", path, handle_model_call, "gemini", guarded=False) for path in MODEL_PATHS),
           Route("*", "/v1beta/{tail:.*}", handle_gemini_passthrough, guarded=False),
-          Route("*", "/v1alpha/{tail:.*}", handle_gemini_passthrough, guarded=False))
+          Route("*", "/v1alpha/{tail:.*}", handle_gemini_passthrough, guarded=False),
+          Route("*", CODE_ASSIST_PATH, handle_code_assist, guarded=False))
