@@ -119,6 +119,10 @@ class AnthropicConfig(_RelayConfig):
     base_url: str = "https://api.anthropic.com"
     # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
     api_key: SecretStr | None = None
+    # Anthropic's on-demand compaction (the `compaction` parameter, beta compact-2026-09-04): answered
+    # here with a block the proxy signs (`proxy`), passed on (`upstream`), or passed on until the
+    # upstream refuses it for a model, then answered here (`auto`).
+    native_compaction: Literal["auto", "upstream", "proxy"] = "auto"
 
 
 class GeminiConfig(_RelayConfig):
@@ -330,6 +334,10 @@ class ResponsesConfig(_Section):
     # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
     # chat completion for an upstream that serves both and is better at chat.
     summarizer_api: Literal["responses", "chat"] = "responses"
+    # Codex's remote compaction v2 (a `compaction_trigger` input item): answered here with the
+    # proxy's own compaction item (`proxy`), passed on (`upstream`), or passed on until the
+    # upstream refuses it for a model, then answered here (`auto`).
+    native_compaction: Literal["auto", "upstream", "proxy"] = "auto"
     # A WebSocket turn has no headers of its own: its x-compaction-* report goes into the
     # `response.metadata` of the turn's `response.created` event (false: events relayed untouched).
     websocket_report: bool = True

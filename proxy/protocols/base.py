@@ -54,6 +54,10 @@ class Protocol:
     # What a request says of its caller, when more than its headers do (Gemini's `?key=`): then
     # `callers` is not used.
     caller_of: Callable[[Any, Any], Caller] | None = None
+    # The agent's own compaction handshake (proxy/native.py): `native(request, raw, caller,
+    # count_only, forward)` answers the request here, or calls `forward(body)` (the pipeline's own
+    # path, with the body to send). None: the protocol has none.
+    native: Callable[[Any, bytes, Any, bool, Callable[[bytes], Awaitable[Any]]], Awaitable[Any]] | None = None
 
     @property
     def name(self) -> str:

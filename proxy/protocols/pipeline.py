@@ -88,6 +88,18 @@ async def handle(request: web.Request, protocol: Protocol, *, path: str | None =
     incoming = Incoming(raw, request.headers, caller, request[EXCHANGE], request.path)
     if caller.bypass:
         return await as_sent(request, state, protocol, incoming, "bypassed", reasons.BYPASS, path, count_only)
+    prepared = partial(_prepared, request, state, protocol, incoming, path, count_only)
+    if protocol.native is not None:  # the agent's own compaction handshake, answered or forwarded
+        return await protocol.native(request, raw, caller, count_only, prepared)
+    return await prepared(raw)
+
+
+async def _prepared(request: web.Request, state: ProxyState, protocol: Protocol, incoming: Incoming,
+                    path: str | None, count_only: bool, raw: bytes) -> web.StreamResponse:
+    """The body (`raw`: as a native handshake left it) prepared and forwarded."""
+    if raw is not incoming.raw:
+        incoming = incoming._replace(raw=raw)
+    caller = incoming.caller
     try:
         p = await prepare(state, protocol, incoming, count_only=count_only)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it

@@ -32,6 +32,9 @@ Settings (attributes, settable any time, or keyword arguments):
                       view is the chat-shaped view (proxy/fakes/chat_view.py; view["raw"] is the body)
   summarizer, summarizer_marker, summarizer_delay_s   as FakeUpstream (callables get the view)
   serve_compact       answer /v1/responses/compact (default True) or 404
+  compaction_trigger  serve Codex's remote compaction v2 (default True): a request whose last input item
+                      is `{"type": "compaction_trigger"}` is answered with one signed `compaction` output
+                      item; False: the item type is unknown (400 invalid_value, as a server without it)
   compaction_item_tokens  what a compaction item counts for in later requests (default 200)
   stored_prompts      {prompt id: {"model": ...}}: a request whose `prompt` names one may leave out
                       `model` (the API takes it from the stored prompt); default none
@@ -64,7 +67,7 @@ from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, parts_text, view
-from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
+from proxy.fakes.responses.validate import TRIGGER, Context, check_request, follow_descriptor
 from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.server import ABORTED_KEY, RESP_KEY
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
@@ -81,6 +84,7 @@ class FakeResponses(ModelFake):
         self._init_model_settings()
         self.overflow_as_failed_event: bool = False
         self.serve_compact: bool = True
+        self.compaction_trigger: bool = True
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
         self.stored_prompts: dict[str, dict[str, Any]] = {}
@@ -200,7 +204,7 @@ class FakeResponses(ModelFake):
 
         return Context(signer=self.signer, stored_items=self._items, stored_next=self._next, find_response=find,
                        call_reasoning=self._call_reasoning, extra_item_types=frozenset(self.extra_item_types),
-                       websocket=websocket)
+                       compaction_trigger=self.compaction_trigger, websocket=websocket)
 
     def _with_prompt_model(self, body: Any) -> Any:
         """A body without `model` whose `prompt` names a stored prompt, with that prompt's model (as
@@ -236,6 +240,12 @@ class FakeResponses(ModelFake):
         if body.get("generate") is False:  # a WebSocket warm-up: state prepared, no output
             final = ev.response_object(rid, body, "completed", [], ev.usage(tokens, cached, 0))
             self._store(body, rid, items, [], local)
+            return ev.stream_events(final)
+        if items and item_type(items[-1]) == TRIGGER:
+            output = [self._compaction_item(tokens)]
+            used = ev.usage(tokens, cached, self.compaction_item_tokens)
+            final = ev.response_object(rid, body, "completed", output, used)
+            self._store(body, rid, items, output, local)
             return ev.stream_events(final)
         reply = await self._reply(body, items, rec)
         include = body.get("include") or []
@@ -319,13 +329,17 @@ class FakeResponses(ModelFake):
                   "content": [{"type": "input_text", "text": m["content"]}] if isinstance(m.get("content"), str)
                   else m["content"]}
                  for m in items if item_type(m) == "message" and m.get("role") == "user"]
-        token = self.signer.sign("compaction", {"id": "cmp_" + rand(24), "tokens": self.compaction_item_tokens,
-                                                "covered": tokens})
-        out = users + [{"id": "cmp_" + rand(24), "type": "compaction", "encrypted_content": token,
-                        "created_by": "fake-responses"}]
+        out = users + [self._compaction_item(tokens)]
         payload = {"id": "resp_" + rand(40), "object": "response.compaction", "created_at": int(time.time()),
                    "output": out, "usage": ev.usage(tokens, 0, self.compaction_item_tokens)}
         return await self._json(request, rec, payload, fault)
+
+    def _compaction_item(self, covered: int) -> dict[str, Any]:
+        """One opaque compaction item standing for `covered` tokens of history."""
+        token = self.signer.sign("compaction", {"id": "cmp_" + rand(24), "tokens": self.compaction_item_tokens,
+                                                "covered": covered})
+        return {"id": "cmp_" + rand(24), "type": "compaction", "encrypted_content": token,
+                "created_by": "fake-responses"}
 
     # ---- WebSocket ---------------------------------------------------------------------------
 

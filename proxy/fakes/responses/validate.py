@@ -73,6 +73,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "message": ("role", "content"),
 }
 ITEM_TYPES = tuple(sorted(REQUIRED))
+TRIGGER = "compaction_trigger"  # Codex's remote compaction v2: the last input item asks for one compaction item
 
 # Calls whose output must come back in the same input, and how the output names its call.
 PAIRS: dict[str, tuple[str, str, str]] = {  # call type: (output type, output's key, label in errors)
@@ -99,6 +100,7 @@ class Context:
     find_response: Callable[[str], Any] = lambda _id: None  # previous_response_id -> its items or None
     call_reasoning: dict[str, str] = field(default_factory=dict)  # stored function_call id -> its reasoning id
     extra_item_types: frozenset[str] = frozenset()  # accepted as opaque (beyond OpenAI's list)
+    compaction_trigger: bool = True  # False: an upstream without remote compaction v2 (an unknown item type)
     websocket: bool = False
 
 
@@ -211,8 +213,9 @@ def _check_item(i: int, item: Any, ctx: Context) -> None:
         raise missing(f"{at}.type")
     if t in ctx.extra_item_types:
         return  # opaque by request of the test
-    if t not in REQUIRED:
-        raise _bad_value(f"{at}.type", t, ITEM_TYPES)
+    if t not in REQUIRED or (t == TRIGGER and not ctx.compaction_trigger):
+        raise _bad_value(f"{at}.type", t, ITEM_TYPES if ctx.compaction_trigger else
+                         tuple(x for x in ITEM_TYPES if x != TRIGGER))
     for key in REQUIRED[t]:
         if item.get(key) is None:
             raise missing(f"{at}.{key}")

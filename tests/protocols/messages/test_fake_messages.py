@@ -480,3 +480,38 @@ async def test_a_summary_asked_inside_the_conversation_is_recognized(fake, clien
         {"type": "text", "text": "earlier question"}, {"type": "text", "text": cached + " the end"}]}])
     await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "a question"}])
     assert [r.kind for r in fake.requests] == ["summarizer", "messages"]
+
+
+# ---- on-demand compaction (beta compact-2026-09-04) -----------------------------------------
+
+BETA_HEADERS = {**HEADERS, "anthropic-beta": "compact-2026-09-04"}
+SUMMARIZE = {"type": "summarize"}
+
+
+async def test_on_demand_compaction_served_under_its_beta_only(fake, client):
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "compact"}]
+    assert await rejected(fake, body(msgs, compaction=SUMMARIZE)) == "compaction: Extra inputs are not permitted"
+    assert await rejected(fake, body(msgs, compaction=SUMMARIZE, context_management={"edits": []}),
+                          headers=BETA_HEADERS) == "compaction: cannot be combined with context_management"
+    msg = await client.beta.messages.create(model=MODEL, max_tokens=2000, messages=msgs, compaction=SUMMARIZE,
+                                            betas=["compact-2026-09-04"])
+    assert msg.stop_reason == "compaction" and [b.type for b in msg.content] == ["compaction"]
+    block = msg.content[0].model_dump(exclude_none=True)
+    again = [{"role": "assistant", "content": [block]}, {"role": "user", "content": "go on"}]
+    await client.beta.messages.create(model=MODEL, max_tokens=100, messages=again, betas=["compact-2026-09-04"])
+    forged = [{"role": "assistant", "content": [{**block, "content": "another summary"}]}, again[1]]
+    assert await rejected(fake, body(forged), headers=BETA_HEADERS) == \
+        "messages.0.content.0: Invalid `signature` in `compaction` block"
+    fake.on_demand_compaction = False  # a server without it: neither the parameter nor the block
+    assert await rejected(fake, body(msgs, compaction=SUMMARIZE), headers=BETA_HEADERS) == \
+        "compaction: Extra inputs are not permitted"
+    assert (await rejected(fake, body(again), headers=BETA_HEADERS)).startswith(
+        "messages.0.content.0: Input tag 'compaction' found using 'type' does not match")
+
+
+async def test_on_demand_compaction_streamed(fake, client):
+    async with client.beta.messages.stream(model=MODEL, max_tokens=2000, messages=[{"role": "user", "content": "x"}],
+                                           compaction=SUMMARIZE, betas=["compact-2026-09-04"]) as stream:
+        final = await stream.get_final_message()
+    assert final.stop_reason == "compaction" and final.content[0].signature and final.content[0].content

@@ -179,6 +179,19 @@ async def test_unknown_item_type_rejected_unless_allowed_and_then_kept(fake, cli
     assert fake.responses_requests[-1]["input"][1] == odd
 
 
+async def test_compaction_trigger_served_or_unknown_as_configured(fake, client):
+    """Codex's remote compaction v2: one signed compaction item, nothing else; a server without it
+    refuses the item type as any unknown one (and no longer lists it)."""
+    out = await client.responses.create(model=MODEL, input=[user("x"), {"type": "compaction_trigger"}])
+    assert [o.type for o in out.output] == ["compaction"]
+    assert fake.signer.verify("compaction", out.output[0].encrypted_content) is not None
+    fake.compaction_trigger = False
+    err = await rejected(fake, {"model": MODEL, "input": [user("x"), {"type": "compaction_trigger"}]})
+    assert err["param"] == "input[1].type" and err["code"] == "invalid_value"
+    assert err["message"].startswith("Invalid value: 'compaction_trigger'.") and err["message"].count(
+        "compaction_trigger") == 1
+
+
 async def test_message_roles(fake):
     err = await rejected(fake, {"model": MODEL, "input": [{"role": "tool", "content": "x"}]})
     assert err["param"] == "input[0].role"
