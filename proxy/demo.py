@@ -1,7 +1,7 @@
 """`compaction-proxy demo`: watch the proxy compact a long agent session, with no key and no network.
 
 Everything runs in this process, on 127.0.0.1: the packaged fake OpenAI upstream
-(proxy/fake_upstream.py, the one the tests use), the proxy itself with a small window, and a
+(proxy/fakes/chat/server.py, the one the tests use), the proxy itself with a small window, and a
 scripted coding agent that drives both with plain Chat Completions requests (aiohttp, which the
 proxy has anyway: the demo works from a plain install). The agent asks, the fake
 model answers with a tool call, the agent runs the "tool" (a canned, realistic output) and sends
@@ -154,7 +154,7 @@ class Totals:
 async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
     from proxy.app import create_app
     from proxy.config import Config
-    from proxy.fake_upstream import FakeUpstream
+    from proxy.fakes.chat import FakeUpstream
     from proxy.state import STATE
 
     totals = Totals()

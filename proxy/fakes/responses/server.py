@@ -58,7 +58,6 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from proxy.fake_upstream import status_error
 from proxy.fakes.chat.validate import parse_error
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
@@ -66,6 +65,7 @@ from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, parts_text, view
 from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
 from proxy.fakes.model_server import Failure, ModelFake
+from proxy.fakes.openai_errors import key_error, status_error
 from proxy.fakes.server import ABORTED_KEY, RESP_KEY
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
@@ -153,18 +153,10 @@ class FakeResponses(ModelFake):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "responses"
 
-    def _auth_error(self, headers: dict[str, str]) -> FakeError | None:
-        if self.require_api_key is None or headers.get("authorization") == f"Bearer {self.require_api_key}":
-            return None
-        if "authorization" not in headers:
-            return FakeError.openai(401, "You didn't provide an API key. You need to provide your API key in an "
-                                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-        return status_error(401)
-
     # ---- routing -----------------------------------------------------------------------------
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
-        err = self._auth_error(rec.headers)
+        err = key_error(self.require_api_key, rec.headers)
         if err is not None:
             return self._error_response(rec, err)
         method, path = request.method, request.path
