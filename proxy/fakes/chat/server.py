@@ -1,4 +1,4 @@
-"""A fake OpenAI API (design.md section 8) that the proxy under test forwards to.
+"""A fake OpenAI API (design.md § How it is tested) that the proxy under test forwards to.
 
 The real upstream is out of reach in tests, so this is a real aiohttp server on 127.0.0.1 that
 behaves like the parts of the OpenAI API the proxy touches, strictly enough that a proxy bug
