@@ -546,3 +546,14 @@ async def test_summarizer_recognized_from_the_real_prompts(fake_upstream):
     assert fake_upstream.summarizer_kind(toolres) == "tool"
     assert fake_upstream.summarizer_kind({"model": MODEL, "messages": [
         {"role": "system", "content": "You are a helpful assistant."}, user("hi")]}) is None
+
+
+async def test_api_key_checked_when_required_as_openai_answers(fake_upstream):
+    fake_upstream.require_api_key = "sk-right"
+    body = {"model": MODEL, "messages": [user("x")]}
+    none = await post(fake_upstream, body, JSON)
+    wrong = await post(fake_upstream, body, {**JSON, "Authorization": "Bearer sk-wrong"})
+    right = await post(fake_upstream, body, {**JSON, "Authorization": "Bearer sk-right"})
+    assert (none.status, wrong.status, right.status) == (401, 401, 200)
+    assert json.loads(none.body)["error"]["message"].startswith("You didn't provide an API key.")
+    assert json.loads(wrong.body)["error"]["code"] == "invalid_api_key"
