@@ -13,11 +13,11 @@ MAX_MODULE = 450
 
 # The route handlers and send, which the one request pipeline (issue 37) replaces.
 EXCEPTIONS: set[str] = {
-    "proxy/chat.py:handle_chat",
+    "proxy/protocols/chat/route.py:handle_chat",
     "proxy/ops/inspect.py:_run",
-    "proxy/responses/handlers.py:socket_prepare",
-    "proxy/responses/handlers.py:socket_prepare.prepare_create",
-    "proxy/responses/route.py:prepare",
+    "proxy/protocols/responses/handlers.py:socket_prepare",
+    "proxy/protocols/responses/handlers.py:socket_prepare.prepare_create",
+    "proxy/protocols/responses/route.py:prepare",
     "proxy/send.py:send",
 }
 
