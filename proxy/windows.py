@@ -15,7 +15,8 @@ import functools
 import logging
 import re
 
-from proxy.compaction.budget import DEFAULT_WINDOW  # an unknown model's, with one warning per name
+DEFAULT_WINDOW = 128_000  # an unknown model's, with one warning per name
+
 
 log = logging.getLogger("proxy.windows")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from proxy.cli import flag_overrides, parse_args
+from proxy.cmdline import flag_overrides, parse_args
 from proxy.config import Config, ConfigError, load_config
 from proxy.fakes.chat import FakeUpstream
 from support.client import sync_openai_client
