@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import KEY, openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import redis_server  # noqa: F401

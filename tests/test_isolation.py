@@ -15,7 +15,7 @@ import orjson
 
 from support.client import raw_chat
 from support.compaction_helpers import chat_history, main_summary
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 
 MODEL = "gpt-4"
 

@@ -75,8 +75,7 @@ def test_wheel_carries_prompts_encodings_and_the_fake_upstream(wheel: Path) -> N
     assert {f"proxy/prompt_files/{n}" for n in prompts} <= names
     assert {f"proxy/encoding_files/{f}" for f in PACKAGED.values()} <= names
     assert "proxy/encoding_files/LICENSE-tiktoken" in names
-    assert "proxy/fake_upstream.py" in names
-    assert {"proxy/fakes/server.py", "proxy/fakes/responses/server.py", "proxy/fakes/messages/server.py"} <= names
+    assert {"proxy/fakes/server.py", "proxy/fakes/chat/server.py", "proxy/fakes/responses/server.py", "proxy/fakes/messages/server.py"} <= names
 
 
 def test_prompts_and_exact_counts_from_the_zipped_wheel_offline(wheel: Path, tmp_path: Path) -> None:

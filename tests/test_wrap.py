@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from proxy.cmdline import flag_overrides
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.launch import AGENTS, exit_status, parse, pointing, proxy_origin

@@ -13,7 +13,7 @@ from collections import Counter
 import openai
 import pytest
 
-from proxy.fake_upstream import count_text_tokens
+from proxy.fakes.common import count_text_tokens
 from proxy.prompts import SUMMARY_HEADINGS
 from support.careless import CarelessSummarizer, summarizer_cached_share
 from support.client import chat, openai_client
@@ -233,7 +233,7 @@ async def test_a_request_that_cannot_be_made_to_fit_is_forwarded_and_the_upstrea
 
 
 async def _summarizer_uncached(make_proxy, cached: bool) -> tuple[int, int, list]:
-    from proxy.fake_upstream import FakeUpstream
+    from proxy.fakes.chat import FakeUpstream
 
     s = coding_session(30)
     async with FakeUpstream(window=12000, summarizer=CarelessSummarizer(reply_every=0)) as up:

@@ -24,7 +24,7 @@ from support.compaction_helpers import (
     tool_call,
     turn_summary,
 )
-from proxy.fake_upstream import FakeError
+from proxy.fakes.common import FakeError
 from support.client import chat, post
 from support.invariants import check_forwarded
 

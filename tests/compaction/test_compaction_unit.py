@@ -29,7 +29,7 @@ from proxy.store.memory import MemoryStore
 from proxy.upstream import SummarizerError
 from support.compaction_helpers import counter, filler, forwarded_summary, main_summary, proxy_count, tool_call, turn_summary
 from support.flows import make_flow
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.invariants import check_forwarded
 
 PROMPTS = Prompts()

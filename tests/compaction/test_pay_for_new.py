@@ -12,7 +12,7 @@ from proxy import textfacts
 from proxy.compaction import extract
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import chat
 from support.coding_session import coding_session
 

@@ -23,7 +23,7 @@ from support.conversations import (
     synthetic,
     tau_conversations,
 )
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.clock import FakeClock
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer

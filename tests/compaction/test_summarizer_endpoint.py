@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, load_config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import openai_client
 from support.conversations import MODEL, WINDOW, send, synthetic
 

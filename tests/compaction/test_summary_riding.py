@@ -26,7 +26,7 @@ from anthropic import AsyncAnthropic
 from proxy.protocols.messages import breakpoints
 from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.config import Config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from proxy.flow import run_request

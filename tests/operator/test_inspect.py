@@ -14,7 +14,7 @@ import orjson
 import pytest
 import yaml
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from support.client import anthropic_client
 from support.compaction_helpers import filler

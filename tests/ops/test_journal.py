@@ -68,7 +68,7 @@ async def test_the_journal_keeps_its_newest_events(upstream, make_proxy):
 
 
 async def test_failed_open_is_journaled_with_its_reason(upstream, make_proxy):
-    from proxy.fake_upstream import FakeError
+    from proxy.fakes.common import FakeError
 
     from proxy.compaction.budget import resolve_threshold
     from support.ops_replay import WINDOW
@@ -99,7 +99,7 @@ async def test_masked_and_degraded_compactions_are_events_once_per_record(upstre
     summarizer is down. Every request reports its status; the request that made the record is the
     event (in the journal and compactions_total), not each one that applies it again."""
 
-    from proxy.fake_upstream import count_text_tokens
+    from proxy.fakes.common import count_text_tokens
     from support.coding_session import coding_session
     from support.transcripts import enlarge_tool_outputs, swe_agent_messages
     from test_metrics import scrape, value

@@ -24,7 +24,7 @@ from proxy.ops import reasons
 from proxy.ops.logs import BATCH_BYTES, FLUSH_S, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
 from support.client import auth, get, raw_chat
 from support.compaction_helpers import filler
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.ops_replay import MODEL, SETTINGS, conversation, replay, request_points
 from support.replicas import Replica
 

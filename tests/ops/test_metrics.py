@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.fake_upstream import FakeError
+from proxy.fakes.common import FakeError
 from support.client import auth, get, openai_client, post, raw_chat
 from support.loopback import serving
 from support.ops_replay import KEY, MODEL, SETTINGS, conversation, replay, request_points

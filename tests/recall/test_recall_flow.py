@@ -11,7 +11,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.chat.replies import content_text
 from proxy.prompts import Prompts
 from proxy.recall.handles import in_text

@@ -18,7 +18,8 @@ import orjson
 import pytest
 
 from proxy.logsafe import clean_record, log_text, shown_url
-from proxy.fake_upstream import FakeUpstream, status_error
+from proxy.fakes.chat import FakeUpstream
+from proxy.fakes.openai_errors import status_error
 from support.client import auth, post, raw_http, status_of
 from support.replicas import Replica
 

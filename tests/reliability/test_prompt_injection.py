@@ -17,7 +17,7 @@ import pytest
 from proxy.prompts import Prompts
 from support.client import auth, raw_chat
 from support.compaction_helpers import chat_history, main_summary
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 
 MODEL = "gpt-4"
 PROMPTS = Prompts()

@@ -23,7 +23,7 @@ import pytest
 from proxy.flow import Flow, Stage
 from support.client import auth, openai_client, post
 from support.compaction_helpers import chat_history, proxy_count
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.invariants import check_forwarded
 from support.waiting import DEADLINE_S
 

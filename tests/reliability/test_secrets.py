@@ -19,7 +19,7 @@ import pytest
 
 from support.client import Answer, auth, get, post
 from support.compaction_helpers import chat_history
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.redis_server import RedisServer, redis_server  # noqa: F401
 from support.replicas import Replica
 

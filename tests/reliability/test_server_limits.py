@@ -17,7 +17,7 @@ import pytest
 import urllib.error
 import urllib.request
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.replicas import Replica
 from support.waiting import until_sync
 

@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import auth, post_sync
 from support.compaction_helpers import chat_history
 from support.replicas import Replica

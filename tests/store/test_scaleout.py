@@ -23,7 +23,7 @@ from support.conversations import (
     synthetic,
     tau_conversations,
 )
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.redis_server import RedisServer, redis_server_fixture
 from support.replicas import Replica, running_replicas
 

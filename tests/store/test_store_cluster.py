@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from proxy.config import ConfigError, load_config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.store import StoreUnavailable, open_store
 from proxy.store.redis_cluster import RedisClusterStore, group_tag, parse_cluster_url
 from support.clock import FakeClock

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer, redis_server_fixture
 

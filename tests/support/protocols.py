@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses

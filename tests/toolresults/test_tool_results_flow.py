@@ -12,7 +12,7 @@ import pytest
 from proxy import identifiers, offload
 from support.clock import FakeClock
 from proxy.recall import handles
-from proxy.fake_upstream import FakeError, count_text_tokens
+from proxy.fakes.common import FakeError, count_text_tokens
 from proxy.fakes.chat.replies import tool_output_payload
 from support.client import auth, chat, post
 from support.invariants import check_forwarded

@@ -4,7 +4,7 @@ threshold (issue 4's closing figures; bench/tool_results_replay.py prints them i
 from __future__ import annotations
 
 from proxy.compaction.extract import find_identifiers
-from proxy.fake_upstream import count_text_tokens
+from proxy.fakes.common import count_text_tokens
 from support.client import openai_client
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages
 

@@ -88,37 +88,10 @@ def thinking_enabled(body: dict[str, Any]) -> bool:
 
 def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> list[dict[str, Any]]:
     """Validate; returns the messages as the model sees them (merged when so configured)."""
-    if not isinstance(body, dict):
-        raise Invalid("Input should be a valid dictionary or object to extract fields from")
-    allowed = (COUNT_FIELDS if count_tokens else CREATE_FIELDS) | ({"compaction"} if ctx.on_demand() else set())
-    for key in body:
-        if key not in allowed:
-            raise Invalid(f"{key}: Extra inputs are not permitted")
-    if "compaction" in body:
-        _check_compaction_config(body)
-    for key in ("model", "messages") + (() if count_tokens else ("max_tokens",)):
-        if key not in body:
-            raise Invalid(f"{key}: Field required")
-    if not isinstance(body["model"], str):
-        raise Invalid("model: Input should be a valid string")
+    _check_fields(body, count_tokens, ctx)
     if not count_tokens:
-        mt = body["max_tokens"]
-        if not isinstance(mt, int) or isinstance(mt, bool):
-            raise Invalid("max_tokens: Input should be a valid integer")
-        if mt < 0:
-            raise Invalid("max_tokens: Input should be greater than or equal to 0")
-        _check_thinking_config(body)
-        choice = body.get("tool_choice")
-        if thinking_enabled(body) and isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
-            # The extended-thinking docs: thinking with tools takes tool_choice auto or none only.
-            raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
-    system = body.get("system")
-    if system is not None and not isinstance(system, (str, list)):
-        raise Invalid("system: Input should be a valid string")
-    for j, b in enumerate(system_blocks(body) if isinstance(system, list) else []):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise Invalid(f"system.{j}: Input tag '{b.get('type') if isinstance(b, dict) else b}' found using "
-                          "'type' does not match any of the expected tags: 'text'")
+        _check_create(body)
+    _check_system(body)
     _check_tools(body.get("tools"))
     msgs = body["messages"]
     if not isinstance(msgs, list):
@@ -139,6 +112,49 @@ def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> lis
         # rule that the tool loop's assistant turn must start with its thinking cannot hold there.
         _check_thinking_kept(turns)
     return turns
+
+
+def _check_fields(body: Any, count_tokens: bool, ctx: Context) -> None:
+    """The body is an object of the endpoint's fields, with the required ones and a string model
+    (`compaction` only under the on-demand compaction beta)."""
+    if not isinstance(body, dict):
+        raise Invalid("Input should be a valid dictionary or object to extract fields from")
+    allowed = (COUNT_FIELDS if count_tokens else CREATE_FIELDS) | ({"compaction"} if ctx.on_demand() else set())
+    for key in body:
+        if key not in allowed:
+            raise Invalid(f"{key}: Extra inputs are not permitted")
+    if "compaction" in body:
+        _check_compaction_config(body)
+    for key in ("model", "messages") + (() if count_tokens else ("max_tokens",)):
+        if key not in body:
+            raise Invalid(f"{key}: Field required")
+    if not isinstance(body["model"], str):
+        raise Invalid("model: Input should be a valid string")
+
+
+def _check_create(body: dict[str, Any]) -> None:
+    """What only a create request carries: max_tokens, thinking and a tool_choice that fits it."""
+    mt = body["max_tokens"]
+    if not isinstance(mt, int) or isinstance(mt, bool):
+        raise Invalid("max_tokens: Input should be a valid integer")
+    if mt < 0:
+        raise Invalid("max_tokens: Input should be greater than or equal to 0")
+    _check_thinking_config(body)
+    choice = body.get("tool_choice")
+    if thinking_enabled(body) and isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        # The extended-thinking docs: thinking with tools takes tool_choice auto or none only.
+        raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
+
+
+def _check_system(body: dict[str, Any]) -> None:
+    """`system` is a string or a list of text blocks."""
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise Invalid("system: Input should be a valid string")
+    for j, b in enumerate(system_blocks(body) if isinstance(system, list) else []):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            raise Invalid(f"system.{j}: Input tag '{b.get('type') if isinstance(b, dict) else b}' found using "
+                          "'type' does not match any of the expected tags: 'text'")
 
 
 def _check_thinking_config(body: dict[str, Any]) -> None:

@@ -61,7 +61,6 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from proxy.fake_upstream import status_error
 from proxy.fakes.chat.validate import parse_error
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
@@ -69,6 +68,7 @@ from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, parts_text, view
 from proxy.fakes.responses.validate import TRIGGER, Context, check_request, follow_descriptor
 from proxy.fakes.model_server import Failure, ModelFake
+from proxy.fakes.openai_errors import key_error, status_error
 from proxy.fakes.server import ABORTED_KEY, RESP_KEY
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
@@ -157,18 +157,10 @@ class FakeResponses(ModelFake):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "responses"
 
-    def _auth_error(self, headers: dict[str, str]) -> FakeError | None:
-        if self.require_api_key is None or headers.get("authorization") == f"Bearer {self.require_api_key}":
-            return None
-        if "authorization" not in headers:
-            return FakeError.openai(401, "You didn't provide an API key. You need to provide your API key in an "
-                                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-        return status_error(401)
-
     # ---- routing -----------------------------------------------------------------------------
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
-        err = self._auth_error(rec.headers)
+        err = key_error(self.require_api_key, rec.headers)
         if err is not None:
             return self._error_response(rec, err)
         method, path = request.method, request.path
@@ -368,56 +360,68 @@ class FakeResponses(ModelFake):
                                   query_string="", headers=handshake.headers, body=msg.data.encode(), json=None,
                                   transport="websocket")
             self.requests.append(rec)
-            try:
-                event = orjson.loads(msg.data)
-            except orjson.JSONDecodeError:
-                await ws.send_str(_ws_error(400, parse_error()))
+            body = _ws_body(msg.data)
+            if isinstance(body, FakeError):
+                await ws.send_str(_ws_error(400, body))
                 continue
-            if not isinstance(event, dict) or event.get("type") != "response.create":
-                got = event.get("type") if isinstance(event, dict) else None
-                await ws.send_str(_ws_error(400, FakeError.openai(
-                    400, f"Invalid value: '{got}'. Supported values are: 'response.create'.", code="invalid_value",
-                    param="type")))
-                continue
-            body = {k: v for k, v in event.items() if k != "type"}
-            body.pop("stream", None)  # implicit over a socket
-            rec.json = body
-            rec.summarizer_kind = self.summarizer_kind(body)
-            rec.kind = "summarizer" if rec.summarizer_kind else "responses"
-            fault = self._take_fault(rec)
-            if fault and self.stall_before_headers_s:
-                await asyncio.sleep(self.stall_before_headers_s)
-            if fault and self.fail_status:
-                rec.status = self.fail_status
-                await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status, self.retry_after)))
-                continue
-            try:
-                events = await self._answer(body, rec, self._context(True, local), True, local)
-            except Failure as f:
-                rec.status = f.err.status
-                await ws.send_str(_ws_error(f.err.status, f.err))
-                continue
-            rec.status = 200
-            numbered = ev.numbered(events)
-            if "stream_id" in body:  # the lane's events echo it
-                numbered = [{**e, "stream_id": body["stream_id"]} for e in numbered]
-            chunks = [(orjson.dumps(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
-
-            async def write(data: bytes) -> None:
-                await ws.send_str(data.decode())
-
-            async def abort() -> None:  # no close frame
-                request[ABORTED_KEY] = True
-                if request.transport is not None:
-                    request.transport.abort()
-
-            outcome = await self._play(rec, chunks, fault, write, abort, _BROKEN_WS)
-            if outcome == "reset":
-                return ws
-            if outcome == "broken":
-                await ws.close(code=1011)
+            if await self._ws_turn(request, ws, rec, body, local):
                 return ws
         return ws
+
+    async def _ws_turn(self, request: web.Request, ws: web.WebSocketResponse, rec: RecordedRequest,
+                       body: dict[str, Any], local: dict[str, list[Any]]) -> bool:
+        """One `response.create` over the socket, answered (or refused) on it; True when the fault
+        played ended the connection."""
+        rec.json = body
+        rec.summarizer_kind = self.summarizer_kind(body)
+        rec.kind = "summarizer" if rec.summarizer_kind else "responses"
+        fault = self._take_fault(rec)
+        if fault and self.stall_before_headers_s:
+            await asyncio.sleep(self.stall_before_headers_s)
+        if fault and self.fail_status:
+            rec.status = self.fail_status
+            await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status, self.retry_after)))
+            return False
+        try:
+            events = await self._answer(body, rec, self._context(True, local), True, local)
+        except Failure as f:
+            rec.status = f.err.status
+            await ws.send_str(_ws_error(f.err.status, f.err))
+            return False
+        rec.status = 200
+        numbered = ev.numbered(events)
+        if "stream_id" in body:  # the lane's events echo it
+            numbered = [{**e, "stream_id": body["stream_id"]} for e in numbered]
+        chunks = [(orjson.dumps(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
+
+        async def write(data: bytes) -> None:
+            await ws.send_str(data.decode())
+
+        async def abort() -> None:  # no close frame
+            request[ABORTED_KEY] = True
+            if request.transport is not None:
+                request.transport.abort()
+
+        outcome = await self._play(rec, chunks, fault, write, abort, _BROKEN_WS)
+        if outcome == "broken":
+            await ws.close(code=1011)
+        return outcome in ("reset", "broken")
+
+
+def _ws_body(data: str) -> dict[str, Any] | FakeError:
+    """The request body of a `response.create` message (`stream` is implicit over a socket), or
+    OpenAI's error for any other message."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return parse_error()
+    if not isinstance(event, dict) or event.get("type") != "response.create":
+        got = event.get("type") if isinstance(event, dict) else None
+        return FakeError.openai(400, f"Invalid value: '{got}'. Supported values are: 'response.create'.",
+                                code="invalid_value", param="type")
+    body = {k: v for k, v in event.items() if k != "type"}
+    body.pop("stream", None)  # implicit over a socket
+    return body
 
 
 _BROKEN_SSE = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":\n\n'

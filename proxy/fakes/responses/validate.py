@@ -113,6 +113,27 @@ def _bad_value(param: str, got: Any, allowed: tuple[str, ...]) -> Invalid:
 def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any]:
     """Validate a request; returns the full item list the model would see (previous response's
     items first). Raises Invalid."""
+    _check_fields(body, ctx, compact)
+    if not compact:
+        _check_options(body, ctx)
+    prefix = _previous_items(body, ctx)
+    items = input_items(body)
+    if body.get("input") is None and not prefix and not compact:
+        raise missing("input")
+    for i, item in enumerate(items):
+        _check_item(i, item, ctx)
+    # An item_reference stands for the stored item it names.
+    items = [ctx.stored_items[x["id"]] if item_type(x) == "item_reference" else x for x in items]
+    everything = prefix + items
+    _check_reasoning_order(everything, len(prefix), ctx)
+    if not compact and body.get("store") is not False:
+        _check_calls_keep_reasoning(everything, ctx)
+    _check_pairs(everything, len(prefix))
+    return everything
+
+
+def _check_fields(body: Any, ctx: Context, compact: bool) -> None:
+    """An object of the endpoint's fields, its model a string, its input and instructions typed."""
     if not isinstance(body, dict):
         raise Invalid(f"Invalid type for request body: expected an object, but got {type_phrase(body)} instead.",
                       None, "invalid_type")
@@ -130,8 +151,11 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
         raise bad_type("input", "one of a string or array of input items", inp)
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
         raise bad_type("instructions", "a string", body["instructions"])
-    if not compact:
-        _check_options(body, ctx)
+
+
+def _previous_items(body: dict[str, Any], ctx: Context) -> list[Any]:
+    """The items of the response `previous_response_id` names (none without one); a conversation
+    id is never found (the fake keeps no conversations)."""
     prefix: list[Any] = []
     prev = body.get("previous_response_id")
     if prev is not None:
@@ -147,19 +171,7 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
         conv = body["conversation"]
         cid = conv.get("id") if isinstance(conv, dict) else conv
         raise Invalid(f"Conversation with id '{cid}' not found.", "conversation", "conversation_not_found")
-    items = input_items(body)
-    if inp is None and not prefix and not compact:
-        raise missing("input")
-    for i, item in enumerate(items):
-        _check_item(i, item, ctx)
-    # An item_reference stands for the stored item it names.
-    items = [ctx.stored_items[x["id"]] if item_type(x) == "item_reference" else x for x in items]
-    everything = prefix + items
-    _check_reasoning_order(everything, len(prefix), ctx)
-    if not compact and body.get("store") is not False:
-        _check_calls_keep_reasoning(everything, ctx)
-    _check_pairs(everything, len(prefix))
-    return everything
+    return prefix
 
 
 def _check_options(body: dict[str, Any], ctx: Context) -> None:

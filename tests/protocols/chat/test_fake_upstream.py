@@ -11,12 +11,9 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.fake_upstream import (
-    HISTORY_SUMMARY_HEADINGS,
-    FakeError,
-    FakeUpstream,
-    fake_upstream,  # noqa: F401  (fixture)
-)
+from proxy.fakes.chat import FakeUpstream
+from proxy.fakes.common import FakeError
+from proxy.prompts import SUMMARY_HEADINGS
 from support.client import http, openai_client, post, sync_openai_client
 from support.waiting import until
 
@@ -25,6 +22,13 @@ JSON = {"Content-Type": "application/json"}
 CALL = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
 CALL_B = {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture
+async def fake_upstream():
+    """A started FakeUpstream in the test's event loop, stopped after the test."""
+    async with FakeUpstream() as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -316,7 +320,7 @@ async def test_summarizer_recognized_by_marker(fake_upstream, fake_client):
     r = await fake_client.chat.completions.create(model=MODEL, messages=[
         {"role": "system", "content": "You are a summarizer. Output only the summary."}, user(convo)])
     text = r.choices[0].message.content
-    assert all(h in text for h in HISTORY_SUMMARY_HEADINGS)
+    assert all(h in text for h in SUMMARY_HEADINGS)
     assert "Fix the bug in src/app.py" in text
 
     payload = "\n".join(f"row {i}: ORDER-{1000 + i}" for i in range(50))
@@ -542,3 +546,14 @@ async def test_summarizer_recognized_from_the_real_prompts(fake_upstream):
     assert fake_upstream.summarizer_kind(toolres) == "tool"
     assert fake_upstream.summarizer_kind({"model": MODEL, "messages": [
         {"role": "system", "content": "You are a helpful assistant."}, user("hi")]}) is None
+
+
+async def test_api_key_checked_when_required_as_openai_answers(fake_upstream):
+    fake_upstream.require_api_key = "sk-right"
+    body = {"model": MODEL, "messages": [user("x")]}
+    none = await post(fake_upstream, body, JSON)
+    wrong = await post(fake_upstream, body, {**JSON, "Authorization": "Bearer sk-wrong"})
+    right = await post(fake_upstream, body, {**JSON, "Authorization": "Bearer sk-right"})
+    assert (none.status, wrong.status, right.status) == (401, 401, 200)
+    assert json.loads(none.body)["error"]["message"].startswith("You didn't provide an API key.")
+    assert json.loads(wrong.body)["error"]["code"] == "invalid_api_key"

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import openai_client, post
 
 MODEL = "gpt-4o-mini"

@@ -1,4 +1,4 @@
-"""A fake OpenAI API (design.md section 8) that the proxy under test forwards to.
+"""A fake OpenAI API (design.md § How it is tested) that the proxy under test forwards to.
 
 The real upstream is out of reach in tests, so this is a real aiohttp server on 127.0.0.1 that
 behaves like the parts of the OpenAI API the proxy touches, strictly enough that a proxy bug
@@ -14,8 +14,9 @@ would fail against OpenAI:
   tests can compare exactly what arrived;
 - fault flags for reliability tests, and a recording of every request.
 
-This module is the server and its settings; OpenAI's validation of a chat request, the default
-answers and the stream of an answer are in proxy/fakes/chat/.
+This module is the server and its settings; beside it are OpenAI's validation of a chat request
+(validate.py), the default answers and their shaping (replies.py), the stream and body of an answer
+(events.py), the prompt count (counting.py) and the other endpoints (endpoints.py).
 
 Use it in the test's event loop::
 
@@ -24,9 +25,8 @@ Use it in the test's event loop::
         ...
         assert fake.chat_requests[-1]["messages"][0]["role"] == "system"
 
-or through the `fake_upstream` fixture below (`from proxy.fake_upstream import fake_upstream` in a
-test module; tests/conftest.py has an equivalent `upstream` fixture), or from
-synchronous code with `with FakeUpstream() as fake:` (runs its own loop in a thread).
+or through tests/conftest.py's `upstream` fixture, or from synchronous code with
+`with FakeUpstream() as fake:` (runs its own loop in a thread).
 Every public attribute can be changed at any time, also while the server runs; each request
 reads them when it arrives. See the FakeUpstream docstring for the list.
 """
@@ -34,83 +34,28 @@ reads them when it arrives. See the FakeUpstream docstring for the list.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import logging
 import secrets
-import struct
 import time
 from typing import Any, Awaitable, Callable, Union
 
 import orjson
 from aiohttp import web
 
-from proxy.fakes.common import (
-    FakeError,
-    RecordedRequest,
-    count_text_tokens,
-    rand as _rand,
-    resolve as _resolve,
-    truncate_to_tokens as _truncate_to_tokens,
-    utf8_or_none as _utf8_or_none,
-)
-from proxy.fakes.chat.events import SYSTEM_FINGERPRINT, Reply, sse_events
-from proxy.fakes.chat.replies import content_text, default_history_summary, default_reply, default_tool_summary
+from proxy.fakes.chat import endpoints
+from proxy.fakes.chat.counting import message_tokens, prompt_tokens
+from proxy.fakes.chat.events import Reply, completion, sse_events, usage
+from proxy.fakes.chat.replies import content_text, default_history_summary, default_tool_summary, shape_reply
 from proxy.fakes.chat.validate import llama_rejection, parse_error, validation_error
-from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
+from proxy.fakes.common import FakeError, RecordedRequest, count_text_tokens, rand, resolve, truncate_to_tokens
 from proxy.fakes.faults import FaultInjection
+from proxy.fakes.openai_errors import context_length_error, key_error, status_error
+from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.server import FakeServer
-from proxy.fakes.summarizer_match import (
-    is_cached_history_request,
-    summarizer_kind as _summarizer_kind,
-)
-from proxy.prompts import SUMMARY_HEADINGS, default_dir
+from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind as _summarizer_kind
+from proxy.prompts import default_dir
 
 log = logging.getLogger(__name__)
-
-IMAGE_TOKENS = 765  # fixed estimate per image part (a 512x512 high-detail image)
-
-# The format our summarizer prompts ask for: the fake's default summaries are valid ones.
-HISTORY_SUMMARY_HEADINGS = SUMMARY_HEADINGS
-
-
-# --------------------------------------------------------------------------------------------
-# Scripted errors
-
-
-def status_error(status: int, retry_after: float | int | None = None) -> FakeError:
-    """The error OpenAI sends for a status (what `fail_status` returns)."""
-    headers = {"Retry-After": _fmt_num(retry_after)} if retry_after is not None else None
-    if status == 401:
-        return FakeError.openai(
-            401,
-            "Incorrect API key provided: sk-****. You can find your API key at "
-            "https://platform.openai.com/account/api-keys.",
-            code="invalid_api_key",
-            headers=headers,
-        )
-    if status == 429:
-        return FakeError.openai(
-            429,
-            "Rate limit reached for requests. Please try again later.",
-            type="requests",
-            code="rate_limit_exceeded",
-            headers=headers,
-        )
-    if status == 503:
-        return FakeError.openai(503, "The engine is currently overloaded, please try again later.", headers=headers)
-    if status >= 500:
-        return FakeError.openai(
-            status,
-            "The server had an error while processing your request. Sorry about that!",
-            headers=headers,
-        )
-    return FakeError.openai(status, f"Fake upstream error (HTTP {status}).", headers=headers)
-
-
-def _fmt_num(x: float | int) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
 
 # --------------------------------------------------------------------------------------------
 # What a test scripts (the `reply` and `summarizer` settings)
@@ -286,41 +231,16 @@ class FakeUpstream(FakeServer, FaultInjection):
     def _count(self, text: str) -> int:
         return count_text_tokens(text, self.encoding)
 
+    def _truncate(self, text: str, limit: int) -> str:
+        return truncate_to_tokens(text, limit, self.encoding)
+
     def message_tokens(self, m: dict[str, Any]) -> int:
         """~3 per message + role + content (+ name) + tool call names and arguments."""
-        n = 3 + self._count(str(m.get("role", "")))
-        content = m.get("content")
-        if isinstance(content, str):
-            n += self._count(content)
-        elif isinstance(content, list):
-            for part in content:
-                if not isinstance(part, dict):
-                    continue
-                if isinstance(part.get("text"), str):
-                    n += self._count(part["text"])
-                elif isinstance(part.get("refusal"), str):
-                    n += self._count(part["refusal"])
-                elif part.get("type") == "image_url":
-                    n += IMAGE_TOKENS
-                else:
-                    n += self._count(orjson.dumps(part).decode())
-        if isinstance(m.get("name"), str):
-            n += self._count(m["name"]) + 1
-        for tc in m.get("tool_calls") or []:
-            fn = tc.get("function") if isinstance(tc, dict) else None
-            if isinstance(fn, dict):
-                n += 3 + self._count(str(fn.get("name", ""))) + self._count(str(fn.get("arguments", "")))
-        return n
+        return message_tokens(m, self._count)
 
     def count_prompt_tokens(self, body: dict[str, Any]) -> int:
         """The fake's prompt token count (window check and usage.prompt_tokens)."""
-        n = 3  # priming of the reply
-        for m in body.get("messages") or []:
-            if isinstance(m, dict):
-                n += self.message_tokens(m)
-        for tool in body.get("tools") or []:
-            n += self._count(orjson.dumps(tool).decode())
-        return int(n * self.token_scale)
+        return prompt_tokens(body, self._count, self.token_scale)
 
     def _cached_tokens(self, body: dict[str, Any]) -> int:
         """Simulated prompt cache: tokens of the longest message prefix (same model and tools)
@@ -354,76 +274,53 @@ class FakeUpstream(FakeServer, FaultInjection):
         fault = self._take_fault(rec)
         if fault and self.stall_before_headers_s:
             await asyncio.sleep(self.stall_before_headers_s)
-        if self.require_api_key is not None and rec.headers.get("authorization") != f"Bearer {self.require_api_key}":
-            if "authorization" not in rec.headers:
-                err = FakeError.openai(401, "You didn't provide an API key. You need to provide your API key in an "
-                                       "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-            else:
-                err = status_error(401)
+        err = key_error(self.require_api_key, rec.headers)
+        if err is None and fault and self.fail_status:
+            err = status_error(self.fail_status, self.retry_after)
+        if err is not None:
             return await self._send_error(request, rec, err)
-        if fault and self.fail_status:
-            return await self._send_error(request, rec, status_error(self.fail_status, self.retry_after))
+        return await self._endpoint(request, rec, fault)
 
+    async def _endpoint(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
         method, path = request.method, request.path
         if method == "POST" and path == "/v1/chat/completions":
             return await self._chat(request, rec, fault)
-        if method == "GET" and path == "/v1/models":
-            data = [self._model_obj(m) for m in self.models]
-            return await self._send_json(request, rec, {"object": "list", "data": data}, fault=fault)
-        if method == "GET" and path.startswith("/v1/models/"):
-            model = path[len("/v1/models/"):]
-            if model not in self.models:
-                return await self._send_error(request, rec, FakeError.openai(
-                    404, f"The model '{model}' does not exist", param="model", code="model_not_found"))
-            return await self._send_json(request, rec, self._model_obj(model), fault=fault)
         if method == "POST" and path == "/v1/embeddings":
-            return await self._embeddings(request, rec, fault)
-        if path.startswith("/v1/"):
-            echo = {
-                "method": method,
-                "path": path,
-                "raw_path": request.raw_path,
-                "query": request.query_string,
-                "headers": rec.headers,
-                "body_text": _utf8_or_none(rec.body),
-                "body_b64": base64.b64encode(rec.body).decode(),
-            }
+            answer = endpoints.embeddings_answer(rec.json, self.embedding_dimensions, self._count)
+        elif method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
+            answer = endpoints.model_answer(path, self.models)
+        elif path.startswith("/v1/"):
+            echo = endpoints.echo(method, path, request.raw_path, request.query_string, rec)
             return await self._send_json(request, rec, echo, headers={"x-upstream-echo": "1"}, fault=fault)
-        return await self._send_error(request, rec, FakeError.openai(404, f"Invalid URL ({method} {path})"))
-
-    @staticmethod
-    def _model_obj(model: str) -> dict[str, Any]:
-        return {"id": model, "object": "model", "created": 1700000000, "owned_by": "system"}
-
-    async def _embeddings(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
-        body = rec.json
-        if not isinstance(body, dict):
-            return await self._send_error(request, rec, parse_error())
-        inp = body.get("input")
-        if not isinstance(body.get("model"), str):
-            return await self._send_error(request, rec, FakeError.openai(400, "you must provide a model parameter"))
-        if isinstance(inp, str) or (isinstance(inp, list) and inp and all(isinstance(x, int) for x in inp)):
-            inputs = [inp]
-        elif isinstance(inp, list) and inp:
-            inputs = inp
         else:
-            return await self._send_error(request, rec, FakeError.openai(
-                400, "'input' is a required property", param="input"))
-        dims = body.get("dimensions") or self.embedding_dimensions
-        b64 = body.get("encoding_format") == "base64"
-        data, tokens = [], 0
-        for i, x in enumerate(inputs):
-            text = x if isinstance(x, str) else orjson.dumps(x).decode()
-            tokens += self._count(text) if isinstance(x, str) else len(x)
-            vec = _embed(text, dims)
-            emb: Any = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode() if b64 else vec
-            data.append({"object": "embedding", "index": i, "embedding": emb})
-        payload = {"object": "list", "data": data, "model": body["model"],
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return await self._send_json(request, rec, payload, fault=fault)
+            answer = FakeError.openai(404, f"Invalid URL ({method} {path})")
+        if isinstance(answer, FakeError):
+            return await self._send_error(request, rec, answer)
+        return await self._send_json(request, rec, answer, fault=fault)
+
+    # ---- chat completions --------------------------------------------------------------------
 
     async def _chat(self, request: web.Request, rec: RecordedRequest, fault: bool) -> web.StreamResponse:
         body = rec.json
+        refused = await self._refuse(request, rec, body)
+        if refused is not None:
+            return refused
+        rec.cached_tokens = self._cached_tokens(body)
+        try:
+            reply, huge = await self._scripted(rec, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken scripted callable: make it visible, not a hang
+            self.errors.append(exc)
+            log.exception("fake upstream: scripted answer failed")
+            return await self._send_error(request, rec, FakeError.openai(500, f"fake upstream: scripted answer failed: {exc!r}"))
+        if isinstance(reply, FakeError):
+            return await self._send_error(request, rec, reply)
+        return await self._answer(request, rec, body, reply, huge, fault)
+
+    async def _refuse(self, request: web.Request, rec: RecordedRequest, body: Any) -> web.StreamResponse | None:
+        """OpenAI's refusal of an invalid request or of one over the window (llama.cpp's empty stream
+        when the fake plays it); None for a request the model answers. Sets rec.prompt_tokens."""
         if body is None:
             return await self._send_error(request, rec, parse_error())
         err = self.validate_chat(body)
@@ -432,97 +329,52 @@ class FakeUpstream(FakeServer, FaultInjection):
                 return await self._empty_stream(request, rec)
         if err is not None:
             return await self._send_error(request, rec, err)
-        model = body["model"]
-        window = self.window_for(model)
-        rec.prompt_tokens = prompt_tokens = self.count_prompt_tokens(body)
-        if prompt_tokens > window and self.empty_stream_on_overflow and body.get("stream"):
+        window = self.window_for(body["model"])
+        rec.prompt_tokens = tokens = self.count_prompt_tokens(body)
+        if tokens > window and self.empty_stream_on_overflow and body.get("stream"):
             return await self._empty_stream(request, rec)
-        if prompt_tokens > window:
-            return await self._send_error(request, rec, FakeError.openai(
-                400,
-                f"This model's maximum context length is {window} tokens. However, your messages resulted in "
-                f"{prompt_tokens} tokens. Please reduce the length of the messages.",
-                "invalid_request_error", "context_length_exceeded", "messages"))
-        rec.cached_tokens = cached = self._cached_tokens(body)
+        if tokens > window:
+            return await self._send_error(request, rec, context_length_error(window, tokens))
+        return None
 
-        huge = False
-        try:
-            if rec.kind == "summarizer":
-                if self.summarizer_delay_s:
-                    await asyncio.sleep(self.summarizer_delay_s)
-                result: Any = await _resolve(self.summarizer, body)
-                default = default_tool_summary if rec.summarizer_kind == "tool" else default_history_summary
-                if result is None:
-                    result = default(body)
-                if self.endless_summary and isinstance(result, str):
-                    unit = result + "\n"
-                    result = (unit * (self.endless_summary_chars // len(unit) + 1))[: self.endless_summary_chars]
-                    huge = True
-            else:
-                result = await _resolve(self.reply, body)
-            if isinstance(result, FakeError):
-                return await self._send_error(request, rec, result)
-            reply = self._make_reply(result, body, truncate=not huge)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a broken scripted callable: make it visible, not a hang
-            self.errors.append(exc)
-            log.exception("fake upstream: scripted answer failed")
-            return await self._send_error(request, rec, FakeError.openai(500, f"fake upstream: scripted answer failed: {exc!r}"))
+    async def _scripted(self, rec: RecordedRequest, body: dict[str, Any]) -> tuple[Reply | FakeError, bool]:
+        """The scripted answer (a summary for the proxy's summarizer calls, else `reply`) and whether it
+        is an endless summary (never cut at max tokens, counted by its characters)."""
+        if rec.kind == "summarizer":
+            result, huge = await self._summary(rec, body)
+        else:
+            result, huge = await resolve(self.reply, body), False
+        if isinstance(result, FakeError):
+            return result, huge
+        cut = self.truncate_to_max_tokens and not huge
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") if cut else None
+        return shape_reply(result, body, limit, self._truncate, self._count), huge
 
-        completion_tokens = (len(reply.content or "") // 4 if huge else self._count(reply.content or "")) + sum(
+    async def _summary(self, rec: RecordedRequest, body: dict[str, Any]) -> tuple[Any, bool]:
+        if self.summarizer_delay_s:
+            await asyncio.sleep(self.summarizer_delay_s)
+        result: Any = await resolve(self.summarizer, body)
+        if result is None:
+            default = default_tool_summary if rec.summarizer_kind == "tool" else default_history_summary
+            result = default(body)
+        if not (self.endless_summary and isinstance(result, str)):
+            return result, False
+        unit = result + "\n"
+        return (unit * (self.endless_summary_chars // len(unit) + 1))[: self.endless_summary_chars], True
+
+    async def _answer(self, request: web.Request, rec: RecordedRequest, body: dict[str, Any], reply: Reply,
+                      huge: bool, fault: bool) -> web.StreamResponse:
+        """The completion, as a stream or as one JSON body, with its usage."""
+        text = reply.content or ""
+        rec.completion_tokens = (len(text) // 4 if huge else self._count(text)) + sum(
             self._count(tc["function"]["name"]) + self._count(tc["function"]["arguments"]) for tc in reply.tool_calls)
-        rec.completion_tokens = completion_tokens
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
-                                          "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
-        }
-        cid = "chatcmpl-" + _rand(29)
-        created = int(time.time())
+        used = usage(rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
+        model, cid, created = body["model"], "chatcmpl-" + rand(29), int(time.time())
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = sse_events(cid, created, model, reply, usage if include_usage else None)
+            events = sse_events(cid, created, model, reply, used if include_usage else None)
             return await self._stream(request, rec, events, fault)
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None, "annotations": []}
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
-        payload = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
-            "usage": usage,
-            "service_tier": "default",
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-        }
-        return await self._send_json(request, rec, payload, fault=fault)
-
-    def _make_reply(self, result: Any, body: dict[str, Any], truncate: bool) -> Reply:
-        if result is None:
-            result = default_reply(body)
-        if isinstance(result, str):
-            content, raw_calls, finish = result, [], None
-        elif isinstance(result, dict):
-            content, raw_calls, finish = result.get("content"), result.get("tool_calls") or [], result.get("finish_reason")
-        else:
-            raise TypeError(f"scripted reply must be str, dict, FakeError or None, not {type(result).__name__}")
-        calls = []
-        for tc in raw_calls:
-            fn = tc.get("function") or {"name": tc.get("name"), "arguments": tc.get("arguments")}
-            args = fn.get("arguments")
-            if not isinstance(args, str):
-                args = orjson.dumps(args if args is not None else {}).decode()
-            calls.append({"id": tc.get("id") or "call_" + _rand(24), "type": "function",
-                          "function": {"name": fn["name"], "arguments": args}})
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        if truncate and self.truncate_to_max_tokens and limit and content and self._count(content) > limit:
-            content, finish = _truncate_to_tokens(content, limit, self.encoding), "length"
-        return Reply(content, calls, finish or ("tool_calls" if calls else "stop"))
+        return await self._send_json(request, rec, completion(cid, created, model, reply, used), fault=fault)
 
     # ---- writing answers -----------------------------------------------------------------------
 
@@ -563,29 +415,3 @@ class FakeUpstream(FakeServer, FaultInjection):
             await asyncio.sleep(self.close_after_empty_stream_s)
             transport.close()
         return resp
-
-
-
-def _embed(text: str, dims: int) -> list[float]:
-    """A deterministic unit vector from the text's hash (float32-exact values)."""
-    raw = b""
-    counter = 0
-    while len(raw) < 2 * dims:
-        raw += hashlib.sha256(f"{counter}:{text}".encode()).digest()
-        counter += 1
-    vals = [(int.from_bytes(raw[2 * k : 2 * k + 2], "big") - 32768) / 32768 for k in range(dims)]
-    norm = sum(v * v for v in vals) ** 0.5 or 1.0
-    return [struct.unpack("<f", struct.pack("<f", v / norm))[0] for v in vals]
-
-
-try:  # a ready-made fixture: `from proxy.fake_upstream import fake_upstream`
-    import pytest_asyncio
-
-    @pytest_asyncio.fixture
-    async def fake_upstream():
-        """A started FakeUpstream in the test's event loop, stopped after the test."""
-        async with FakeUpstream() as fake:
-            yield fake
-
-except ImportError:  # pragma: no cover - pytest-asyncio is part of the test extras
-    pass
