@@ -16,7 +16,7 @@ from test_metrics import scrape, total, value
 from test_protocols_shared import driver, fake  # noqa: F401  (the fixtures: each protocol and its fake)
 
 WINDOW = 6000
-LABEL = {"chat": "chat_completions", "responses": "responses", "messages": "messages"}  # the metrics' protocol
+LABEL = {"chat": "chat_completions", "responses": "responses", "messages": "messages", "gemini": "gemini"}  # the metrics' protocol
 
 
 def settings(driver: Driver, fake: Any, **over: Any) -> dict[str, Any]:
