@@ -1,6 +1,6 @@
 """CI: the installed wheel serves. Run with the python of a venv the wheel was installed into.
 
-Starts the packaged fake upstream (proxy.fake_upstream) in a thread and the venv's own
+Starts the packaged fake upstream (proxy.fakes.chat) in a thread and the venv's own
 `compaction-proxy` console script as a process (no TIKTOKEN_CACHE_DIR, downloads impossible),
 sends a chat request, then a long conversation that must come back `summarized`; then runs the
 installed `compaction-proxy fake-upstream` and a command under `compaction-proxy wrap`. Exits non-zero,
@@ -92,7 +92,7 @@ def commands(env: dict[str, str], work: Path) -> None:
 def main() -> None:
     started = float(sys.argv[1]) if len(sys.argv) > 1 else time.time()  # when `pip install` began
     import proxy
-    from proxy.fake_upstream import FakeUpstream
+    from proxy.fakes.chat import FakeUpstream
 
     if "site-packages" not in proxy.__file__:
         fail(f"proxy imported from {proxy.__file__}, not from the installed wheel")

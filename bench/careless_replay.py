@@ -49,7 +49,8 @@ import openai  # noqa: E402
 from support.careless import CarelessSummarizer  # noqa: E402
 from support.client import openai_client  # noqa: E402
 from support.coding_session import coding_session  # noqa: E402
-from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from proxy.fakes.chat import FakeUpstream  # noqa: E402
+from proxy.fakes.common import count_text_tokens  # noqa: E402
 from support.proxy_server import merge, start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, swe_agent_messages  # noqa: E402
 

@@ -1,6 +1,6 @@
 """A fast fake OpenAI upstream for load: a raw asyncio HTTP/1.1 server (uvloop when installed).
 
-The test fake (proxy/fake_upstream.py) validates every request strictly and is far too slow
+The test fake (proxy/fakes/chat/server.py) validates every request strictly and is far too slow
 to sit behind a load test; this one must never be the bottleneck, so it parses only the request
 head and answers from precomputed bytes:
 

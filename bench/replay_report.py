@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream lives there
 
 
 from proxy.compaction.budget import Budget  # noqa: E402
-from proxy.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fakes.chat import FakeUpstream  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 from support.client import openai_client  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402

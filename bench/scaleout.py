@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the fake upstream, conversations and 
 
 from support.client import openai_client  # noqa: E402
 from support.conversations import MODEL, WINDOW, request_points, send, tau_conversations  # noqa: E402
-from proxy.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fakes.chat import FakeUpstream  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 from support.replicas import Replica  # noqa: E402

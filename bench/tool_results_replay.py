@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the fake upstream and transcript helpers live there
 
 from proxy.compaction.extract import find_identifiers  # noqa: E402
-from proxy.fake_upstream import FakeUpstream, count_text_tokens  # noqa: E402
+from proxy.fakes.chat import FakeUpstream  # noqa: E402
+from proxy.fakes.common import count_text_tokens  # noqa: E402
 from support.client import openai_client  # noqa: E402
 from support.proxy_server import start_proxy  # noqa: E402
 from support.transcripts import enlarge_tool_outputs, replay, swe_agent_messages  # noqa: E402

@@ -19,6 +19,7 @@ from proxy.exchange import PROTOCOLS
 from proxy.ops import observe
 from proxy.protocols.registry import PASSTHROUGHS, ROUTES
 from proxy.protocols.responses.runtime import RESPONSES, ResponsesRuntime
+from proxy.protocols.messages import ondemand
 from proxy.serve import INFLIGHT, LOOP
 from proxy.state import STATE, ProxyState
 
@@ -128,6 +129,7 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app[RESPONSES] = ResponsesRuntime()
+    app[ondemand.LEARNED] = {}  # which Messages upstreams serve on-demand compaction, by model
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     v1 = functools.partial(guarded, cfg=cfg)  # every route that may carry the proxy's own key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from typing import Callable
 
 from proxy import __version__
 from proxy.cmdline import SWITCH_INTERVAL_S, flag_overrides, install_uvloop, parse_args
@@ -20,32 +21,44 @@ COMMANDS = ("events", "inspect")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["demo"]:  # `compaction-proxy demo`: the proxy and a fake upstream, on loopback
-        from proxy.demo import main as demo
-
-        return demo(argv[1:])
-    if argv[:1] == ["wrap"]:  # run an agent through a proxy started for it
-        from proxy.launch import main as wrap
-
-        return wrap(argv[1:])
-    if argv[:1] == ["health"]:  # a running proxy's /healthz at its configured address (the HEALTHCHECK)
-        from proxy.operator.health import health_main
-
-        return health_main(argv[1:])
-    if argv[:1] == ["fake-upstream"]:  # a strict fake provider on loopback, to try a client with no key
-        from proxy.fakes.command import main as fake_upstream
-
-        return fake_upstream(argv[1:])
-    if argv and argv[0] in COMMANDS:
-        from proxy.operator import commands
-
-        return getattr(commands, f"{argv[0]}_main")(argv[1:])
+    if argv and (command := _command(argv[0])) is not None:
+        return command(argv[1:])
     args = parse_args(argv)
     try:
         cfg: Config = load_config(args.config, overrides=flag_overrides(args))
     except ConfigError as e:
         print(f"compaction-proxy: config error: {e}", file=sys.stderr)
         return 2
+    return _serve(cfg)
+
+
+def _command(name: str) -> Callable[[list[str]], int] | None:
+    """The main function of a subcommand (imported only when asked for), or None: serve."""
+    if name == "demo":  # the proxy and a fake upstream, on loopback
+        from proxy.demo import main as demo
+
+        return demo
+    if name == "wrap":  # run an agent through a proxy started for it
+        from proxy.launch import main as wrap
+
+        return wrap
+    if name == "health":  # a running proxy's /healthz at its configured address (the HEALTHCHECK)
+        from proxy.operator.health import health_main
+
+        return health_main
+    if name == "fake-upstream":  # a strict fake provider on loopback, to try a client with no key
+        from proxy.fakes.command import main as fake_upstream
+
+        return fake_upstream
+    if name in COMMANDS:
+        from proxy.operator import commands
+
+        return getattr(commands, f"{name}_main")
+    return None
+
+
+def _serve(cfg: Config) -> int:
+    """Serve until stopped: one process, or the configured workers."""
     setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
     from proxy import heap

@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from proxy.config_sources import ENV_PREFIX, ConfigError, deep_merge, env_overrides, env_paths_of, format_error, sets_key
+from proxy.store.redis_cluster import SCHEMES as CLUSTER_SCHEMES
+from proxy.store.redis_cluster import parse_cluster_url
 from proxy.windows import window_for
 
 
@@ -117,6 +119,10 @@ class AnthropicConfig(_RelayConfig):
     base_url: str = "https://api.anthropic.com"
     # Sent as `x-api-key` only when the client sends no credential (x-api-key or Authorization).
     api_key: SecretStr | None = None
+    # Anthropic's on-demand compaction (the `compaction` parameter, beta compact-2026-09-04): answered
+    # here with a block the proxy signs (`proxy`), passed on (`upstream`), or passed on until the
+    # upstream refuses it for a model, then answered here (`auto`).
+    native_compaction: Literal["auto", "upstream", "proxy"] = "auto"
 
 
 class GeminiConfig(_RelayConfig):
@@ -265,8 +271,11 @@ class StoreConfig(_Section):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
-            raise ValueError("must be sqlite:///path, memory://, or redis://host:port/db")
+        if v.startswith(CLUSTER_SCHEMES):
+            parse_cluster_url(v)  # seed nodes named at start, not at the first request
+        elif not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
+            raise ValueError("must be sqlite:///path, memory://, redis://host:port/db or "
+                             "redis+cluster://host:port[,host:port...]")
         return v
 
     @model_validator(mode="after")
@@ -325,6 +334,10 @@ class ResponsesConfig(_Section):
     # How the summaries of a Responses conversation are asked for: as a Responses call, or as a
     # chat completion for an upstream that serves both and is better at chat.
     summarizer_api: Literal["responses", "chat"] = "responses"
+    # Codex's remote compaction v2 (a `compaction_trigger` input item): answered here with the
+    # proxy's own compaction item (`proxy`), passed on (`upstream`), or passed on until the
+    # upstream refuses it for a model, then answered here (`auto`).
+    native_compaction: Literal["auto", "upstream", "proxy"] = "auto"
     # A WebSocket turn has no headers of its own: its x-compaction-* report goes into the
     # `response.metadata` of the turn's `response.created` event (false: events relayed untouched).
     websocket_report: bool = True

@@ -1,7 +1,7 @@
 """`compaction-proxy demo`: watch the proxy compact a long agent session, with no key and no network.
 
 Everything runs in this process, on 127.0.0.1: the packaged fake OpenAI upstream
-(proxy/fake_upstream.py, the one the tests use), the proxy itself with a small window, and a
+(proxy/fakes/chat/server.py, the one the tests use), the proxy itself with a small window, and a
 scripted coding agent that drives both with plain Chat Completions requests (aiohttp, which the
 proxy has anyway: the demo works from a plain install). The agent asks, the fake
 model answers with a tool call, the agent runs the "tool" (a canned, realistic output) and sends
@@ -151,70 +151,91 @@ class Totals:
     wait_ms: int = 0
 
 
+SYSTEM = ("You are a coding agent working in the calendar-app repository. Use the shell tool, one "
+          "command at a time, and report what you found.")
+TOOLS = [{"type": "function", "function": {
+    "name": "shell", "description": "Run a shell command in the repository",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
 async def run(turns: int = DEFAULT_TURNS, out: Print = print) -> Totals:
-    from proxy.app import create_app
-    from proxy.config import Config
-    from proxy.fake_upstream import FakeUpstream
+    from proxy.fakes.chat import FakeUpstream
     from proxy.state import STATE
 
     totals = Totals()
     async with FakeUpstream(reply=ScriptedModel(), summarizer=ScriptedSummarizer(), window=WINDOW) as fake:
-        cfg = Config.model_validate({
-            "server": {"host": LOOPBACK, "port": 0},
-            "upstream": {"base_url": fake.base_url},
-            "models": {MODEL: {"context_window": WINDOW}},
-            "tool_results": {"threshold_tokens": TOOL_THRESHOLD},
-            "store": {"url": "memory://"},
-        })
-        runner = web.AppRunner(create_app(cfg), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, LOOPBACK, 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        proxy_url = f"http://{LOOPBACK}:{port}/v1"
-        engine = runner.app[STATE].compaction
-        threshold = cfg_threshold(cfg)
-        out(f"compaction-proxy demo: agent -> proxy {proxy_url} -> fake upstream {fake.base_url}")
-        out(f"model {MODEL}: window {WINDOW} tokens, compaction above {threshold}, tool outputs above "
-            f"{TOOL_THRESHOLD} tokens become notes; no key, nothing leaves {LOOPBACK}\n")
-        out(f"{'turn':>4} {'req':>3}  {'status':<11} {'tokens before -> after':>22}  {'wait ms':>7}  note")
+        cfg = _config(fake.base_url)
+        runner, proxy_url = await _start_proxy(cfg)
+        _print_head(out, proxy_url, fake.base_url, cfg_threshold(cfg))
         client = aiohttp.ClientSession(headers={"Authorization": "Bearer sk-demo-no-key-needed"},
                                        timeout=aiohttp.ClientTimeout(total=60))
-        messages: list[dict[str, Any]] = [{"role": "system", "content": (
-            "You are a coding agent working in the calendar-app repository. Use the shell tool, one "
-            "command at a time, and report what you found.")}]
-        tools = [{"type": "function", "function": {
-            "name": "shell", "description": "Run a shell command in the repository",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
         shown: set[str] = set()
         try:
             for step in range(1, turns + 1):
-                task, _ = _TASKS[(step - 1) % len(_TASKS)]
-                messages.append({"role": "user", "content": f"[step {step}] {task}."})
-                for _ in range(2):  # the tool call, then the answer after its result
-                    headers, reply = await _chat(client, proxy_url, messages, tools)
-                    _report(out, totals, step, headers, fake, shown)
-                    if reply.get("tool_calls"):
-                        call = reply["tool_calls"][0]
-                        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                        command = json.loads(call["function"]["arguments"])["command"]
-                        messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_output(step, command)})
-                    else:
-                        messages.append({"role": "assistant", "content": reply["content"]})
-                        break
-                await engine.idle()  # the agent's think time: a background summary gets its turn
+                await _turn(client, proxy_url, messages, step, lambda h: _report(out, totals, step, h, fake, shown))
+                await runner.app[STATE].compaction.idle()  # the agent's think time: a background summary gets its turn
         finally:
             await client.close()
             await runner.cleanup()
-        summaries = len(fake.history_summarizer_requests)
-        tool_calls = len(fake.tool_summarizer_requests)
+        _print_totals(out, totals, len(fake.history_summarizer_requests), len(fake.tool_summarizer_requests))
+    return totals
+
+
+def _config(upstream_url: str) -> Any:
+    from proxy.config import Config
+
+    return Config.model_validate({
+        "server": {"host": LOOPBACK, "port": 0},
+        "upstream": {"base_url": upstream_url},
+        "models": {MODEL: {"context_window": WINDOW}},
+        "tool_results": {"threshold_tokens": TOOL_THRESHOLD},
+        "store": {"url": "memory://"},
+    })
+
+
+async def _start_proxy(cfg: Any) -> tuple[web.AppRunner, str]:
+    """The proxy's app on a free loopback port: its runner and its base URL."""
+    from proxy.app import create_app
+
+    runner = web.AppRunner(create_app(cfg), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, LOOPBACK, 0)
+    await site.start()
+    return runner, f"http://{LOOPBACK}:{runner.addresses[0][1]}/v1"
+
+
+async def _turn(client: aiohttp.ClientSession, proxy_url: str, messages: list[dict[str, Any]], step: int,
+                report: Callable[[Any], None]) -> None:
+    """One step of the agent: the user's ask, the model's tool call and its result, the answer."""
+    task, _ = _TASKS[(step - 1) % len(_TASKS)]
+    messages.append({"role": "user", "content": f"[step {step}] {task}."})
+    for _ in range(2):  # the tool call, then the answer after its result
+        headers, reply = await _chat(client, proxy_url, messages, TOOLS)
+        report(headers)
+        if not reply.get("tool_calls"):
+            messages.append({"role": "assistant", "content": reply["content"]})
+            return
+        call = reply["tool_calls"][0]
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        command = json.loads(call["function"]["arguments"])["command"]
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_output(step, command)})
+
+
+def _print_head(out: Print, proxy_url: str, fake_url: str, threshold: int) -> None:
+    out(f"compaction-proxy demo: agent -> proxy {proxy_url} -> fake upstream {fake_url}")
+    out(f"model {MODEL}: window {WINDOW} tokens, compaction above {threshold}, tool outputs above "
+        f"{TOOL_THRESHOLD} tokens become notes; no key, nothing leaves {LOOPBACK}\n")
+    out(f"{'turn':>4} {'req':>3}  {'status':<11} {'tokens before -> after':>22}  {'wait ms':>7}  note")
+
+
+def _print_totals(out: Print, totals: Totals, summaries: int, tool_calls: int) -> None:
     saved = 100 * (1 - totals.forwarded / totals.sent) if totals.sent else 0.0
     out("")
     out(f"totals: {totals.requests} requests; " + ", ".join(f"{k} {v}" for k, v in sorted(totals.statuses.items())))
     out(f"        the agent sent {totals.sent} tokens, the upstream received {totals.forwarded} ({saved:.0f}% less)")
     out(f"        {summaries} history summarizer calls, {tool_calls} tool-result notes "
         f"({totals.tool_notes} requests carried one), {totals.wait_ms} ms spent waiting on summaries")
-    return totals
 
 
 async def _chat(client: aiohttp.ClientSession, base_url: str, messages: list[dict[str, Any]],

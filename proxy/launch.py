@@ -128,6 +128,7 @@ def parse(argv: list[str]) -> Invocation:
     p.add_argument("--config", metavar="FILE", help="the started proxy's YAML config (as for `compaction-proxy`)")
     p.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream of the started proxy")
     p.add_argument("--anthropic-upstream", metavar="URL", help="Messages upstream of the started proxy")
+    p.add_argument("--gemini-upstream", metavar="URL", help="Gemini API upstream of the started proxy")
     p.add_argument("--log", metavar="FILE", help="the started proxy's log (default: wrap.log in the cache directory)")
     p.set_defaults(host=None, port=None)  # cmdline.flag_overrides reads them; wrap's proxy is loopback on a free port
     opts = p.parse_args(before)

@@ -35,9 +35,15 @@ def _escape_char(m: re.Match[str]) -> str:
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
+_SEVERAL_HOSTS = re.compile(r"[A-Za-z][\w+.-]*://[^/]*,")
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)[^/]*@")  # to the last @: a password may hold one
+
+
 def shown_url(url: str) -> str:
     """A configured URL as a log line may show it: without a user or password in it
     (`redis://:pw@host:6379/0` -> `redis://host:6379/0`)."""
+    if _SEVERAL_HOSTS.match(url):  # a cluster's seed nodes: yarl parses a URL of one host only
+        return _USERINFO.sub(r"\1", url)
     try:
         parsed = URL(url)
     except ValueError:

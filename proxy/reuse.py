@@ -25,7 +25,7 @@ array's key, its new envelopes and the fields after it -- is parsed and checked.
 tail that is also one of them is a duplicate: the full parse refuses it.
 
 Kept per credential scope (one conversation's body never serves another client), a few bodies a
-scope, bounded in total by an estimate of the bytes they hold (tests/test_memory_bounds.py).
+scope, bounded in total by an estimate of the bytes they hold (tests/reliability/test_memory_bounds.py).
 """
 
 from __future__ import annotations

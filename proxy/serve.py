@@ -14,7 +14,7 @@ relaying a stream never notices. So:
   all, cancels what is left, then closes the app (the store).
 
 It relies on two internals of aiohttp's RequestHandler (`_messages`, the parsed requests waiting
-for their handler, and `_request_in_progress`); tests/test_server_limits.py pins the behaviour.
+for their handler, and `_request_in_progress`); tests/reliability/test_server_limits.py pins the behaviour.
 """
 
 from __future__ import annotations

@@ -111,38 +111,14 @@ class ProxyState:
         when told."""
         prompts = Prompts()
         if counter is None:
-            counter = TokenCounter()
-            try:
-                # Configured per-model encodings too: never a first load (or download) on a request.
-                names = {"o200k_base", "cl100k_base"} | {m.encoding for m in cfg.models.values() if m.encoding}
-                await asyncio.wait_for(asyncio.to_thread(counter.load, sorted(names)), ENCODING_LOAD_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                counter.estimating = True
-                log.warning("loading tiktoken encodings timed out; token counts are estimated as bytes/4")
-        if store is None:
-            store = open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records)
-        if not isinstance(store, ResilientStore):
-            store = ResilientStore(store)
+            counter = await _loaded_counter(cfg)
+        store = _resilient(cfg, store)
         secret = await _scope_secret(cfg, store)
         await clear_dead_locks(store)  # a restart after a crash must not wait on its own old locks
         session = upstream_session(cfg.upstream.max_connections)
         caller = make_caller(session) if make_caller is not None else SummaryCaller(session, cfg)
-        count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
-        metrics = Metrics() if cfg.metrics.enabled else None
-        bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
-        journal = Journal(store, cfg.journal.max_events, bill) if cfg.journal.enabled else None
-        access = AccessLog(os.getpid() if cfg.server.worker_count() > 1 else None) if cfg.server.access_log else None
-        # The bill before the journal: an event carries its conversation's bill.
-        signals = Signals(bill.prices) if metrics is not None else None
-        hooks = Fanout([h for h in (metrics, signals, bill, journal, access) if h is not None])
-        # One summarizer, engine and tool stage for every protocol: one limit on summaries in
-        # flight, one cool-down, one single-flight (the adapter of each flow says how to ask).
-        summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
-                                       hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries,
-                                       per_scope=cfg.compaction.max_concurrent_summaries_per_scope)
-        compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
-        compaction.start()
-        tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)
+        metrics, signals, bill, journal, hooks = _listeners(cfg, store)
+        compaction, tool_results = _stages(cfg, store, caller, prompts, counter, clock, hooks)
         series = Series(metrics, cfg.admin.sample_interval_s, cfg.admin.sample_points)
         if metrics is not None:
             metrics.add_collector(StateCollector(store, tool_results.breaker_states, bill, compaction.stats))
@@ -223,3 +199,49 @@ async def _shared_secret(store: Store, ours: bytes) -> bytes:
 
 
 STATE = web.AppKey("state", ProxyState)
+
+
+async def _loaded_counter(cfg: Config) -> TokenCounter:
+    """A token counter with its encodings loaded: the usual two and every model's configured one,
+    never a first load (or download) on a request; estimating bytes/4 when loading times out."""
+    counter = TokenCounter()
+    try:
+        names = {"o200k_base", "cl100k_base"} | {m.encoding for m in cfg.models.values() if m.encoding}
+        await asyncio.wait_for(asyncio.to_thread(counter.load, sorted(names)), ENCODING_LOAD_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        counter.estimating = True
+        log.warning("loading tiktoken encodings timed out; token counts are estimated as bytes/4")
+    return counter
+
+
+def _resilient(cfg: Config, store: Store | None) -> ResilientStore:
+    """The configured store (or the one given), wrapped to survive its outages."""
+    if store is None:
+        store = open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records)
+    return store if isinstance(store, ResilientStore) else ResilientStore(store)
+
+
+def _listeners(cfg: Config, store: Store) -> tuple[Metrics | None, Signals | None, Bill, Journal | None, Fanout]:
+    """The hook listeners the configuration asks for, and the fan-out the stages call."""
+    metrics = Metrics() if cfg.metrics.enabled else None
+    bill = Bill(PriceTable(cfg.billing.prices), cfg.billing.max_conversations)
+    journal = Journal(store, cfg.journal.max_events, bill) if cfg.journal.enabled else None
+    access = AccessLog(os.getpid() if cfg.server.worker_count() > 1 else None) if cfg.server.access_log else None
+    # The bill before the journal: an event carries its conversation's bill.
+    signals = Signals(bill.prices) if metrics is not None else None
+    hooks = Fanout([h for h in (metrics, signals, bill, journal, access) if h is not None])
+    return metrics, signals, bill, journal, hooks
+
+
+def _stages(cfg: Config, store: Store, caller: SummaryCaller, prompts: Prompts, counter: TokenCounter,
+            clock: Callable[[], float], hooks: Hooks) -> tuple[CompactionEngine, ToolResultStage]:
+    """One summarizer, engine and tool stage for every protocol: one limit on summaries in flight,
+    one cool-down, one single-flight (the adapter of each flow says how to ask). The engine started."""
+    count = lambda text: counter.count_text(text, "cl100k_base")  # noqa: E731
+    summarizer = HistorySummarizer(caller, prompts, count, tuple(cfg.compaction.required_headings),
+                                   hooks=hooks, max_concurrent=cfg.compaction.max_concurrent_summaries,
+                                   per_scope=cfg.compaction.max_concurrent_summaries_per_scope)
+    compaction = CompactionEngine(cfg, store, summarizer, counter, prompts, clock=clock, hooks=hooks)
+    compaction.start()
+    tool_results = ToolResultStage(cfg, store, caller, prompts, counter, clock=clock, hooks=hooks)
+    return compaction, tool_results

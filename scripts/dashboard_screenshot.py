@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from playwright.async_api import async_playwright  # noqa: E402
 
-from proxy.fake_upstream import FakeUpstream  # noqa: E402
+from proxy.fakes.chat import FakeUpstream  # noqa: E402
 from support.ops_replay import SETTINGS, conversation, replay, request_points  # noqa: E402
 from support.proxy_server import merge, start_proxy  # noqa: E402
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import KEY, openai_client
 from support.proxy_server import start_proxy
 from support.redis_server import redis_server  # noqa: F401
@@ -20,6 +21,13 @@ settings.load_profile("suite")
 
 # Real agent transcripts, copied into the repository (provenance and licence in its README.md).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# Test files sit in folders that mirror the code (protocols/chat, compaction, ops ...), and a few
+# import helpers of another by its module name (test_metrics.scrape): every folder is importable.
+# (Module names stay unique across folders: pytest imports each test file by its own name.)
+for _folder in sorted(Path(__file__).resolve().parent.rglob("test_*.py")):
+    if str(_folder.parent) not in sys.path and "e2e" not in _folder.parts:
+        sys.path.append(str(_folder.parent))
 
 
 @pytest.fixture

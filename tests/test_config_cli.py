@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from proxy.cmdline import flag_overrides, parse_args
 from proxy.config import Config, ConfigError, load_config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import sync_openai_client
 
 REPO = Path(__file__).resolve().parents[1]

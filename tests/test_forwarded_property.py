@@ -14,7 +14,7 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.client import auth, post
 from support.compaction_helpers import filler, text_of
 from support.invariants import check_forwarded

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.fake_upstream import count_text_tokens
+from proxy.fakes.common import count_text_tokens
 from support.coding_session import coding_session
 from support.conversations import request_points, tau_conversations
 from support.golden import UNRECORDED, match_recorded

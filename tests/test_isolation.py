@@ -1,7 +1,7 @@
 """Isolation between credentials (issue 7 item 6, design.md § Made once, reused), what only the chat path has: Azure's
 `api-key` and a configured upstream key. Two keys sharing nothing, a session narrowing a key's
 scope, and a request with no credential are checked for every protocol in
-tests/test_protocols_shared.py; tests/test_compaction_flow.py covers one key with and without a
+tests/every_protocol/test_protocols_shared.py; tests/compaction/test_compaction_flow.py covers one key with and without a
 session.
 """
 
@@ -15,7 +15,7 @@ import orjson
 
 from support.client import raw_chat
 from support.compaction_helpers import chat_history, main_summary
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 
 MODEL = "gpt-4"
 

@@ -139,3 +139,12 @@ def test_a_route_handler_is_at_most_40_lines():
                 if node.end_lineno - node.lineno + 1 > 40:
                     long.append(f"{path.relative_to(ROOT)}:{node.name}")
     assert long == []
+
+
+def test_the_tests_mirror_the_code():
+    """Test files sit in folders per package and protocol (docs/development.md § How the tests are
+    built): at most 40 directly in tests/, and no two with one name (pytest imports each by it)."""
+    tests = ROOT / "tests"
+    assert len(list(tests.glob("test_*.py"))) <= 40
+    names = collections.Counter(p.name for p in tests.rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []

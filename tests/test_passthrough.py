@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.common import utf8_or_none
 from support.client import get, http, post
 from support.loopback import serving

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from support.compaction_helpers import chat_history
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.serve import CANCEL_WAIT_S, drain
 from support.replicas import Replica
 from support.waiting import until

@@ -15,7 +15,7 @@ from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.messages.summary import summary_body
 from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from proxy.config import Config
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.windows import known_window
 from support.client import chat
 from support.compaction_helpers import chat_history, proxy_count

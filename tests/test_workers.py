@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from support.conversations import MODEL, WINDOW, send, synthetic
 from support.replicas import Replica
 from support.waiting import until

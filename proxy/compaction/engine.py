@@ -18,6 +18,7 @@ from typing import Any
 
 from proxy import offload
 from proxy.compaction.budget import Budget
+from proxy.compaction.cooldown import Cooldown
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.plan import Plan
 from proxy.compaction.prepare import Preparer
@@ -43,31 +44,6 @@ FLOOR_MARGIN = 0.98
 MAX_BUDGETS = 4096  # models whose budgets are kept worked out
 
 __all__ = ["CompactionEngine", "Outcome"]
-
-
-class Cooldown:
-    """Conversations whose summary just failed: not retried on every request before `seconds`
-    passed (each attempt can cost the client the summarizer's whole timeout)."""
-
-    def __init__(self, seconds: float, clock: Any, size: int = 4096) -> None:
-        self.seconds, self.clock, self.size = seconds, clock, size
-        self._until: dict[str, float] = {}
-
-    def active(self, k: str) -> bool:
-        until = self._until.get(k)
-        if until is None:
-            return False
-        if self.clock() < until:
-            return True
-        del self._until[k]
-        return False
-
-    def failed(self, k: str) -> None:
-        if self.seconds <= 0:
-            return
-        self._until[k] = self.clock() + self.seconds
-        while len(self._until) > self.size:
-            self._until.pop(next(iter(self._until)))
 
 
 class CompactionEngine:
@@ -184,54 +160,84 @@ class CompactionEngine:
             return Outcome("none")
         # digests of a long history: off the loop, unless the previous request of the conversation made most
         view = await offload.sized(flow.request.fresh_bytes(), self.view, flow, conv)
-        scope = flow.identity.scope
-        record, out, carried = await self._serving(view, budget, forced)
-        if carried:
-            return out  # type: ignore[return-value]
-        if record is not None and out is not None:
-            if record.prepared:
-                out, first = await self._carry(view, record, out)
-                if first:
-                    out.status = "summarized"
-                    self.hooks.prepared("used")
-            elif not forced:
-                self.preparer.maybe(flow, conv, budget, out.tokens_after)
+        record, out = await self._reused(view, budget, forced)
+        if out is not None:
             return out
         if record is not None and record.prepared:
             self.hooks.prepared("wasted")  # made ahead, yet this request must call the summarizer
-        # Tier 1: old tool outputs become stubs; no model call.
+        mask_rec, out = await self._masked(view, budget, record, total)
+        if out is not None:
+            return out
+        return await self._summarized(view, budget, forced, record, mask_rec or record, total)
+
+    async def _reused(self, view: View, budget: Budget, forced: bool) -> tuple[SummaryRecord | None, Outcome | None]:
+        """The longest record made for the request, and what it makes of the request when that is
+        within its limit: the record itself, or the summary the conversation carries now."""
+        record, out, carried = await self._serving(view, budget, forced)
+        if carried or record is None or out is None:
+            return record, out
+        if record.prepared:
+            out, first = await self._carry(view, record, out)
+            if first:
+                out.status = "summarized"
+                self.hooks.prepared("used")
+        elif not forced:
+            self.preparer.maybe(view.flow, view.conv, budget, out.tokens_after)
+        return record, out
+
+    async def _masked(self, view: View, budget: Budget, record: SummaryRecord | None,
+                      total: int) -> tuple[SummaryRecord | None, Outcome | None]:
+        """Tier 1: old tool outputs become stubs, no model call. The masking record (or None), and
+        what it makes of the request when that reaches the target (it is then published)."""
         mask_rec = await offload.sized(4 * total, self.maker.mask_record, view, budget, record)
-        if mask_rec is not None:
-            out = self.apply(view, mask_rec)
-            if out.tokens_after is not None and out.tokens_after <= budget.target:
-                mask_rec = await self.records.publish(scope, mask_rec)
-                self.stats["events_masked"] += 1
-                return self.apply(view, mask_rec)
-        base = mask_rec or record
+        if mask_rec is None:
+            return None, None
+        out = self.apply(view, mask_rec)
+        if out.tokens_after is None or out.tokens_after > budget.target:
+            return mask_rec, None
+        mask_rec = await self.records.publish(view.scope, mask_rec)
+        self.stats["events_masked"] += 1
+        return mask_rec, self.apply(view, mask_rec)
+
+    async def _summarized(self, view: View, budget: Budget, forced: bool, record: SummaryRecord | None,
+                          base: SummaryRecord | None, total: int) -> Outcome:
+        """Tier 2 on top of `base` (the masking, else `record`): a summary this process is making now
+        when it reaches the target, else a new one unless one failed recently; the floor when none
+        comes."""
         started = time.perf_counter()
         try:
             joined = None if forced else await self._join_summary_in_progress(view, record)
         except Busy as e:  # someone else's summary is late: go on without it
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
-                                     reasons.BUSY)
+            return await self._floor(view, base, budget, forced, str(e), _ms_since(started), reasons.BUSY)
         if joined is not None:
-            out = self.apply(view, joined)
-            if out.tokens_after is not None and out.tokens_after <= budget.target:
-                first = True
-                if joined.prepared:
-                    out, first = await self._carry(view, joined, out)
-                    if first:
-                        self.hooks.prepared("used")
-                out.status = "summarized" if first else "reused"
-                out.wait_ms = (time.perf_counter() - started) * 1000
+            out = await self._joined(view, budget, joined, started)
+            if out is not None:
                 return out
             record = base = joined  # the previous summary of a short update
         # A summary that just failed for this conversation is not retried on every request.
-        failure_key = f"{scope}:{view.chain_hex(record.covered if record else 1)}"
+        failure_key = f"{view.scope}:{view.chain_hex(record.covered if record else 1)}"
         if self.cooldown.active(failure_key):
             return await self._floor(view, base, budget, forced, "a summary failed recently; retrying after the cool-down",
                                      0.0, reasons.COOLDOWN)
-        # Tier 2: summarize the older part of the (masked) history.
+        return await self._summarize(view, budget, forced, record, base, total, failure_key, started)
+
+    async def _joined(self, view: View, budget: Budget, joined: SummaryRecord, started: float) -> Outcome | None:
+        """What the joined summary makes of the request when that reaches the target, else None."""
+        out = self.apply(view, joined)
+        if out.tokens_after is None or out.tokens_after > budget.target:
+            return None
+        first = True
+        if joined.prepared:
+            out, first = await self._carry(view, joined, out)
+            if first:
+                self.hooks.prepared("used")
+        out.status = "summarized" if first else "reused"
+        out.wait_ms = _ms_since(started)
+        return out
+
+    async def _summarize(self, view: View, budget: Budget, forced: bool, record: SummaryRecord | None,
+                         base: SummaryRecord | None, total: int, failure_key: str, started: float) -> Outcome:
+        """Summarize the older part of the (masked) history; the floor when it cannot be."""
         work = masked(view, base)
         try:
             plan = await offload.sized(4 * total, self.planner.plan, view, budget, base, work)
@@ -239,18 +245,16 @@ class CompactionEngine:
                 return await self._floor(view, base, budget, forced, "no valid cut point", 0.0, reasons.NO_CUT)
             new_record = await self.summary_for(view, plan, base, budget, work=work, carried=record)
         except Busy as e:  # someone else's summary is late: not a failure of the summary, no cool-down
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
-                                     reasons.BUSY)
+            return await self._floor(view, base, budget, forced, str(e), _ms_since(started), reasons.BUSY)
         except SummarizerError as e:
             log.warning("summary failed: %s", e)
             self.cooldown.failed(failure_key)
-            return await self._floor(view, base, budget, forced, str(e), (time.perf_counter() - started) * 1000,
-                                     reasons.SUMMARIZER_FAILED)
+            return await self._floor(view, base, budget, forced, str(e), _ms_since(started), reasons.SUMMARIZER_FAILED)
         if new_record.prepared:  # made ahead by another path and reached here first
             new_record = replace(new_record, prepared=False, live_from=live_from(view, new_record))
-            await self.records.save(scope, new_record)
+            await self.records.save(view.scope, new_record)
         out = self.apply(view, new_record)
-        out.wait_ms = (time.perf_counter() - started) * 1000
+        out.wait_ms = _ms_since(started)
         if out.tokens_after is not None and out.tokens_after > budget.target:
             out.reason = _over_target_reason(plan, out.tokens_after, budget.target)
             log.info("compacted request is above its target: %s", out.reason)
@@ -427,3 +431,7 @@ def _over_target_reason(plan: Plan, tokens: int, target: int) -> str:
     else:
         why = "the summary came out larger than planned"
     return f"{tokens} tokens after compaction, above the target of {target}: {why}"
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

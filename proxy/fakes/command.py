@@ -1,7 +1,7 @@
 """`compaction-proxy fake-upstream`: one of the strict fake upstreams as a server of its own, so a
 person can try a client against the proxy with no key and no network.
 
-The fakes are the tests' (proxy/fake_upstream.py, proxy/fakes/responses, proxy/fakes/messages,
+The fakes are the tests' (proxy/fakes/chat/server.py, proxy/fakes/responses, proxy/fakes/messages,
 proxy/fakes/gemini):
 they validate requests as the provider does and answer with canned text (and summaries in the
 shape the proxy asks for). They listen on 127.0.0.1 only: they are a tool for trying things, not a
@@ -24,7 +24,7 @@ TRIM_EVERY_S = 5.0
 def make_fake(protocol: str) -> Any:
     """The fake upstream serving `protocol`, not started."""
     if protocol == "chat":
-        from proxy.fake_upstream import FakeUpstream
+        from proxy.fakes.chat import FakeUpstream
 
         return FakeUpstream()
     if protocol == "responses":

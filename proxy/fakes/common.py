@@ -1,5 +1,5 @@
 """Pieces every fake upstream shares: scripted errors, the request recording, token counting and
-small text helpers. The fakes themselves live beside this module (chat: proxy/fake_upstream.py,
+small text helpers. The fakes themselves live beside this module (chat: proxy/fakes/chat/server.py,
 Responses: proxy/fakes/responses, Messages: proxy/fakes/messages)."""
 
 from __future__ import annotations

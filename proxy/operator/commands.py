@@ -90,12 +90,7 @@ def format_event(e: dict[str, Any], *, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def inspect_main(argv: list[str]) -> int:
-    import os
-
-    from proxy.errors import ProxyError
-    from proxy.operator.inspect import format_report, inspect, protocol_of, request_headers
-
+def _inspect_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compaction-proxy inspect",
         description="Show what the proxy would forward for a request body: token counts against the threshold and "
@@ -121,7 +116,16 @@ def inspect_main(argv: list[str]) -> int:
     p.add_argument("--summarize", action="store_true",
                    help="make the summaries for real: calls the configured upstream (the store is still not written)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object (the forwarded body included)")
-    args = p.parse_args(argv)
+    return p
+
+
+def inspect_main(argv: list[str]) -> int:
+    import os
+
+    from proxy.errors import ProxyError
+    from proxy.operator.inspect import format_report, inspect, protocol_of, request_headers
+
+    args = _inspect_parser().parse_args(argv)
     cfg = _config(args)
     if cfg is None:
         return 2

@@ -314,7 +314,7 @@ class AccessLog(Hooks):
 
     def text(self, ex: Exchange, ms: float) -> str:
         """`_fields_text(self.fields(ex, ms))`, written out: the text line every request costs,
-        without a dict and a loop over it (a third of this line's cost; tests/test_logs.py checks
+        without a dict and a loop over it (a third of this line's cost; tests/ops/test_logs.py checks
         the two agree)."""
         # (the request id and the protocol label are ours: plain words, no escaping)
         words = _WORDS

@@ -76,6 +76,23 @@ class Metrics(Hooks):
         if self.shared is not None:
             self.view = CollectorRegistry()
             _WorkerFiles(self.view, self.shared)
+        self._request_metrics(r)
+        self._summary_metrics(r)
+        self._recall_metrics(r)
+        self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
+                               multiprocess_mode="livesum")
+        self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
+        # A request's figures are added up here in plain Python and given to the prometheus-client
+        # children when the metrics are read (`flush`): one lock per series a scrape, not a dozen
+        # locked calls a request. Several workers share files that others read: they flush at once.
+        self._live = 0  # requests started minus ended since the last flush
+        self._streams = 0  # streams opened minus closed since the last flush
+        self._req: dict[tuple[str, str, int, str], int] = {}
+        self._by_route: dict[tuple[str, str], Tally] = {}
+        self._by_protocol: dict[str, ProtocolTally] = {}
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests, their tokens and their time, and the upstream's answers."""
         self.requests = Counter(P + "requests_total", "HTTP requests answered, by route, protocol, status code and "
                                 "x-compaction-status", ["route", "protocol", "code", "compaction"], registry=r)
         self.duration = Histogram(P + "request_duration_seconds", "Time from request to the end of the answer",
@@ -95,6 +112,9 @@ class Metrics(Hooks):
         self.usage = Counter(P + "upstream_tokens_total", "Tokens of the upstream's own usage reports, by kind "
                              "(prompt, cached: the part of prompt read from its cache, completion)",
                              ["protocol", "kind"], registry=r)
+
+    def _summary_metrics(self, r: CollectorRegistry) -> None:
+        """The summarizer's calls and the compactions they make."""
         self.calls = Counter(P + "summarizer_calls_total", "Summarizer calls, by kind (history, tool_result, prepared)",
                              ["kind"], registry=r)
         self.failures = Counter(P + "summarizer_failures_total", "Summarizer calls that gave no usable text, by kind "
@@ -107,6 +127,9 @@ class Metrics(Hooks):
         self.prepared_summaries = Counter(P + "prepared_summaries_total", "Summaries prepared ahead: made, used by "
                                           "the crossing request, wasted (it called the summarizer anyway)",
                                           ["outcome"], registry=r)
+
+    def _recall_metrics(self, r: CollectorRegistry) -> None:
+        """Recall calls and rounds, and the stale-reasoning retries."""
         self.recalls = Counter(P + "recall_calls_total", "Recall tool calls the proxy answered, by outcome (hit, miss, "
                                "error, unavailable, exhausted) and protocol", ["outcome", "protocol"], registry=r)
         self.recall_rounds_total = Counter(P + "recall_rounds_total", "Extra upstream rounds made to answer recall "
@@ -118,17 +141,6 @@ class Metrics(Hooks):
                                              "upstream refused for reasoning the compaction made stale, sent again "
                                              "asking it to leave that out (Anthropic drop_block), by protocol",
                                              ["protocol"], registry=r)
-        self.in_flight = Gauge(P + "requests_in_flight", "Requests being served", registry=r,
-                               multiprocess_mode="livesum")
-        self.streams = Gauge(P + "streams_open", "Event streams being relayed", registry=r, multiprocess_mode="livesum")
-        # A request's figures are added up here in plain Python and given to the prometheus-client
-        # children when the metrics are read (`flush`): one lock per series a scrape, not a dozen
-        # locked calls a request. Several workers share files that others read: they flush at once.
-        self._live = 0  # requests started minus ended since the last flush
-        self._streams = 0  # streams opened minus closed since the last flush
-        self._req: dict[tuple[str, str, int, str], int] = {}
-        self._by_route: dict[tuple[str, str], Tally] = {}
-        self._by_protocol: dict[str, ProtocolTally] = {}
 
     def add_collector(self, collector: Collector) -> None:
         if self.shared is None:
@@ -191,7 +203,7 @@ class Metrics(Hooks):
             self.flush()
 
     def request_done(self, ex: Exchange) -> None:
-        # (Tally.add written out: a call each costs as much as the adding; tests/test_metrics.py
+        # (Tally.add written out: a call each costs as much as the adding; tests/ops/test_metrics.py
         # checks the series against prometheus-client's own observe)
         self._live -= 1
         route, protocol = ex.route, ex.protocol

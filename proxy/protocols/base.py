@@ -8,9 +8,12 @@ are read, and a few optional hooks. A field left at its default is the common be
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from proxy import errors
 from proxy.adapter import Adapter, Request
 from proxy.byheaders import ByHeaders, Caller
 from proxy.config import secret
@@ -51,10 +54,19 @@ class Protocol:
     # What a request says of its caller, when more than its headers do (Gemini's `?key=`): then
     # `callers` is not used.
     caller_of: Callable[[Any, Any], Caller] | None = None
+    # The agent's own compaction handshake (proxy/native.py): `native(request, raw, caller,
+    # count_only, forward)` answers the request here, or calls `forward(body)` (the pipeline's own
+    # path, with the body to send). None: the protocol has none.
+    native: Callable[[Any, bytes, Any, bool, Callable[[bytes], Awaitable[Any]]], Awaitable[Any]] | None = None
 
     @property
     def name(self) -> str:
         return self.adapter.protocol
+
+    @functools.cached_property
+    def log(self) -> logging.Logger:
+        """The protocol's own logger (`proxy.chat` ...), looked up once."""
+        return logging.getLogger(f"proxy.{self.name}")
 
     @property
     def dialect(self) -> Any:
@@ -69,6 +81,21 @@ class Protocol:
 
 
 Handler = Callable[[Any], Awaitable[Any]]
+
+
+def shaped(shape: Any) -> Callable[[Handler], Handler]:
+    """A route's decorator: every error made while handling its request (the middleware's, a
+    relay's, a stream's last event) takes the protocol's `shape` (errors.SHAPE)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def wrapped(request: Any) -> Any:
+            errors.SHAPE.set(shape)  # this request's task only
+            return await handler(request)
+
+        return wrapped
+
+    return decorate
 
 
 @dataclass(frozen=True)

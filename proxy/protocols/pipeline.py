@@ -22,7 +22,7 @@ import logging
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from aiohttp import web
 
@@ -48,7 +48,7 @@ log = logging.getLogger("proxy.pipeline")
 _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """One request after the stages: what to forward and its x-compaction-* headers, and what the
     send needs to retry it, answer recall in it and judge its stream."""
@@ -64,11 +64,10 @@ class Prepared:
     request: Request | None = None  # as parsed (None: not parsed)
 
 
-@dataclass(frozen=True)
-class Incoming:
+class Incoming(NamedTuple):
     """A body as it reached the pipeline: its bytes, the client's headers, what they say, the
     exchange the request is logged under, and the request's path (a protocol may name the model
-    or the method there)."""
+    or the method there). (A named tuple: a frozen dataclass's fields each cost a call.)"""
 
     raw: bytes
     headers: Any
@@ -89,6 +88,18 @@ async def handle(request: web.Request, protocol: Protocol, *, path: str | None =
     incoming = Incoming(raw, request.headers, caller, request[EXCHANGE], request.path)
     if caller.bypass:
         return await as_sent(request, state, protocol, incoming, "bypassed", reasons.BYPASS, path, count_only)
+    prepared = partial(_prepared, request, state, protocol, incoming, path, count_only)
+    if protocol.native is not None:  # the agent's own compaction handshake, answered or forwarded
+        return await protocol.native(request, raw, caller, count_only, prepared)
+    return await prepared(raw)
+
+
+async def _prepared(request: web.Request, state: ProxyState, protocol: Protocol, incoming: Incoming,
+                    path: str | None, count_only: bool, raw: bytes) -> web.StreamResponse:
+    """The body (`raw`: as a native handshake left it) prepared and forwarded."""
+    if raw is not incoming.raw:
+        incoming = incoming._replace(raw=raw)
+    caller = incoming.caller
     try:
         p = await prepare(state, protocol, incoming, count_only=count_only)
     except errors.Uncompactable:  # not the proxy's to refuse: the upstream judges it
@@ -224,6 +235,9 @@ def _after_stages(state: ProxyState, protocol: Protocol, flow: Flow, ex: Exchang
     report, parsed = flow.report, flow.request
     if report.tokens_after is None:
         report.tokens_after = flow.total()
+    if protocol.log.isEnabledFor(logging.DEBUG):
+        protocol.log.debug("%s %s: %s, %d -> %d tokens, %d tool results summarized", protocol.name, parsed.model,
+                           report.status, report.tokens_before, report.tokens_after, report.tool_results)
     headers = report.headers()
     p = Prepared(data, headers, parsed.model, parsed.stream, request=parsed)
     if dry:

@@ -87,97 +87,124 @@ class StreamResult:
     usage: Any  # the sum of every round's usage (None when the upstream sent none)
 
 
-async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, extra: dict[str, str],
-                body: dict[str, Any], post: Post, session: RecallSession, rounds: Rounds,
-                checker: Callable[[], EventChecker] = EventChecker, hooks: Any = None) -> StreamResult:
-    """Relay an event stream whose first bytes were read, answering recall rounds inside it
-    (`post` sends a continuation upstream; `checker` makes the protocol's event checker)."""
-    resp: web.StreamResponse | None = None
-    base_headers = client_response_headers(upstream.headers)
-    headed = 0  # the recall calls the headers counted
+class _ClientStream:
+    """The one response the client gets: its headers go out with the first events, counting the
+    recall calls made by then."""
 
-    async def write(events: list[bytes]) -> None:
-        nonlocal resp, headed
+    def __init__(self, request: web.Request, headers: Any, extra: dict[str, str], session: RecallSession) -> None:
+        self.request, self.headers, self.extra, self.session = request, headers, extra, session
+        self.resp: web.StreamResponse | None = None
+        self.headed = 0  # the recall calls the headers counted
+
+    async def write(self, events: list[bytes]) -> None:
         if not events:
             return
-        if resp is None:
-            headers = base_headers.copy()
-            headers.update(extra)
-            headed = session.calls
-            headers[RECALLS] = str(headed)
-            resp = web.StreamResponse(status=200, headers=headers)
-            await resp.prepare(request)
-        await resp.write(b"".join(events))
+        if self.resp is None:
+            headers = self.headers.copy()
+            headers.update(self.extra)
+            self.headed = self.session.calls
+            headers[RECALLS] = str(self.headed)
+            self.resp = web.StreamResponse(status=200, headers=headers)
+            await self.resp.prepare(self.request)
+        await self.resp.write(b"".join(events))
 
-    async def fail(err: errors.ProxyError) -> StreamResult:
+    async def fail(self, err: errors.ProxyError, rounds: Rounds) -> StreamResult:
+        """The protocol's error event ends the stream (the headers may have gone out already)."""
         log.warning("upstream stream ended abnormally: %s", err.message)
         with contextlib.suppress(*CLIENT_GONE):
-            await write([rounds.error_event(err)])
-            assert resp is not None
-            await resp.write_eof()
-        return StreamResult(_done(resp), rounds.usage)
+            await self.write([rounds.error_event(err)])
+            assert self.resp is not None
+            await self.resp.write_eof()
+        return StreamResult(_done(self.resp), rounds.usage)
 
-    current: aiohttp.ClientResponse = upstream
-    chunk: bytes | None = first
+    async def finish(self, rounds: Rounds, hooks: Any) -> None:
+        """The last round's end; the final recall count in a comment when the headers undercount."""
+        end = rounds.close()
+        calls, headed = self.session.calls, self.headed
+        if self.resp is not None and calls != headed:
+            # the headers went out before these lookups: the final count where a stream can carry it
+            end = [comment(f"{RECALLS}: {calls}"), *end]
+            log.info("recall: %d of %d lookup(s) came after the stream's headers (%s: %d there)", calls - headed,
+                     calls, RECALLS, headed)
+            if hooks is not None:
+                hooks.recall_after_headers(calls - headed, self.session.protocol)
+        await self.write(end or [b""])
+        assert self.resp is not None
+        await self.resp.write_eof()
+
+
+async def _round(current: aiohttp.ClientResponse, chunk: bytes | None, check: EventChecker, rounds: Rounds,
+                 write: Callable[[list[bytes]], Awaitable[None]]) -> str | None:
+    """One upstream stream through the protocol's checker and filter to the client; None when it
+    ended whole, else why it broke (the upstream's read errors propagate)."""
+    while True:
+        if chunk is None:
+            chunk = await current.content.readany()
+        if not chunk:
+            good, broken = check.finish()
+            await _pass(good, rounds, write)
+            return broken
+        good, broken = check.feed(chunk)
+        chunk = None
+        await _pass(good, rounds, write)
+        if broken is not None:
+            return broken
+
+
+async def _continuation(body: dict[str, Any], session: RecallSession, rounds: Rounds) -> dict[str, Any]:
+    """The request that continues with the round's recall calls answered."""
+    last = session.exhausted
+    results = await session.answer_calls([c.arguments for c in rounds.recall_calls()])
+    return rounds.continuation(body, results, last=last)
+
+
+async def _rounds(out: _ClientStream, upstream: aiohttp.ClientResponse, first: bytes, body: dict[str, Any],
+                  post: Post, rounds: Rounds, checker: Callable[[], EventChecker], hooks: Any) -> StreamResult:
+    """Round after round until one goes to the client whole; the upstream's streams are closed."""
+    session = out.session
+    current, chunk = upstream, first
     try:
         while True:
             rounds.start()
-            check = checker()
             try:
-                while True:
-                    if chunk is None:
-                        chunk = await current.content.readany()
-                    if not chunk:
-                        good, broken = check.finish()
-                        await _pass(good, rounds, write)
-                        break
-                    good, broken = check.feed(chunk)
-                    chunk = None
-                    await _pass(good, rounds, write)
-                    if broken is not None:
-                        break
+                broken = await _round(current, chunk, checker(), rounds, out.write)
             except UPSTREAM_ERRORS as e:
                 if isinstance(e, CLIENT_GONE):
                     raise
                 current.close()
-                return await fail(map_client_error(e))
+                return await out.fail(map_client_error(e), rounds)
             if broken is not None:
                 current.close()
-                return await fail(errors.upstream_bad_response(broken))
+                return await out.fail(errors.upstream_bad_response(broken), rounds)
             if not answered_here(rounds, over=session.rounds > session.max_rounds):
                 break
-            last = session.exhausted
-            calls = rounds.recall_calls()
-            results = await session.answer_calls([c.arguments for c in calls])
-            body = rounds.continuation(body, results, last=last)
+            body = await _continuation(body, session, rounds)
             if current is not upstream:
                 current.release()
             try:
                 current = await post(body)
             except UPSTREAM_ERRORS as e:
-                return await fail(map_client_error(e))
+                return await out.fail(map_client_error(e), rounds)
             if current.status != 200 or not is_event_stream(current):
                 why = await _error_text(current)
-                return await fail(errors.upstream_bad_response(f"the upstream refused the request after a recall ({why})"))
+                return await out.fail(errors.upstream_bad_response(f"the upstream refused the request after a recall ({why})"), rounds)
             chunk = None
-        end = rounds.close()
-        if resp is not None and session.calls != headed:
-            # the headers went out before these lookups: the final count where a stream can carry it
-            end = [comment(f"{RECALLS}: {session.calls}"), *end]
-            late = session.calls - headed
-            log.info("recall: %d of %d lookup(s) came after the stream's headers (%s: %d there)", late,
-                     session.calls, RECALLS, headed)
-            if hooks is not None:
-                hooks.recall_after_headers(late, session.protocol)
-        await write(end or [b""])
-        assert resp is not None
-        await resp.write_eof()
+        await out.finish(rounds, hooks)
     except CLIENT_GONE:
         pass
     finally:
         if current is not upstream:
             current.close()
-    return StreamResult(_done(resp), rounds.usage)
+    return StreamResult(_done(out.resp), rounds.usage)
+
+
+async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, extra: dict[str, str],
+                body: dict[str, Any], post: Post, session: RecallSession, rounds: Rounds,
+                checker: Callable[[], EventChecker] = EventChecker, hooks: Any = None) -> StreamResult:
+    """Relay an event stream whose first bytes were read, answering recall rounds inside it
+    (`post` sends a continuation upstream; `checker` makes the protocol's event checker)."""
+    out = _ClientStream(request, client_response_headers(upstream.headers), extra, session)
+    return await _rounds(out, upstream, first, body, post, rounds, checker, hooks)
 
 
 def events_of(good: bytes) -> list[bytes]:

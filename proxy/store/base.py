@@ -1,7 +1,7 @@
 """The store interface: a small key-value contract that every backend implements.
 
 Values are opaque bytes (records are serialized by their owners). Every backend gives the same
-guarantees, which tests/test_store_contract.py checks against all three:
+guarantees, which tests/store/test_store_contract.py checks against all three:
 
 - `ttl_s` None means permanent (never expires, never evicted: the scope secret); otherwise the key
   expires `ttl_s` after its last use, and a read (`get`/`get_many`) counts as a use and refreshes it;

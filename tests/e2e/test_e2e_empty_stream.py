@@ -2,7 +2,7 @@
 window with HTTP 200 and an EMPTY event stream (no event, no [DONE]; docs/e2e-llama-server-notes.md).
 The proxy peeks at the first bytes before answering its client, treats the empty stream as an
 overflow, compacts at half the threshold and retries once: the client gets a real stream. (The
-offline counterpart, with every forwarded request checked, is in tests/test_reliability_faults.py.)
+offline counterpart, with every forwarded request checked, is in tests/reliability/test_reliability_faults.py.)
 
 Same set-up as test_e2e_overflow.py (the proxy believes 4096 tokens, the server has 2048), with
 `stream: true`.

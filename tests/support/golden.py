@@ -11,7 +11,7 @@ from typing import Any
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 RECORD = os.environ.get("GOLDEN_RECORD") == "1"
 # Answer headers left out of the recordings: wait-ms is a time; the reason word has tests of its own
-# (tests/test_reasons.py) and came after the recordings.
+# (tests/ops/test_reasons.py) and came after the recordings.
 UNRECORDED = frozenset({"x-compaction-wait-ms", "x-compaction-reason"})
 
 

@@ -1,5 +1,5 @@
 """One conversation, spoken in each protocol whose compaction behaviour the shared tests check
-alike (tests/test_protocols_shared.py, tests/test_protocols_careless.py): Chat Completions,
+alike (tests/every_protocol/test_protocols_shared.py, tests/every_protocol/test_protocols_careless.py): Chat Completions,
 Responses and Messages. A conversation is written once in chat form and each driver speaks it
 in its own protocol: it makes its strict fake, the proxy settings that route to it, the request
 body, sends it through the protocol's real client (`openai` chat / `responses.create`,
@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses

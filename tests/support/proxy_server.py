@@ -48,7 +48,7 @@ async def start_proxy(upstream_url: str, settings: dict[str, Any] | None = None,
     """`clock`: the stages' clock (support.clock.FakeClock), given to the proxy as it is built."""
     # Ratio learning and the cache-riding summary call off unless a test turns them on: most tests
     # assert the proxy's own counts and read the summarizer's transcript form (tests/test_ratio.py
-    # and tests/test_careless_tiers.py turn them on).
+    # and tests/compaction/test_careless_tiers.py turn them on).
     data = merge({"upstream": {"base_url": upstream_url}, "store": {"url": "memory://"},
                   "compaction": {"learn_token_ratio": False, "cached_summary_call": False}}, settings or {})
     cfg = Config.model_validate(data)

@@ -21,7 +21,7 @@ import anthropic
 import openai
 import orjson
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from support.proxy_server import ProxyHandle, start_proxy

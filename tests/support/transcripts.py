@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from proxy.fake_upstream import count_text_tokens
+from proxy.fakes.common import count_text_tokens
 from support.client import chat
 
 _MODULES = ("test_fields.py", "test_schema.py", "test_serialization.py", "test_deserialization.py",

@@ -62,3 +62,32 @@ def sse_events(cid: str, created: int, model: str, reply: Reply, usage: dict | N
         out.append((event({**base, "choices": [], "usage": usage}), False))
     out.append((b"data: [DONE]\n\n", False))
     return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    """The `usage` object of a chat completion, with OpenAI's detail fields."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+    }
+
+
+def completion(cid: str, created: int, model: str, reply: Reply, usage: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming `chat.completion` object as OpenAI sends it."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None, "annotations": []}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
+        "usage": usage,
+        "service_tier": "default",
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }

@@ -1,6 +1,6 @@
 """What the chat fake answers when a test scripts nothing: the default reply, a valid history
 summary (every heading the proxy's prompt asks for) and a short tool-output summary, with the
-helpers that read a chat body's text. The other protocols' fakes reuse them on a chat-shaped view
+helpers that read a chat body's text, and the shaping of a scripted answer into a Reply. The other protocols' fakes reuse them on a chat-shaped view
 (proxy/fakes/chat_view.py).
 """
 
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import Any, Callable
 
+import orjson
+
+from proxy.fakes.chat.events import Reply
+from proxy.fakes.common import rand
 from proxy.fakes.summarizer_match import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 
 
@@ -129,3 +133,32 @@ def default_tool_summary(body: dict[str, Any]) -> str:
         "## Original size\n"
         f"{len(payload)} characters, {len(lines)} lines\n"
     )
+
+
+def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
+    """A scripted tool call in OpenAI form (shorthand {"name", "arguments": str|dict} accepted, an id
+    generated when missing)."""
+    fn = tc.get("function") or {"name": tc.get("name"), "arguments": tc.get("arguments")}
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        args = orjson.dumps(args if args is not None else {}).decode()
+    return {"id": tc.get("id") or "call_" + rand(24), "type": "function",
+            "function": {"name": fn["name"], "arguments": args}}
+
+
+def shape_reply(result: Any, body: dict[str, Any], limit: int | None,
+                truncate: Callable[[str, int], str], count: Callable[[str], int]) -> Reply:
+    """A scripted answer (None: the default, str, or a dict assistant message) as a Reply, its text
+    cut at `limit` tokens with finish_reason "length" as OpenAI does (no limit: not cut)."""
+    if result is None:
+        result = default_reply(body)
+    if isinstance(result, str):
+        content, raw_calls, finish = result, [], None
+    elif isinstance(result, dict):
+        content, raw_calls, finish = result.get("content"), result.get("tool_calls") or [], result.get("finish_reason")
+    else:
+        raise TypeError(f"scripted reply must be str, dict, FakeError or None, not {type(result).__name__}")
+    calls = [_tool_call(tc) for tc in raw_calls]
+    if limit and content and count(content) > limit:
+        content, finish = truncate(content, limit), "length"
+    return Reply(content, calls, finish or ("tool_calls" if calls else "stop"))

@@ -1,6 +1,7 @@
 """What the fake Gemini API refuses, as the API words it (pure): contents and parts in shape,
-roles that alternate, a function response turn right after the function call turn it answers
-with as many parts and matching names (and ids where given), and on the models that sign their
+roles that alternate (two user contents in a row are taken when neither answers a call), a
+function response turn right after the function call turn it answers with as many parts and
+matching names (and ids where given), and on the models that sign their
 calls (Gemini 3) the current turn's calls signed, each signature bound to the prefix it was made
 under (the system instruction and every content before its turn), or Google's documented skip
 value."""
@@ -72,7 +73,7 @@ def _of(c: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 def _check_turns(contents: list[dict[str, Any]]) -> None:
     for i, c in enumerate(contents):
-        if i and role(c) == role(contents[i - 1]):
+        if i and role(c) == role(contents[i - 1]) and not _both_plain_user(contents[i - 1], c):
             raise Invalid("Please ensure that multiturn requests alternate between user and model.")
         calls, responses = _of(c, "functionCall"), _of(c, "functionResponse")
         if calls and i and _of(contents[i - 1], "functionCall"):
@@ -87,6 +88,12 @@ def _check_turns(contents: list[dict[str, Any]]) -> None:
                 raise Invalid("Please ensure that the number of function response parts is equal to the number of "
                               "function call parts of the function call turn.")
             _check_pairs(asked, responses)
+
+
+def _both_plain_user(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two user contents in a row that answer no call: the API takes them (Gemini CLI's routing
+    call sends its session context and the prompt so, to the real API, on every prompt)."""
+    return role(a) == role(b) == "user" and not _of(a, "functionResponse") and not _of(b, "functionResponse")
 
 
 def _check_pairs(calls: list[dict[str, Any]], responses: list[dict[str, Any]]) -> None:

@@ -86,6 +86,11 @@ def stream_events(final: dict[str, Any]) -> list[dict[str, Any]]:
             for frag in split_args(orjson.dumps(b["input"]).decode()):
                 ev.append({"type": "content_block_delta", "index": i,
                            "delta": {"type": "input_json_delta", "partial_json": frag}})
+        elif t == "compaction":  # the signature with the start, the summary in one delta
+            ev.append({"type": "content_block_start", "index": i,
+                       "content_block": {"type": "compaction", "content": None, "signature": b.get("signature")}})
+            ev.append({"type": "content_block_delta", "index": i,
+                       "delta": {"type": "compaction_delta", "content": b["content"]}})
         else:  # redacted_thinking arrives whole
             ev.append({"type": "content_block_start", "index": i, "content_block": b})
         if i == 0:

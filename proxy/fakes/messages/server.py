@@ -25,6 +25,10 @@ Settings (attributes, settable any time, or keyword arguments):
   summarizer, summarizer_marker, summarizer_delay_s   as FakeUpstream
   merge_consecutive_roles  merge same-role turns as the API documents, instead of the 400
                       (default False: the fake insists on alternation)
+  on_demand_compaction  serve the `compaction` parameter (beta compact-2026-09-04, asked in anthropic-beta;
+                      default True): the answer is one `compaction` block signed by the fake, stop_reason
+                      "compaction"; a signed block that comes back is checked. False: a server without it
+                      (the parameter an extra input, the block an unknown tag)
   extra_block_types   block types accepted as opaque in either role (default none)
   cache_min_tokens    None: the model's minimum cacheable length | int
   prefix_check        None: thinking is bound to its prefix on the models that run the check
@@ -62,7 +66,14 @@ from proxy.fakes.messages.blocks import (
 )
 from proxy.fakes.messages.cache import BreakpointCache
 from proxy.fakes.messages import binding
-from proxy.fakes.messages.validate import Context, bound_prefix, check_request, thinking_enabled, thinking_signature
+from proxy.fakes.messages.validate import (
+    Context,
+    bound_prefix,
+    check_request,
+    compaction_signature,
+    thinking_enabled,
+    thinking_signature,
+)
 from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
@@ -91,6 +102,7 @@ class FakeMessages(ModelFake):
         self.cache_min_tokens: int | None = None
         self.error_mid_stream: str | None = None
         self.prefix_check: bool | None = None
+        self.on_demand_compaction: bool = True
         super().__init__(**settings)
         self._cache = BreakpointCache()
 
@@ -222,9 +234,10 @@ class FakeMessages(ModelFake):
             return await self._create(request, rec, fault)
         return self._error_response(rec, FakeError.anthropic(404, "Not found", "not_found_error"))
 
-    def _context(self) -> Context:
+    def _context(self, rec: RecordedRequest) -> Context:
         return Context(signer=self.signer, extra_block_types=frozenset(self.extra_block_types),
-                       merge_consecutive_roles=self.merge_consecutive_roles)
+                       merge_consecutive_roles=self.merge_consecutive_roles, compaction=self.on_demand_compaction,
+                       betas=rec.headers.get("anthropic-beta", ""))
 
     def _validate(self, rec: RecordedRequest, count_tokens: bool = False) -> dict[str, Any]:
         body = rec.json
@@ -232,7 +245,7 @@ class FakeMessages(ModelFake):
             raise Failure(FakeError.anthropic(400, "There was an error parsing the body of your request. Please "
                                                     "check the JSON format and try again."))
         try:
-            check_request(body, self._context(), count_tokens=count_tokens)
+            check_request(body, self._context(rec), count_tokens=count_tokens)
         except Invalid as e:
             raise Failure(FakeError.anthropic(400, e.message)) from None
         return body
@@ -263,16 +276,19 @@ class FakeMessages(ModelFake):
             window = self.window_for(body["model"])
             if total > window:
                 raise Failure(FakeError.anthropic(400, f"prompt is too long: {total} tokens > {window} maximum"))
-            reply = await self._reply(body, rec)
+            reply = await self._reply(body, rec) if "compaction" not in body else None
         except Failure as f:
             return self._error_response(rec, f.err)
         usage = self._usage(body, total)
         rec.cached_tokens = usage["cache_read_input_tokens"]
         prefix = binding.reply_prefix(body) if bound else None
-        blocks = ev.content(reply, thinking_enabled(body) or (bound and body.get("thinking") is None),
-                            lambda text: self.sign_thinking(text, prefix), lambda: self.redacted_data(prefix))
+        if reply is None:  # on-demand compaction: the one signed block, nothing sampled after it
+            blocks, stop = [self._compaction_block(body, total)], "compaction"
+        else:
+            blocks = ev.content(reply, thinking_enabled(body) or (bound and body.get("thinking") is None),
+                                lambda text: self.sign_thinking(text, prefix), lambda: self.redacted_data(prefix))
+            stop = "tool_use" if reply.tool_uses else "end_turn"
         out_tokens = sum(block_tokens(b, self._count) for b in blocks)
-        stop = "tool_use" if reply.tool_uses else "end_turn"
         if out_tokens > body["max_tokens"]:
             stop, out_tokens = "max_tokens", body["max_tokens"]
         rec.completion_tokens = out_tokens
@@ -291,6 +307,11 @@ class FakeMessages(ModelFake):
         chunks = [(ev.sse(e), i == len(events) - 1) for i, e in enumerate(events)]
         headers = self._headers({"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
         return await self._send_stream(request, rec, chunks, headers=headers, fault=fault, broken=_BROKEN_SSE)
+
+    def _compaction_block(self, body: dict[str, Any], total: int) -> dict[str, Any]:
+        """What the API's compaction answers: a summary (here one naming what it covered) and its signature."""
+        content = f"Summary of {len(body['messages'])} messages ({total} tokens) by {body['model']}."
+        return {"type": "compaction", "content": content, "signature": compaction_signature(self.signer, content)}
 
     async def _reply(self, body: dict[str, Any], rec: RecordedRequest) -> ev.Reply:
         return await self._scripted(view(body), rec, ev.normalize_reply, lambda m: FakeError.anthropic(500, m))

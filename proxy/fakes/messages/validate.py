@@ -34,6 +34,7 @@ REQUIRED = {"text": ("text",), "image": ("source",), "document": ("source",),
             "tool_use": ("id", "input", "name"), "server_tool_use": ("id", "input", "name"),
             "thinking": ("signature", "thinking"), "redacted_thinking": ("data",), "container_upload": ("file_id",)}
 MAX_BREAKPOINTS = 4
+COMPACT_BETA = "compact-2026-09-04"  # on-demand compaction: the `compaction` parameter and its signed block
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Context:
     signer: Signer
     extra_block_types: frozenset[str] = frozenset()  # accepted as opaque, in either role
     merge_consecutive_roles: bool = False  # the API's documented merging instead of rejecting
+    compaction: bool = True  # on-demand compaction served (False: a server without it knows neither part)
+    betas: str = ""  # the request's anthropic-beta header
+
+    def on_demand(self) -> bool:
+        return self.compaction and COMPACT_BETA in self.betas
 
 
 def thinking_signature(signer: Signer, thinking: str, prefix: str | None = None) -> str:
@@ -61,6 +67,15 @@ def bound_prefix(signer: Signer, block: dict[str, Any]) -> str | None:
     return payload.get("prefix") if isinstance(payload, dict) else None
 
 
+def compaction_signature(signer: Signer, content: str) -> str:
+    return signer.sign("compaction", {"sha256": hashlib.sha256(content.encode()).hexdigest()})
+
+
+def compaction_signature_ok(signer: Signer, block: dict[str, Any]) -> bool:
+    payload = signer.verify("compaction", block.get("signature"))
+    return bool(payload) and payload.get("sha256") == hashlib.sha256(str(block.get("content")).encode()).hexdigest()
+
+
 def _signature_ok(signer: Signer, block: dict[str, Any]) -> bool:
     payload = signer.verify("thinking", block.get("signature"))
     return bool(payload) and payload.get("sha256") == hashlib.sha256(str(block.get("thinking")).encode()).hexdigest()
@@ -73,35 +88,10 @@ def thinking_enabled(body: dict[str, Any]) -> bool:
 
 def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> list[dict[str, Any]]:
     """Validate; returns the messages as the model sees them (merged when so configured)."""
-    if not isinstance(body, dict):
-        raise Invalid("Input should be a valid dictionary or object to extract fields from")
-    allowed = COUNT_FIELDS if count_tokens else CREATE_FIELDS
-    for key in body:
-        if key not in allowed:
-            raise Invalid(f"{key}: Extra inputs are not permitted")
-    for key in ("model", "messages") + (() if count_tokens else ("max_tokens",)):
-        if key not in body:
-            raise Invalid(f"{key}: Field required")
-    if not isinstance(body["model"], str):
-        raise Invalid("model: Input should be a valid string")
+    _check_fields(body, count_tokens, ctx)
     if not count_tokens:
-        mt = body["max_tokens"]
-        if not isinstance(mt, int) or isinstance(mt, bool):
-            raise Invalid("max_tokens: Input should be a valid integer")
-        if mt < 0:
-            raise Invalid("max_tokens: Input should be greater than or equal to 0")
-        _check_thinking_config(body)
-        choice = body.get("tool_choice")
-        if thinking_enabled(body) and isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
-            # The extended-thinking docs: thinking with tools takes tool_choice auto or none only.
-            raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
-    system = body.get("system")
-    if system is not None and not isinstance(system, (str, list)):
-        raise Invalid("system: Input should be a valid string")
-    for j, b in enumerate(system_blocks(body) if isinstance(system, list) else []):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise Invalid(f"system.{j}: Input tag '{b.get('type') if isinstance(b, dict) else b}' found using "
-                          "'type' does not match any of the expected tags: 'text'")
+        _check_create(body)
+    _check_system(body)
     _check_tools(body.get("tools"))
     msgs = body["messages"]
     if not isinstance(msgs, list):
@@ -122,6 +112,49 @@ def check_request(body: Any, ctx: Context, *, count_tokens: bool = False) -> lis
         # rule that the tool loop's assistant turn must start with its thinking cannot hold there.
         _check_thinking_kept(turns)
     return turns
+
+
+def _check_fields(body: Any, count_tokens: bool, ctx: Context) -> None:
+    """The body is an object of the endpoint's fields, with the required ones and a string model
+    (`compaction` only under the on-demand compaction beta)."""
+    if not isinstance(body, dict):
+        raise Invalid("Input should be a valid dictionary or object to extract fields from")
+    allowed = (COUNT_FIELDS if count_tokens else CREATE_FIELDS) | ({"compaction"} if ctx.on_demand() else set())
+    for key in body:
+        if key not in allowed:
+            raise Invalid(f"{key}: Extra inputs are not permitted")
+    if "compaction" in body:
+        _check_compaction_config(body)
+    for key in ("model", "messages") + (() if count_tokens else ("max_tokens",)):
+        if key not in body:
+            raise Invalid(f"{key}: Field required")
+    if not isinstance(body["model"], str):
+        raise Invalid("model: Input should be a valid string")
+
+
+def _check_create(body: dict[str, Any]) -> None:
+    """What only a create request carries: max_tokens, thinking and a tool_choice that fits it."""
+    mt = body["max_tokens"]
+    if not isinstance(mt, int) or isinstance(mt, bool):
+        raise Invalid("max_tokens: Input should be a valid integer")
+    if mt < 0:
+        raise Invalid("max_tokens: Input should be greater than or equal to 0")
+    _check_thinking_config(body)
+    choice = body.get("tool_choice")
+    if thinking_enabled(body) and isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        # The extended-thinking docs: thinking with tools takes tool_choice auto or none only.
+        raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
+
+
+def _check_system(body: dict[str, Any]) -> None:
+    """`system` is a string or a list of text blocks."""
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise Invalid("system: Input should be a valid string")
+    for j, b in enumerate(system_blocks(body) if isinstance(system, list) else []):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            raise Invalid(f"system.{j}: Input tag '{b.get('type') if isinstance(b, dict) else b}' found using "
+                          "'type' does not match any of the expected tags: 'text'")
 
 
 def _check_thinking_config(body: dict[str, Any]) -> None:
@@ -159,6 +192,19 @@ def _check_tools(tools: Any) -> None:
         names.add(t["name"])
 
 
+def _check_compaction_config(body: dict[str, Any]) -> None:
+    """The `compaction` parameter (anthropic/types/beta/beta_compaction_config_param.py)."""
+    cfg = body["compaction"]
+    if not isinstance(cfg, dict) or cfg.get("type") != "summarize":
+        raise Invalid("compaction.type: Input should be 'summarize'")
+    if set(cfg) - {"type", "instructions"}:
+        raise Invalid(f"compaction.{sorted(set(cfg) - {'type', 'instructions'})[0]}: Extra inputs are not permitted")
+    if cfg.get("instructions") is not None and not isinstance(cfg["instructions"], str):
+        raise Invalid("compaction.instructions: Input should be a valid string")
+    if body.get("context_management") is not None:
+        raise Invalid("compaction: cannot be combined with context_management")
+
+
 def _check_message(i: int, m: Any, ctx: Context) -> None:
     if not isinstance(m, dict):
         raise Invalid(f"messages.{i}: Input should be a valid dictionary")
@@ -173,7 +219,8 @@ def _check_message(i: int, m: Any, ctx: Context) -> None:
     if isinstance(content, list) and not content and role != "assistant":
         raise Invalid(f"messages.{i}: all messages must have non-empty content except for the optional final "
                       "assistant message")
-    allowed = {"user": USER_BLOCKS, "assistant": ASSISTANT_BLOCKS, "system": ("text",)}[role]
+    allowed = {"user": USER_BLOCKS, "assistant": ASSISTANT_BLOCKS if ctx.compaction else ASSISTANT_BLOCKS[:-1],
+               "system": ("text",)}[role]
     for j, b in enumerate(content_blocks(content)):
         at = f"messages.{i}.content.{j}"
         if not isinstance(b, dict) or "type" not in b:
@@ -198,6 +245,8 @@ def _check_message(i: int, m: Any, ctx: Context) -> None:
                 raise Invalid(f"{at}: Invalid `signature` in `thinking` block")
         if t == "redacted_thinking" and ctx.signer.verify("redacted_thinking", b.get("data")) is None:
             raise Invalid(f"{at}: Invalid `data` in `redacted_thinking` block")
+        if t == "compaction" and b.get("signature") is not None and not compaction_signature_ok(ctx.signer, b):
+            raise Invalid(f"{at}: Invalid `signature` in `compaction` block")
 
 
 def _turns(msgs: list[dict[str, Any]], ctx: Context) -> list[dict[str, Any]]:

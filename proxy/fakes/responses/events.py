@@ -128,8 +128,9 @@ def stream_events(final: dict[str, Any]) -> list[dict[str, Any]]:
                            "delta": frag})
             ev.append({"type": "response.custom_tool_call_input.done", "item_id": iid, "output_index": idx,
                        "input": item["input"]})
-        else:  # reasoning
-            ev.append({"type": "response.output_item.added", "output_index": idx, "item": {**item, "summary": []}})
+        else:  # reasoning (its summary comes with .done), compaction (whole)
+            added = {**item, "summary": []} if t == "reasoning" else item
+            ev.append({"type": "response.output_item.added", "output_index": idx, "item": added})
         ev.append({"type": "response.output_item.done", "output_index": idx, "item": item})
     end = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(final["status"],
                                                                                       "response.failed")

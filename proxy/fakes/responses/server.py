@@ -32,6 +32,9 @@ Settings (attributes, settable any time, or keyword arguments):
                       view is the chat-shaped view (proxy/fakes/chat_view.py; view["raw"] is the body)
   summarizer, summarizer_marker, summarizer_delay_s   as FakeUpstream (callables get the view)
   serve_compact       answer /v1/responses/compact (default True) or 404
+  compaction_trigger  serve Codex's remote compaction v2 (default True): a request whose last input item
+                      is `{"type": "compaction_trigger"}` is answered with one signed `compaction` output
+                      item; False: the item type is unknown (400 invalid_value, as a server without it)
   compaction_item_tokens  what a compaction item counts for in later requests (default 200)
   stored_prompts      {prompt id: {"model": ...}}: a request whose `prompt` names one may leave out
                       `model` (the API takes it from the stored prompt); default none
@@ -58,14 +61,14 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from proxy.fake_upstream import status_error
 from proxy.fakes.chat.validate import parse_error
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand
 from proxy.fakes.prompt_cache import PrefixCache, openai_cached_tokens, segment_key
 from proxy.fakes.responses import events as ev
 from proxy.fakes.responses.items import input_items, item_tokens, item_type, parts_text, view
-from proxy.fakes.responses.validate import Context, check_request, follow_descriptor
+from proxy.fakes.responses.validate import TRIGGER, Context, check_request, follow_descriptor
 from proxy.fakes.model_server import Failure, ModelFake
+from proxy.fakes.openai_errors import key_error, status_error
 from proxy.fakes.server import ABORTED_KEY, RESP_KEY
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
@@ -81,6 +84,7 @@ class FakeResponses(ModelFake):
         self._init_model_settings()
         self.overflow_as_failed_event: bool = False
         self.serve_compact: bool = True
+        self.compaction_trigger: bool = True
         self.compaction_item_tokens: int = 200
         self.extra_item_types: set[str] = set()
         self.stored_prompts: dict[str, dict[str, Any]] = {}
@@ -153,18 +157,10 @@ class FakeResponses(ModelFake):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "responses"
 
-    def _auth_error(self, headers: dict[str, str]) -> FakeError | None:
-        if self.require_api_key is None or headers.get("authorization") == f"Bearer {self.require_api_key}":
-            return None
-        if "authorization" not in headers:
-            return FakeError.openai(401, "You didn't provide an API key. You need to provide your API key in an "
-                                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-        return status_error(401)
-
     # ---- routing -----------------------------------------------------------------------------
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
-        err = self._auth_error(rec.headers)
+        err = key_error(self.require_api_key, rec.headers)
         if err is not None:
             return self._error_response(rec, err)
         method, path = request.method, request.path
@@ -200,7 +196,7 @@ class FakeResponses(ModelFake):
 
         return Context(signer=self.signer, stored_items=self._items, stored_next=self._next, find_response=find,
                        call_reasoning=self._call_reasoning, extra_item_types=frozenset(self.extra_item_types),
-                       websocket=websocket)
+                       compaction_trigger=self.compaction_trigger, websocket=websocket)
 
     def _with_prompt_model(self, body: Any) -> Any:
         """A body without `model` whose `prompt` names a stored prompt, with that prompt's model (as
@@ -236,6 +232,12 @@ class FakeResponses(ModelFake):
         if body.get("generate") is False:  # a WebSocket warm-up: state prepared, no output
             final = ev.response_object(rid, body, "completed", [], ev.usage(tokens, cached, 0))
             self._store(body, rid, items, [], local)
+            return ev.stream_events(final)
+        if items and item_type(items[-1]) == TRIGGER:
+            output = [self._compaction_item(tokens)]
+            used = ev.usage(tokens, cached, self.compaction_item_tokens)
+            final = ev.response_object(rid, body, "completed", output, used)
+            self._store(body, rid, items, output, local)
             return ev.stream_events(final)
         reply = await self._reply(body, items, rec)
         include = body.get("include") or []
@@ -319,13 +321,17 @@ class FakeResponses(ModelFake):
                   "content": [{"type": "input_text", "text": m["content"]}] if isinstance(m.get("content"), str)
                   else m["content"]}
                  for m in items if item_type(m) == "message" and m.get("role") == "user"]
-        token = self.signer.sign("compaction", {"id": "cmp_" + rand(24), "tokens": self.compaction_item_tokens,
-                                                "covered": tokens})
-        out = users + [{"id": "cmp_" + rand(24), "type": "compaction", "encrypted_content": token,
-                        "created_by": "fake-responses"}]
+        out = users + [self._compaction_item(tokens)]
         payload = {"id": "resp_" + rand(40), "object": "response.compaction", "created_at": int(time.time()),
                    "output": out, "usage": ev.usage(tokens, 0, self.compaction_item_tokens)}
         return await self._json(request, rec, payload, fault)
+
+    def _compaction_item(self, covered: int) -> dict[str, Any]:
+        """One opaque compaction item standing for `covered` tokens of history."""
+        token = self.signer.sign("compaction", {"id": "cmp_" + rand(24), "tokens": self.compaction_item_tokens,
+                                                "covered": covered})
+        return {"id": "cmp_" + rand(24), "type": "compaction", "encrypted_content": token,
+                "created_by": "fake-responses"}
 
     # ---- WebSocket ---------------------------------------------------------------------------
 
@@ -354,56 +360,68 @@ class FakeResponses(ModelFake):
                                   query_string="", headers=handshake.headers, body=msg.data.encode(), json=None,
                                   transport="websocket")
             self.requests.append(rec)
-            try:
-                event = orjson.loads(msg.data)
-            except orjson.JSONDecodeError:
-                await ws.send_str(_ws_error(400, parse_error()))
+            body = _ws_body(msg.data)
+            if isinstance(body, FakeError):
+                await ws.send_str(_ws_error(400, body))
                 continue
-            if not isinstance(event, dict) or event.get("type") != "response.create":
-                got = event.get("type") if isinstance(event, dict) else None
-                await ws.send_str(_ws_error(400, FakeError.openai(
-                    400, f"Invalid value: '{got}'. Supported values are: 'response.create'.", code="invalid_value",
-                    param="type")))
-                continue
-            body = {k: v for k, v in event.items() if k != "type"}
-            body.pop("stream", None)  # implicit over a socket
-            rec.json = body
-            rec.summarizer_kind = self.summarizer_kind(body)
-            rec.kind = "summarizer" if rec.summarizer_kind else "responses"
-            fault = self._take_fault(rec)
-            if fault and self.stall_before_headers_s:
-                await asyncio.sleep(self.stall_before_headers_s)
-            if fault and self.fail_status:
-                rec.status = self.fail_status
-                await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status, self.retry_after)))
-                continue
-            try:
-                events = await self._answer(body, rec, self._context(True, local), True, local)
-            except Failure as f:
-                rec.status = f.err.status
-                await ws.send_str(_ws_error(f.err.status, f.err))
-                continue
-            rec.status = 200
-            numbered = ev.numbered(events)
-            if "stream_id" in body:  # the lane's events echo it
-                numbered = [{**e, "stream_id": body["stream_id"]} for e in numbered]
-            chunks = [(orjson.dumps(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
-
-            async def write(data: bytes) -> None:
-                await ws.send_str(data.decode())
-
-            async def abort() -> None:  # no close frame
-                request[ABORTED_KEY] = True
-                if request.transport is not None:
-                    request.transport.abort()
-
-            outcome = await self._play(rec, chunks, fault, write, abort, _BROKEN_WS)
-            if outcome == "reset":
-                return ws
-            if outcome == "broken":
-                await ws.close(code=1011)
+            if await self._ws_turn(request, ws, rec, body, local):
                 return ws
         return ws
+
+    async def _ws_turn(self, request: web.Request, ws: web.WebSocketResponse, rec: RecordedRequest,
+                       body: dict[str, Any], local: dict[str, list[Any]]) -> bool:
+        """One `response.create` over the socket, answered (or refused) on it; True when the fault
+        played ended the connection."""
+        rec.json = body
+        rec.summarizer_kind = self.summarizer_kind(body)
+        rec.kind = "summarizer" if rec.summarizer_kind else "responses"
+        fault = self._take_fault(rec)
+        if fault and self.stall_before_headers_s:
+            await asyncio.sleep(self.stall_before_headers_s)
+        if fault and self.fail_status:
+            rec.status = self.fail_status
+            await ws.send_str(_ws_error(self.fail_status, status_error(self.fail_status, self.retry_after)))
+            return False
+        try:
+            events = await self._answer(body, rec, self._context(True, local), True, local)
+        except Failure as f:
+            rec.status = f.err.status
+            await ws.send_str(_ws_error(f.err.status, f.err))
+            return False
+        rec.status = 200
+        numbered = ev.numbered(events)
+        if "stream_id" in body:  # the lane's events echo it
+            numbered = [{**e, "stream_id": body["stream_id"]} for e in numbered]
+        chunks = [(orjson.dumps(e), i == len(numbered) - 1) for i, e in enumerate(numbered)]
+
+        async def write(data: bytes) -> None:
+            await ws.send_str(data.decode())
+
+        async def abort() -> None:  # no close frame
+            request[ABORTED_KEY] = True
+            if request.transport is not None:
+                request.transport.abort()
+
+        outcome = await self._play(rec, chunks, fault, write, abort, _BROKEN_WS)
+        if outcome == "broken":
+            await ws.close(code=1011)
+        return outcome in ("reset", "broken")
+
+
+def _ws_body(data: str) -> dict[str, Any] | FakeError:
+    """The request body of a `response.create` message (`stream` is implicit over a socket), or
+    OpenAI's error for any other message."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return parse_error()
+    if not isinstance(event, dict) or event.get("type") != "response.create":
+        got = event.get("type") if isinstance(event, dict) else None
+        return FakeError.openai(400, f"Invalid value: '{got}'. Supported values are: 'response.create'.",
+                                code="invalid_value", param="type")
+    body = {k: v for k, v in event.items() if k != "type"}
+    body.pop("stream", None)  # implicit over a socket
+    return body
 
 
 _BROKEN_SSE = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":\n\n'

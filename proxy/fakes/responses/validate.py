@@ -73,6 +73,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "message": ("role", "content"),
 }
 ITEM_TYPES = tuple(sorted(REQUIRED))
+TRIGGER = "compaction_trigger"  # Codex's remote compaction v2: the last input item asks for one compaction item
 
 # Calls whose output must come back in the same input, and how the output names its call.
 PAIRS: dict[str, tuple[str, str, str]] = {  # call type: (output type, output's key, label in errors)
@@ -99,6 +100,7 @@ class Context:
     find_response: Callable[[str], Any] = lambda _id: None  # previous_response_id -> its items or None
     call_reasoning: dict[str, str] = field(default_factory=dict)  # stored function_call id -> its reasoning id
     extra_item_types: frozenset[str] = frozenset()  # accepted as opaque (beyond OpenAI's list)
+    compaction_trigger: bool = True  # False: an upstream without remote compaction v2 (an unknown item type)
     websocket: bool = False
 
 
@@ -111,6 +113,27 @@ def _bad_value(param: str, got: Any, allowed: tuple[str, ...]) -> Invalid:
 def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any]:
     """Validate a request; returns the full item list the model would see (previous response's
     items first). Raises Invalid."""
+    _check_fields(body, ctx, compact)
+    if not compact:
+        _check_options(body, ctx)
+    prefix = _previous_items(body, ctx)
+    items = input_items(body)
+    if body.get("input") is None and not prefix and not compact:
+        raise missing("input")
+    for i, item in enumerate(items):
+        _check_item(i, item, ctx)
+    # An item_reference stands for the stored item it names.
+    items = [ctx.stored_items[x["id"]] if item_type(x) == "item_reference" else x for x in items]
+    everything = prefix + items
+    _check_reasoning_order(everything, len(prefix), ctx)
+    if not compact and body.get("store") is not False:
+        _check_calls_keep_reasoning(everything, ctx)
+    _check_pairs(everything, len(prefix))
+    return everything
+
+
+def _check_fields(body: Any, ctx: Context, compact: bool) -> None:
+    """An object of the endpoint's fields, its model a string, its input and instructions typed."""
     if not isinstance(body, dict):
         raise Invalid(f"Invalid type for request body: expected an object, but got {type_phrase(body)} instead.",
                       None, "invalid_type")
@@ -128,8 +151,11 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
         raise bad_type("input", "one of a string or array of input items", inp)
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
         raise bad_type("instructions", "a string", body["instructions"])
-    if not compact:
-        _check_options(body, ctx)
+
+
+def _previous_items(body: dict[str, Any], ctx: Context) -> list[Any]:
+    """The items of the response `previous_response_id` names (none without one); a conversation
+    id is never found (the fake keeps no conversations)."""
     prefix: list[Any] = []
     prev = body.get("previous_response_id")
     if prev is not None:
@@ -145,19 +171,7 @@ def check_request(body: Any, ctx: Context, *, compact: bool = False) -> list[Any
         conv = body["conversation"]
         cid = conv.get("id") if isinstance(conv, dict) else conv
         raise Invalid(f"Conversation with id '{cid}' not found.", "conversation", "conversation_not_found")
-    items = input_items(body)
-    if inp is None and not prefix and not compact:
-        raise missing("input")
-    for i, item in enumerate(items):
-        _check_item(i, item, ctx)
-    # An item_reference stands for the stored item it names.
-    items = [ctx.stored_items[x["id"]] if item_type(x) == "item_reference" else x for x in items]
-    everything = prefix + items
-    _check_reasoning_order(everything, len(prefix), ctx)
-    if not compact and body.get("store") is not False:
-        _check_calls_keep_reasoning(everything, ctx)
-    _check_pairs(everything, len(prefix))
-    return everything
+    return prefix
 
 
 def _check_options(body: dict[str, Any], ctx: Context) -> None:
@@ -211,8 +225,9 @@ def _check_item(i: int, item: Any, ctx: Context) -> None:
         raise missing(f"{at}.type")
     if t in ctx.extra_item_types:
         return  # opaque by request of the test
-    if t not in REQUIRED:
-        raise _bad_value(f"{at}.type", t, ITEM_TYPES)
+    if t not in REQUIRED or (t == TRIGGER and not ctx.compaction_trigger):
+        raise _bad_value(f"{at}.type", t, ITEM_TYPES if ctx.compaction_trigger else
+                         tuple(x for x in ITEM_TYPES if x != TRIGGER))
     for key in REQUIRED[t]:
         if item.get(key) is None:
             raise missing(f"{at}.{key}")

@@ -1,7 +1,7 @@
 """The Gemini routes (design.md § Gemini API): `POST /{v1,v1beta,v1alpha}/models/{model}:{method}`.
 generateContent and streamGenerateContent are compacted, countTokens counts what would be
 forwarded now; every other method, and every other /v1beta or /v1alpha path, is passed through to
-`gemini.base_url` as it came, and Code Assist (`/v1internal...`) to `gemini.code_assist_base_url`. A `models/...:method` path is Gemini whatever its version prefix
+`gemini.base_url` as it came. A `models/...:method` path is Gemini whatever its version prefix
 (google-genai sends /v1 by default). The credential comes as `x-goog-api-key` or the `key` query
 parameter: both are forwarded as they came and scope the records alike; the proxy's own calls
 carry it as the header (never in a URL the proxy writes). Errors the proxy makes here are in
@@ -9,38 +9,24 @@ Google's shape."""
 
 from __future__ import annotations
 
-import functools
-from typing import Awaitable, Callable
-
 from aiohttp import web
 
-from proxy import errors
 from proxy.body import BodyPace
 from proxy.forward import passthrough
 from proxy.protocols import pipeline
-from proxy.protocols.base import Route
+from proxy.protocols.base import Route, shaped
 from proxy.protocols.gemini.errors import GOOGLE
 from proxy.protocols.gemini.protocol import PROTOCOL, model_and_method
 from proxy.state import STATE
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # One route per version: aiohttp finds a route by its path's literal prefix first, so each
 # `/<version>/models` prefix must be literal to win over that version's pass-through.
 VERSIONS = ("v1", "v1beta", "v1alpha")
 MODEL_PATHS = tuple(f"/{v}/models/{{target:[^/:]+:[A-Za-z]+}}" for v in VERSIONS)
 COMPACTED = ("generateContent", "streamGenerateContent")
-CODE_ASSIST_PATH = "/v1internal{tail:[:/].*}"
 
 
-def gemini_route(handler: Handler) -> Handler:
-    """Every error made while handling this request takes Google's shape."""
-
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        errors.SHAPE.set(GOOGLE)  # this request's task only
-        return await handler(request)
-
-    return wrapped
+gemini_route = shaped(GOOGLE)
 
 
 @gemini_route
@@ -48,6 +34,9 @@ async def handle_gemini_passthrough(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     return await passthrough(request, state.session, state.cfg.gemini, state.max_body, BodyPace.of(state.cfg.server),
                              base_path="")
+
+
+CODE_ASSIST_PATH = "/v1internal{tail:[:/].*}"
 
 
 @gemini_route

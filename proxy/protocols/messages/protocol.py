@@ -9,6 +9,7 @@ from typing import Any
 from proxy import credentials
 from proxy.byheaders import ByHeaders, Caller
 from proxy.protocols.base import Protocol
+from proxy.protocols.messages import ondemand
 from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.messages.forward import upstream_headers
 from proxy.protocols.messages.recall_stream import Rounds
@@ -29,4 +30,4 @@ CALLERS = ByHeaders(_caller)  # what the headers say, worked out once per client
 # Thinking made stale by the proxy is the proxy's to mend: a body it changed, or one it could not
 # compact this time though it may have before (its record lost with a restart or evicted): the
 # kept turns' thinking was then made under the summary.
-PROTOCOL = Protocol(MESSAGES, CALLERS, Rounds, mends_reasoning=True)
+PROTOCOL = Protocol(MESSAGES, CALLERS, Rounds, mends_reasoning=True, native=ondemand.handled)

@@ -7,21 +7,16 @@ these routes are in Anthropic's shape."""
 
 from __future__ import annotations
 
-import functools
-from typing import Awaitable, Callable
-
 from aiohttp import web
 
-from proxy import errors
 from proxy.body import BodyPace
 from proxy.forward import passthrough
 from proxy.protocols import pipeline
 from proxy.protocols.messages.errors import ANTHROPIC
-from proxy.protocols.base import Passthrough, Route
+from proxy.protocols.base import Passthrough, Route, shaped
 from proxy.protocols.messages.protocol import PROTOCOL
 from proxy.state import STATE
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
 
 
@@ -30,16 +25,7 @@ def is_anthropic(request: web.Request) -> bool:
     return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS) or "anthropic-version" in request.headers
 
 
-def anthropic_route(handler: Handler) -> Handler:
-    """Every error made while handling this request (the middleware's, a relay's, a stream's last
-    event) takes Anthropic's shape."""
-
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        errors.SHAPE.set(ANTHROPIC)  # this request's task only
-        return await handler(request)
-
-    return wrapped
+anthropic_route = shaped(ANTHROPIC)
 
 
 @anthropic_route

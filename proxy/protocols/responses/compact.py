@@ -126,17 +126,29 @@ async def own_records(items: list[Any], store: Store, secret: bytes, scope: str 
     for i, item in enumerate(items):
         if not is_own(item):
             continue
-        rid = verify(secret, scope, item["encrypted_content"]) if scope is not None else None
-        if rid is None:
+        record = await record_of(item["encrypted_content"], store, secret, scope)
+        if record is BAD:
             raise _bad_token(i)
-        raw = await store.get(record_key(scope, rid))  # type: ignore[arg-type]
-        record = CompactRecord.from_bytes(raw) if raw is not None else None
-        if record is None:
+        if record is GONE:
             raise errors.ProxyError(
                 400, "The compaction item's summary is no longer stored (expired or evicted); compact again from "
                 "the full history.", param=f"input[{i}].encrypted_content", code="compaction_expired")
-        out[i] = record
+        out[i] = record  # type: ignore[assignment]
     return out
+
+
+BAD, GONE = "bad", "gone"  # record_of: a token not made for this scope (or altered); one whose record is gone
+
+
+async def record_of(token: str, store: Store, secret: bytes, scope: str | None) -> CompactRecord | str:
+    """The record one of our tokens names for this scope, else BAD or GONE (every protocol's
+    compaction made here is stored so: Responses items, Messages blocks)."""
+    rid = verify(secret, scope, token) if scope is not None else None
+    if rid is None:
+        return BAD
+    raw = await store.get(record_key(scope, rid))  # type: ignore[arg-type]
+    record = CompactRecord.from_bytes(raw) if raw is not None else None
+    return GONE if record is None else record
 
 
 async def expand(items: list[Any], store: Store, secret: bytes, scope: str | None, prompts: Prompts) -> list[Any]:

@@ -17,7 +17,7 @@ from proxy.byheaders import ByHeaders, openai_caller
 from proxy.ops import reasons
 from proxy.protocols.base import AsSent, Protocol
 from proxy.protocols.responses import compact
-from proxy.protocols.responses import recall_chains
+from proxy.protocols.responses import recall_chains, trigger
 from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.protocols.responses.body import parse_responses_body
 from proxy.protocols.responses.items import stateful
@@ -99,4 +99,4 @@ def answering(state: Any, session: RecallSession) -> Answering:
 CALLERS = ByHeaders(openai_caller)  # what the headers say, worked out once per client's header list
 
 PROTOCOL = Protocol(ADAPTER, CALLERS, Rounds, read=read, answering=answering,
-                    empty_stream_small=empty_stream_small)
+                    empty_stream_small=empty_stream_small, native=trigger.handled)

@@ -13,7 +13,7 @@ from aiohttp import web
 from proxy import jsonbody, offload
 from proxy.exchange import EXCHANGE
 from proxy.protocols import pipeline
-from proxy.protocols.responses import recall_chains
+from proxy.protocols.responses import recall_chains, trigger
 from proxy.protocols.responses.chain import Chain, Sent
 from proxy.protocols.responses.protocol import PROTOCOL
 from proxy.protocols.responses.socket_recall import SocketRecall
@@ -29,6 +29,7 @@ class SocketTurns:
     """A socket's `prepare` (websocket.Prepare): called with each `response.create` event."""
 
     def __init__(self, request: web.Request) -> None:
+        self.app = request.app
         self.state = state = request.app[STATE]
         self.ex = request[EXCHANGE]
         self.headers = request.headers
@@ -41,13 +42,18 @@ class SocketTurns:
         body = {k: v for k, v in event.items() if k != "type"}
         chain = self.chain
         whole = chain.whole(body) if chain is not None else None
+        native = trigger.on_socket(self.app, whole or body, self.caller)  # Codex's compaction_trigger
+        if native is not None and native.now:  # answered here: nothing goes upstream
+            return WsTurn("", native=native)
         # Parsed (and checked) as an HTTP body is: a turn that resends the whole history (or is
         # read as it) reuses the previous turn's parse of it (the same writing of the same items).
         # Written off the event loop when large (a chain's history is up to the body limit).
         size = len(message) + (chain.size if whole is not None and chain is not None else 0)
         raw = await offload.sized(size, jsonbody.dumps, whole if whole is not None else body)
         p = await pipeline.prepare(self.state, PROTOCOL, pipeline.Incoming(raw, self.headers, self.caller, self.ex))
-        return await _Turn(self, body, whole, raw, p).start(message)
+        turn = await _Turn(self, body, whole, raw, p).start(message)
+        turn.native = native  # (answered here if the upstream refuses it)
+        return turn
 
 
 class _Turn:

@@ -63,12 +63,22 @@ class WsTurn:
     expects_reply: bool = True  # a response.create (or an unknown message the upstream answers with an error)
     report: dict[str, str] | None = None  # the x-compaction-* report, put in its response.created
     recall: SocketRecall | None = None  # the recall tool is declared: its rounds are answered here
+    native: "NativeAnswer | None" = None  # a compaction the proxy may answer itself (trigger.py)
     held: list[str] = field(default_factory=list)  # opening events not yet relayed
     output_started: bool = False
     retried: bool = False
 
 
 Prepare = Callable[[dict[str, Any], str], Awaitable[WsTurn]]
+
+
+@dataclass
+class NativeAnswer:
+    """A turn asking for a compaction the proxy can answer (proxy/protocols/responses/trigger.py)."""
+
+    events: Callable[[], Awaitable[list[str]]]  # the answer made here, as the socket's messages
+    now: bool  # answered here without going upstream
+    refused: Callable[[dict[str, Any]], bool]  # an upstream error event that says it does not know the request
 
 
 def handshake_headers(incoming: CIMultiDict[str] | Any, base: CIMultiDict[str]) -> CIMultiDict[str]:
@@ -259,7 +269,23 @@ class _Relay:
             turn = WsTurn(msg.data)
         if turn.recall is not None:
             self.idle.clear()
+        if turn.native is not None and turn.native.now:
+            while self.turns:  # after the turns before it (an agent waits for their end to ask for it)
+                await asyncio.sleep(0.01)
+            await self._answer_here(turn.native)
+            return
         await self._send_up(turn)
+
+    async def _answer_here(self, native: NativeAnswer) -> bool:
+        """A turn answered by the proxy; False when the client is gone."""
+        try:
+            out = await native.events()
+        except errors.ProxyError as e:
+            return await self._to_client(ws_error(e))
+        for data in out:
+            if not await self._to_client(data):
+                return False
+        return True
 
     async def _send_up(self, turn: WsTurn) -> None:
         async with self.send_lock:
@@ -319,6 +345,11 @@ class _Relay:
             return await self._to_client(data)
         etype = ev["type"]
         end = etype in END_EVENTS or etype == "error"
+        if etype == "error" and not turn.output_started and turn.native is not None and turn.native.refused(ev):
+            self.turns.popleft()  # the upstream does not know it: answered here
+            if turn.done is not None:
+                turn.done(ev)
+            return await self._answer_here(turn.native)
         if not turn.output_started and is_overflow_event(ev) and turn.retry is not None and not turn.retried:
             turn.retried = True
             try:

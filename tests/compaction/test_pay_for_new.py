@@ -1,0 +1,113 @@
+"""Work per request follows what is new in it (issue 39): what the proxy derived from a history it
+has seen is reused, not made again, on the next request of the conversation.
+
+Counted, not timed: the calls of the expensive functions across requests of one conversation,
+through the real proxy (the openai client, the strict fake upstream)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from proxy import textfacts
+from proxy.compaction import extract
+from proxy.compaction.making import RecordMaker
+from proxy.compaction.prepare import Settled
+from proxy.fakes.chat import FakeUpstream
+from support.client import chat
+from support.coding_session import coding_session
+
+MODEL = "gpt-4"
+WINDOW = 12000
+
+
+def settings(**compaction: object) -> dict:
+    return {"models": {MODEL: {"context_window": WINDOW}}, "compaction": {"learn_token_ratio": False, **compaction}}
+
+
+def count_mask_records(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = RecordMaker.mask_record
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(RecordMaker, "mask_record", counted)
+    return calls
+
+
+async def test_masking_that_will_serve_is_worked_out_once_for_a_conversation(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Past prepare_percent, a preparation that finds masking will serve the crossing request is
+    remembered: the same history resent (an agent's retry, its next turn with little new) does not
+    rebuild the masking of the whole history; a history grown past the room left does."""
+    upstream.window = WINDOW
+    calls = count_mask_records(monkeypatch)
+    proxy = await make_proxy(upstream.base_url, settings())
+    engine = proxy.state.compaction
+    c = client_for(proxy)
+    s = coding_session(12)
+    points = iter(s.request_points())
+    for history in points:
+        r = await chat(c, history, model=MODEL, tools=s.tools)
+        await engine.idle()
+        if calls:
+            break
+    assert r.status == "none" and len(calls) == 1  # the first preparation of the prepare zone
+    for _ in range(3):
+        assert (await chat(c, history, model=MODEL, tools=s.tools)).status == "none"
+        await engine.idle()
+    assert len(calls) == 1 and engine.preparer.jobs == 0
+    # The next turns, up to the crossing request: the answer still holds, nothing is worked out again.
+    for history in points:
+        r = await chat(c, history, model=MODEL, tools=s.tools)
+        await engine.idle()
+        if r.status != "none":
+            break
+    assert r.status == "masked" and len(calls) == 2  # the crossing request masks, as prepared for
+
+
+def test_a_remembered_answer_holds_while_the_history_grew_by_at_most_its_room() -> None:
+    settled = Settled(size=2)
+    settled.remember("a", 1000, 50)
+    assert settled.holds("a", 1000) and settled.holds("a", 1050)
+    assert not settled.holds("a", 1051)  # grown past the room: asked again, and forgotten
+    assert not settled.holds("a", 1000)
+    settled.remember("a", 1000, 50)
+    assert not settled.holds("a", 999)  # shorter: compacted meanwhile, or another branch
+    for slot in "bcd":
+        settled.remember(slot, 10, 10)
+    assert not settled.holds("b", 10) and settled.holds("d", 10)  # bounded: the oldest go first
+
+
+async def test_each_tool_output_is_scanned_for_identifiers_once(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A session through the prepare zone, masking and a summary: every tool output's identifiers
+    and error lines are found once, however many times the preparations, the masking, the cut's
+    planning and the summary's draft read it."""
+    upstream.window = WINDOW
+    monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())  # nothing cached by other tests
+    scanned: Counter[str] = Counter()
+    for module in (textfacts, extract):
+        real = module.find_identifiers
+
+        def counted(text: str, real=real) -> list[str]:
+            scanned[text] += 1
+            return real(text)
+
+        monkeypatch.setattr(module, "find_identifiers", counted)
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    s = coding_session(14)
+    statuses = []
+    for history in s.request_points():
+        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
+        await proxy.state.compaction.idle()
+    assert {"masked", "summarized"} <= set(statuses)
+    # (texts shorter than MIN_CHARS are scanned each time: cheaper than keeping them)
+    outputs = {m["content"] for m in s.messages if m["role"] == "tool" and len(m["content"]) >= textfacts.MIN_CHARS}
+    seen = {t: n for t, n in scanned.items() if t in outputs}
+    assert len(seen) >= 5  # the masking read them
+    assert max(seen.values()) == 1, sorted(seen.values())

@@ -1,0 +1,228 @@
+"""No request holds the event loop (issue 38): work that grows with the input (decoding a body,
+noting a tool output, ranking identifiers, searching an original, counting tokens) is linear or
+bounded, and runs off the loop past a size. Each test sends the input at a size where the
+quadratic or on-loop code held the loop for seconds, and a loop probe (support.loop_probe)
+records the largest gap between the loop's ticks while the proxy works on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+from typing import AsyncIterator
+
+import orjson
+import pytest
+import zstandard
+
+from proxy import identifiers
+from proxy.prompts import Prompts
+from proxy.recall.originals import MAX_QUERY_TERMS, Original, Originals, query_terms
+from proxy.recall.tool import answer
+from proxy.store.base import Store
+from proxy.store.memory import MemoryStore
+from proxy.store.resilient import ResilientStore
+from proxy.store.sqlite import SqliteStore
+from proxy.tokens import TokenCounter
+from support.client import anthropic_client, auth, chat, post
+from support.loop_probe import STALL_BOUND_S, LoopProbe
+
+ROOT = Path(__file__).resolve().parents[2]  # the worktree: the child imports its proxy
+MODEL = "gpt-4"
+KEY = "sk-loop-bounds"
+
+
+def distinct_tokens(n: int) -> str:
+    """`n` distinct short identifiers (letters and digits), 12 to a line."""
+    words = [f"k{i:x}q{i % 7}" for i in range(n)]
+    return "\n".join(" ".join(words[i:i + 12]) for i in range(0, n, 12))
+
+
+def tool_conversation(output: str) -> list[dict]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "fetch_logs", "arguments": "{}"}}
+    return [
+        {"role": "user", "content": "Find the failing key."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+
+
+async def test_noting_a_tool_output_of_many_distinct_identifiers_holds_no_loop(upstream, make_proxy, client_for):
+    # Every identifier the summarizer's note leaves out is appended to it by code; finding which were
+    # left out was a membership test on a list (20k identifiers: 11 s on the loop).
+    proxy = await make_proxy(upstream.base_url, {"tool_results": {"threshold_tokens": 300},
+                                                 "models": {MODEL: {"context_window": 400_000}},
+                                                 "compaction": {"prepare_percent": 0}})
+    client = client_for(proxy, KEY)
+    await chat(client, tool_conversation(distinct_tokens(2000)))  # first use: tokenizers, tables
+    async with LoopProbe() as probe:
+        _, headers, _ = await chat(client, tool_conversation(distinct_tokens(20_000)))
+    assert headers["x-compaction-tool-results"] == "1"
+    note = upstream.chat_requests[-1]["messages"][2]["content"]
+    assert "## Identifiers preserved" in note and "more" in note
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def layered_body(inflated: int) -> bytes:
+    """zstd over a level-0 gzip of `inflated` bytes: a few KB on the wire, a gzip layer of
+    `inflated` bytes that zlib must go through in many steps."""
+    inner = gzip.compress(b" " * inflated, compresslevel=0)
+    return zstandard.ZstdCompressor(level=19).compress(inner)
+
+
+async def test_a_small_body_in_two_layers_that_inflate_holds_no_loop(upstream, make_proxy):
+    # Whether to decode off the loop was decided by the compressed size (this body is ~1 KB), and
+    # zlib copied its unconsumed input at every 64 KB step: 48 MB of level 0 held the loop 24-39 s.
+    proxy = await make_proxy(upstream.base_url)
+    body = layered_body(48 << 20)
+    assert len(body) < 16 << 10
+    headers = {"Content-Encoding": "gzip, zstd", "Content-Type": "application/json", **auth(KEY)}
+    async with LoopProbe() as probe:
+        answer = await post(proxy, body, headers)
+    assert answer.status == 400 and answer.json()["error"]["type"] == "invalid_request_error", answer.body[:300]
+    assert probe.worst_s < STALL_BOUND_S, probe
+    assert upstream.chat_requests == []
+
+
+async def test_more_than_two_content_encoding_layers_are_a_415_before_any_is_decoded(upstream, make_proxy):
+    proxy = await make_proxy(upstream.base_url)
+    body = gzip.compress(gzip.compress(gzip.compress(orjson.dumps({"model": MODEL, "messages": []}))))
+    headers = {"Content-Encoding": "gzip, gzip, gzip", "Content-Type": "application/json", **auth(KEY)}
+    answer = await post(proxy, body, headers)
+    assert answer.status == 415 and answer.json()["error"]["code"] == "unsupported_content_encoding", answer.body
+    assert "at most 2" in answer.json()["error"]["message"]
+    assert upstream.chat_requests == []
+
+
+_SERVE_FAKE = """
+import asyncio, sys
+from proxy.fakes.{module} import {cls}
+
+async def main():
+    async with {cls}({args}) as fake:
+        print(fake.base_url, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test ends
+
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def fake_process(module: str, cls: str, args: str = "") -> AsyncIterator[str]:
+    """A strict fake in a process of its own (its base URL): its own work on a large body (it
+    parses, validates and counts every message, holding the GIL in long calls) is not the
+    proxy's, and must not show in the probe."""
+    code = _SERVE_FAKE.format(module=module, cls=cls, args=args)
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", code, cwd=ROOT, stdin=PIPE, stdout=PIPE)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 30)
+        assert line.startswith(b"http://127.0.0.1:"), line
+        yield line.decode().strip()
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 10)
+        except asyncio.TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+async def test_count_tokens_of_many_short_messages_holds_no_loop(make_proxy):
+    # The envelopes of the history were built lazily by their first reader, the record lookup on
+    # the loop, and so were the store keys of every prefix: 60k one-character messages held the
+    # loop 1.2 s (200k: 7.7 s), where the same body's parse and count already ran off it.
+    claude = "claude-sonnet-4-6"
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": "x"} for i in range(60_000)] + [
+        {"role": "user", "content": "x"}]
+    async with fake_process("messages", "FakeMessages") as url:
+        proxy = await make_proxy(url, {"anthropic": {"base_url": url},
+                                                 "compaction": {"prepare_percent": 0}})
+        async with anthropic_client(proxy, KEY) as c:
+            await c.messages.count_tokens(model=claude, messages=msgs[-3:])  # first use
+        # (the body as bytes: the SDK's own preparation of 60k messages would hold this loop too)
+        body = orjson.dumps({"model": claude, "messages": msgs})
+        headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01", "content-type": "application/json"}
+        async with LoopProbe() as probe:
+            answer = await post(proxy.root, body, headers, path="/v1/messages/count_tokens", expect=200)
+    assert answer.json()["input_tokens"] > 60_000
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+async def test_compaction_served_here_of_many_identifiers_holds_no_loop(make_proxy, client_for):
+    # Ranking the span's identifiers counted each one in the whole text, and "not already in the
+    # summary" was a search of the whole summary each (20k identifiers in 160 KB: seconds on the
+    # loop, 2 MB of items 5.7 s); the parse, the transcript and the record were made on the loop.
+    tokens = distinct_tokens(20_000).split("\n")
+    items: list[dict] = [{"type": "message", "role": "user", "content": "Find the failing key."}]
+    for n in range(10):
+        items += [{"type": "function_call", "call_id": f"call_{n}", "name": "shell", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": f"call_{n}", "output": "\n".join(tokens[n::10])}]
+    async with fake_process("responses", "FakeResponses", "serve_compact=False") as url:
+        proxy = await make_proxy(url, {"responses": {"serve_compact": True}})
+        c = client_for(proxy, KEY)
+        await c.responses.compact(model="gpt-5", input=items[:3])  # first use
+        async with LoopProbe() as probe:
+            out = await c.responses.compact(model="gpt-5", input=items)
+    assert out.output[-1].type == "compaction"
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def test_occurrences_past_the_budget_count_the_tokens_a_scan_finds(monkeypatch):
+    text = "see src/app.py and src/app.py, LEDGER-42 in xsrc/app.pyx; 9f86d08a"
+    idents = ["src/app.py", "LEDGER-42", "9f86d08a", "gone/away.py"]
+    assert identifiers.occurrences(idents, text, 4) == {"src/app.py": 3, "LEDGER-42": 1, "9f86d08a": 1,
+                                                        "gone/away.py": 0}
+    monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)
+    # one pass over the text's identifiers: the one inside a longer word is no longer counted
+    assert identifiers.occurrences(idents, text, 4) == {"src/app.py": 2, "LEDGER-42": 1, "9f86d08a": 1,
+                                                        "gone/away.py": 0}
+    assert identifiers.absent(idents, text) == ["gone/away.py"]
+
+
+def test_union_keeps_the_old_order_and_adds_each_new_item_once():
+    assert identifiers.union(["a", "b"], ["c", "a", "c", "d"]) == ["a", "b", "c", "d"]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def originals(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Originals]:
+    store: Store = MemoryStore(ttl_s=1000, max_records=1000) if request.param == "memory" else SqliteStore(
+        str(tmp_path / "s.db"), ttl_s=1000, max_records=1000)
+    yield Originals(ResilientStore(store))
+    await store.close()
+
+
+async def test_a_recall_search_with_a_huge_query_holds_no_loop(originals: Originals) -> None:
+    # The query's words were one alternation tried at every position of the original, and each of
+    # its identifiers searched for in all of it: a 16 KB query against 2.4 MB stalled 6 s (1.1 MB: 1.6 s). A query
+    # is now cut to its first terms, words are matched in one pass, and the search of a large
+    # original runs off the loop.
+    rows = [f"row {i}: shard s{i % 64} wrote batch b{i:06d} in {i % 997} ms, status ok" for i in range(20_000)]
+    rows[10_000] = "row 10000: CONFIG max_pool_size=417 set by deploy 7c1e2f9a"
+    text = "\n".join(rows)
+    assert len(text) > 1_000_000
+    await originals.save("s1", Original("a1b2c3d4e5f6", "tool output", "run_query(db=prod)", text))
+    query = "7c1e2f9a max_pool_size " + " ".join(f"shard s{i % 64} batch b{i:06d} ms status" for i in range(700))
+    assert len(query) > 16_000
+    counter = TokenCounter()
+    count = lambda s: counter.count_text(s, "cl100k_base")  # noqa: E731
+    args = orjson.dumps({"query": query}).decode()
+    await answer(orjson.dumps({"query": "deploy"}).decode(), originals, "s1", max_tokens=4000, count=count,
+                 prompts=Prompts())  # first use
+    async with LoopProbe() as probe:
+        found = await answer(args, originals, "s1", max_tokens=4000, count=count, prompts=Prompts())
+    assert found.outcome == "hit" and "recall id a1b2c3d4e5f6" in found.text
+    assert probe.worst_s < STALL_BOUND_S, probe
+
+
+def test_a_query_is_read_to_its_first_terms():
+    words, idents = query_terms("deploy 7c1e2f9a " + " ".join(f"word{i} id{i:05d}x" for i in range(5000)))
+    assert len(words) == len(idents) == MAX_QUERY_TERMS
+    assert words[0] == "deploy" and idents[0] == "7c1e2f9a"
+    # the query itself, exactly, and as a name defined in code
+    assert query_terms("  max_pool_size  ") == (["max", "pool", "size"], ["max_pool_size", "def:max_pool_size"])
