@@ -24,6 +24,7 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
     "compaction-update-summary": frozenset(),
     "compaction-turn-prefix": frozenset(),
     "compaction-cached-summary": frozenset({"point"}),
+    "compaction-cached-summary-again": frozenset(),
     "compaction-summary-context": frozenset({"summary"}),
     "system-annotation": frozenset({"message_count"}),
     "tool-result-summarizer": frozenset({"tool_name"}),
