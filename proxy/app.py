@@ -10,8 +10,8 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from proxy import errors, logsafe
-from proxy.adapters.messages import routes as messages
-from proxy.chat import handle_chat
+from proxy.protocols.messages import route as messages
+from proxy.protocols.chat.route import handle_chat
 from proxy.config import Config
 from proxy.crosssite import guarded
 from proxy.body import BodyPace
@@ -19,9 +19,9 @@ from proxy.forward import passthrough
 from proxy.ops import admin
 from proxy.ops.exchange import PROTOCOLS
 from proxy.ops import observe
-from proxy.responses.handlers import handle_compact, handle_responses_get
-from proxy.responses.route import handle_responses
-from proxy.responses.runtime import RESPONSES, ResponsesRuntime
+from proxy.protocols.responses.handlers import handle_compact, handle_responses_get
+from proxy.protocols.responses.route import handle_responses
+from proxy.protocols.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.serve import INFLIGHT, LOOP
 from proxy.state import STATE, ProxyState
 

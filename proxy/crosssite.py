@@ -24,8 +24,8 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from proxy import errors
-from proxy.adapters.messages.errors import ANTHROPIC
-from proxy.adapters.messages.routes import is_anthropic
+from proxy.protocols.messages.errors import ANTHROPIC
+from proxy.protocols.messages.route import is_anthropic
 from proxy.config import Config
 from proxy.credentials import sent_credentials
 

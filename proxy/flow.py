@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from proxy.adapters.base import Adapter, Request
+from proxy.adapter import Adapter, Request
 from proxy.model import Conversation
 
 

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import errors, jsonbody, offload
-from proxy.adapters.base import Adapter
+from proxy.adapter import Adapter
 from proxy.flow import Flow, Stage, run_overflow
 from proxy.body import upstream_body
 from proxy.forward import (

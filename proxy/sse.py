@@ -2,8 +2,8 @@
 
 An upstream's stream goes to the client event by event, never held back past its end; every
 `data:` payload must be JSON (or chat's `[DONE]`), and a protocol whose events are named reads
-each as its name and data (`NamedEventChecker`; proxy/responses/stream.py and
-proxy/adapters/messages/stream.py judge their own). What a check finds broken ends the client's
+each as its name and data (`NamedEventChecker`; proxy/protocols/responses/stream.py and
+proxy/protocols/messages/stream.py judge their own). What a check finds broken ends the client's
 stream with an error event in the protocol's shape (proxy/forward.py `relay_events`).
 """
 
@@ -146,7 +146,7 @@ class EventChecker:
 
     def error_event(self, err: errors.ProxyError) -> bytes:
         """The event that ends this stream with an error: the protocol's shape by default; a
-        stream that numbers its events overrides it (proxy/responses/stream.py)."""
+        stream that numbers its events overrides it (proxy/protocols/responses/stream.py)."""
         return err.event()
 
 

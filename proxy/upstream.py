@@ -1,6 +1,6 @@
 """The proxy's own calls to the upstream (summaries, tool-result notes), in whatever protocol the
 conversation speaks: one caller for every route. The adapters make the requests and read the
-answers (proxy/adapters/base.py: `summary_request`, `summary_retry`, `summary_text`).
+answers (proxy/adapter.py: `summary_request`, `summary_retry`, `summary_text`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import orjson
 from multidict import CIMultiDict
 
 if TYPE_CHECKING:  # the adapters import this module
-    from proxy.adapters.base import Adapter, SummaryCall
+    from proxy.adapter import Adapter, SummaryCall
 
 _OVERFLOW_RE = re.compile(
     r"context[ _-]?length|maximum context|context window|too many tokens|prompt is too long|"

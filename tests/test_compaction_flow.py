@@ -253,7 +253,7 @@ def work_history() -> list[dict[str, Any]]:
     many = [f"lib/mod{i:02d}.py" for i in range(60)]
     calls = [
         tool_call("c1", "read_file", '{"path": "/srv/app/config.yaml"}'),
-        tool_call("c2", "write_file", '{"file_path": "src/proxy/chat.py", "content": "x = 1"}'),
+        tool_call("c2", "write_file", '{"file_path": "src/proxy/protocols/chat/route.py", "content": "x = 1"}'),
         tool_call("c3", "read_file", '{"path": "docs/notes.md"}'),
         tool_call("c4", "edit_file", '{"path": "docs/notes.md", "old": "a", "new": "b"}'),
         tool_call("c5", "grep", orjson.dumps({"paths": many, "pattern": "TODO"}).decode()),
@@ -282,7 +282,7 @@ async def test_files_identifiers_and_errors_survive_a_summary_that_drops_them(up
     summary = forwarded_summary(upstream.chat_requests[-1]["messages"])
     files = summary.split("<files>\n", 1)[1].split("\n</files>", 1)[0]
     assert "- /srv/app/config.yaml (read)" in files
-    assert "- src/proxy/chat.py (write)" in files
+    assert "- src/proxy/protocols/chat/route.py (write)" in files
     assert "- docs/notes.md (both)" in files
     shown = len(re.findall(r"^- lib/mod\d\d\.py \(read\)$", files, re.M))
     assert f"- ... and {60 - shown} more" in files  # capped, never silently

@@ -14,8 +14,8 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.adapters.base import SummaryCall
-from proxy.adapters.chat import ChatAdapter
+from proxy.adapter import SummaryCall
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.compaction import extract
 from proxy.compaction.budget import HYSTERESIS
 from proxy.compaction.engine import CompactionEngine
@@ -125,14 +125,14 @@ def test_escape_leaves_ordinary_text_alone():
 # -- deterministic parts ---------------------------------------------------------------------
 
 PLANTED = [
-    "/srv/app/config.yaml", "src/proxy/chat.py", "https://example.com/docs/page?id=7", "sofia.kim@example.org",
+    "/srv/app/config.yaml", "src/proxy/protocols/chat/route.py", "https://example.com/docs/page?id=7", "sofia.kim@example.org",
     "3f9a2c1d7e", "123e4567-e89b-12d3-a456-426614174000", "12345", "OI5L9G", "sofia_kim_7287", "HAT001",
 ]
 
 
 def test_identifiers_found_once_each_and_numbers_kept():
     text = (
-        "Read /srv/app/config.yaml and src/proxy/chat.py; docs https://example.com/docs/page?id=7, mail "
+        "Read /srv/app/config.yaml and src/proxy/protocols/chat/route.py; docs https://example.com/docs/page?id=7, mail "
         "sofia.kim@example.org. Commit 3f9a2c1d7e, id 123e4567-e89b-12d3-a456-426614174000, total 12345 "
         "(98% done), reservation OI5L9G for sofia_kim_7287, flight HAT001."
     )

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from proxy import jsonbody
-from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.record import SummaryRecord
 from proxy.compaction.serialize import serialize_envelope

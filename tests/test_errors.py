@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.chat_request import parse_chat_body
+from proxy.protocols.chat.body import parse_chat_body
 from support.compaction_helpers import analyze
 from aiohttp.client_reqrep import ConnectionKey
 from proxy.errors import ProxyError

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import sse
-from proxy.adapters.messages.stream import MessagesEventChecker
+from proxy.protocols.messages.stream import MessagesEventChecker
 from proxy.sse import CR, EventChecker, _check_event, _event_usage, _fields_by_line, event_fields, named_fields
-from proxy.responses.stream import ResponsesEventChecker
+from proxy.protocols.responses.stream import ResponsesEventChecker
 
 CHUNK = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hé \n"}}]}
 

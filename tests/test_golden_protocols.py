@@ -2,7 +2,7 @@
 for byte, and the x-compaction-* headers it answers, for a synthetic coding session (large tool
 outputs made notes, masking, two summaries, half of the requests streamed, summary calls riding
 the cache) spoken in each protocol, against a recording made before the reused-prefix parse
-(proxy/adapters/prefix.py) was wired into these routes.
+(proxy/reuse.py) was wired into these routes.
 
 Each replay runs twice: with the prefix reuse on (every body after the first grows from the one
 before it, so most of each is taken from the previous parse) and with it off (every body parsed
@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.adapters import prefix
+from proxy import reuse as prefix
 from support.coding_session import coding_session
 from support.golden import RECORD, UNRECORDED, match_recorded
 from support.protocols import MESSAGES, RESPONSES
@@ -46,7 +46,7 @@ def _bodies(driver: Any) -> list[bytes]:
 
 @pytest.fixture
 def parses(monkeypatch):
-    """Counts the parses that reused an earlier body's envelopes (proxy/adapters/prefix.py)."""
+    """Counts the parses that reused an earlier body's envelopes (proxy/reuse.py)."""
     seen = {"reused": 0, "all": 0}
     real = prefix.parse_seen
 

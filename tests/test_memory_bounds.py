@@ -124,10 +124,10 @@ async def test_model_names_that_never_repeat_do_not_grow_the_ratio_learner():
 
 
 def test_the_recent_bodies_take_at_most_their_bound_and_estimate_it_honestly():
-    """Bodies that grow (proxy/adapters/prefix.py): the kept bodies, their written JSON and parsed
+    """Bodies that grow (proxy/reuse.py): the kept bodies, their written JSON and parsed
     values, measured, stay within the byte bound however many conversations come."""
-    from proxy.adapters import prefix
-    from proxy.adapters.chat import ChatAdapter
+    from proxy import reuse as prefix
+    from proxy.protocols.chat.adapter import ChatAdapter
     from proxy.config import Config
     from proxy.recall.keep import request_parts
 

@@ -1,4 +1,4 @@
-"""The Messages adapter (proxy/adapters/messages/adapter.py) on the neutral model: the recorded
+"""The Messages adapter (proxy/protocols/messages/adapter.py) on the neutral model: the recorded
 Claude Code session parses and renders back to its bytes, its blocks become the right items,
 and every summary it can inject, with the tool notes and breakpoints that go with it, makes a
 request the strict fake accepts."""
@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy import jsonbody
-from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.messages.validate import Context, check_request
 from proxy.model import Conversation, Kind

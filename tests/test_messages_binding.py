@@ -12,7 +12,7 @@ import anthropic
 import orjson
 import pytest
 
-from proxy.adapters.messages import binding
+from proxy.protocols.messages import binding
 from proxy.compaction.record import SummaryRecord
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.messages.binding import BETA

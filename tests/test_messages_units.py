@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from proxy.adapters.messages.overflow import is_prompt_too_long
-from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
-from proxy.adapters.messages.windows import long_context, request_window
+from proxy.protocols.messages.overflow import is_prompt_too_long
+from proxy.protocols.messages.stream import MessagesEventChecker, messages_usage
+from proxy.protocols.messages.windows import long_context, request_window
 from proxy.config import Config
 
 
@@ -131,8 +131,8 @@ def test_an_error_event_is_an_end_and_unknown_events_pass():
 
 # ---- cuts, summary, annotation, notes ------------------------------------------------------------
 
-from proxy.adapters.messages import breakpoints  # noqa: E402
-from proxy.adapters.messages.turns import (  # noqa: E402
+from proxy.protocols.messages import breakpoints  # noqa: E402
+from proxy.protocols.messages.turns import (  # noqa: E402
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.fakes.messages import FakeMessages  # noqa: E402
 from proxy.fakes.messages.validate import Context, check_request  # noqa: E402
@@ -246,7 +246,7 @@ _message = st.one_of(st.fixed_dictionaries({"role": st.sampled_from(["user", "as
 def test_native_compaction_reads_blocks_as_their_listing_does(messages, start):
     """The scan looks only inside block lists (a string is one text block, anything else none):
     the same answer as reading every message's blocks' types."""
-    from proxy.adapters.messages.body import blocks
+    from proxy.protocols.messages.body import blocks
     expected = any(isinstance(m, dict) and "compaction" in [b.get("type") for b in blocks(m.get("content"))
                                                             if isinstance(b, dict)] for m in messages[start:])
     assert (native_compaction({"model": "m", "messages": messages}, start) is not None) == expected

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from proxy import hashing, identifiers, offload, textfacts
-from proxy.adapters import chat
-from proxy.adapters.chat import ChatAdapter
+from proxy.protocols.chat import adapter as chat
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.compaction import extract, making, summarizer
 from proxy.recall import layer
 from support.client import auth, post

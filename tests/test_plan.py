@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.adapters.chat import ChatAdapter
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.compaction.extract import latest_requests
 from proxy.compaction.plan import MIN_CLAMPED_TOKENS, choose_cut
 from proxy.model import Conversation

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from proxy import jsonbody
-from proxy.adapters import prefix
-from proxy.adapters.chat import ChatAdapter
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.responses import ResponsesAdapter
+from proxy import reuse as prefix
+from proxy.protocols.chat.adapter import ChatAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.tokens import TokenCounter
@@ -197,7 +197,7 @@ def _responses(recent: prefix.RecentBodies, items: list[str]):
 
 
 def _looked_at(monkeypatch) -> list[object]:
-    from proxy.responses import compact
+    from proxy.protocols.responses import compact
 
     seen: list[object] = []
     real = compact.is_own
@@ -206,7 +206,7 @@ def _looked_at(monkeypatch) -> list[object]:
 
 
 def test_the_items_a_request_shares_are_not_looked_at_again_for_our_compaction_items(monkeypatch):
-    from proxy.responses.route import has_own_items
+    from proxy.protocols.responses.route import has_own_items
 
     recent = prefix.RecentBodies()
     two = CASES["responses"][4]
@@ -222,7 +222,7 @@ def test_the_items_a_request_shares_are_not_looked_at_again_for_our_compaction_i
 
 
 def test_a_request_with_our_compaction_item_has_every_item_looked_at_next_time(monkeypatch):
-    from proxy.responses.route import has_own_items
+    from proxy.protocols.responses.route import has_own_items
 
     recent = prefix.RecentBodies()
     two = CASES["responses"][4]

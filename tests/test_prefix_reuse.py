@@ -1,4 +1,4 @@
-"""Bodies that grow (proxy/adapters/prefix.py): a body parsed with what the previous body of the
+"""Bodies that grow (proxy/reuse.py): a body parsed with what the previous body of the
 conversation shared gives the same Request as a full parse (values, written JSON, keys, counts,
 forwarded bytes), or the same error; and the shared part is really not parsed again."""
 
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonbody
-from proxy.adapters import prefix
-from proxy.adapters.chat import ChatAdapter
+from proxy import reuse as prefix
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.model import Conversation

@@ -1,4 +1,4 @@
-"""Bodies that grow on the Responses and Messages routes (proxy/adapters/prefix.py, the mechanism
+"""Bodies that grow on the Responses and Messages routes (proxy/reuse.py, the mechanism
 the chat route uses): a body parsed with what the previous body of the conversation shared gives
 the same Request as a full parse (values, written JSON, keys, counts, envelopes, digests, recall's
 parts, rendered bytes), or the same error; an earlier item that changed is parsed again; and one
@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonbody
-from proxy.adapters import prefix
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.responses import ResponsesAdapter
+from proxy import reuse as prefix
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.model import Conversation, Kind

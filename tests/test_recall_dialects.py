@@ -1,4 +1,4 @@
-"""The recall dialects' pure parts (proxy/recall/responses.py, messages.py and their stream
+"""The recall dialects' pure parts (proxy/protocols/responses/recall.py, messages.py and their stream
 filters): the cases the flows through the fakes reach rarely — a reasoning item right before a
 recall call, a request that is not stored, a turn with nothing but a dropped call, empty text
 blocks, a thinking block kept for the continuation. Every body made here is checked by the
@@ -18,11 +18,11 @@ from proxy.fakes.responses.validate import Context as RContext
 from proxy.fakes.responses.validate import check_request as check_responses
 from proxy.prompts import Prompts
 from proxy.recall.answers import Call
-from proxy.recall.messages import MESSAGES
-from proxy.recall.messages_stream import Rounds as MessagesRounds
+from proxy.protocols.messages.recall import MESSAGES
+from proxy.protocols.messages.recall_stream import Rounds as MessagesRounds
 from proxy.recall.relay import answered_here
-from proxy.recall.responses import RESPONSES, visible
-from proxy.recall.responses_stream import Rounds as ResponsesRounds
+from proxy.protocols.responses.recall import RESPONSES, visible
+from proxy.protocols.responses.recall_stream import Rounds as ResponsesRounds
 
 NAME = "context_recall"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proxy.recall import handles
 import orjson
 
-from proxy.adapters.chat import ChatAdapter
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.config import Config
 from proxy.recall.keep import parts_of
 from proxy.tokens import TokenCounter

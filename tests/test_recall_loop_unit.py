@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from proxy.prompts import Prompts
-from proxy.recall.chat import Reply, add_usage, complete
-from proxy.recall.chat_stream import Rounds
+from proxy.protocols.chat.recall import Reply, add_usage, complete
+from proxy.protocols.chat.recall_stream import Rounds
 from proxy.recall.relay import answered_here
 from proxy.recall.originals import Originals
 from proxy.recall.session import RecallSession

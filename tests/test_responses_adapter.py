@@ -1,6 +1,6 @@
-"""The Responses adapter on the core contract (proxy/adapters/responses.py; design.md § Protocol adapters; § Responses API): the
+"""The Responses adapter on the core contract (proxy/protocols/responses/adapter.py; design.md § Protocol adapters; § Responses API): the
 recorded Codex session parses into the neutral model (one envelope per item, `instructions` as
-envelope 0, kinds, call ids, names, the cut rules of proxy/responses/items.py), renders back to the
+envelope 0, kinds, call ids, names, the cut rules of proxy/protocols/responses/items.py), renders back to the
 client's bytes when nothing changed, and the edits the stages ask for (a note for an output, a
 summary after the system part with the annotation in `instructions`) give a body the strict fake
 accepts."""
@@ -12,12 +12,12 @@ import json
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.responses import ResponsesAdapter
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.fakes.responses.validate import Context, check_request
 from proxy.fakes.signing import Signer
 from proxy.model import Conversation, Kind
-from proxy.responses import items as ri
+from proxy.protocols.responses import items as ri
 from proxy.tokens import TokenCounter
 from support.sessions import FIXTURE_SIGNING_KEY, codex_requests
 

@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from proxy.errors import ProxyError
-from proxy.responses.body import parse_responses_body
-from proxy.adapters.responses import ResponsesAdapter
-from proxy.responses.stream import responses_usage
+from proxy.protocols.responses.body import parse_responses_body
+from proxy.protocols.responses.adapter import ResponsesAdapter
+from proxy.protocols.responses.stream import responses_usage
 
 
 def body(**over) -> bytes:

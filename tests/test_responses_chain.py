@@ -1,10 +1,10 @@
-"""proxy/responses/chain.py, pure: what a chained socket turn stands for, when the forwarded body
+"""proxy/protocols/responses/chain.py, pure: what a chained socket turn stands for, when the forwarded body
 may chain again, and what each way a turn ends does to the chain."""
 
 from __future__ import annotations
 
 from proxy import jsonbody
-from proxy.responses.chain import Chain
+from proxy.protocols.responses.chain import Chain
 
 
 def user(text: str) -> dict:

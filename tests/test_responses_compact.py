@@ -10,7 +10,7 @@ import pytest
 from openai import BadRequestError
 
 from proxy.fakes.responses import FakeResponses
-from proxy.responses import compact
+from proxy.protocols.responses import compact
 from support.compaction_helpers import main_summary
 from support.protocols import compaction_input
 

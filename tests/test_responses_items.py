@@ -10,7 +10,7 @@ import pytest
 from proxy.fakes.common import Invalid
 from proxy.fakes.responses.validate import Context, check_request
 from proxy.fakes.signing import Signer
-from proxy.responses import items as ri
+from proxy.protocols.responses import items as ri
 from support.sessions import FIXTURE_SIGNING_KEY, codex_requests
 
 

@@ -1,7 +1,7 @@
 """A Responses WebSocket whose turns are chained (`previous_response_id`, store false), as Codex
 sends them: the proxy reads each turn as the whole history it stands for, compacts it past the
 threshold, sends that compacted history unchained, and chains the turns after it again
-(proxy/responses/chain.py). Through the real proxy and the openai client against the strict fake
+(proxy/protocols/responses/chain.py). Through the real proxy and the openai client against the strict fake
 Responses upstream, which keeps only the socket's latest response for chaining and refuses a
 reasoning item it cannot read back."""
 

@@ -12,7 +12,7 @@ from openai.types.responses import ResponseErrorEvent
 from proxy import errors
 from proxy.fakes.responses import FakeResponses
 from proxy.fakes.responses import events as ev
-from proxy.responses.stream import ResponsesEventChecker, is_overflow_failure, read_preamble
+from proxy.protocols.responses.stream import ResponsesEventChecker, is_overflow_failure, read_preamble
 from proxy.upstream import is_context_overflow
 
 BODY = {"model": "gpt-5", "input": "hello"}

@@ -13,7 +13,7 @@ from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
 
 from proxy.fakes.responses import FakeResponses
-from proxy.responses.websocket import WsTurn, relay_websocket
+from proxy.protocols.responses.websocket import WsTurn, relay_websocket
 from support.client import openai_client, post
 from support.compaction_helpers import filler, main_summary
 from support.waiting import until

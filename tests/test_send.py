@@ -14,7 +14,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.adapters.chat import ChatAdapter
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.sse import EventChecker
 from proxy.ops.exchange import EXCHANGE, Exchange, Usage
 from proxy.send import Upstream, send

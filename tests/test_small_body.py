@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonbody
-from proxy.chat_request import parse_chat_body
+from proxy.protocols.chat.body import parse_chat_body
 from proxy.errors import ProxyError
 
 
@@ -80,8 +80,8 @@ def test_loads_says_the_same_of_a_body_whole_or_in_pieces(raw, pad):
 def test_values_put_in_from_elsewhere_are_still_checked_in_a_short_body():
     """Items parsed from another body (`before`) nest two levels deeper inside this one: a short
     body with them in is checked whole, as before."""
-    from proxy.adapters.messages.body import parse_messages_body
-    from proxy.responses.body import parse_responses_body
+    from proxy.protocols.messages.body import parse_messages_body
+    from proxy.protocols.responses.body import parse_responses_body
 
     item = {"role": "user", "content": nest("x", 252, 1)}  # 253 levels alone: writes; inside a body: 255
     jsonbody.check_writable(item)

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.responses import ResponsesAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer

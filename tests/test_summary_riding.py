@@ -25,8 +25,8 @@ import orjson
 import pytest
 from anthropic import AsyncAnthropic
 
-from proxy.adapters.messages import breakpoints
-from proxy.adapters.messages.adapter import MessagesAdapter
+from proxy.protocols.messages import breakpoints
+from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream
 from proxy.fakes.messages import FakeMessages

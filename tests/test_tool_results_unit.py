@@ -9,7 +9,7 @@ from proxy.compaction.extract import find_identifiers
 from proxy.text import clamp_middle
 from proxy.toolresults import note
 from proxy.toolresults.breaker import CircuitBreaker
-from proxy.adapters.chat import ChatAdapter
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.toolresults import select as sel
 from proxy.toolresults.select import BEGIN, END, is_skipped, notice, user_message
 from support.clock import FakeClock

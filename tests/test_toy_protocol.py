@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest
+from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer

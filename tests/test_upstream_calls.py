@@ -9,11 +9,11 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.adapters.base import SummaryCall
-from proxy.adapters.chat import ChatAdapter
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.messages.summary import summary_body
-from proxy.adapters.responses import ResponsesAdapter
+from proxy.adapter import SummaryCall
+from proxy.protocols.chat.adapter import ChatAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.messages.summary import summary_body
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream
 from proxy.fakes.common import FakeError
@@ -210,7 +210,7 @@ def test_messages_riding_body_stays_within_four_breakpoints_and_keeps_thinking()
                                                 {"type": "text", "text": "a"}]}]
     body = summary_body(CLAUDE, "Summarize.", 100, prefix=prefix,
                         request_body={"thinking": {"type": "enabled", "budget_tokens": 2048}})
-    from proxy.adapters.messages import breakpoints
+    from proxy.protocols.messages import breakpoints
     assert breakpoints.count(body) == 4
     assert body["messages"][1]["content"][1].get("cache_control") == marked  # the prefix's end: read from cache
     assert "cache_control" not in body["system"][0]  # the oldest of the client's gave way
@@ -223,7 +223,7 @@ def test_messages_riding_body_stays_within_four_breakpoints_and_keeps_thinking()
 
 
 def test_messages_riding_repeats_the_last_request_up_to_where_it_ended():
-    from proxy.adapters.messages.summary import riding_end
+    from proxy.protocols.messages.summary import riding_end
 
     def msg(role, *types):
         return {"role": role, "content": [{"type": t, **({"id": "t1", "name": "Read", "input": {}} if t == "tool_use"

@@ -22,7 +22,7 @@ from proxy.ops.hooks import Hooks
 from proxy.prompts import SUMMARY_HEADINGS, Prompts
 from proxy.slots import ScopedSlots
 from proxy.text import clamp_middle
-from proxy.adapters.base import Adapter, Request, SummaryCall
+from proxy.adapter import Adapter, Request, SummaryCall
 from proxy.upstream import SummarizerError, SummaryCaller
 
 MAIN_HEADINGS = SUMMARY_HEADINGS

@@ -21,10 +21,10 @@ from multidict import CIMultiDict
 import orjson
 
 from proxy import credentials, jsonbody
-from proxy.adapters.chat import ChatAdapter
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.responses import ResponsesAdapter
-from proxy.chat_request import parse_chat_body
+from proxy.protocols.chat.adapter import ChatAdapter
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.responses.adapter import ResponsesAdapter
+from proxy.protocols.chat.body import parse_chat_body
 from proxy.compaction.stage import MARK as COMPACTION_MARK
 from proxy.flow import Flow, Identity, run_request
 from proxy.config import Config, secret
@@ -32,11 +32,11 @@ from proxy.hashing import conversation_digest
 from proxy.model import Kind
 from proxy.ops import reasons
 from proxy.recall import answers as recall_answers
-from proxy.recall import chat as recall_chat
-from proxy.recall import messages as recall_messages
-from proxy.recall import responses as recall_responses
-from proxy.responses import compact, items as response_items
-from proxy.responses.body import parse_responses_body
+from proxy.protocols.chat import recall as recall_chat
+from proxy.protocols.messages import recall as recall_messages
+from proxy.protocols.responses import recall as recall_responses
+from proxy.protocols.responses import compact, items as response_items
+from proxy.protocols.responses.body import parse_responses_body
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store

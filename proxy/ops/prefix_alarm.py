@@ -7,7 +7,7 @@ client rewriting its history, or by the proxy forwarding something different twi
 Each conversation keeps the fingerprints of its last forwarded request's messages: the client's
 messages by the in-process key written at parse (the stable digest, where a protocol's keys carry
 cache markers that clients move: Messages), the proxy's own (summary, notes, stubs) by the digest
-of their JSON. When the request reused the previous body's parse (proxy/adapters/prefix.py) and
+of their JSON. When the request reused the previous body's parse (proxy/reuse.py) and
 shares all of its messages, nothing is compared; else the lists are compared once (a C-level
 compare of the same objects, most of the time).
 """
@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 from proxy import jsonbody
-from proxy.adapters.base import DIGESTS
+from proxy.adapter import DIGESTS
 from proxy.model import Conversation
 from proxy.ops.events import is_event
 

@@ -2,7 +2,7 @@
 the tool declared once the stages replaced anything, and the answering loop over whole answers.
 
 What differs by protocol (the declaration's shape, where calls are in an answer, how a call and
-its result are appended, how the client's answer is rebuilt) is a `Dialect`: proxy/recall/chat.py,
+its result are appended, how the client's answer is rebuilt) is a `Dialect`: proxy/protocols/chat/recall.py,
 responses.py, messages.py. The loop, the rounds, `recall.max_rounds` and its "no more lookups"
 turn, and the counting (RecallSession) are here and in session.py, once.
 

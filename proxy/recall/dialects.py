@@ -9,9 +9,9 @@ from proxy.recall.answers import Dialect
 
 
 def dialect_for(protocol: str) -> Dialect | None:
-    from proxy.recall.chat import CHAT
-    from proxy.recall.messages import MESSAGES
-    from proxy.recall.responses import RESPONSES
+    from proxy.protocols.chat.recall import CHAT
+    from proxy.protocols.messages.recall import MESSAGES
+    from proxy.protocols.responses.recall import RESPONSES
 
     found: dict[str, Any] = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
     return found.get(protocol)

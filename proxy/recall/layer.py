@@ -1,6 +1,6 @@
 """Recall for one process (design.md § Recall): keeps the originals a forwarded request stands in for, and
 starts the recall session of a request. The protocol routes call it; the protocol-specific parts
-(the declaration's shape, the answering loop) live beside it (proxy/recall/chat.py, ...).
+(the declaration's shape, the answering loop) live beside it (proxy/protocols/chat/recall.py, ...).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from proxy.ops import reasons
 from proxy.slots import ScopedSlots
 from proxy.toolresults.breaker import Breakers, CircuitBreaker
 from proxy.tokens import TokenCounter
-from proxy.adapters.base import Adapter, SummaryCall
+from proxy.adapter import Adapter, SummaryCall
 from proxy.upstream import SummarizerError, SummaryCaller
 
 log = logging.getLogger("proxy.toolresults")

@@ -116,7 +116,7 @@ def test_codex_over_a_websocket_is_compacted_through_the_proxy(codex: Path, star
     upstream: a prewarm `response.create` with `generate: false`, then every turn chained to the
     one before by `previous_response_id`, store false (the socket's own cache), with only its new
     items. The proxy saw every turn and every response of that chain, so it reads each turn as the
-    whole history it stands for (proxy/responses/chain.py): past the threshold it sends that
+    whole history it stands for (proxy/protocols/responses/chain.py): past the threshold it sends that
     history compacted, unchained, and the turns after it chained again to the compacted response,
     with only their new items. Codex finishes; every request is valid."""
     logs, work, home = setup(tmp_path)

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from proxy import jsonbody
-from proxy.adapters.base import Request
-from proxy.adapters.chat import ChatAdapter
+from proxy.adapter import Request
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.config import Config
 from proxy.tokens import TokenCounter
 from support.invariants import text_of

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.base import Adapter
-from proxy.adapters.chat import ChatAdapter
+from proxy.adapter import Adapter
+from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.config import Config
 from proxy.flow import Flow, Identity
 from support.compaction_helpers import counter

@@ -37,9 +37,9 @@ from multidict import CIMultiDict
 
 from proxy import errors, offload
 from proxy.forward import map_client_error
-from proxy.responses.inbox import Inbox, ReadAhead
-from proxy.responses.socket_recall import SocketRecall
-from proxy.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
+from proxy.protocols.responses.inbox import Inbox, ReadAhead
+from proxy.protocols.responses.socket_recall import SocketRecall
+from proxy.protocols.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
 
 log = logging.getLogger("proxy.responses.ws")
 
@@ -78,7 +78,7 @@ class SocketLimits:
     max_sockets: int | None = None  # upstream sockets held at once (None: no cap); beyond, a 503
     read_ahead_bytes: int = 16 << 20  # one socket's client messages read ahead of its sender (decoded)
     open: int = 0  # held now
-    chains_dropped: int = 0  # chains whose history passed the body limit (proxy/responses/chain.py)
+    chains_dropped: int = 0  # chains whose history passed the body limit (proxy/protocols/responses/chain.py)
     read_ahead: ReadAhead = field(default_factory=ReadAhead)  # every socket's, now and at most
 
     def take(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.messages import binding
+from proxy.protocols.messages import binding
 from proxy.recall.answers import Call, Split, summed_usage
 from proxy.recall.tool import description, parameters
 
@@ -49,7 +49,7 @@ def continuation(body: dict[str, Any], content: list[Any], calls: list[Call], re
 def later_thinking(block: Any) -> bool:
     """A thinking block of a round after the first: made after a recall round the client never
     sees, so on a model that binds thinking to its prefix it is invalid in the client's one
-    message (proxy/adapters/messages/binding.py), and is left out of it there."""
+    message (proxy/protocols/messages/binding.py), and is left out of it there."""
     return isinstance(block, dict) and block.get("type") in binding.THINKING
 
 

@@ -59,7 +59,7 @@ class Request:
     # (Messages: the cache breakpoints, which clients move) has a cache of its own
     digest_cache: DigestCache = DIGESTS
     # The conversation's previous request when its first `shared` envelopes are this one's
-    # (proxy/adapters/prefix.py): what it worked out about them lazily is not worked out again.
+    # (proxy/reuse.py): what it worked out about them lazily is not worked out again.
     previous: "Request | None" = field(default=None, repr=False, compare=False)
     shared: int = 0
 

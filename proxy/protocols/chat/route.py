@@ -20,18 +20,18 @@ from aiohttp import web
 from proxy.config import secret
 from proxy import errors, offload
 from proxy.byheaders import ByHeaders, openai_caller
-from proxy.adapters import prefix
-from proxy.adapters.base import Request
-from proxy.adapters.chat import ChatAdapter
-from proxy.chat_request import latest_user_index, message_text
+from proxy import reuse as prefix
+from proxy.adapter import Request
+from proxy.protocols.chat.adapter import ChatAdapter
+from proxy.protocols.chat.body import latest_user_index, message_text
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
-from proxy.recall import chat as recall_chat
-from proxy.recall import chat_stream as recall_stream
+from proxy.protocols.chat import recall as recall_chat
+from proxy.protocols.chat import recall_stream
 from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE, Prefix
 from proxy.send import Answering, Upstream, overflow_retry, send

@@ -33,7 +33,7 @@ def parse_responses_body(raw: bytes, *, before: list[Any] | None = None, whole: 
                          head: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse and check a body. `before`: input items parsed (and checked) already, cut out of the
     front of `raw`'s array; `head`: the fields before the array, parsed and checked already, cut
-    out of `raw` (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as
+    out of `raw` (proxy/reuse.py). `whole`: check that the whole body writes back as
     JSON; else only what is not `input` (the adapter writes each item once, and checks it so:
     too_deep)."""
     try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import jsonbody
-from proxy.responses.items import input_items, item_type
+from proxy.protocols.responses.items import input_items, item_type
 
 COMPLETE = ("response.completed", "response.incomplete")  # a response the upstream keeps and may be chained to
 

@@ -28,14 +28,14 @@ from proxy.forward import (
 )
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
-from proxy.recall import chains as recall_chains
+from proxy.protocols.responses import recall_chains
 from proxy.recall.relay import RECALLS
-from proxy.responses import compact, route
-from proxy.responses.chain import Chain, Sent
-from proxy.responses.items import input_items, item_type, parse_items, system_count
-from proxy.responses.runtime import RESPONSES
-from proxy.responses.socket_recall import SocketRecall
-from proxy.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
+from proxy.protocols.responses import compact, route
+from proxy.protocols.responses.chain import Chain, Sent
+from proxy.protocols.responses.items import input_items, item_type, parse_items, system_count
+from proxy.protocols.responses.runtime import RESPONSES
+from proxy.protocols.responses.socket_recall import SocketRecall
+from proxy.protocols.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
 
@@ -53,7 +53,7 @@ def websocket_url(base_url: str, request: web.Request) -> str:
 def socket_prepare(request: web.Request) -> Prepare:
     """Each `response.create` on this socket through the same stages as an HTTP body (the
     handshake's headers carry the credential, the focus, the session); a turn chained to the
-    socket's latest response as the whole history it stands for (proxy/responses/chain.py)."""
+    socket's latest response as the whole history it stands for (proxy/protocols/responses/chain.py)."""
     state = request.app[STATE]
     ex = request[EXCHANGE]
     cfg = state.cfg

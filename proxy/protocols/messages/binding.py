@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.messages.body import blocks
+from proxy.protocols.messages.body import blocks
 
 THINKING = ("thinking", "redacted_thinking")
 # The models that run the prefix check, as their documentation lists them (2026-11): Claude Fable

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import jsonbody
-from proxy.adapters.messages.errors import invalid
+from proxy.protocols.messages.errors import invalid
 from proxy.errors import ProxyError, Uncompactable
 
 ROLES = ("user", "assistant")
@@ -28,7 +28,7 @@ def parse_messages_body(raw: bytes, *, before: list[Any] | None = None, whole: b
     """Parse and validate a /v1/messages (or count_tokens) body; raises ProxyError(400).
     `before`: messages parsed (and checked) already, cut out of the front of `raw`'s array;
     `head`: the fields before the array, parsed and checked already, cut out of `raw`
-    (proxy/adapters/prefix.py). `whole`: check that the whole body writes back as JSON; else only
+    (proxy/reuse.py). `whole`: check that the whole body writes back as JSON; else only
     what is not `messages` (the adapter writes each message once, and checks it so: too_deep)."""
     try:
         body = jsonbody.load_request(raw)

@@ -33,7 +33,7 @@ from proxy.escaping import escape_client_text, tool_name
 from proxy.identifiers import union
 from proxy.model import Envelope
 from proxy.prompts import Prompts
-from proxy.responses.items import ASSISTANT, COMPACTION, OPAQUE, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Entry
+from proxy.protocols.responses.items import ASSISTANT, COMPACTION, OPAQUE, SYSTEM, TOOL_CALL, TOOL_RESULT, USER, Entry
 from proxy.store.base import Store
 from proxy.text import clamp_middle
 

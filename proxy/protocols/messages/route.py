@@ -18,12 +18,12 @@ from aiohttp import web
 from proxy.config import secret
 from proxy import credentials, errors, offload
 from proxy.byheaders import ByHeaders, Caller
-from proxy.adapters import prefix
-from proxy.adapters.base import Request
-from proxy.adapters.messages.adapter import MessagesAdapter
-from proxy.adapters.messages.errors import ANTHROPIC
-from proxy.adapters.messages.forward import upstream_headers
-from proxy.adapters.messages.windows import long_context
+from proxy import reuse as prefix
+from proxy.adapter import Request
+from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.messages.errors import ANTHROPIC
+from proxy.protocols.messages.forward import upstream_headers
+from proxy.protocols.messages.windows import long_context
 from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.model import Conversation
@@ -33,8 +33,8 @@ from proxy.hashing import conversation_digest
 from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
 from proxy.recall import answers as recall_answers
-from proxy.recall.messages import MESSAGES as RECALL
-from proxy.recall.messages_stream import Rounds as RecallRounds
+from proxy.protocols.messages.recall import MESSAGES as RECALL
+from proxy.protocols.messages.recall_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE

@@ -21,18 +21,18 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import Adapter, Request, SummaryCall, SummaryRequest, splice
-from proxy.adapters import prefix
-from proxy.adapters.prefix import Prior
-from proxy.adapters.messages import binding, breakpoints
-from proxy.adapters.messages.body import block_text, blocks, parse_messages_body, too_deep
-from proxy.adapters.messages.count import count_message, count_system
-from proxy.adapters.messages.errors import ANTHROPIC
-from proxy.adapters.messages.forward import CREDENTIAL_HEADERS
-from proxy.adapters.messages.overflow import is_prompt_too_long
-from proxy.adapters.messages.stream import MessagesEventChecker, messages_usage
-from proxy.adapters.messages import summary
-from proxy.adapters.messages.turns import (
+from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy import reuse as prefix
+from proxy.reuse import Prior
+from proxy.protocols.messages import binding, breakpoints
+from proxy.protocols.messages.body import block_text, blocks, parse_messages_body, too_deep
+from proxy.protocols.messages.count import count_message, count_system
+from proxy.protocols.messages.errors import ANTHROPIC
+from proxy.protocols.messages.forward import CREDENTIAL_HEADERS
+from proxy.protocols.messages.overflow import is_prompt_too_long
+from proxy.protocols.messages.stream import MessagesEventChecker, messages_usage
+from proxy.protocols.messages import summary
+from proxy.protocols.messages.turns import (
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
 from proxy.errors import ProxyError
@@ -92,7 +92,7 @@ class MessagesAdapter(Adapter):
     credential_headers = CREDENTIAL_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
-    envelope_field = "messages"  # the array whose messages a body that grows shares (proxy/adapters/prefix.py)
+    envelope_field = "messages"  # the array whose messages a body that grows shares (proxy/reuse.py)
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Prior | None = None) -> Request:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.adapters.messages.body import blocks
+from proxy.protocols.messages.body import blocks
 
 SUMMARY_CACHE = {"type": "ephemeral"}
 

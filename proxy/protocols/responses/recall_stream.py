@@ -22,8 +22,8 @@ import orjson
 from proxy import errors
 from proxy.sse import event_fields
 from proxy.recall.answers import Call, add_usage
-from proxy.recall.responses import continuation, is_client_call, is_recall, without_tool
-from proxy.responses.stream import END_EVENTS, PREAMBLE, error_event
+from proxy.protocols.responses.recall import continuation, is_client_call, is_recall, without_tool
+from proxy.protocols.responses.stream import END_EVENTS, PREAMBLE, error_event
 
 SHOWN, HELD, HIDDEN = "shown", "held", "hidden"
 
@@ -89,7 +89,7 @@ class Rounds:
 
     def take(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         """One upstream event (a parsed object with a type): the events for the client now. The
-        framing is the caller's (SSE here, a WebSocket message in proxy/responses/socket_recall.py)."""
+        framing is the caller's (SSE here, a WebSocket message in proxy/protocols/responses/socket_recall.py)."""
         t = payload["type"]
         if t in PREAMBLE:
             response = payload.get("response") if isinstance(payload.get("response"), dict) else {}

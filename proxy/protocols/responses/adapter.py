@@ -1,7 +1,7 @@
 """The Responses API (`POST /v1/responses`, WebSocket `response.create`) as the neutral model,
 and back (design.md § Responses API).
 
-An envelope is an input item (proxy/responses/items.py classifies them, pairs calls with their
+An envelope is an input item (proxy/protocols/responses/items.py classifies them, pairs calls with their
 outputs by call id, and marks the cuts). `instructions` plays the system prompt's part: it is the
 first envelope of the conversation, a SYSTEM one whose value is an `_Instructions` (a dict no
 client JSON can make), so the stages see it (counted, annotated, never summarized) and `render` writes it back to
@@ -22,19 +22,19 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
-from proxy.adapters.chat import ChatAdapter
-from proxy.adapters import prefix
-from proxy.adapters.prefix import Prior
+from proxy.adapter import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
+from proxy.protocols.chat.adapter import ChatAdapter
+from proxy import reuse as prefix
+from proxy.reuse import Prior
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.sse import EventChecker
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.ops.exchange import Usage
-from proxy.responses import items as ri
-from proxy.responses.body import parse_responses_body, too_deep
-from proxy.responses.stream import ResponsesEventChecker, read_preamble, responses_usage
+from proxy.protocols.responses import items as ri
+from proxy.protocols.responses.body import parse_responses_body, too_deep
+from proxy.protocols.responses.stream import ResponsesEventChecker, read_preamble, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
 
@@ -69,7 +69,7 @@ class ResponsesAdapter(Adapter):
     credential_headers = OPENAI_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
-    envelope_field = "input"  # the array whose items a body that grows shares (proxy/adapters/prefix.py)
+    envelope_field = "input"  # the array whose items a body that grows shares (proxy/reuse.py)
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Prior | None = None) -> Request:

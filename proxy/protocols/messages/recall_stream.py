@@ -21,8 +21,8 @@ import orjson
 from proxy import errors
 from proxy.sse import event_fields
 from proxy.recall.answers import Call, add_usage
-from proxy.adapters.messages import binding
-from proxy.recall.messages import USAGE_KEYS, continuation, is_client_call, is_recall, later_thinking, stop_reason
+from proxy.protocols.messages import binding
+from proxy.protocols.messages.recall import USAGE_KEYS, continuation, is_client_call, is_recall, later_thinking, stop_reason
 
 
 def sse(payload: dict[str, Any]) -> bytes:

@@ -3,7 +3,7 @@ the Responses API (design.md § One request, one flow, 11).
 
 A request: body decoded (zstd, gzip ...) and checked; the proxy's own compaction items expanded
 into their summary messages; a stateful request (`previous_response_id`, `conversation`) forwarded
-as it is; otherwise parsed by the Responses adapter (proxy/adapters/responses.py) into a Flow whose
+as it is; otherwise parsed by the Responses adapter (proxy/protocols/responses/adapter.py) into a Flow whose
 stages make tool outputs notes, then, unless the client asked for native compaction
 (`context_management`), the history a stored summary. Nothing changed: the client's bytes go upstream. The upstream's
 overflow (HTTP 400 `context_length_exceeded`, or a stream failing with it before any output) is
@@ -22,23 +22,23 @@ from aiohttp import web
 from proxy.config import secret
 from proxy import credentials, errors, jsonbody, offload
 from proxy.byheaders import ByHeaders, Caller, openai_caller
-from proxy.adapters import prefix
-from proxy.adapters.responses import ResponsesAdapter
+from proxy import reuse as prefix
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.compaction.budget import could_overflow
 from proxy.compaction.stage import journal_fault
 from proxy.flow import Flow, Identity, Report, run_request
 from proxy.body import BodyPace, read_body
 from proxy.hashing import conversation_digest
 from proxy.recall import answers as recall_answers
-from proxy.recall import chains as recall_chains
-from proxy.recall.responses import RESPONSES as RECALL
-from proxy.recall.responses_stream import Rounds as RecallRounds
+from proxy.protocols.responses import recall_chains
+from proxy.protocols.responses.recall import RESPONSES as RECALL
+from proxy.protocols.responses.recall_stream import Rounds as RecallRounds
 from proxy.recall.session import RecallSession
 from proxy.ops import reasons
 from proxy.ops.exchange import EXCHANGE
-from proxy.responses import compact
-from proxy.responses.body import parse_responses_body
-from proxy.responses.items import stateful
+from proxy.protocols.responses import compact
+from proxy.protocols.responses.body import parse_responses_body
+from proxy.protocols.responses.items import stateful
 from proxy.send import Answering, Upstream, overflow_retry, send
 from proxy.state import STATE, ProxyState
 from proxy.watch import observed

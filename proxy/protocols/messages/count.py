@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 from proxy import jsonbody
-from proxy.adapters.messages.body import block_text, blocks, system_blocks
+from proxy.protocols.messages.body import block_text, blocks, system_blocks
 from proxy.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 IMAGE_TOKENS = 1600  # Anthropic: about width x height / 750; a ~1100 px square image

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from proxy import errors
 from proxy.recall import relay as recall_relay
-from proxy.recall.chat import add_usage, continuation
+from proxy.protocols.chat.recall import add_usage, continuation
 from proxy.recall.relay import StreamResult
 from proxy.recall.session import RecallSession
 

@@ -20,7 +20,7 @@ def parse_chat_body(raw: bytes, *, before: list[Any] | None = None,
                     head: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parse and validate; raises ProxyError(400) naming the offending field. `before`: messages
     parsed already, cut out of the front of `raw`'s array; `head`: the fields before the array,
-    parsed and checked already, cut out of `raw` (proxy/adapters/prefix.py)."""
+    parsed and checked already, cut out of `raw` (proxy/reuse.py)."""
     try:
         body = jsonbody.load_request(raw)
         if head is not None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.base import repeated_fields
-from proxy.adapters.messages import breakpoints
-from proxy.adapters.messages.body import blocks
+from proxy.adapter import repeated_fields
+from proxy.protocols.messages import breakpoints
+from proxy.protocols.messages.body import blocks
 from proxy.upstream import SummarizerError
 
 DEFAULT_VERSION = "2023-06-01"  # anthropic-version when the client sent none (it is required)

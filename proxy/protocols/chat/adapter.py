@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapters.base import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
-from proxy.adapters import prefix
-from proxy.adapters.prefix import Prior
-from proxy.chat_request import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
+from proxy.adapter import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
+from proxy import reuse as prefix
+from proxy.reuse import Prior
+from proxy.protocols.chat.body import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.hashing import message_digest

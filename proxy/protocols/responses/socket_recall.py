@@ -2,7 +2,7 @@
 
 A `response.create` whose forwarded request declares the recall tool is one client-visible
 response however many rounds it takes. Its upstream events go through the Responses stream filter
-(proxy/recall/responses_stream.py: a recall call's events held back, output indexes and sequence
+(proxy/protocols/responses/recall_stream.py: a recall call's events held back, output indexes and sequence
 numbers renumbered, one `response.created`, one end event with the first round's id, the output
 the client saw and every round's usage summed), each event as one JSON text message. When a round
 ends in recall calls only, they are answered here and the continuation goes upstream on the same
@@ -22,9 +22,9 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from proxy.recall.relay import RECALLS, answered_here
-from proxy.recall.responses_stream import Rounds
+from proxy.protocols.responses.recall_stream import Rounds
 from proxy.recall.session import RecallSession
-from proxy.responses.stream import END_EVENTS
+from proxy.protocols.responses.stream import END_EVENTS
 
 log = logging.getLogger("proxy.recall")
 
