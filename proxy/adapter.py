@@ -7,8 +7,9 @@ forwarded body (unchanged envelopes keep their bytes; nothing changed: the clien
 knows the protocol's overflow errors, error shape and credentials. It also speaks the proxy's own
 summarizer calls in its protocol: a `SummaryCall` (protocol-neutral: instructions, prompt, model,
 cap; or the conversation's own forwarded prefix for the call that rides its cache, design.md § The summary call rides the cache) in,
-a request to send out, its answer read back as text. A new protocol is one module under
-proxy/adapters/ implementing `Adapter`, and a route handler that runs `proxy.flow.handle`.
+a request to send out, its answer read back as text. A new protocol is a package under
+proxy/protocols/ with an `Adapter`, its `Protocol` (protocols/base.py) and routes that call the
+pipeline, listed in protocols/registry.py.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from proxy.errors import ProxyError
 from proxy.sse import EventChecker
 from proxy.hashing import DigestCache, hash_chain
 from proxy.model import Conversation, Envelope, Injected
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.tokens import REPLY_OVERHEAD, TokenCounter
 from proxy.upstream import SummarizerError
 
@@ -186,6 +187,8 @@ class Adapter(ABC):
     protocol: str  # its name in logs, metrics and the journal ("chat")
     upstream_path: str  # where its requests go under the upstream's base URL
     credential_headers: tuple[str, ...]  # headers that carry the client's credential (the scope HMAC's input)
+    # the recall tool in this protocol's JSON (a recall.answers.Dialect); None: its requests never declare it
+    dialect: Any = None
 
     # -- the body ------------------------------------------------------------------------------
     @abstractmethod
@@ -194,7 +197,7 @@ class Adapter(ABC):
         """Parse and check a body into the model, counted with the model's tokenizer (`ratio`: the
         learned token ratio, else the configured one); ProxyError (rendered by `error_response`)
         naming the bad field. Pure: may run in a worker thread. An adapter that names its array of
-        envelopes (`envelope_field`) is parsed through adapters/prefix.parse, which passes `prior`:
+        envelopes (`envelope_field`) is parsed through reuse.parse, which passes `prior`:
         the array's first envelopes as the conversation's previous body had them (parse only
         `prior.rest`, the body without them; on any error there, the whole `raw`)."""
 

@@ -10,17 +10,14 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from proxy import errors, logsafe
-from proxy.protocols.messages import route as messages
-from proxy.protocols.chat.route import handle_chat
 from proxy.config import Config
 from proxy.crosssite import guarded
 from proxy.body import BodyPace
 from proxy.forward import passthrough
-from proxy.ops import admin
-from proxy.ops.exchange import PROTOCOLS
+from proxy.operator import admin
+from proxy.exchange import PROTOCOLS
 from proxy.ops import observe
-from proxy.protocols.responses.handlers import handle_compact, handle_responses_get
-from proxy.protocols.responses.route import handle_responses
+from proxy.protocols.registry import PASSTHROUGHS, ROUTES
 from proxy.protocols.responses.runtime import RESPONSES, ResponsesRuntime
 from proxy.serve import INFLIGHT, LOOP
 from proxy.state import STATE, ProxyState
@@ -58,6 +55,10 @@ async def serve_request(request: web.Request, handler: Handler) -> web.StreamRes
         inflight.discard(task)
 
 
+async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    observe.on_prepare(request, response, request.app[STATE].hooks)
+
+
 def error_response(request: web.Request, e: Exception) -> web.StreamResponse:
     """Every error the proxy makes is in the shape of the protocol served (errors.SHAPE); none
     carries a traceback. A redirect is raised on."""
@@ -83,23 +84,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def handle_passthrough(request: web.Request) -> web.StreamResponse:
-    if messages.is_anthropic(request):
-        return await messages.handle_anthropic_passthrough(request)
+    for claimed in PASSTHROUGHS:  # a protocol's own requests on the shared paths (Anthropic's)
+        if claimed.claims(request):
+            return await claimed.handler(request)
     state = request.app[STATE]
     return await passthrough(request, state.session, state.cfg.upstream, state.max_body, BodyPace.of(state.cfg.server))
 
 
-async def handle_gemini(request: web.Request) -> web.StreamResponse:
-    """Google's Gemini API, relayed as it came (the proxy does not compact it)."""
-    state = request.app[STATE]
-    return await passthrough(request, state.session, state.cfg.gemini, state.max_body, BodyPace.of(state.cfg.server),
-                             base_path="")
-
-
-def add_protocol_route(app: web.Application, path: str, handler: Handler, protocol: str) -> None:
-    """A route served by a protocol adapter; `protocol` labels its metrics and log lines."""
-    PROTOCOLS[path] = protocol
-    app.router.add_post(path, handler)
+def add_routes(app: web.Application, guard: Callable[[Handler], Handler]) -> None:
+    """Every protocol's routes (proxy/protocols/registry.py); a labelled one names its protocol in
+    metrics and log lines."""
+    for route in ROUTES:
+        added = app.router.add_route(route.method, route.path, guard(route.handler) if route.guarded else route.handler)
+        if route.label is not None:
+            PROTOCOLS[added.resource.canonical] = route.label  # (a pattern's canonical form is what a request reports)
 
 
 def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[ProxyState]] | None = None) -> web.Application:
@@ -130,18 +128,11 @@ def create_app(cfg: Config, *, state_factory: Callable[[Config], Awaitable[Proxy
     app[INFLIGHT] = set()
     app.cleanup_ctx.append(lifecycle)
     app[RESPONSES] = ResponsesRuntime()
-    app.on_response_prepare.append(observe.on_prepare)
+    app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     v1 = functools.partial(guarded, cfg=cfg)  # every route that may carry the proxy's own key
-    add_protocol_route(app, "/v1/chat/completions", v1(handle_chat), "chat_completions")
-    add_protocol_route(app, "/v1/messages", v1(messages.handle_messages), "messages")
-    add_protocol_route(app, "/v1/messages/count_tokens", v1(messages.handle_count_tokens), "messages")
-    add_protocol_route(app, "/v1/responses", v1(handle_responses), "responses")
-    app.router.add_get("/v1/responses", v1(handle_responses_get))  # WebSocket mode (design.md § Responses API)
-    app.router.add_post("/v1/responses/compact", v1(handle_compact))
+    add_routes(app, v1)
     admin.add_routes(app)
+    # (after every protocol's routes: a Gemini `models/...:method` path under /v1 is Gemini's)
     app.router.add_route("*", "/v1/{tail:.*}", v1(handle_passthrough))
-    # The proxy holds no Gemini key, so a page cannot borrow one: the cross-site guard is not needed.
-    app.router.add_route("*", "/v1beta/{tail:.*}", handle_gemini)
-    app.router.add_route("*", "/v1alpha/{tail:.*}", handle_gemini)
     return app

@@ -70,6 +70,10 @@ class ByHeaders(Generic[T]):
         self._last = (key, value)
         return value
 
+    def make(self, headers: Any, *context: Any) -> T:
+        """The result for `headers` (any mapping), worked out and not kept (a dry run's)."""
+        return self._make(headers, *context)
+
     def clear(self) -> None:
         self._seen.clear()
         self._last = None
@@ -83,11 +87,15 @@ class Caller:
     upstream_headers: CIMultiDict[str]  # shared by the requests of this header list: `forwarded` copies it
     bypass: bool  # x-compaction-bypass: forward the body as it came
     focus: str | None  # x-compaction-focus: what a summary should keep
-    extra: Any = None  # the route's own (immutable)
+    own_headers: dict[str, str]  # what the proxy's own calls for the request carry (its credentials ...)
+    long_context: bool = False  # the request opted into its model's longer window (Claude's 1M beta)
 
     @classmethod
-    def of(cls, headers: Any, creds: Credentials, upstream_headers: CIMultiDict[str], extra: Any = None) -> "Caller":
-        return cls(creds, upstream_headers, wants_bypass(headers), headers.get("x-compaction-focus") or None, extra)
+    def of(cls, headers: Any, creds: Credentials, upstream_headers: CIMultiDict[str],
+           own_headers: dict[str, str] | None = None, long_context: bool = False) -> "Caller":
+        """`own_headers`: the credentials' headers unless the protocol adds its own."""
+        return cls(creds, upstream_headers, wants_bypass(headers), headers.get("x-compaction-focus") or None,
+                   creds.headers if own_headers is None else own_headers, long_context)
 
     def forwarded(self) -> CIMultiDict[str]:
         """This request's upstream headers (its own copy: the send sets Content-Type on it)."""

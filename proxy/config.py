@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from proxy.config_sources import ENV_PREFIX, ConfigError, deep_merge, env_overrides, env_paths_of, format_error, sets_key
+from proxy.store.redis_cluster import SCHEMES as CLUSTER_SCHEMES
+from proxy.store.redis_cluster import parse_cluster_url
 from proxy.windows import window_for
 
 
@@ -120,11 +122,20 @@ class AnthropicConfig(_RelayConfig):
 
 
 class GeminiConfig(_RelayConfig):
-    """Where Google's Gemini API requests (/v1beta/..., /v1alpha/...; Gemini CLI with an API key
-    under `wrap`) go: relayed as they came, never compacted. The client's own key (x-goog-api-key
-    or ?key=) goes with them; the proxy has none to add."""
+    """Where Google's Gemini API requests go (Gemini CLI with an API key, google-genai):
+    `models/{model}:generateContent` and `:streamGenerateContent` compacted, `:countTokens`
+    counted as forwarded, every other /v1beta and /v1alpha path relayed as it came. The client's
+    own key (x-goog-api-key or ?key=) goes with them; the proxy has none to add. The URL has no
+    version: the client's path is appended whole."""
 
     base_url: str = "https://generativelanguage.googleapis.com"
+    # Code Assist (Gemini CLI signed in with Google: /v1internal:...), relayed as it came, not compacted
+    code_assist_base_url: str = "https://cloudcode-pa.googleapis.com"
+
+    @field_validator("code_assist_base_url")
+    @classmethod
+    def _strip_code_assist_slash(cls, v: str) -> str:
+        return UpstreamConfig._strip_slash(v)
 
     @property
     def api_key(self) -> None:  # (the pass-through's configured key: none)
@@ -256,8 +267,11 @@ class StoreConfig(_Section):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
-            raise ValueError("must be sqlite:///path, memory://, or redis://host:port/db")
+        if v.startswith(CLUSTER_SCHEMES):
+            parse_cluster_url(v)  # seed nodes named at start, not at the first request
+        elif not v.startswith(("sqlite:///", "memory://", "redis://", "rediss://")):
+            raise ValueError("must be sqlite:///path, memory://, redis://host:port/db or "
+                             "redis+cluster://host:port[,host:port...]")
         return v
 
     @model_validator(mode="after")

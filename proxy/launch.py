@@ -128,8 +128,9 @@ def parse(argv: list[str]) -> Invocation:
     p.add_argument("--config", metavar="FILE", help="the started proxy's YAML config (as for `compaction-proxy`)")
     p.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream of the started proxy")
     p.add_argument("--anthropic-upstream", metavar="URL", help="Messages upstream of the started proxy")
+    p.add_argument("--gemini-upstream", metavar="URL", help="Gemini API upstream of the started proxy")
     p.add_argument("--log", metavar="FILE", help="the started proxy's log (default: wrap.log in the cache directory)")
-    p.set_defaults(host=None, port=None)  # cli.flag_overrides reads them; wrap's proxy is loopback on a free port
+    p.set_defaults(host=None, port=None)  # cmdline.flag_overrides reads them; wrap's proxy is loopback on a free port
     opts = p.parse_args(before)
     if opts.agent is None and not after:
         p.error("name an agent, or give a command after --")
@@ -199,7 +200,7 @@ def with_running_proxy(inv: Invocation, environ: dict[str, str]) -> int:
 
 def with_own_proxy(inv: Invocation, environ: dict[str, str]) -> int:
     from proxy import heap
-    from proxy.cli import SWITCH_INTERVAL_S, flag_overrides, install_uvloop
+    from proxy.cmdline import SWITCH_INTERVAL_S, flag_overrides, install_uvloop
     from proxy.config import ConfigError, load_config
     from proxy.ops.logs import setup_logging
 

@@ -1,4 +1,5 @@
-"""What may reach a log line: no credential, no newline or control character from a request.
+"""What may reach a log line: no credential (a header's, or a key in a URL's query), no newline or
+control character from a request.
 
 Two things go wrong without this module. aiohttp's HTTP parser puts the raw bytes of a malformed
 header line (an `Authorization` value included) into its exception's message and logs it with a
@@ -34,9 +35,15 @@ def _escape_char(m: re.Match[str]) -> str:
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
+_SEVERAL_HOSTS = re.compile(r"[A-Za-z][\w+.-]*://[^/]*,")
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)[^/]*@")  # to the last @: a password may hold one
+
+
 def shown_url(url: str) -> str:
     """A configured URL as a log line may show it: without a user or password in it
     (`redis://:pw@host:6379/0` -> `redis://host:6379/0`)."""
+    if _SEVERAL_HOSTS.match(url):  # a cluster's seed nodes: yarl parses a URL of one host only
+        return _USERINFO.sub(r"\1", url)
     try:
         parsed = URL(url)
     except ValueError:
@@ -46,10 +53,17 @@ def shown_url(url: str) -> str:
     return str(parsed.with_user(None))
 
 
+# A credential in a URL's query (Google's `?key=`, an OAuth `access_token`): a request line or a
+# URL quoted in a log shows the parameter, never its value.
+_QUERY_SECRET = re.compile(r"([?&](?:key|api_key|access_token)=)[^&\s\"']+", re.IGNORECASE)
+
+
 def log_text(value: object, limit: int = MAX_ARG_CHARS) -> str:
     """`value` as one printable line: control characters escaped (`\\n`, `\\x01`, `\\u2028`),
-    clipped to `limit` characters. Use it for anything a request chose."""
+    a key in a URL's query redacted, clipped to `limit` characters. Use it for anything a request chose."""
     text = value if isinstance(value, str) else str(value)
+    if "=" in text:
+        text = _QUERY_SECRET.sub(r"\1[redacted]", text)
     if len(text) > limit:
         text = text[:limit] + f"...[{len(text) - limit} more]"
     return _UNSAFE.sub(_escape_char, text)

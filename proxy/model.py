@@ -8,7 +8,7 @@ compaction item, a type nobody knows), which is carried byte for byte or dropped
 turn, never edited.
 
 Stages keep, drop or rewrite whole envelopes, and the only rewrite inside one is a tool result's
-output (an envelope may hold several: a Messages user message answers every call of the turn). They never see a protocol field name: the adapter (proxy/adapters/) turns a body into this
+output (an envelope may hold several: a Messages user message answers every call of the turn). They never see a protocol field name: the adapter (proxy/adapter.py, one per protocol under proxy/protocols/) turns a body into this
 model and an edited model back into a body, and `value` (the envelope's JSON) is only ever handed
 back to it.
 """

@@ -440,7 +440,9 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
         # size: parsed here, without the calls that would say so.
         return adapter.parse(raw, counter, cfg, ratio=ratio)
     field = getattr(adapter, "envelope_field", None)
-    scope = f"{adapter.protocol}:{scope}" if field is not None and scope is not None else None
+    if field is None:  # a protocol that does not say where its envelopes are: parsed whole
+        return await offload.sized(len(raw), adapter.parse, raw, counter, cfg, ratio=ratio)
+    scope = f"{adapter.protocol}:{scope}" if scope is not None else None
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)

@@ -23,7 +23,7 @@ from proxy.ops.dashboard import Series
 from proxy.ops.hooks import Fanout, Hooks
 from proxy.ratio import RatioLearner
 from proxy.recall.layer import Recall
-from proxy.protocols.responses.websocket import SocketLimits
+from proxy.sockets import SocketLimits
 from proxy.ops.journal import Journal
 from proxy.ops.logs import AccessLog
 from proxy.ops.metrics import Metrics, StateCollector

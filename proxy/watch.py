@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from proxy.flow import Flow, Report, Stage, run_request
 from proxy.ops import reasons
-from proxy.ops.exchange import CURRENT, Exchange
+from proxy.exchange import CURRENT, Exchange
 
 log = logging.getLogger("proxy.watch")
 

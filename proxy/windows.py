@@ -15,7 +15,8 @@ import functools
 import logging
 import re
 
-from proxy.compaction.budget import DEFAULT_WINDOW  # an unknown model's, with one warning per name
+DEFAULT_WINDOW = 128_000  # an unknown model's, with one warning per name
+
 
 log = logging.getLogger("proxy.windows")
 
@@ -41,6 +42,12 @@ _TABLE: list[tuple[str, int]] = [
     (r"claude-(fable|mythos|opus|sonnet|haiku)-5", 1_000_000),
     (r"claude-(3|sonnet-4|opus-4|haiku-4|2\.1)", 200_000),
     (r"claude-(2|instant)", 100_000),
+    # Google Gemini: ai.google.dev/gemini-api/docs/models, each model's "Input token limit"
+    # (read 2026-12: Gemini 3 / 3.1 Pro and Flash, 2.5 Pro / Flash / Flash-Lite, 2.0 Flash: 1,048,576;
+    # 1.5 Pro: 2,097,152); Gemma 3 on the API: 131,072 (its model card on ai.google.dev/gemma)
+    (r"gemini-1\.5-pro", 2_097_152),
+    (r"gemini-(3|2\.5|2\.0|1\.5-flash|flash|pro)", 1_048_576),
+    (r"gemma-3", 131_072),
     # Meta Llama: the model cards on huggingface.co/meta-llama (3.1: 2024-07, 3.2: 2024-09,
     # 3.3: 2024-12, 4: 2025-04)
     (r"(meta-)?llama-?4-?scout", 10_000_000),

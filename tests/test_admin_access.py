@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from proxy.config import load_config
-from proxy.ops.admin import denial, host_allowed, is_loopback
+from proxy.operator.admin import denial, host_allowed, is_loopback
 from support.client import get
 
 TOKEN = "adm-0123456789abcdef"

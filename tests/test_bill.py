@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from support.compaction_helpers import analyze
 from proxy.ops.bill import Bill, Figures, cacheable, shared_prefix_tokens
-from proxy.ops.exchange import Exchange, Prefix, Usage
+from proxy.exchange import Exchange, Prefix, Usage
 from proxy.ops.prices import Price, PriceTable
 from support.client import chat, get, openai_client
 from support.compaction_helpers import counter

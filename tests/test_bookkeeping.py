@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy.ops import hooks as hooks_module
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Fanout, Hooks
 from proxy.ops.logs import AccessLog, JsonFormatter
 from support.client import KEY, get, post

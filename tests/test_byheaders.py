@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from proxy import credentials
 from proxy.byheaders import ByHeaders, headers_key
-from proxy.protocols.chat.route import CALLERS as CHAT_CALLERS
+from proxy.protocols.chat.protocol import CALLERS as CHAT_CALLERS
 from support.client import post
 
 MODEL = "gpt-4"

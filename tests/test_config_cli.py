@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from proxy.cli import flag_overrides, parse_args
+from proxy.cmdline import flag_overrides, parse_args
 from proxy.config import Config, ConfigError, load_config
 from proxy.fake_upstream import FakeUpstream
 from support.client import sync_openai_client
@@ -113,6 +113,9 @@ def test_flags_parse():
     args = parse_args(["--anthropic-upstream", "http://127.0.0.1:4000"])
     assert flag_overrides(args) == {"anthropic": {"base_url": "http://127.0.0.1:4000"}}
     assert load_config(None, environ={}, overrides=flag_overrides(args)).anthropic.base_url == "http://127.0.0.1:4000"
+    args = parse_args(["--gemini-upstream", "http://127.0.0.1:4001/"])
+    assert flag_overrides(args) == {"gemini": {"base_url": "http://127.0.0.1:4001/"}}
+    assert load_config(None, environ={}, overrides=flag_overrides(args)).gemini.base_url == "http://127.0.0.1:4001"
 
 
 BAD = [
@@ -202,7 +205,7 @@ def test_a_flag_over_a_bad_variable_is_not_blamed_on_the_variable():
 def test_python_m_proxy_help():
     r = subprocess.run([sys.executable, "-m", "proxy", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    for flag in ("--config", "--host", "--port", "--upstream", "--anthropic-upstream"):
+    for flag in ("--config", "--host", "--port", "--upstream", "--anthropic-upstream", "--gemini-upstream"):
         assert flag in r.stdout
 
 

@@ -58,6 +58,12 @@ def test_values_pass_the_charts_schema_and_bad_values_do_not():
             jsonschema.validate(v, schema())
 
 
+def test_the_charts_schema_takes_a_redis_cluster_url():
+    v = values()
+    v["redis"]["url"] = "redis+cluster://r1:6379,r2:6379/"
+    jsonschema.validate(v, schema())
+
+
 def test_hpa_is_off_by_default_and_redis_on():
     v = values()
     assert v["autoscaling"]["enabled"] is False and v["replicaCount"] >= 2 and v["redis"]["enabled"] is True

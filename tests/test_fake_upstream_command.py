@@ -15,6 +15,8 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
+from google import genai
+from google.genai import types as genai_types
 
 from support.replicas import Replica
 
@@ -50,7 +52,8 @@ def fakes() -> Iterator[list[Fake]]:
 
 
 def _proxy(tmp_path: Path, fake: Fake) -> Replica:
-    settings = {"anthropic": {"base_url": fake.base_url}} if fake.flag == "--anthropic-upstream" else {}
+    section = {"--anthropic-upstream": "anthropic", "--gemini-upstream": "gemini"}.get(fake.flag)
+    settings = {section: {"base_url": fake.base_url}} if section else {}
     upstream = fake.base_url if fake.flag == "--upstream" else "http://127.0.0.1:9/v1"
     replica = Replica(tmp_path, f"proxy-{fake.protocol}", upstream, "memory://", settings)
     replica.start()
@@ -58,7 +61,7 @@ def _proxy(tmp_path: Path, fake: Fake) -> Replica:
     return replica
 
 
-@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages", "gemini"])
 def test_each_protocol_answers_its_sdk_through_the_proxy(tmp_path, fakes, protocol):
     fake = Fake(protocol)
     fakes.append(fake)
@@ -70,6 +73,10 @@ def test_each_protocol_answers_its_sdk_through_the_proxy(tmp_path, fakes, protoc
             raw = client.messages.with_raw_response.create(
                 model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "hello"}])
             text = raw.parse().content[0].text
+        elif protocol == "gemini":
+            client = genai.Client(api_key="any-key", http_options=genai_types.HttpOptions(base_url=replica.root))
+            answer = client.models.generate_content(model="gemini-2.5-flash", contents="hello")
+            text, raw = answer.text, answer.sdk_http_response
         else:
             client = openai.OpenAI(base_url=replica.base_url, api_key="any-key", max_retries=0)
             if protocol == "chat":

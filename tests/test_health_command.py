@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ops.health import healthz_url, serve_argv
+from proxy.operator.health import healthz_url, serve_argv
 from proxy.config import load_config
 from support.loopback import accepts
 from support.replicas import _free_port

@@ -127,7 +127,7 @@ def test_a_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_path: Path):
 async def test_a_dry_run_leaves_the_real_stores_keys_as_they_were() -> None:
     """The dry run's store writes into memory only, and its looks at the real store refresh nothing
     they only check: a lock it finds taken keeps its own expiry (a running proxy's, or a dead one's)."""
-    from proxy.ops.inspect import DryRunStore
+    from proxy.operator.inspect import DryRunStore
     from proxy.store.memory import MemoryStore
     from support.clock import FakeClock
 
@@ -262,7 +262,7 @@ def test_a_responses_body_the_proxy_would_refuse_is_reported_as_its_error(tmp_pa
 
 
 def test_a_responses_items_read_in_the_diff_as_calls_and_answers():
-    from proxy.ops.inspect import message_lines
+    from proxy.operator.inspect import message_lines
 
     call = {"type": "function_call", "call_id": "call_7", "name": "grep", "arguments": '{"q": "TODO"}'}
     out = {"type": "function_call_output", "call_id": "call_7", "output": "a.py:3: TODO\nb.py:9: TODO"}

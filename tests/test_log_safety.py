@@ -126,7 +126,9 @@ async def test_a_model_or_tool_name_cannot_forge_a_log_line(upstream, make_proxy
     ("sqlite:///compaction-proxy.db", "sqlite:///compaction-proxy.db"),
     ("memory://", "memory://"),
     ("https://api.openai.com/v1", "https://api.openai.com/v1"),
-], ids=["redis", "rediss-user", "https-user", "sqlite", "memory", "plain"])
+    (f"redis+cluster://:{KEY}@10.0.0.1:7000,10.0.0.2:7001/", "redis+cluster://10.0.0.1:7000,10.0.0.2:7001/"),
+    ("rediss+cluster://a:1,b:2", "rediss+cluster://a:1,b:2"),
+], ids=["redis", "rediss-user", "https-user", "sqlite", "memory", "plain", "cluster", "cluster-plain"])
 def test_a_configured_url_is_logged_without_its_user_and_password(url, shown):
     """The start-up line names the upstreams and the store; a password in their URL stays out."""
     assert shown_url(url) == shown
@@ -153,3 +155,10 @@ def test_a_record_is_cleaned_in_its_arguments_its_message_and_its_traceback():
     assert "got x\\nERROR proxy: FORGED-LOG-LINE and 3" in out and "Traceback" in out
     bare = clean_record(logging.LogRecord("lib", logging.INFO, __file__, 1, f"m\n{FORGED}", (), None))
     assert bare.getMessage() == "m\\nERROR proxy: FORGED-LOG-LINE"
+
+
+def test_a_key_in_a_urls_query_is_redacted_from_any_log_text():
+    line = '"POST /v1beta/models/m:streamGenerateContent?alt=sse&key=AIza-secret HTTP/1.1" ?access_token=ya29.tok'
+    assert log_text(line) == '"POST /v1beta/models/m:streamGenerateContent?alt=sse&key=[redacted] HTTP/1.1" ' \
+                             '?access_token=[redacted]'
+    assert log_text("model=gpt-4 monkey=1") == "model=gpt-4 monkey=1"

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.flow import Flow, Stage
-from proxy.ops.exchange import Exchange, Usage
+from proxy.exchange import Exchange, Usage
 from proxy.ops import reasons
 from proxy.ops.logs import BATCH_BYTES, FLUSH_S, AccessLog, JsonFormatter, TextFormatter, _fields_text, flush_logs, setup_logging
 from support.client import auth, get, raw_chat

@@ -1,4 +1,4 @@
-"""The request's id (proxy/ops/exchange.py); the exchange's figures read from an answer's x-compaction-* headers (proxy/ops/observe.py):
+"""The request's id (proxy/exchange.py); the exchange's figures read from an answer's x-compaction-* headers (proxy/ops/observe.py):
 what a pass-through's upstream sends may be anything; a figure that does not parse is unknown."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import pytest
 from multidict import CIMultiDict
 
-from proxy.ops import exchange
-from proxy.ops.exchange import Exchange
+from proxy import exchange
+from proxy.exchange import Exchange
 from proxy.ops.observe import _note
 
 

@@ -206,7 +206,7 @@ def _looked_at(monkeypatch) -> list[object]:
 
 
 def test_the_items_a_request_shares_are_not_looked_at_again_for_our_compaction_items(monkeypatch):
-    from proxy.protocols.responses.route import has_own_items
+    from proxy.protocols.responses.protocol import has_own_items
 
     recent = prefix.RecentBodies()
     two = CASES["responses"][4]
@@ -222,7 +222,7 @@ def test_the_items_a_request_shares_are_not_looked_at_again_for_our_compaction_i
 
 
 def test_a_request_with_our_compaction_item_has_every_item_looked_at_next_time(monkeypatch):
-    from proxy.protocols.responses.route import has_own_items
+    from proxy.protocols.responses.protocol import has_own_items
 
     recent = prefix.RecentBodies()
     two = CASES["responses"][4]

@@ -18,6 +18,7 @@ from proxy.flow import Flow, Stage
 from proxy.recall.handles import in_text
 from support.client import get
 from support.compaction_helpers import main_summary
+from support.gemini_driver import GEMINI
 from support.protocols import CHAT, DRIVERS, MESSAGES, RESPONSES, Driver, tool_conversation
 
 WINDOW = 6000
@@ -28,7 +29,10 @@ def small(driver: Driver, fake: Any, **over: Any) -> dict[str, Any]:
                                             "tool_results": {"threshold_tokens": 500}, **over})
 
 
-@pytest.fixture(params=DRIVERS, ids=repr)
+EVERY = [*DRIVERS, GEMINI]
+
+
+@pytest.fixture(params=EVERY, ids=repr)
 def driver(request) -> Driver:
     return request.param
 
@@ -152,13 +156,13 @@ async def test_messages_x_api_key_and_bearer_are_each_their_own_scope(make_proxy
 
 async def test_no_credential_keeps_and_reads_nothing(driver, fake, make_proxy):
     """No credential and no configured key: nothing kept or read, the client's bytes forwarded
-    (Anthropic refuses such a request, and its 401 reaches the client as it came)."""
+    (Anthropic and Google refuse such a request, and their 401 / 403 reaches the client as it came)."""
     numbered(driver, fake)
     proxy = await make_proxy(fake.base_url, small(driver, fake))
     convo = tool_conversation()
     sent = driver.raw_body(convo)
     for _ in range(2):
-        answer = await driver.send_raw(proxy, convo, {}, expect=401 if driver.name == "messages" else 200)
+        answer = await driver.send_raw(proxy, convo, {}, expect={"messages": 401, "gemini": 403}.get(driver.name, 200))
         assert answer.headers["x-compaction-status"] == "failed-open"
         assert answer.headers["x-compaction-tool-results"] == "0"
         assert driver.model_calls(fake)[-1].body == sent  # the client's own bytes
@@ -274,6 +278,7 @@ async def test_an_upstream_overflow_is_compacted_and_retried_once(driver, fake, 
     assert made_by_summary(driver, fake)
 
 
+@pytest.mark.parametrize("driver", DRIVERS, ids=repr)  # (the Gemini routes do not serve recall yet)
 async def test_the_retrys_harder_compaction_keeps_its_originals(driver, fake, make_proxy):
     """The summary the overflow retry made names its spans' handles; their originals are in the
     store when the retried request goes, not only after the client's next request."""
@@ -297,6 +302,9 @@ async def test_an_overflow_the_retry_cannot_fix_reaches_the_client_once(driver, 
                                                              tool_results={"enabled": False}))
     answer = await driver.send_raw(proxy, tool_conversation(), {"Authorization": "Bearer sk-key-A"}, expect=400)
     body = answer.json()
-    assert (body["error"].get("code") == "context_length_exceeded" if driver.name != "messages"
-            else "prompt is too long" in body["error"]["message"])
+    if driver.name == "gemini":
+        assert body["error"]["status"] == "INVALID_ARGUMENT" and "exceeds the maximum" in body["error"]["message"]
+    else:
+        assert (body["error"].get("code") == "context_length_exceeded" if driver.name != "messages"
+                else "prompt is too long" in body["error"]["message"])
     assert len(driver.model_calls(fake)) == 2

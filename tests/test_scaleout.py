@@ -25,7 +25,7 @@ from support.conversations import (
 )
 from proxy.fake_upstream import FakeUpstream
 from support.redis_server import RedisServer, redis_server_fixture
-from support.replicas import Replica
+from support.replicas import Replica, running_replicas
 
 pytestmark = pytest.mark.redis
 
@@ -49,17 +49,8 @@ def fake() -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream, scaleout_redis: RedisServer) -> Iterator[list[Replica]]:
-    workdir = tmp_path_factory.mktemp("replicas")
-    pair = [Replica(workdir, name, fake.base_url, scaleout_redis.url, SETTINGS) for name in ("a", "b")]
-    try:
-        for r in pair:
-            r.start()
-        for r in pair:
-            r.wait_ready()
+    with running_replicas(tmp_path_factory.mktemp("replicas"), fake.base_url, scaleout_redis.url, SETTINGS) as pair:
         yield pair
-    finally:
-        for r in pair:
-            r.stop()
 
 
 @pytest.fixture

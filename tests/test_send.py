@@ -1,4 +1,4 @@
-"""The one send layer (proxy/send.py) is the adapter's: what an overflow looks like, in an error
+"""The one send layer (proxy/protocols/send.py) is the adapter's: what an overflow looks like, in an error
 answer or in a stream's first events, is asked of the flow's adapter, and the relay checks the
 adapter's events and reads its usage. A made-up protocol's adapter (a few overrides of the chat
 one) behind a real aiohttp route, against a real upstream on loopback."""
@@ -16,8 +16,8 @@ from yarl import URL
 
 from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.sse import EventChecker
-from proxy.ops.exchange import EXCHANGE, Exchange, Usage
-from proxy.send import Upstream, send
+from proxy.exchange import EXCHANGE, Exchange, Usage
+from proxy.protocols.send import Upstream, send
 from support.loopback import serving
 
 TOO_LONG = b"event: toy\ndata: {\"failed\": \"too long\"}\n\n"

@@ -15,9 +15,11 @@ from proxy.singleflight import SingleFlight
 from proxy.store.base import StoreUnavailable
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
+from proxy.store.redis_cluster import RedisClusterStore
 from proxy.store.resilient import ResilientStore
 from proxy.store.sqlite import SqliteStore
 from support.clock import FakeClock
+from support.redis_cluster import RedisCluster, redis_cluster  # noqa: F401
 from support.redis_server import RedisServer
 
 LOCK_TTL = 10.0
@@ -148,9 +150,12 @@ async def test_cancel_all_stops_the_calls(store: MemoryStore) -> None:
 
 
 @pytest.mark.redis
-async def test_replicas_sharing_redis_make_one_call(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_replicas_sharing_redis_make_one_call(kind: str, request: pytest.FixtureRequest) -> None:
     namespace = f"sf-{uuid.uuid4().hex}:"
-    stores = [RedisStore(redis_server.url, ttl_s=3600, max_records=100, namespace=namespace) for _ in range(2)]
+    server: RedisServer | RedisCluster = request.getfixturevalue("redis_cluster" if kind == "redis-cluster" else "redis_server")
+    make = RedisClusterStore if kind == "redis-cluster" else RedisStore
+    stores = [make(server.url, ttl_s=3600, max_records=100, namespace=namespace) for _ in range(2)]
     try:
         flights: list[SingleFlight[str]] = [SingleFlight(s, lock_ttl_s=LOCK_TTL, poll_s=0.01) for s in stores]
         records = [Records(s, "rec") for s in stores]

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from proxy.prompts import Prompts
 from proxy.recall.originals import Original, Originals
@@ -22,9 +23,11 @@ from proxy.recall.tool import answer as tool_answer
 from proxy.store import Store, StoreUnavailable, open_store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
+from proxy.store.redis_cluster import RedisClusterStore
 from proxy.store.resilient import ResilientStore
 from proxy.store.sqlite import SqliteStore
 from support.clock import FakeClock
+from support.redis_cluster import RedisCluster, redis_cluster  # noqa: F401
 from support.redis_server import RedisServer, redis_server, redis_server_fixture  # noqa: F401
 
 TTL = 100.0
@@ -41,7 +44,8 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis-cluster", marks=pytest.mark.redis)])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -56,6 +60,7 @@ async def make_store(
     replicas sharing a store; memory stores never do.
     """
     server: RedisServer | None = request.getfixturevalue("redis_server") if backend == "redis" else None
+    cluster: RedisCluster | None = request.getfixturevalue("redis_cluster") if backend == "redis-cluster" else None
     namespace = f"test-{uuid.uuid4().hex}:"
     stores: list[Store] = []
 
@@ -65,6 +70,10 @@ async def make_store(
             store = MemoryStore(ttl_s=ttl_s, max_records=max_records, clock=clock)
         elif backend == "sqlite":
             store = SqliteStore(str(tmp_path / "store.db"), ttl_s=ttl_s, max_records=max_records, clock=clock)
+        elif cluster is not None:
+            store = RedisClusterStore(
+                cluster.url, ttl_s=ttl_s, max_records=max_records, clock=clock, namespace=namespace
+            )
         else:
             assert server is not None
             store = RedisStore(
@@ -376,8 +385,11 @@ async def test_originals_share_the_ttl_and_a_read_refreshes_them(store: Store, c
     assert await store.find_originals(ORIG_A, ["words"], [], 10) == []
 
 
-async def test_store_growth_with_originals_stays_within_max_records(make_store: MakeStore, clock: FakeClock) -> None:
-    """At the edge: originals and records share one bound; evicted originals leave no index."""
+async def test_store_growth_with_originals_stays_within_max_records(
+    backend: str, make_store: MakeStore, clock: FakeClock
+) -> None:
+    """At the edge: originals and records share one bound (on a cluster, each group of keys has
+    its own: a scope's originals, its summaries); evicted originals leave no index."""
     store = make_store(max_records=5)
     await store.put("sum:x", b"record")
     for i in range(12):
@@ -385,9 +397,10 @@ async def test_store_growth_with_originals_stays_within_max_records(make_store: 
         clock.advance(1)
     keys = ["sum:x"] + [f"{ORIG_A}h{i:02d}" for i in range(12)]
     live = await store.get_many(keys)
-    assert sorted(live) == [f"{ORIG_A}h{i:02d}" for i in range(7, 12)]  # the newest five: the bound
+    newest = [f"{ORIG_A}h{i:02d}" for i in range(7, 12)]  # the newest five: the bound
+    assert sorted(live) == newest + (["sum:x"] if backend == "redis-cluster" else [])
     found = await store.find_originals(ORIG_A, ["common"], [], 100)
-    assert sorted(found) == sorted(live)
+    assert sorted(found) == newest
     assert await store.find_originals(ORIG_A, ["unique3"], ["ident-3x"], 10) == []
     clock.advance(TTL + 1)
     assert await store.find_originals(ORIG_A, ["common"], [], 100) == []
@@ -516,6 +529,31 @@ async def test_sqlite_unwritable_location_raises_store_unavailable(tmp_path: Pat
 
 
 # -- Redis specifics --------------------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_redis_bookkeeping_expires_with_what_it_tracks(redis_server: RedisServer, clock: FakeClock) -> None:
+    """The LRU ZSET, the TTL HASH and the recall index carry Redis's own expiry, as the values do:
+    what nobody uses any more leaves nothing behind (only a permanent key stays)."""
+    namespace = f"test-{uuid.uuid4().hex}:"
+    store = RedisStore(redis_server.url, ttl_s=100, max_records=10, clock=clock, namespace=namespace)
+    await store.put("sum:s:c", b"record")
+    await store.put_original("orig:s:h", b"two words", ["Id_1"])
+    await store.put("secret", b"s", ttl_s=None)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        index_set = f"{namespace}ix:orig:s:w:two"
+        await client.pexpire(index_set, 5000)
+        assert await store.get("orig:s:h") == b"two words"  # a read extends the index as the value
+        assert await client.pttl(index_set) > 5000
+        ttls = {k.decode()[len(namespace):]: await client.pttl(k) for k in await client.keys(namespace + "*")}
+    finally:
+        await client.aclose()
+        await store.close()
+    assert ttls.pop("k:secret") == -1
+    assert sorted(ttls) == ["ix:orig:s:i:Id_1", "ix:orig:s:w:two", "ix:orig:s:w:words", "ixk:orig:s:h",
+                            "k:orig:s:h", "k:sum:s:c", "lru", "ttl"]
+    assert all(0 < ms <= 100_000 for ms in ttls.values()), ttls
 
 
 @pytest.mark.redis

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from proxy.cmdline import flag_overrides
 from proxy.fake_upstream import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
@@ -191,6 +192,15 @@ async def test_no_proxy_at_the_url_and_no_such_agent_are_one_line(tmp_path):
 
 
 # ---- the pure parts --------------------------------------------------------------------------
+
+
+def test_wraps_flags_name_each_upstream_as_compaction_proxys_do():
+    """(`--gemini-upstream`, added to compaction-proxy's flags, crashed every `wrap` until wrap took it)"""
+    opts = parse(["--upstream", "http://o/v1", "--anthropic-upstream", "http://a", "--gemini-upstream", "http://g",
+                  "gemini"]).options
+    assert flag_overrides(opts) == {"upstream": {"base_url": "http://o/v1"}, "anthropic": {"base_url": "http://a"},
+                                    "gemini": {"base_url": "http://g"}}
+    assert flag_overrides(parse(["claude"]).options) == {}
 
 
 def test_codex_is_pointed_by_overrides_and_its_key_by_what_is_set():

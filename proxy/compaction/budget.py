@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_WINDOW = 128_000
+from proxy.windows import DEFAULT_WINDOW  # noqa: F401  (an unknown model's; also read from here)
 DEFAULT_RESERVE = 16_384
 MAX_SUMMARY_OUTPUT = 16_384
 HYSTERESIS = 0.8  # after compaction the request sits at or below this share of the threshold

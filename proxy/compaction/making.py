@@ -23,13 +23,12 @@ from proxy.compaction.plan import Plan, choose_cut
 from proxy.compaction.record import SummaryRecord, fit_lines, ranked_for_block, render_summary
 from proxy.recall import handles
 from proxy.recall.answers import declared_tools, recall_declared
-from proxy.recall.dialects import dialect_for
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import HistorySummarizer, SummaryJob, summarizer_headers
 from proxy.compaction.view import View, apply, clamped, files_chars, identifier_budget, masked
 from proxy.identifiers import absent, union
 from proxy.config import Config
-from proxy.ops.exchange import RECORD_CALLS
+from proxy.exchange import RECORD_CALLS
 from proxy.model import Conversation, Envelope, calls_by_id
 from proxy.prompts import Prompts
 from proxy.tokens import TokenCounter
@@ -227,7 +226,7 @@ class RecordMaker:
             return None
         # the tools as that request carried them: the recall tool too when it was declared
         tools = request.tools
-        dialect = dialect_for(view.flow.adapter.protocol)
+        dialect = view.flow.adapter.dialect
         if view.flow.identity.recall and dialect is not None and recall_declared(request.conversation, last):
             tools = declared_tools(dialect, self.cfg.recall, tools, self.prompts)
         return last.values[:end], tools, _point_text(first_kept - view.n_system, end - first_kept)

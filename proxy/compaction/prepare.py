@@ -19,7 +19,7 @@ from proxy.compaction.records import key
 from proxy.compaction.view import masked
 from proxy.flow import Flow
 from proxy.model import Conversation
-from proxy.ops.exchange import CONVERSATION
+from proxy.exchange import CONVERSATION
 from proxy.singleflight import Busy
 from proxy.upstream import SummarizerError
 

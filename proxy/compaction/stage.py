@@ -9,7 +9,7 @@ from proxy.flow import Flow, Stage
 from proxy.ops import reasons
 from proxy.ops.events import compaction_event, is_event
 from proxy.model import Conversation
-from proxy.ops.exchange import CURRENT, Exchange
+from proxy.exchange import CURRENT, Exchange
 from proxy.ops.hooks import Hooks
 
 MARK = "compaction"  # flow.marks: the conversation this stage started from (tool results as notes)

@@ -1,7 +1,8 @@
 """`compaction-proxy fake-upstream`: one of the strict fake upstreams as a server of its own, so a
 person can try a client against the proxy with no key and no network.
 
-The fakes are the tests' (proxy/fake_upstream.py, proxy/fakes/responses, proxy/fakes/messages):
+The fakes are the tests' (proxy/fake_upstream.py, proxy/fakes/responses, proxy/fakes/messages,
+proxy/fakes/gemini):
 they validate requests as the provider does and answer with canned text (and summaries in the
 shape the proxy asks for). They listen on 127.0.0.1 only: they are a tool for trying things, not a
 service.
@@ -15,7 +16,7 @@ import signal
 import sys
 from typing import Any
 
-PROTOCOLS = ("chat", "responses", "messages")
+PROTOCOLS = ("chat", "responses", "messages", "gemini")
 KEEP_RECORDS = 100  # the fakes record every request for tests; a long run keeps only the newest
 TRIM_EVERY_S = 5.0
 
@@ -30,14 +31,19 @@ def make_fake(protocol: str) -> Any:
         from proxy.fakes.responses import FakeResponses
 
         return FakeResponses()
+    if protocol == "gemini":
+        from proxy.fakes.gemini import FakeGemini
+
+        return FakeGemini()
     from proxy.fakes.messages import FakeMessages
 
     return FakeMessages()
 
 
 def proxy_flag(protocol: str, base_url: str) -> str:
-    """How to point the proxy at the fake: Anthropic clients' upstream, or the OpenAI one."""
-    return f"--anthropic-upstream {base_url}" if protocol == "messages" else f"--upstream {base_url}"
+    """How to point the proxy at the fake: Anthropic's or Google's clients' upstream, or the OpenAI one."""
+    flag = {"messages": "--anthropic-upstream", "gemini": "--gemini-upstream"}.get(protocol, "--upstream")
+    return f"{flag} {base_url}"
 
 
 async def serve_fake(protocol: str, port: int) -> None:
@@ -63,7 +69,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="compaction-proxy fake-upstream", description=__doc__.split("\n\n")[0])
     p.add_argument("--protocol", choices=PROTOCOLS, default="chat",
                    help="chat: OpenAI Chat Completions (and models, embeddings); responses: OpenAI Responses "
-                        "(HTTP, SSE, WebSocket); messages: Anthropic Messages (default chat)")
+                        "(HTTP, SSE, WebSocket); messages: Anthropic Messages; gemini: Google's Gemini API "
+                        "(generateContent, SSE, countTokens) (default chat)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
     args = p.parse_args(argv)
     try:

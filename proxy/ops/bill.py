@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from proxy.ops.exchange import Exchange, Prefix
+from proxy.exchange import Exchange, Prefix
 from proxy.ops.hooks import Hooks, SummarizerCall
 from proxy.ops.prices import PRICES_DATE, PriceTable
 

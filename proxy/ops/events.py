@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from proxy.model import Conversation, Kind
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent
 
 # Statuses that are no compaction event: nothing needed, or a stored summary applied again.

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.ops.exchange import CONVERSATION, CURRENT, RECORD_CALLS, Exchange, Usage
+from proxy.exchange import CONVERSATION, CURRENT, RECORD_CALLS, Exchange, Usage
 from proxy.upstream import SummarizerError
 
 log = logging.getLogger("proxy.hooks")

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Hooks
 from proxy.store.base import Store
 

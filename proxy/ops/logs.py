@@ -20,7 +20,7 @@ import orjson
 
 from proxy import logsafe
 from proxy.logsafe import log_text
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Hooks
 
 access_log = logging.getLogger("proxy.access")

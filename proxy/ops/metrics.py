@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import CompactionEvent, Hooks, SummarizerCall
 
 P = "compaction_proxy_"

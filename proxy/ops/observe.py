@@ -18,8 +18,7 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from proxy.flow import STATUSES
 from proxy.ops import reasons
-from proxy.ops.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
-from proxy.state import STATE
+from proxy.exchange import CURRENT, EXCHANGE, PROTOCOLS, Exchange, new_request_id
 
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
@@ -63,8 +62,8 @@ def end(hooks: Any, ex: Exchange, token: Token[Exchange | None]) -> None:
     hooks.request_done(ex)
 
 
-async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Signal handler (app.on_response_prepare): our id on the answer, its x-compaction-* figures;
+def on_prepare(request: web.Request, response: web.StreamResponse, hooks: Any) -> None:
+    """On app.on_response_prepare (the app's handler gives its hooks): our id on the answer, its x-compaction-* figures;
     no `Server` header but the upstream's (aiohttp's default is its own constant object; an
     upstream's value, parsed from its answer, never is)."""
     if response.headers.get("Server") is SERVER_SOFTWARE:
@@ -72,7 +71,6 @@ async def on_prepare(request: web.Request, response: web.StreamResponse) -> None
     ex = request.get(EXCHANGE)
     if ex is None:
         return
-    hooks = request.app[STATE].hooks
     _answered(hooks, ex)
     h = response.headers
     if not isinstance(response, web.Response) and h.get("content-type", "").startswith("text/event-stream"):

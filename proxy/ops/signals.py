@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from proxy.ops.exchange import Exchange
+from proxy.exchange import Exchange
 from proxy.ops.hooks import Hooks
 from proxy.ops.metrics import P
 

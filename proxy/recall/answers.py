@@ -27,7 +27,7 @@ from aiohttp import web
 from proxy import jsonbody, offload
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
 from proxy.ops import tracing
-from proxy.ops.exchange import CURRENT
+from proxy.exchange import CURRENT
 from proxy.recall.keep import parts_of, replacements, request_parts
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
@@ -126,7 +126,7 @@ def declaration_tokens(dialect: Dialect, recall: Any, prompts: Any, counter: Any
 
 
 def with_declaration(dialect: Dialect, recall: Any, prompts: Any, request: Any, tokens: int) -> tuple[Any, str]:
-    """`request` (adapters.base.Request) declaring the recall tool, and the tool's name."""
+    """`request` (adapter.Request) declaring the recall tool, and the tool's name."""
     tools = declared_tools(dialect, recall.cfg, request.tools, prompts)
     # (a compacted request's count has the declaration already: Identity.recall_tokens)
     declared = replace(request, body={**request.body, "tools": tools}, tools=tools,

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from proxy import offload, textfacts
-from proxy.compaction import extract
-from proxy.identifiers import scanned
+from proxy.identifiers import find_identifiers, scanned
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -80,7 +79,7 @@ def query_terms(query: str) -> tuple[list[str], list[str]]:
     head = q[:MAX_QUERY_CHARS]
     named = symbols.query_symbols(head)
     exact = [q] if q and len(q) <= MAX_QUERY_CHARS else []
-    idents = list(dict.fromkeys([*exact, *extract.find_identifiers(head), *named, *(symbols.DEFINES + n for n in named)]))
+    idents = list(dict.fromkeys([*exact, *find_identifiers(head), *named, *(symbols.DEFINES + n for n in named)]))
     words = list(dict.fromkeys(w for w in index_words(head) if w not in _STOPWORDS and len(w) > 1))
     return words[:MAX_QUERY_TERMS], idents[:MAX_QUERY_TERMS]
 

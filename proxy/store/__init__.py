@@ -11,6 +11,8 @@ import time
 from .base import Clock, Store, StoreUnavailable
 from .memory import MemoryStore
 from .redis import RedisStore
+from .redis_cluster import SCHEMES as CLUSTER_SCHEMES
+from .redis_cluster import RedisClusterStore
 from .sqlite import SqliteStore
 
 __all__ = ["Store", "StoreUnavailable", "open_store"]
@@ -29,9 +31,12 @@ def open_store(url: str, *, ttl_s: float, max_records: int, clock: Clock = time.
         if not path:
             raise ValueError("store URL sqlite:/// needs a file path")
         return SqliteStore(path, ttl_s=ttl_s, max_records=max_records, clock=clock)
+    if url.startswith(CLUSTER_SCHEMES):
+        return RedisClusterStore(url, ttl_s=ttl_s, max_records=max_records, clock=clock)
     if url.startswith(("redis://", "rediss://")):
         return RedisStore(url, ttl_s=ttl_s, max_records=max_records, clock=clock)
     scheme = url.split("://", 1)[0] if "://" in url else "(none)"
     raise ValueError(
-        f"unsupported store URL scheme {scheme!r}: use memory://, sqlite:///path or redis://host:port/db"
+        f"unsupported store URL scheme {scheme!r}: use memory://, sqlite:///path, redis://host:port/db or "
+        "redis+cluster://host:port[,host:port...]"
     )

@@ -15,6 +15,10 @@ same script. A value Redis expired by itself leaves entries behind until a searc
 prunes them) or its ZSET entry is evicted: bounded like the ZSET. Every operation is one Lua script, so each is
 atomic across replicas. Bookkeeping left behind by a key that PEXPIRE removed is harmless: it is
 the oldest entry in the ZSET, so the next eviction pops it first, and the ZSET stays bounded.
+The ZSET, the HASH and the index SETs carry a PEXPIRE too, never shorter than that of a key they
+track, so that bookkeeping nobody writes any more goes as well.
+On a Redis Cluster (redis_cluster.py) `<ns>` is one hash-tagged namespace per group of keys, so
+the same scripts touch one slot each.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ local function unindex(k)
   local sets = redis.call('SMEMBERS', ik)
   for i = 1, #sets do redis.call('SREM', sets[i], k) end
   if #sets > 0 then redis.call('DEL', ik) end
+end
+-- Bookkeeping outlives what it tracks, and no longer: on a cluster every group has its own, and
+-- groups come and go (a conversation ends); PTTL -1 (none yet) or shorter than ms gets ms.
+local function outlive(k, ms)
+  if redis.call('PTTL', k) < tonumber(ms) then redis.call('PEXPIRE', k, ms) end
 end
 local function drop(k)
   redis.call('DEL', k); redis.call('ZREM', lru, k); redis.call('HDEL', ttls, k); unindex(k)
@@ -71,6 +80,7 @@ local function store(k, now, nx)
     return 1
   end
   redis.call('ZADD', lru, now, k); redis.call('HSET', ttls, k, ttl)
+  outlive(lru, ttl); outlive(ttls, ttl)
   local over = redis.call('ZCARD', lru) - max
   if over > 0 then
     local popped = redis.call('ZPOPMIN', lru, over)
@@ -92,6 +102,11 @@ for i = 3, #KEYS do
   local ttl = v and redis.call('HGET', ttls, k)
   if ttl then
     redis.call('ZADD', lru, now, k); redis.call('PEXPIRE', k, ttl)
+    outlive(lru, ttl); outlive(ttls, ttl)
+    local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)  -- an original's index lives as long
+    local sets = redis.call('SMEMBERS', ik)
+    if #sets > 0 then outlive(ik, ttl) end
+    for j = 1, #sets do outlive(sets[j], ttl) end
   end
   out[#out + 1] = v
 end
@@ -126,8 +141,9 @@ unindex(k)
 local stored = store(k, tonumber(ARGV[2]), false)
 local ik = ns .. 'ixk:' .. string.sub(k, #ns + 3)
 for i = 5, #ARGV do
-  redis.call('SADD', ARGV[i], k); redis.call('SADD', ik, ARGV[i])
+  redis.call('SADD', ARGV[i], k); redis.call('SADD', ik, ARGV[i]); outlive(ARGV[i], ARGV[3])
 end
+if #ARGV >= 5 then outlive(ik, ARGV[3]) end
 return stored
 """
 
@@ -174,6 +190,8 @@ return 1
 
 
 class RedisStore(Store):
+    errors: tuple[type[BaseException], ...] = (RedisError, OSError)  # what counts as "unavailable"
+
     def __init__(
         self,
         url: str,
@@ -184,18 +202,8 @@ class RedisStore(Store):
         namespace: str = "cp:",
     ) -> None:
         super().__init__(ttl_s=ttl_s, max_records=max_records, clock=clock)
-        # Short timeouts: a down Redis must cost a request milliseconds, not seconds; the caller
-        # carries on without reuse. One immediate retry on a connection error only: after Redis
-        # restarts, every pooled connection is dead, and each would otherwise fail one call (and
-        # start an outage) before it is replaced. A timeout is never retried: it would double.
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=1.0,
-            socket_timeout=2.0,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
+        self._redis = self._connect(url)
         self._ns = namespace
-        self._meta = [f"{namespace}lru", f"{namespace}ttl"]
         self._get_many = self._redis.register_script(_GET_MANY)
         self._peek = self._redis.register_script(_PEEK)
         self._put = self._redis.register_script(_PUT)
@@ -205,14 +213,34 @@ class RedisStore(Store):
         self._put_original = self._redis.register_script(_PUT_ORIGINAL)
         self._find_originals = self._redis.register_script(_FIND_ORIGINALS)
 
-    def _key(self, key: str) -> str:
-        return f"{self._ns}k:{key}"
+    def _connect(self, url: str) -> Any:
+        # Short timeouts: a down Redis must cost a request milliseconds, not seconds; the caller
+        # carries on without reuse. One immediate retry on a connection error only: after Redis
+        # restarts, every pooled connection is dead, and each would otherwise fail one call (and
+        # start an outage) before it is replaced. A timeout is never retried: it would double.
+        return aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=1.0,
+            socket_timeout=2.0,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _space(self, key: str) -> str:
+        """The namespace holding `key` and its bookkeeping: one for all keys on one Redis (a
+        cluster's store gives each group of keys its own, see redis_cluster.py)."""
+        return self._ns
+
+    def _key(self, key: str) -> str:
+        return f"{self._space(key)}k:{key}"
+
+    async def _call(self, script: Any, space: str, keys: list[str], args: list[Any]) -> Any:
         try:
-            return await script(keys=self._meta + keys, args=args)
-        except (RedisError, OSError) as e:
+            return await script(keys=[f"{space}lru", f"{space}ttl", *keys], args=args)
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def _call_one(self, script: Any, key: str, args: list[Any]) -> Any:
+        return await self._call(script, self._space(key), [self._key(key)], args)
 
     def _ttl_ms(self, ttl_s: float | None) -> str:
         ttl = self._ttl(ttl_s)
@@ -221,29 +249,33 @@ class RedisStore(Store):
     async def get_many(self, keys: list[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
         now = repr(self.clock())
-        for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i : i + _CHUNK]
-            values = await self._call(self._get_many, [self._key(k) for k in chunk], [now])
-            found.update((k, v) for k, v in zip(chunk, values) if v is not None)
+        spaces: dict[str, list[str]] = {}
+        for k in keys:  # one script per namespace: a script touches one (a cluster slot) only
+            spaces.setdefault(self._space(k), []).append(k)
+        for space, group in spaces.items():
+            for i in range(0, len(group), _CHUNK):
+                chunk = group[i : i + _CHUNK]
+                values = await self._call(self._get_many, space, [self._key(k) for k in chunk], [now])
+                found.update((k, v) for k, v in zip(chunk, values) if v is not None)
         return found
 
     async def peek(self, key: str) -> bytes | None:
-        return await self._call(self._peek, [self._key(key)], [repr(self.clock())])
+        return await self._call_one(self._peek, key, [repr(self.clock())])
 
     async def put(self, key: str, value: bytes, ttl_s: float | None = ...) -> None:  # type: ignore[assignment]
         args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
-        await self._call(self._put, [self._key(key)], args)
+        await self._call_one(self._put, key, args)
 
     async def add(self, key: str, value: bytes, ttl_s: float | None = ...) -> bool:  # type: ignore[assignment]
         args = [value, repr(self.clock()), self._ttl_ms(ttl_s), self.max_records]
-        return bool(await self._call(self._add, [self._key(key)], args))
+        return bool(await self._call_one(self._add, key, args))
 
     async def delete(self, key: str, expected: bytes | None = None) -> bool:
         args = [repr(self.clock()), "0" if expected is None else "1", expected or b""]
-        return bool(await self._call(self._delete, [self._key(key)], args))
+        return bool(await self._call_one(self._delete, key, args))
 
     def _index_key(self, prefix: str, kind: str, term: str) -> str:
-        return f"{self._ns}ix:{prefix}{kind}:{term}"
+        return f"{self._space(prefix)}ix:{prefix}{kind}:{term}"
 
     async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
         if not key.startswith("orig:"):
@@ -252,7 +284,7 @@ class RedisStore(Store):
         sets = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
         sets += [self._index_key(prefix, "w", w) for w in await value_words(value)]
         args = [value, repr(self.clock()), self._ttl_ms(...), self.max_records, *sets]
-        await self._call(self._put_original, [self._key(key)], args)
+        await self._call_one(self._put_original, key, args)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int
@@ -261,15 +293,16 @@ class RedisStore(Store):
             return []
         idents = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
         sets = idents + [self._index_key(prefix, "w", w) for w in dict.fromkeys(words)]
-        found = await self._call(self._find_originals, [], [repr(self.clock()), limit, len(idents), *sets])
-        strip = len(self._key(""))
+        args = [repr(self.clock()), limit, len(idents), *sets]
+        found = await self._call(self._find_originals, self._space(prefix), [], args)
+        strip = len(self._key(prefix)) - len(prefix)
         return [k.decode()[strip:] for k in found]
 
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         entry = repr(self.clock()).encode() + b" " + value
         try:
             await self._append(keys=[self._log_key(name)], args=[entry, max_len, max(1, round(self.ttl_s * 1000))])
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def tail(self, name: str, n: int) -> list[tuple[float, bytes]]:
@@ -277,7 +310,7 @@ class RedisStore(Store):
             return []
         try:
             raw = await self._redis.lrange(self._log_key(name), -n, -1)
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
         since = self.clock() - self.ttl_s
         out = []
@@ -293,7 +326,7 @@ class RedisStore(Store):
     async def ping(self) -> None:
         try:
             await self._redis.ping()
-        except (RedisError, OSError) as e:
+        except self.errors as e:
             raise StoreUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def close(self) -> None:

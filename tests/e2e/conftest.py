@@ -10,9 +10,10 @@ Fixtures
   litellm_server      session; LiteLLM's proxy on 127.0.0.1:$E2E_LITELLM_PORT (8790) speaking
                       Anthropic Messages and OpenAI Responses, bridged to llama_server's chat
                       (needs scripts/e2e-upstream install-litellm; skipped without, failed under CI)
-  claude_code, codex  session; the path of the real Claude Code / Codex CLI's executable (needs
-                      scripts/e2e-upstream install-claude-code / install-codex; skipped without,
-                      failed under CI)
+  claude_code, codex, gemini_cli
+                      session; the path of the real Claude Code / Codex / Gemini CLI's executable
+                      (needs scripts/e2e-upstream install-claude-code / install-codex /
+                      install-gemini-cli; skipped without, failed under CI)
   start_proxy         factory; start_proxy(llama=None, **config_overrides) -> Proxy
   tap                 factory; tap(server) -> Tap, a recording pass-through to that server (tap.py):
                       start_proxy(llama, upstream={"base_url": t.base_url}) puts it in between
@@ -204,6 +205,13 @@ def codex() -> Path:
     """The real Codex CLI (scripts/e2e-upstream install-codex; skipped without, failed under CI):
     the path of its `codex` executable."""
     return _agent("codex", "Codex")
+
+
+@pytest.fixture(scope="session")
+def gemini_cli() -> Path:
+    """The real Gemini CLI (scripts/e2e-upstream install-gemini-cli; skipped without, failed under
+    CI): the path of its `gemini` executable."""
+    return _agent("gemini-cli", "Gemini CLI")
 
 
 def _free_port() -> int:

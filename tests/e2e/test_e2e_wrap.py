@@ -1,7 +1,8 @@
-"""`compaction-proxy wrap` with the real agents: `wrap claude -- -p TASK ...` and `wrap codex --
-exec ... TASK` start their own proxy, point the agent at it (Claude Code by ANTHROPIC_BASE_URL,
-Codex by `-c model_providers...` overrides: nothing in a config file), and the agent finishes the
-same log-reading task as test_e2e_claude_code.py / test_e2e_codex.py against the strict fakes,
+"""`compaction-proxy wrap` with the real agents: `wrap claude -- -p TASK ...`, `wrap codex --
+exec ... TASK` and `wrap gemini -- -p TASK ...` start their own proxy, point the agent at it (Claude
+Code by ANTHROPIC_BASE_URL, Codex by `-c model_providers...` overrides: nothing in a config file,
+Gemini CLI by GOOGLE_GEMINI_BASE_URL), and the agent finishes the same log-reading task as
+test_e2e_claude_code.py / test_e2e_codex.py / test_e2e_gemini_cli.py against the strict fakes,
 its history compacted along the way; the agent's exit status is wrap's, and the proxy is gone
 after it."""
 
@@ -18,18 +19,20 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.fakes.gemini import FakeGemini
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 from support.loopback import accepts
 
 from . import test_e2e_claude_code as claude_test
 from . import test_e2e_codex as codex_test
+from . import test_e2e_gemini_cli as gemini_test
 from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, write_logs
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ANNOUNCED = re.compile(r"^compaction-proxy wrap: (claude|codex) -> proxy http://127\.0\.0\.1:(\d+) \(dashboard ")
+ANNOUNCED = re.compile(r"^compaction-proxy wrap: (claude|codex|gemini) -> proxy http://127\.0\.0\.1:(\d+) \(dashboard ")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,3 +103,18 @@ def test_wrap_runs_codex_through_its_own_proxy(codex: Path, tmp_path: Path):
     assert not accepts(announced_port(run))  # its proxy is gone
     log = (tmp_path / "wrap.log").read_text()
     assert "path=/v1/responses" in log and "Traceback" not in log
+
+
+def test_wrap_runs_gemini_cli_through_its_own_proxy(gemini_cli: Path, tmp_path: Path):
+    logs, work, home = gemini_test.setup(tmp_path, gemini_test.SETTINGS)
+    with FakeGemini() as fake:
+        fake.reply = gemini_test.agent(logs)
+        run = wrap(tmp_path, gemini_cli, {"gemini": {"base_url": fake.base_url},
+                                          "models": {gemini_test.MODEL: {"context_window": WINDOW}}},
+                   gemini_test.cli_args(), work, HOME=str(home), GEMINI_API_KEY=gemini_test.KEY)
+        requests = list(fake.requests)
+    calls = gemini_test.finished(run, requests)
+    compacted_twice(requests, calls, gemini_test.forwarded_summary)
+    assert not accepts(announced_port(run))  # its proxy is gone
+    log = (tmp_path / "wrap.log").read_text()
+    assert ":streamGenerateContent" in log and "Traceback" not in log and gemini_test.KEY not in log

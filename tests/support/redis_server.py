@@ -46,12 +46,13 @@ def _answers_ping(port: int) -> bool:
 class RedisServer:
     """redis-server on 127.0.0.1 at a free port, without persistence, in its own temp dir."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server not found on PATH")
         self.binary = found
         self.port = _free_port()
+        self.extra_args = extra_args  # e.g. cluster mode (tests/support/redis_cluster.py)
         self._dir = Path(tempfile.mkdtemp(prefix="redis-test-"))
         self._log = self._dir / "redis.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -66,7 +67,7 @@ class RedisServer:
         if self._proc is not None:
             return
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--daemonize", "no"]
+                "--save", "", "--appendonly", "no", "--daemonize", "no", *self.extra_args]
         with open(self._log, "ab") as log:
             self._proc = subprocess.Popen(args, cwd=self._dir, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -77,11 +78,12 @@ class RedisServer:
                 raise RuntimeError(f"redis-server on port {self.port} did not start:\n{tail}")
             time.sleep(0.02)
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        """Shut down (SIGTERM), or with `kill` die at once (SIGKILL), as a crashed node does."""
         if self._proc is None:
             return
         proc, self._proc = self._proc, None
-        proc.terminate()
+        proc.kill() if kill else proc.terminate()
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

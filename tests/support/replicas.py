@@ -12,6 +12,7 @@ all three ways of configuring are exercised. Each replica logs to `<dir>/<name>.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,20 @@ class Replica:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextlib.contextmanager
+def running_replicas(
+    workdir: Path, upstream_url: str, store_url: str, settings: dict[str, Any], names: tuple[str, ...] = ("a", "b")
+) -> Iterator[list[Replica]]:
+    """Replicas on one store, started together (each start costs seconds), stopped at the end."""
+    group = [Replica(workdir, name, upstream_url, store_url, settings) for name in names]
+    try:
+        for r in group:
+            r.start()
+        for r in group:
+            r.wait_ready()
+        yield group
+    finally:
+        for r in group:
+            r.stop()

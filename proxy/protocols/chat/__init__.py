@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: its route, adapter, body checks and recall dialect."""

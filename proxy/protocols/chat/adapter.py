@@ -30,6 +30,7 @@ from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
+from proxy.protocols.chat.recall import CHAT as DIALECT
 
 _KIND_OF_ROLE = {
     "system": Kind.SYSTEM, "developer": Kind.SYSTEM, "user": Kind.USER, "assistant": Kind.ASSISTANT,
@@ -48,6 +49,7 @@ MAX_CAPS_KNOWN = 1024
 
 class ChatAdapter(Adapter):
     protocol = "chat"
+    dialect = DIALECT
     upstream_path = "/chat/completions"
     credential_headers = OPENAI_HEADERS
     empty_stream = ("the event stream ended before its first event (llama.cpp does this for a prompt over its "

@@ -32,7 +32,7 @@ def parse_chat_body(raw: bytes, *, before: list[Any] | None = None,
     validate_chat_body(body, messages=False)
     # The proxy writes the request again (message keys, tool counts, the forwarded body). The
     # messages are checked by the chat adapter's parse, once per distinct message. (A message 253
-    # or 254 levels deep passes, and a rewrite of it fails open in handle_chat.)
+    # or 254 levels deep passes, and a rewrite of it fails open in the pipeline.)
     try:
         jsonbody.check_fields_writable(raw, body, "messages", head)
     except jsonbody.Unreadable as e:

@@ -38,8 +38,9 @@ from proxy.config import Config
 from proxy.errors import ProxyError
 from proxy.hashing import DigestCache, message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.tokens import TokenCounter, encoding_name_for
+from proxy.protocols.messages.recall import MESSAGES as DIALECT
 
 log = logging.getLogger("proxy.messages")
 
@@ -88,6 +89,7 @@ def _kind(role: str, items: tuple[Item, ...]) -> Kind:
 
 class MessagesAdapter(Adapter):
     protocol = "messages"
+    dialect = DIALECT
     upstream_path = "/v1/messages"  # under anthropic.base_url
     credential_headers = CREDENTIAL_HEADERS
 

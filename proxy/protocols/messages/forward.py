@@ -1,4 +1,4 @@
-"""What a Messages request carries to `anthropic.base_url` (it is sent by proxy/send.py, as every
+"""What a Messages request carries to `anthropic.base_url` (it is sent by proxy/protocols/send.py, as every
 route's is: the adapter knows Anthropic's overflow, SSE and usage; the route set the error
 shape)."""
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from proxy.sse import MAX_EVENT_BYTES, NamedEventChecker
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 
 
 class MessagesEventChecker(NamedEventChecker):

@@ -31,12 +31,13 @@ from proxy.credentials import OPENAI_HEADERS
 from proxy.sse import EventChecker
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.protocols.responses import items as ri
 from proxy.protocols.responses.body import parse_responses_body, too_deep
 from proxy.protocols.responses.stream import ResponsesEventChecker, read_preamble, responses_usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.upstream import SummarizerError, is_context_overflow
+from proxy.protocols.responses.recall import RESPONSES as DIALECT
 
 ITEM_OVERHEAD = 4  # framing per input item, like a chat message's
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
@@ -65,6 +66,7 @@ def _plain_output(output: Any) -> bool:
 
 class ResponsesAdapter(Adapter):
     protocol = "responses"
+    dialect = DIALECT
     upstream_path = "/responses"
     credential_headers = OPENAI_HEADERS
 

@@ -7,7 +7,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 from aiohttp import web
 from yarl import URL
 
@@ -26,16 +25,12 @@ from proxy.forward import (
     upstream_request_headers,
     upstream_url,
 )
-from proxy.ops.exchange import EXCHANGE
-from proxy.recall import answers as recall_answers
-from proxy.protocols.responses import recall_chains
-from proxy.recall.relay import RECALLS
-from proxy.protocols.responses import compact, route
-from proxy.protocols.responses.chain import Chain, Sent
+from proxy.protocols.responses import compact
+from proxy.protocols.responses.protocol import ADAPTER
+from proxy.protocols.responses.socket_turns import SocketTurns
 from proxy.protocols.responses.items import input_items, item_type, parse_items, system_count
 from proxy.protocols.responses.runtime import RESPONSES
-from proxy.protocols.responses.socket_recall import SocketRecall
-from proxy.protocols.responses.websocket import Prepare, WsTurn, handshake_headers, relay_websocket
+from proxy.protocols.responses.websocket import Prepare, handshake_headers, relay_websocket
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
 
@@ -48,105 +43,6 @@ def websocket_url(base_url: str, request: web.Request) -> str:
     url = url.with_scheme({"http": "ws", "https": "wss"}.get(url.scheme, url.scheme))
     query = request.rel_url.raw_query_string
     return str(url) + (f"?{query}" if query else "")
-
-
-def socket_prepare(request: web.Request) -> Prepare:
-    """Each `response.create` on this socket through the same stages as an HTTP body (the
-    handshake's headers carry the credential, the focus, the session); a turn chained to the
-    socket's latest response as the whole history it stands for (proxy/protocols/responses/chain.py)."""
-    state = request.app[STATE]
-    ex = request[EXCHANGE]
-    cfg = state.cfg
-    # (with both stages off nothing can change: the chain is not read, nor its history kept)
-    chain = Chain(max_bytes=state.max_body) if cfg.compaction.enabled or cfg.tool_results.enabled else None
-
-    async def prepare_create(event: dict[str, Any], message: str) -> WsTurn:
-        body = {k: v for k, v in event.items() if k != "type"}
-        whole = chain.whole(body) if chain is not None else None
-        # Parsed (and checked) as an HTTP body is: a turn that resends the whole history (or is
-        # read as it) reuses the previous turn's parse of it (the same writing of the same items).
-        # Written off the event loop when large (a chain's history is up to the body limit).
-        size = len(message) + (chain.size if whole is not None and chain is not None else 0)
-        raw = await offload.sized(size, jsonbody.dumps, whole if whole is not None else body)
-        p = await route.prepare(state, raw, None, request.headers, ex)
-        report = p.headers if cfg.responses.websocket_report else None
-        if report is not None:
-            report = {k: v for k, v in report.items() if k != RECALLS}  # a recall turn puts its count in
-        added: Sent | None = None  # what this turn adds to the chain (the last attempt's)
-
-        async def parsed(data: bytes) -> dict[str, Any]:
-            return await offload.sized(len(data), jsonbody.loads, data)
-
-        def as_sent(data: bytes, forwarded: dict[str, Any]) -> tuple[str, Sent | None]:
-            assert chain is not None
-            sent, what = chain.forwarded(whole or body, forwarded, chained=whole is not None, size=len(raw))
-            # (unchained: the stages' own bytes; chained: the shorter body, written here)
-            return as_message(data if sent is forwarded else jsonbody.dumps(sent)), what
-
-        async def outgoing(data: bytes, forwarded: dict[str, Any] | None) -> str:
-            """The stages' body (`forwarded`: it parsed, when a recall turn has it already) as the
-            message to send, chained where the upstream holds its start (a recall turn's
-            continuations are built from the whole body: valid either way); off the event loop
-            when it is large."""
-            nonlocal added
-            if chain is None:
-                return as_message(data)
-            if forwarded is None:
-                forwarded = await parsed(data)
-            out, added = await offload.sized(len(data), as_sent, data, forwarded)
-            return out
-
-        recall = None
-        if p.recall is not None:  # the recall tool is declared: its rounds are answered on the socket
-            recall = SocketRecall(p.recall, await parsed(p.data), report,
-                                  finish=lambda r: _finish_recall(state, p.body["model"], r))
-
-        async def retry() -> tuple[str, dict[str, str] | None] | None:
-            again = await p.retry() if p.retry is not None else None
-            if again is None:
-                return None
-            shown = {k: v for k, v in again[1].items() if k != RECALLS} if report is not None else None
-            forwarded = None
-            if recall is not None:
-                forwarded = await parsed(again[0])
-                recall.restart(forwarded, shown)
-            return await outgoing(again[0], forwarded), shown
-
-        def done(event: dict[str, Any] | None) -> None:
-            if chain is not None:
-                # (a recall turn's rounds or recall call: the upstream holds what the client never saw)
-                if chain.ended(event, added, as_shown=recall is not None and (
-                        recall.rounds.round > 1 or bool(recall.rounds.recall_calls()))):
-                    state.sockets.chains_dropped += 1
-                    log.info("a WebSocket chain's history passed the body limit: dropped (turns go as they come)")
-
-        if p.data is raw and (whole is None or chain is None or chain.upstream is not None):
-            # nothing changed: the client's message as it came (chained or not)
-            added = await offload.sized(len(message), chain.as_it_came, body) if chain is not None else None
-            out = message
-        else:  # changed, or the upstream's history is not the client's (a recall turn's rounds): through the chain
-            out = await outgoing(p.data, recall.body if recall is not None else None)
-        return WsTurn(out, retry=retry, done=done, report=report, recall=recall)
-
-    return prepare_create
-
-
-def as_message(data: bytes) -> str:
-    """A request body's bytes as the socket's `response.create` message."""
-    return (b'{"type":"response.create",' + data[1:]).decode() if data != b"{}" else '{"type":"response.create"}'
-
-
-async def _finish_recall(state: Any, model: str, recall: SocketRecall) -> None:
-    """A socket turn's recall rounds counted, and its shown id mapped to the response the upstream
-    keeps (the last round's), which a later previous_response_id must name (recall/chains.py)."""
-    session = recall.session
-    late = recall.late()
-    if late:
-        log.info("recall: %d of %d lookup(s) came after the turn's response.created", late, session.calls)
-        state.hooks.recall_after_headers(late, "responses")
-    if session.rounds or recall.rounds.dropped:
-        await recall_chains.remember(state.store, session.scope, *recall.rounds.ids(), recall.rounds.unanswered())
-    recall_answers.finished(state.hooks, "responses", model, session)
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:
@@ -162,7 +58,7 @@ async def handle_responses_get(request: web.Request, prepare: Prepare | None = N
     headers = handshake_headers(request.headers, upstream_request_headers(request.headers, api_key))
     return await relay_websocket(request, state.socket_session or state.session,
                                  websocket_url(cfg.upstream.base_url, request), headers,
-                                 prepare or socket_prepare(request), state.max_body, state.sockets)
+                                 prepare or SocketTurns(request), state.max_body, state.sockets)
 
 
 # ---- /v1/responses/compact -------------------------------------------------------------------
@@ -234,7 +130,7 @@ def _span(items: list[Any], last: int, count: Any) -> tuple[int, list[str], list
 
 def _record(items: list[Any], start: int, users: list[Any], model_text: str, before: compact.CompactRecord | None,
             **finish: Any) -> compact.CompactRecord:
-    span = [e for e in route.ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
+    span = [e for e in ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
     kept = "\n".join(e.text for e in parse_items(users))  # returned to the client as they are
     return compact.finish(model_text, span, kept, before, created=time.time(), **finish)
 
@@ -263,7 +159,7 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
         record = before
     else:
         job = SummaryJob(
-            adapter=route.ADAPTER.summarizer(cfg),
+            adapter=ADAPTER.summarizer(cfg),
             headers=summarizer_headers(cfg.compaction.summarizer, creds.headers),
             model=model,
             window=cfg.context_window(model),

@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
 
 from aiohttp import WSMessage
 
+from proxy.sockets import ReadAhead
+
 MAX_MESSAGES = 64
-
-
-@dataclass
-class ReadAhead:
-    """Bytes read ahead by every socket of the process, now and at most (what the bound holds)."""
-
-    held: int = 0
-    peak: int = 0
-
-    def add(self, n: int) -> None:
-        self.held += n
-        self.peak = max(self.peak, self.held)
 
 
 def size_of(msg: WSMessage) -> int:

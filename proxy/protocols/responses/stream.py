@@ -20,7 +20,7 @@ import orjson
 
 from proxy import errors
 from proxy.sse import NamedEventChecker
-from proxy.ops.exchange import Usage
+from proxy.exchange import Usage
 from proxy.upstream import is_context_overflow
 
 END_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})

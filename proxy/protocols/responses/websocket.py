@@ -37,7 +37,8 @@ from multidict import CIMultiDict
 
 from proxy import errors, offload
 from proxy.forward import map_client_error
-from proxy.protocols.responses.inbox import Inbox, ReadAhead
+from proxy.protocols.responses.inbox import Inbox
+from proxy.sockets import SocketLimits
 from proxy.protocols.responses.socket_recall import SocketRecall
 from proxy.protocols.responses.stream import END_EVENTS, OVERFLOW_CODE, PREAMBLE, is_overflow_failure
 
@@ -68,27 +69,6 @@ class WsTurn:
 
 
 Prepare = Callable[[dict[str, Any], str], Awaitable[WsTurn]]
-
-
-@dataclass
-class SocketLimits:
-    """What one process allows its client sockets (one instance per process, on its state)."""
-
-    idle_timeout_s: float | None = None  # no message either way and no turn under way: closed (None: never)
-    max_sockets: int | None = None  # upstream sockets held at once (None: no cap); beyond, a 503
-    read_ahead_bytes: int = 16 << 20  # one socket's client messages read ahead of its sender (decoded)
-    open: int = 0  # held now
-    chains_dropped: int = 0  # chains whose history passed the body limit (proxy/protocols/responses/chain.py)
-    read_ahead: ReadAhead = field(default_factory=ReadAhead)  # every socket's, now and at most
-
-    def take(self) -> None:
-        if self.max_sockets is not None and self.open >= self.max_sockets:
-            raise errors.ProxyError(503, f"The proxy holds its most upstream WebSockets ({self.max_sockets}); "
-                                    "retry shortly or use HTTP.", type="server_error", code="too_many_websockets")
-        self.open += 1
-
-    def give_back(self) -> None:
-        self.open -= 1
 
 
 def handshake_headers(incoming: CIMultiDict[str] | Any, base: CIMultiDict[str]) -> CIMultiDict[str]:

@@ -46,7 +46,7 @@ def read_process(pid: int, proc: Path = Path("/proc")) -> tuple[list[str], dict[
 
 def config_of(argv: list[str], environ: dict[str, str], cwd: str) -> Config:
     """The config `compaction-proxy ARGV` builds in `environ`, a relative file read from `cwd`."""
-    from proxy.cli import flag_overrides, parse_args
+    from proxy.cmdline import flag_overrides, parse_args
 
     args = parse_args(argv)
     path = args.config or environ.get("COMPACTION_PROXY_CONFIG") or None

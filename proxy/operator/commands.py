@@ -94,7 +94,7 @@ def inspect_main(argv: list[str]) -> int:
     import os
 
     from proxy.errors import ProxyError
-    from proxy.ops.inspect import format_report, inspect, protocol_of, request_headers
+    from proxy.operator.inspect import format_report, inspect, protocol_of, request_headers
 
     p = argparse.ArgumentParser(
         prog="compaction-proxy inspect",

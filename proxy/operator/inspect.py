@@ -20,23 +20,19 @@ from multidict import CIMultiDict
 
 import orjson
 
-from proxy import credentials, jsonbody
-from proxy.protocols.chat.adapter import ChatAdapter
-from proxy.protocols.messages.adapter import MessagesAdapter
-from proxy.protocols.responses.adapter import ResponsesAdapter
+from proxy import jsonbody
+from proxy.protocols import pipeline
+from proxy.protocols.base import AsSent
 from proxy.protocols.chat.body import parse_chat_body
+from proxy.protocols.registry import PROTOCOLS
 from proxy.compaction.stage import MARK as COMPACTION_MARK
-from proxy.flow import Flow, Identity, run_request
+from proxy.flow import Flow, Identity
 from proxy.config import Config, secret
 from proxy.hashing import conversation_digest
 from proxy.model import Kind
-from proxy.ops import reasons
+from proxy.exchange import Exchange
 from proxy.recall import answers as recall_answers
-from proxy.protocols.chat import recall as recall_chat
-from proxy.protocols.messages import recall as recall_messages
-from proxy.protocols.responses import recall as recall_responses
-from proxy.protocols.responses import compact, items as response_items
-from proxy.protocols.responses.body import parse_responses_body
+from proxy.protocols.responses import items as response_items
 from proxy.state import ProxyState
 from proxy.store import open_store
 from proxy.store.base import Store
@@ -44,12 +40,6 @@ from proxy.store.memory import MemoryStore
 from proxy.toolresults.select import BEGIN as TOOL_OUTPUT_BEGIN
 from proxy.upstream import SummaryCaller
 
-CHAT = ChatAdapter()
-MESSAGES = MessagesAdapter()
-RESPONSES = ResponsesAdapter()
-# each protocol's adapter and recall dialect
-PROTOCOLS = {"chat": (CHAT, recall_chat.CHAT), "messages": (MESSAGES, recall_messages.MESSAGES),
-             "responses": (RESPONSES, recall_responses.RESPONSES)}
 # Anthropic-only fields: a body with one of them is a Messages body (a chat body has none)
 _MESSAGES_FIELDS = ("system", "thinking", "anthropic_version", "stop_sequences", "top_k", "container",
                     "context_management", "mcp_servers")
@@ -207,8 +197,6 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     except orjson.JSONDecodeError:
         protocol = "chat"  # (the chat parse names the error)
     body = parse_chat_body(raw) if protocol == "chat" else None
-    # (a Responses body is checked here, its error as the route would answer it)
-    checked = parse_responses_body(raw) if protocol == "responses" else None
     cfg = inspect_config(cfg)
     log = CallLog()
     store = DryRunStore(open_store(cfg.store.url, ttl_s=cfg.store.ttl_s, max_records=cfg.store.max_records))
@@ -219,56 +207,45 @@ async def inspect(cfg: Config, raw: bytes, *, headers: dict[str, str], summarize
     state = await ProxyState.create(cfg, store=store, make_caller=make_caller)
     try:
         return await _run(state, jsonbody.dumps(body) if body is not None else raw, headers, summarize, log,
-                          protocol, checked)
+                          protocol)
     finally:
         await state.close()
 
 
 async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize: bool, log: CallLog,
-               protocol: str, responses_body: dict[str, Any] | None = None) -> Report:
-    cfg = state.cfg
-    adapter, dialect = PROTOCOLS[protocol]
-    api_key = secret((cfg.anthropic if protocol == "messages" else cfg.upstream).api_key)
-    creds = credentials.resolve(CIMultiDict(headers), state.scope_secret, api_key, adapter.credential_headers,
-                                key_header="x-api-key" if protocol == "messages" else "Authorization")
+               name: str) -> Report:
+    """The pipeline's `read` and `run` on the body, as the route would (a dry run: nothing kept,
+    nothing sent), and what they did."""
+    protocol = PROTOCOLS[name]
+    incoming = CIMultiDict(headers)
+    caller = protocol.callers.make(incoming, state.scope_secret, secret(protocol.adapter.upstream(state.cfg).api_key))
+    ex = Exchange("inspect", "POST", "inspect", "inspect", name)
     sent = raw  # the diff's left side: the body as the client sent it
-    if responses_body is not None:
-        raw = await _expanded(state, raw, responses_body, creds.scope)
-    parsed = adapter.parse(raw, state.counter, cfg)
-    parsed.extra.setdefault("count_only", False)  # (the Messages stages read it: a request, not a count)
+    read = await pipeline.read(state, protocol, pipeline.Incoming(raw, incoming, caller, ex))
+    parsed = read if not isinstance(read, AsSent) else protocol.adapter.parse(read.raw, state.counter, state.cfg)
+    parsed.extra["count_only"] = False  # (the stages read it: a request, not a count)
     before = parsed.total()
     budget = state.compaction.budget_for(parsed.model)
-    recall, recall_count = recall_answers.identity_fields(dialect, state, parsed)
-    identity = Identity(
-        # Without a credential no stored record can be matched; the stages still show what a
-        # first request of this conversation would get.
-        scope=creds.scope or "inspect-without-credential",
-        upstream_headers=creds.headers,
-        focus=headers.get("x-compaction-focus"),
-        conversation=conversation_digest(creds.scope or "", parsed.first_digest()),
-        # as the route: handles in notes and summaries, room and count for the recall tool
-        recall=recall,
-        recall_count=recall_count,
-    )
-    flow = Flow.of(adapter, parsed, identity)
-    if parsed.stateful:
+    scope = caller.credentials.scope
+    # Without a credential no stored record can be matched; the stages still show what a first
+    # request of this conversation would get.
+    identity = Identity(scope or "inspect-without-credential", caller.own_headers, caller.focus,
+                        conversation_digest(scope or "", parsed.first_digest()),
+                        *recall_answers.identity_fields(protocol.dialect, state, parsed), caller.long_context)
+    flow = Flow.of(protocol.adapter, parsed, identity)
+    if isinstance(read, AsSent):
         # The history lives at the upstream (previous_response_id, conversation): the route
         # forwards such a body as it came.
         flow.report.reason = "the history is stored at the upstream (previous_response_id or conversation)"
-        flow.report.why = reasons.STATEFUL
+        flow.report.why = read.why
     else:
-        await run_request(state.stages, flow)
-        # as the route: the recall tool declared once anything was replaced (nothing kept here)
-        declared = await recall_answers.prepare(dialect, state.recall, state.prompts, flow, keep=False) \
-            if identity.recall and flow.changed else None
-        if declared is not None:
-            flow.request = declared[0]
+        await pipeline.run(state, protocol, flow, ex, dry=True)
     outcome = flow.report
     after = outcome.tokens_after if outcome.tokens_after is not None else flow.total()
     report = Report(
         model=parsed.model, encoding=parsed.encoding, window=budget.window, threshold=budget.threshold,
         target=budget.target, tokens_before=before, tokens_after=after, status=outcome.status, reason=outcome.reason,
-        scope=creds.scope, summarize=summarize, calls={"history": log.history, "tool_result": log.tool},
+        scope=scope, summarize=summarize, calls={"history": log.history, "tool_result": log.tool},
         why=outcome.why,
     )
     original = parsed.conversation
@@ -295,16 +272,6 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
     report.forwarded = orjson.loads(flow.body())  # what the proxy would send
     report.diff = diff_lines(_shown(client), _shown(report.forwarded))
     return report
-
-
-async def _expanded(state: ProxyState, raw: bytes, body: dict[str, Any], scope: str | None) -> bytes:
-    """A Responses body (`raw`, parsed as `body`) with the proxy's own compaction items (from
-    /responses/compact) replaced by their stored summaries, as the route does before the stages."""
-    items = body.get("input")
-    if not isinstance(items, list) or not compact.has_own(items):
-        return raw
-    expanded = await compact.expand(items, state.store, state.scope_secret, scope, state.prompts)
-    return jsonbody.dumps({**body, "input": expanded})
 
 
 def _shown(body: dict[str, Any]) -> list[dict[str, Any]]:

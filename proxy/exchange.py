@@ -1,4 +1,5 @@
-"""What one HTTP request did, filled in as it goes and reported once at its end."""
+"""What one HTTP request did, filled in as it goes and reported once at its end. Low in the layers:
+every stage, listener and route writes to it, and it imports nothing of the proxy."""
 
 from __future__ import annotations
 

@@ -1,0 +1,220 @@
+"""Google's Gemini API (`models/{model}:generateContent`, `:streamGenerateContent`,
+`:countTokens`) as the neutral model, and back (design.md § Gemini API).
+
+An envelope is a content (one role's turn: cuts fall between contents, turns.py says where), plus
+one SYSTEM envelope first for `systemInstruction` when there is one. Items are the content's
+parts: text (USER / ASSISTANT), functionCall (TOOL_CALL), functionResponse (TOOL_RESULT, paired by
+its `id`, or by name and order as the API pairs them), inlineData and fileData (the role's kind,
+never edited), and OPAQUE for what the proxy never edits: thought parts, and parts of kinds it
+does not read. A part's `thoughtSignature` stays on it byte for byte while its content is kept.
+The model is not in the body but in the path: the route gives it to `parse`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+import orjson
+
+from proxy import jsonbody
+from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.config import Config
+from proxy.errors import ProxyError, Uncompactable
+from proxy.hashing import message_digest
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.exchange import Usage
+from proxy.protocols.gemini import summary, turns
+from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text
+from proxy.protocols.gemini.count import count_content
+from proxy.protocols.gemini.errors import GOOGLE
+from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage, is_overflow
+from proxy.tokens import TokenCounter, encoding_name_for
+
+_ROLE_KIND = {"user": Kind.USER, "model": Kind.ASSISTANT}
+_SYSTEM = summary.SYSTEM_KEY
+CREDENTIAL_HEADERS = ("x-goog-api-key", "authorization")
+# Models that sign their calls and check the signatures of the current turn (Gemini 3 on): a turn
+# made under a prefix the compaction changed gives its signatures up (turns.unsigned).
+SIGNING_MODELS = ("gemini-3",)
+
+
+def _item(part: Any, role_: str, key: str | None) -> Item:
+    if not isinstance(part, dict) or part.get("thought") is True:
+        return Item(Kind.OPAQUE, raw=part)
+    if "text" in part:
+        return Item(_ROLE_KIND[role_], str(part["text"]), raw=part)
+    if CALL in part:
+        args = jsonbody.dumps(part[CALL].get("args", {})).decode()
+        return Item(Kind.TOOL_CALL, args, call_id=key, name=str(part[CALL].get("name", "tool")), args=args, raw=part)
+    if RESPONSE in part:
+        return Item(Kind.TOOL_RESULT, part_text(part), call_id=key, name=str(part[RESPONSE].get("name", "tool")),
+                    is_error=turns.is_error(part[RESPONSE]), plain=True, raw=part)
+    for media in MEDIA:
+        if media in part:
+            return Item(_ROLE_KIND[role_], f"[{media}]", plain=False, raw=part)
+    return Item(Kind.OPAQUE, raw=part)
+
+
+def _kind(role_: str, items: tuple[Item, ...]) -> Kind:
+    if role_ == "user":
+        return Kind.TOOL_RESULT if any(it.kind is Kind.TOOL_RESULT for it in items) else Kind.USER
+    return Kind.ASSISTANT
+
+
+def _items(content: dict[str, Any], keys: list[str | None]) -> tuple[Item, ...]:
+    r = role(content)
+    return tuple(_item(p, r, k) for p, k in zip(parts(content), keys))
+
+
+class GeminiAdapter(Adapter):
+    protocol = "gemini"
+    upstream_path = ""  # the client's own path (the model is in it), under gemini.base_url
+    credential_headers = CREDENTIAL_HEADERS
+
+    # -- the body ------------------------------------------------------------------------------
+    def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
+              prior: Any = None, model: str | None = None) -> Request:
+        """The body checked and counted; `model` from the path (a body that names its own, as
+        Code Assist's, may leave it out)."""
+        body = parse_gemini_body(raw)
+        model = model or body.get("model")
+        if not isinstance(model, str) or not model:
+            raise Uncompactable(400, "The model is not named in the request path.")
+        model = model.removeprefix("models/")
+        settings = cfg.model_settings(model)
+        encoding = settings.encoding or encoding_name_for(model)
+        system = [{_SYSTEM: body[_SYSTEM]}] if body.get(_SYSTEM) is not None else []
+        values = [*system, *body["contents"]]
+        written = [jsonbody.dumps(v) for v in values]
+        keys = [hash(w) for w in written]
+        tokens = [self._count_value(v, encoding, counter, k) for v, k in zip(values, keys)]
+        tools = body.get("tools")
+        has_system = bool(system)
+        stream = False  # the route says (the method in the path)
+        return Request(raw, body, model, stream,
+                       Conversation(None, tokens, lambda: self.envelopes(values, has_system), values, len(system)),
+                       keys, written, encoding, settings.token_ratio if ratio is None else ratio,
+                       counter.count_tools(tools, encoding), tools)
+
+    def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:
+        out: list[Envelope] = [self._system_envelope(values[0])] if has_system else []
+        contents = values[1:] if has_system else values
+        allowed = turns.cut_allowed(contents)
+        keys = turns.call_ids(contents)
+        turn = 0
+        made = []
+        for i, c in enumerate(contents):
+            items = _items(c, keys[i])
+            if role(c) == "user" and not any(it.kind is Kind.TOOL_RESULT for it in items):
+                turn += 1
+            made.append((items, turn, allowed[i], c))
+        named = iter(name_results([it for m in made for it in m[0]]))
+        for items, turn, cut, c in made:
+            items = tuple(next(named) for _ in items)
+            out.append(Envelope(items, turn, cut, c, kind=_kind(role(c), items)))
+        return out
+
+    @staticmethod
+    def _system_envelope(value: dict[str, Any]) -> Envelope:
+        return Envelope((Item(Kind.SYSTEM, system_text(value[_SYSTEM]), raw=value[_SYSTEM]),), 0, False, value)
+
+    def render(self, request: Request, forwarded: Conversation) -> bytes:
+        if forwarded is request.conversation:
+            return request.raw
+        body = dict(request.body)
+        envs = forwarded.envelopes
+        if envs and envs[0].kind is Kind.SYSTEM:
+            body = {_SYSTEM: envs[0].value[_SYSTEM], **{k: v for k, v in body.items() if k != _SYSTEM}}
+            envs = envs[1:]
+        else:
+            body.pop(_SYSTEM, None)
+        at = {id(v): i for i, v in enumerate(request.conversation.values)}
+        written = [request.written[at[id(e.value)]] if id(e.value) in at else jsonbody.dumps(e.value) for e in envs]
+        return splice(body, "contents", written)
+
+    # -- edits ---------------------------------------------------------------------------------
+    def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
+        value = dict(envelope.value)
+        ps = list(parts(value))
+        ps[item] = turns.with_note(ps[item], text, envelope.items[item].is_error)
+        value["parts"] = ps
+        items = list(envelope.items)
+        items[item] = replace(items[item], text=text, plain=True, raw=ps[item])
+        return Envelope(tuple(items), envelope.turn, envelope.cut_before, value, kind=envelope.kind)
+
+    def inject(self, conv: Conversation, cut: int, summary_text: str, annotation: str) -> Injected:
+        """The annotation as one more part of systemInstruction, the summary as the first user
+        content, merged into the first kept content when that is a user content."""
+        envs = conv.envelopes
+        system = envs[0].value[_SYSTEM] if conv.n_system else None
+        head = [self._system_envelope({_SYSTEM: turns.with_annotation(system, annotation)})]
+        kept = envs[cut:]
+        merged = turns.with_summary([e.value for e in kept[:1]], summary_text)
+        first = self._envelope_like(merged[0], kept[0].turn if kept else 1)
+        if kept and role(kept[0].value) == "user":
+            return Injected([*head, first, *kept[1:]], 2, cut + 1)
+        return Injected([*head, first, *kept], 2, cut)
+
+    def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
+        items = _items(value, turns.call_ids([value])[0])
+        return Envelope(items, turn, True, value, kind=_kind(role(value), items))
+
+    def binds_reasoning(self, request: Request) -> bool:
+        return request.model.startswith(SIGNING_MODELS)
+
+    def unbound(self, envelope: Envelope) -> Envelope | None:
+        if envelope.kind is Kind.SYSTEM or role(envelope.value) != "model":
+            return None
+        value = turns.unsigned(envelope.value)
+        if value is None:
+            return None
+        keys = turns.call_ids([value])[0]
+        items = _items(value, keys)
+        calls = iter(it for it in envelope.items if it.kind is Kind.TOOL_CALL)
+        items = tuple(replace(it, call_id=next(calls).call_id) if it.kind is Kind.TOOL_CALL else it for it in items)
+        return Envelope(items, envelope.turn, envelope.cut_before, value, kind=envelope.kind)
+
+    def count(self, envelope: Envelope, encoding: str, counter: TokenCounter) -> int:
+        return self._count_value(envelope.value, encoding, counter, message_digest(envelope.value))
+
+    @staticmethod
+    def _count_value(value: dict[str, Any], encoding: str, counter: TokenCounter, key: Any) -> int:
+        if _SYSTEM in value:
+            return counter.count_keyed(encoding, ("gemini", _SYSTEM, key),
+                                       lambda: counter.count_text(system_text(value[_SYSTEM]), encoding))
+        return count_content(counter, value, encoding, key)
+
+    # -- the wire ------------------------------------------------------------------------------
+    def is_overflow(self, status: int, body: bytes) -> bool:
+        return is_overflow(status, body)
+
+    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
+        from aiohttp import web
+        return web.Response(status=err.status, body=GOOGLE.body(err), content_type="application/json",
+                            headers=dict(headers or {}))
+
+    def event_checker(self) -> GeminiEventChecker:
+        return GeminiEventChecker()
+
+    def answer_usage(self, answer: Any) -> Usage | None:
+        return gemini_usage(answer.get("usageMetadata")) if isinstance(answer, dict) else None
+
+    def stream_usage(self, checker: Any) -> Usage | None:
+        return gemini_usage(checker.usage)
+
+    # -- the proxy's own summarizer calls (summary.py) ------------------------------------------
+    def upstream(self, cfg: Config) -> Any:
+        return cfg.gemini
+
+    def riding_end(self, values: list[Any], first_kept: int, request: Request | None = None) -> int:
+        return summary.riding_end(values, first_kept)
+
+    def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
+        body = summary.summary_body(call.prompt, call.output_cap, call.system, call.prefix, call.tools)
+        return SummaryRequest(call, base_url, summary.path(call.model), orjson.dumps(body))
+
+    def summary_text(self, status: int, answer: bytes, usage: dict[str, Any] | None = None) -> str:
+        return summary.answer_text(answer, usage)
+
+
+GEMINI = GeminiAdapter()

@@ -1,0 +1,51 @@
+"""Google's Gemini API as the pipeline sees it: its adapter, how a request's credential is read
+(`x-goog-api-key`, or the `key` query parameter read as that header, so a key scopes the same
+records however it came), and its `read`: the model and the method are in the path
+(`/v1beta/models/{model}:{method}`), not in the body."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from multidict import CIMultiDict
+
+from proxy import credentials, offload
+from proxy.adapter import Request
+from proxy.byheaders import Caller
+from proxy.forward import upstream_request_headers
+from proxy.protocols.base import Protocol
+from proxy.protocols.gemini.adapter import GEMINI
+
+KEY_HEADER = "x-goog-api-key"
+STREAMED = "streamGenerateContent"
+
+
+def model_and_method(path: str) -> tuple[str, str]:
+    """(model, method) of a `.../models/{model}:{method}` path."""
+    model, _, method = path.rpartition("/")[2].rpartition(":")
+    return model, method
+
+
+def caller_of(request: Any, state: Any) -> Caller:
+    """The credential from x-goog-api-key, Authorization, or `?key=`; the client's headers go
+    upstream unchanged (the query with them, in the URL). Not kept per header list: the key may
+    be in the query."""
+    headers = request.headers
+    key = request.query.get("key")
+    if key and KEY_HEADER not in headers:
+        headers = CIMultiDict(headers)
+        headers[KEY_HEADER] = key
+    creds = credentials.resolve(headers, state.scope_secret, None, GEMINI.credential_headers, key_header=KEY_HEADER)
+    return Caller.of(headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
+
+
+async def read(state: Any, incoming: Any, scope: str | None) -> Request:
+    model, method = model_and_method(incoming.path)
+    req = await offload.sized(len(incoming.raw), functools.partial(GEMINI.parse, model=model), incoming.raw,
+                              state.counter, state.cfg)
+    req.stream = method == STREAMED
+    return req
+
+
+PROTOCOL = Protocol(GEMINI, None, rounds=lambda name: None, read=read, caller_of=caller_of)
