@@ -291,9 +291,10 @@ class Adapter(ABC):
         call rides the conversation's cache only when this is the conversation's own adapter."""
         return self
 
-    def riding_end(self, values: list[Any], first_kept: int) -> int:
+    def riding_end(self, values: list[Any], first_kept: int, request: "Request | None" = None) -> int:
         """How many of the envelopes as last forwarded (`values`) the call that rides the cache
-        repeats, at least `first_kept` (the part it summarizes). By default just that part: a
+        repeats, at least `first_kept` (the part it summarizes; `request`: the conversation's, for
+        the cache fields it sets). By default just that part: a
         prefix of what the upstream saw is cached wherever it ends (OpenAI's cache)."""
         return first_kept
 

@@ -46,6 +46,21 @@ MAX_ERROR_LINE_CHARS = 300
 
 
 PIECE_CHARS = 1 << 18
+# What extraction reads of one text: all of it up to this, else its head and tail, half each. A
+# tool output of tens of MB (the body limit allows them) would be a minute of regular expressions
+# holding the interpreter (a worker thread still takes the GIL from the event loop); its note keeps
+# head and tail too, and errors and totals sit at the end (design.md § Oversized tool results).
+SCAN_CHARS = 1 << 19
+
+
+def scanned(text: str) -> str:
+    """`text`, or over SCAN_CHARS its head and tail cut at line ends: what extraction reads."""
+    if len(text) <= SCAN_CHARS:
+        return text
+    half = SCAN_CHARS // 2
+    head = text.rfind("\n", 0, half) + 1 or half
+    tail = text.find("\n", len(text) - half) + 1 or len(text) - half
+    return text[:head] + text[tail:]
 
 
 def _pieces(text: str) -> Iterable[tuple[int, int]]:
@@ -63,6 +78,7 @@ def _pieces(text: str) -> Iterable[tuple[int, int]]:
 def _spans(text: str) -> list[tuple[int, int, str]]:
     """Every identifier match as (start, end, token), in order, longer first at a start."""
     spans: list[tuple[int, int, str]] = []
+    text = scanned(text)
     for pat in _IDENT_PATTERNS:
         for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
             tok = m.group(0).rstrip(".,;:")
@@ -97,6 +113,7 @@ _NAME_ONLY = re.compile(r"^[-*\s]*[A-Z]\w*(?:Error|Exception)[\s,.;]*$")
 
 def find_error_lines(text: str) -> list[str]:
     out: list[str] = []
+    text = scanned(text)
     for m in (m for a, b in _pieces(text) for m in _ERROR_LINE.finditer(text, a, b)):
         line = m.group(0).strip()
         if line and line not in out and not _NAME_ONLY.match(line):

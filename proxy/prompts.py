@@ -24,6 +24,7 @@ PROMPT_FILES: dict[str, frozenset[str]] = {
     "compaction-update-summary": frozenset(),
     "compaction-turn-prefix": frozenset(),
     "compaction-cached-summary": frozenset({"point"}),
+    "compaction-cached-summary-again": frozenset(),
     "compaction-summary-context": frozenset({"summary"}),
     "system-annotation": frozenset({"message_count"}),
     "tool-result-summarizer": frozenset({"tool_name"}),
@@ -71,15 +72,20 @@ class Template:
 
 
 def default_dir() -> Traversable:
-    """Where the prompt files are: the package's own copy (a directory, or a folder inside a wheel
-    or zip, read through importlib.resources), else the prompts/ of a checkout run uninstalled."""
+    """Where the prompt files are: the prompts/ beside the package in a checkout (first: an
+    editable install maps proxy.prompt_files to the checkout it was made from, which need not be
+    this one), else the package's own copy (a directory, or a folder inside a wheel or zip, read
+    through importlib.resources)."""
+    checkout = Path(__file__).resolve().parent.parent / "prompts"
+    if (checkout / "summarization-system.md").is_file():
+        return checkout
     try:
         pkg = resources.files("proxy.prompt_files")
         if pkg.joinpath("summarization-system.md").is_file():
             return pkg
     except ModuleNotFoundError:
         pass
-    return Path(__file__).resolve().parent.parent / "prompts"
+    return checkout
 
 
 class Prompts:

@@ -16,6 +16,7 @@ PLACEHOLDERS: dict[str, tuple[set[str], set[str]]] = {
     "compaction-update-summary.md": (set(), set()),
     "compaction-turn-prefix.md": (set(), set()),
     "compaction-cached-summary.md": ({"point"}, {"point"}),
+    "compaction-cached-summary-again.md": (set(), set()),
     "compaction-summary-context.md": ({"summary"}, {"summary"}),
     "system-annotation.md": ({"message_count"}, {"message_count"}),
     "tool-result-summarizer.md": ({"tool_name"}, {"tool_name"}),

@@ -231,9 +231,17 @@ def test_messages_riding_repeats_the_last_request_up_to_where_it_ended():
                                                         else {"text": "x"})} for t in types]}
     talk = [msg("user", "text"), msg("assistant", "text"), msg("user", "text"), msg("assistant", "text"),
             msg("user", "text")]
-    # the newest user turn is what this request added: the last one ended with the answer before it
-    assert riding_end(talk, 2) == 4
+    # a client that marks its newest block (the top-level cache_control): the newest user turn is
+    # what this request added, the last one ended with the answer before it
+    assert riding_end(talk, 2, True) == 4
     tools = [*talk[:4], msg("user", "text"), msg("assistant", "text", "tool_use"), msg("user", "tool_result")]
     # the newest message answers the call before it: that call is left out too (a call is answered next)
-    assert riding_end(tools, 2) == 5
-    assert riding_end(talk, 4) == 4 and riding_end(talk[:3], 2) == 2  # never less than the part to summarize
+    assert riding_end(tools, 2, True) == 5
+    assert riding_end(talk, 4, True) == 4 and riding_end(talk[:3], 2, True) == 2  # never less than the part to summarize
+    # its breakpoint on a message after the part to summarize (Claude Code marks the newest) reads the same
+    marked = [*talk[:4], {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]
+    assert riding_end(marked, 2) == 4
+    # no breakpoint of the client's after that part: nothing after it was cached, the call repeats the part only
+    assert riding_end(talk, 2) == 2 and riding_end(tools, 2) == 2
+    assert riding_end([{**talk[0], "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]},
+                       *talk[1:]], 2) == 2  # a breakpoint inside the part (the summary's) reads no further

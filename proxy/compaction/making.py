@@ -154,15 +154,9 @@ class RecordMaker:
         size = 4 * sum(conv.tokens[plan.start:plan.cut])  # about its characters
         parts = await offload.sized(size, draft, view, plan, previous)
         riding = self._cache_riding(view, plan, carried, job, model)
-        if riding is not None:
-            try:
-                model_text = await self.summarizer.summarize_cached(job, *riding, request)
-                return await offload.sized(size, self.finish, view, parts, model_text, None, budget, prepared=prepared)
-            except SummarizerError as e:
-                if e.kind not in ("invalid", "overflow"):
-                    raise  # the upstream is down or slow: the transcript form would fare no better
-                self.stats["cached_call_fallbacks"] += 1
-                log.info("the summary call on the cached prefix failed (%s); asking in transcript form", e)
+        ridden = await self._ride(job, riding, request) if riding is not None else None
+        if ridden is not None:
+            return await offload.sized(size, self.finish, view, parts, ridden, None, budget, prepared=prepared)
         main_coro = (
             self.summarizer.summarize(job, await offload.sized(size, serialize_envelopes, main_span, names), prev_text)
             if main_span
@@ -176,6 +170,25 @@ class RecordMaker:
         )
         model_text, turn_text = await asyncio.gather(main_coro, turn_coro)
         return await offload.sized(size, self.finish, view, parts, model_text or "", turn_text, budget, prepared=prepared)
+
+    async def _ride(self, job: SummaryJob, riding: tuple[list[Any], Any, str], request: Any) -> str | None:
+        """The summary asked on the conversation's cached prefix, or None: ask in transcript form.
+        An answer that is no summary is asked for once more, firmly, on the same prefix: the first
+        call wrote it to the cache (Anthropic: at the call's own breakpoint at the prefix's end), so
+        the second reads all of it at the cached rate, where the transcript form is billed in full
+        (design.md § The summary call rides the cache)."""
+        for again in (False, True):
+            try:
+                return await self.summarizer.summarize_cached(job, *riding, request, again=again)
+            except SummarizerError as e:
+                if e.kind not in ("invalid", "overflow"):
+                    raise  # the upstream is down or slow: the transcript form would fare no better
+                if again or not e.reason:  # refused by the upstream, or no summary twice
+                    self.stats["cached_call_fallbacks"] += 1
+                    log.info("the summary call on the cached prefix failed (%s); asking in transcript form", e)
+                    return None
+                self.stats["cached_call_retries"] += 1
+        return None
 
     def _cache_riding(
         self, view: View, plan: Plan, carried: SummaryRecord | None, job: SummaryJob, model: str
@@ -205,7 +218,7 @@ class RecordMaker:
         # (a valid cut keeps tool calls with their results); more where the protocol's cache is
         # read only where the last request put its breakpoint (Adapter.riding_end).
         first_kept = len(last) - (len(conv) - plan.cut)
-        end = view.flow.adapter.riding_end(last.values, first_kept)
+        end = view.flow.adapter.riding_end(last.values, first_kept, request)
         tokens -= request.scaled(sum(last.tokens[end:]))
         instruction = self.counter.count_text(
             self.prompts.text("compaction-summary") + self.prompts.text("compaction-cached-summary"), request.encoding) + 64

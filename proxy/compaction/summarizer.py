@@ -165,17 +165,20 @@ class HistorySummarizer:
             return self.accept(clean_output(text), job.output_cap, kind)
 
     async def summarize_cached(self, job: SummaryJob, prefix: list[Any], tools: Any, point: str,
-                               request: Request | None = None) -> str:
+                               request: Request | None = None, again: bool = False) -> str:
         """The summary asked inside the conversation itself (design.md § The summary call rides the cache): `prefix` is exactly the
         part of the request the upstream saw last (its envelopes' values: system, messages, same
         order and bytes; `tools` as declared), so it bills them at its cached rate; one user
         message is appended asking for the summary of everything before `point`. The adapter
-        renders it (tools declared, the model told not to call them: it must answer in text)."""
+        renders it (tools declared, the model told not to call them: it must answer in text).
+        `again`: the same ask after an answer that was no summary, said more firmly."""
         parts = [self.prompts["compaction-cached-summary"].render(point=point)]
         if job.focus:
             parts.append("Keep everything about this topic in full detail and compress the rest harder: "
                          + escape_untrusted(job.focus))
         parts.append(self.prompts.text("compaction-summary"))
+        if again:
+            parts.append(self.prompts.text("compaction-cached-summary-again"))
         call = SummaryCall(job.model, "\n\n".join(parts), job.output_cap, prefix=prefix, tools=tools, request=request)
         return await self._complete(job, call, "main")
 

@@ -389,6 +389,10 @@ class StateCollector(Collector):
                                         "cached prefix that failed and were asked again in transcript form")
         fallbacks.add_metric([], float(stats.get("cached_call_fallbacks", 0)))
         yield fallbacks
+        retries = CounterMetricFamily(P + "cached_summary_call_retries", "Summary calls on the conversation's cached "
+                                      "prefix answered with no summary and asked once more on that prefix")
+        retries.add_metric([], float(stats.get("cached_call_retries", 0)))
+        yield retries
         if self.bill is not None:
             cost = CounterMetricFamily(P + "cost_usd", "What the priced requests cost (US dollars): `direct` sent "
                                        "without the proxy (estimated, with the provider's prompt cache), `proxy` as "

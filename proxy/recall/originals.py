@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from proxy import offload, textfacts
-from proxy.identifiers import find_identifiers
+from proxy.identifiers import find_identifiers, scanned
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -62,7 +62,7 @@ def identifiers(text: str) -> list[str]:
     hashes never crowd them out) the code symbols it defines and mentions."""
     found = textfacts.facts(text)
     idents = list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
-    return list(dict.fromkeys(idents + symbols.index_terms(text)))
+    return list(dict.fromkeys(idents + symbols.index_terms(scanned(text))))
 
 
 def valid_handle(handle: str) -> bool:

@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
 from proxy import offload
+from proxy.identifiers import scanned
 
 Clock = Callable[[], float]
 
@@ -120,7 +121,7 @@ def index_words(text: str) -> list[str]:
 
 
 def _value_words(value: bytes) -> list[str]:
-    return index_words(value.decode("utf-8", "replace"))
+    return index_words(scanned(value.decode("utf-8", "replace")))  # a huge original: its head and tail
 
 
 async def value_words(value: bytes) -> list[str]:

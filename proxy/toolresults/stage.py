@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import orjson
 
-from proxy import identifiers, offload
+from proxy import identifiers, offload, textfacts
 from proxy.config import Config
 from proxy.flow import Flow, Stage
 from proxy.hashing import content_digest
@@ -230,7 +230,8 @@ class ToolResultStage(Stage):
         if self.counter.count_text(text, "cl100k_base") > 2 * self.tcfg.max_output_tokens:
             raise SummarizerError("invalid", f"the note is far over its {self.tcfg.max_output_tokens}-token cap")
         text = notes.with_header(c.tool_name, text)
-        found = await offload.sized(len(c.text) * offload.SCAN_WEIGHT, identifiers.find_identifiers, c.text)
+        # the facts the recall index of this output reads too: scanned once
+        found = list((await offload.sized(len(c.text) * offload.SCAN_WEIGHT, textfacts.facts, c.text)).identifiers)
         text = notes.with_identifiers(text, identifiers.dropped(found, text))
         if len(text) >= len(c.text):
             raise SummarizerError("invalid", "the summary was not smaller than the output")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,12 +39,24 @@ from support.compaction_helpers import chat_history, filler
 from support.flows import make_flow
 from support.messages_replay import unmarked
 
+REPO = Path(__file__).resolve().parents[2]
+
 ASK = "Pause the conversation here"  # how the cache-riding prompt (prompts/compaction-cached-summary.md) begins
+AGAIN = (REPO / "prompts" / "compaction-cached-summary-again.md").read_text(encoding="utf-8").strip()  # how it ends, asked again
 KEY = "sk-riding"
 
 
 def riding(record: Any, last_text: str) -> bool:
     return record.kind == "summarizer" and last_text.startswith(ASK)
+
+
+def next_after(requests: list[Any], record: Any, kind: str) -> Any:
+    return [r for r in requests[requests.index(record) + 1:] if r.kind == kind][0]
+
+
+def turn_labels(messages: Any) -> set[str]:
+    """The turns ("step 3", "done 3") whose text these messages (or their JSON) carry (claude_session writes them)."""
+    return set(re.findall(r"\b(?:step|done) \d+(?=: )", messages if isinstance(messages, str) else json.dumps(messages)))
 
 
 def last_before(requests: list[Any], record: Any, kind: str) -> Any:
@@ -122,9 +136,14 @@ async def test_an_unusable_riding_answer_is_asked_again_in_transcript_form(make_
         summaries = fake.records("summarizer")
         assert "summarized" in statuses, (statuses, [r.status for r in summaries])
         kinds = ["riding" if riding(r, last_item_text(r)) else "transcript" for r in summaries]
-        assert kinds[:2] == ["riding", "transcript"]
-        assert summaries[1].json["instructions"].startswith("You are")  # the summarizer's own system prompt
-        assert proxy.state.compaction.stats["cached_call_fallbacks"] == kinds.count("riding") >= 1
+        # asked once more on the same prefix, firmly (it reads what the first call cached), then in transcript form
+        assert kinds[:3] == ["riding", "riding", "transcript"]
+        first, again = summaries[0].json["input"], summaries[1].json["input"]
+        assert again[:-1] == first[:-1] and again[-1]["content"].endswith(AGAIN)
+        assert summaries[1].cached_tokens >= summaries[0].cached_tokens > 0.5 * summaries[0].prompt_tokens
+        assert summaries[2].json["instructions"].startswith("You are")  # the summarizer's own system prompt
+        stats = proxy.state.compaction.stats
+        assert stats["cached_call_fallbacks"] == stats["cached_call_retries"] == kinds.count("riding") // 2 >= 1
 
 
 # -- Messages ----------------------------------------------------------------------------------
@@ -156,16 +175,18 @@ M_SETTINGS: dict[str, Any] = {
 KEEP_THINKING = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
 
 
-async def claude_session(send: Any, turns: int = 26, **fields: Any) -> list[str]:
+async def claude_session(send: Any, turns: int = 26, marks: bool = True, **fields: Any) -> list[str]:
     """A Claude Code-like session: `send(body)` -> its x-compaction-status, turn by turn, with the
-    breakpoints Claude Code sets (the system prompt, the newest user message); `fields` in every body."""
+    breakpoints Claude Code sets (the system prompt, the newest user message; none without `marks`);
+    `fields` in every body."""
     msgs: list[dict[str, Any]] = []
     statuses = []
+    mark = {"cache_control": EPH} if marks else {}
     for t in range(turns):
         msgs = [unmarked(m) for m in msgs]
-        msgs.append({"role": "user", "content": [
-            {"type": "text", "text": f"step {t}: " + filler(120, t), "cache_control": EPH}]})
-        statuses.append(await send({"model": M_MODEL, "max_tokens": 1000, "system": SYSTEM, "tools": [READ],
+        msgs.append({"role": "user", "content": [{"type": "text", "text": f"step {t}: " + filler(120, t), **mark}]})
+        system = SYSTEM if marks else unmarked(SYSTEM)
+        statuses.append(await send({"model": M_MODEL, "max_tokens": 1000, "system": system, "tools": [READ],
                                     "messages": msgs, **fields}))
         msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"done {t}: " + filler(120, t + 7)}]})
     return statuses
@@ -233,6 +254,40 @@ async def test_the_messages_route_rides_anthropics_cache(make_proxy):
             statuses = await claude_session(send, context_management=KEEP_THINKING)
         check_messages_riding(fake, statuses, ("authorization", f"Bearer {HEADERS['x-api-key']}"))  # as this SDK sends it
         assert all(r.json["context_management"] == KEEP_THINKING for r in fake.requests if r.kind == "messages")
+
+
+async def test_without_a_client_breakpoint_a_messages_summary_reads_what_its_own_call_wrote(make_proxy):
+    """No breakpoint of the client's: Anthropic has cached the forwarded requests only up to the
+    summary's breakpoint, so the call repeats just the part to summarize (what follows would be
+    billed in full), and an answer that is no summary is asked again on that prefix: the first
+    call's breakpoint wrote it, the second reads all of it."""
+    def careless(view: dict[str, Any]) -> Any:
+        last = view["raw"]["messages"][-1]["content"][-1].get("text", "")
+        return None if last.endswith(AGAIN) else "Sure! Let me read the next file."  # a reply, then a summary
+
+    settings = {**M_SETTINGS, "compaction": {**M_SETTINGS["compaction"], "keep_recent_tokens": 1200, "threshold_tokens": 6000}}  # a few turns kept
+    async with FakeMessages(summarizer=careless) as fake:
+        proxy = await make_proxy(fake.base_url, {"anthropic": {"base_url": fake.origin}, **settings})
+        async with AsyncAnthropic(base_url=proxy.root, api_key=HEADERS["x-api-key"], max_retries=0) as client:
+
+            async def send(body: dict[str, Any]) -> str:
+                raw = await client.messages.with_raw_response.create(**body)
+                return raw.headers["x-compaction-status"]
+
+            statuses = await claude_session(send, 40, marks=False)
+    calls = [r for r in fake.requests if riding(r, last_block_text(r))]
+    assert statuses.count("summarized") >= 2 and len(calls) >= 4 and len(calls) % 2 == 0, statuses
+    for first, again in zip(calls[::2], calls[1::2]):
+        compacted = next_after(fake.requests, again, "messages").json["messages"]
+        kept = turn_labels(re.sub(r"<summary>.*?</summary>", "", json.dumps(compacted)))  # beside the summary
+        # the summarized turns only, none of those the compacted request kept
+        assert turn_labels(first.json["messages"]).isdisjoint(kept) and len(kept) >= 2, kept
+        n = len(first.json["messages"]) - 1
+        assert unmarked(again.json["messages"][:n]) == unmarked(first.json["messages"][:n])
+        assert last_block_text(again).endswith(AGAIN)
+        assert again.cached_tokens > 0.8 * again.prompt_tokens > first.cached_tokens  # it read what the first wrote
+    assert proxy.state.compaction.stats["cached_call_retries"] == len(calls) // 2
+    assert proxy.state.compaction.stats["cached_call_fallbacks"] == 0
 
 
 # -- one summarizer for every protocol ---------------------------------------------------------

@@ -169,11 +169,23 @@ async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy)
 
     from proxy.ops.metrics import ENGINE_TIERS
     from support.careless import CarelessSummarizer
+    from proxy.fakes.chat.replies import content_text
+    from proxy.prompts import Prompts
     from support.coding_session import coding_session
 
     s = coding_session(24)
     upstream.window = 12000
-    upstream.summarizer = CarelessSummarizer()  # replies now and then: the cached call falls back
+    careless = CarelessSummarizer()  # replies now and then: the cached call is asked again
+    again = Prompts().text("compaction-cached-summary-again")
+    refused = []
+
+    def summarizer(body: dict[str, Any]) -> Any:
+        if again in content_text(body["messages"][-1].get("content")) and not refused:
+            refused.append(body)  # once, a reply to the firmer ask too: the call falls back to the transcript
+            return "Sure! Running the tests again now."
+        return careless(body)
+
+    upstream.summarizer = summarizer
     proxy = await make_proxy(upstream.base_url, {
         "models": {"gpt-4": {"context_window": 12000}},
         "compaction": {"prepare_percent": 0, "cached_summary_call": True, "identifiers_share": 0.02}})
@@ -188,9 +200,10 @@ async def test_the_compaction_engine_counters_are_exported(upstream, make_proxy)
     for tier, key in ENGINE_TIERS:
         assert stats[key] >= 1, key
         assert value(m, "compaction_proxy_engine_compactions_total", tier=tier) == stats[key], tier
-    assert stats["identifiers_to_recall"] >= 1 and stats["cached_call_fallbacks"] >= 1
+    assert stats["identifiers_to_recall"] >= 1 and stats["cached_call_fallbacks"] >= 1 and stats["cached_call_retries"] >= 1
     assert value(m, "compaction_proxy_identifiers_to_recall_total") == stats["identifiers_to_recall"]
     assert value(m, "compaction_proxy_cached_summary_call_fallbacks_total") == stats["cached_call_fallbacks"]
+    assert value(m, "compaction_proxy_cached_summary_call_retries_total") == stats["cached_call_retries"]
 
 
 def test_a_tally_counts_as_prometheus_client_observes():

@@ -9,7 +9,7 @@ import threading
 import orjson
 import pytest
 
-from proxy import identifiers, offload
+from proxy import identifiers, offload, textfacts
 from support.clock import FakeClock
 from proxy.recall import handles
 from proxy.fakes.common import FakeError, count_text_tokens
@@ -411,7 +411,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
             counts.append(threading.get_ident())
         return real_count(msg, enc, digest)
 
-    monkeypatch.setattr(identifiers, "find_identifiers", find)
+    monkeypatch.setattr(textfacts, "find_identifiers", find)  # a note reads its output's facts (textfacts)
     monkeypatch.setattr(counter, "count_message", count)
     ok, failing = log_payload(lines=400, tag="ok"), log_payload(lines=400, tag="bad")
     assert len(ok) > offload.OFFLOAD_BYTES and len(failing) > offload.OFFLOAD_BYTES

@@ -208,7 +208,7 @@ class GeminiAdapter(Adapter):
     def upstream(self, cfg: Config) -> Any:
         return cfg.gemini
 
-    def riding_end(self, values: list[Any], first_kept: int) -> int:
+    def riding_end(self, values: list[Any], first_kept: int, request: Request | None = None) -> int:
         return summary.riding_end(values, first_kept)
 
     def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:

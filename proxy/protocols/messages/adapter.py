@@ -276,8 +276,9 @@ class MessagesAdapter(Adapter):
     def upstream(self, cfg: Config) -> Any:
         return cfg.anthropic
 
-    def riding_end(self, values: list[Any], first_kept: int) -> int:
-        return summary.riding_end(values, first_kept)
+    def riding_end(self, values: list[Any], first_kept: int, request: Request | None = None) -> int:
+        body = request.body if request is not None else None
+        return summary.riding_end(values, first_kept, isinstance(body, dict) and body.get("cache_control") is not None)
 
     def summary_request(self, call: SummaryCall, base_url: str) -> SummaryRequest:
         body = summary.summary_body(call.model, call.prompt, call.output_cap, call.system, call.prefix, call.tools,

@@ -25,11 +25,16 @@ DEFAULT_VERSION = "2023-06-01"  # anthropic-version when the client sent none (i
 UNMARKABLE = ("thinking", "redacted_thinking")  # the API refuses a cache_control on these
 
 
-def riding_end(values: list[Any], first_kept: int) -> int:
-    """Anthropic reads its cache only at a breakpoint, and the last request had its own at its end
-    (Claude Code marks the newest message): so the call repeats the conversation up to there, the
-    newest user turn left out, and the assistant turn before it too when that called tools (a call
-    must be answered in the very next message). Never less than the part to summarize."""
+def riding_end(values: list[Any], first_kept: int, marks_newest: bool = False) -> int:
+    """Anthropic reads its cache only at a breakpoint. When the client marks its conversation (a
+    breakpoint after the part to summarize, or `marks_newest`: the top-level `cache_control`), the
+    last request had its own at its end (Claude Code marks the newest message): so the call repeats
+    the conversation up to there, the newest user turn left out, and the assistant turn before it
+    too when that called tools (a call must be answered in the very next message). When it marks
+    none there, nothing after the part to summarize was written to the cache: the call repeats that
+    part only (more would be input billed in full). Never less than the part to summarize."""
+    if not marks_newest and not breakpoints.slots({"messages": values[first_kept:]}):
+        return first_kept
     end = len(values)
     while end > first_kept and values[end - 1].get("role") == "user":
         end -= 1
