@@ -88,10 +88,10 @@ async def handle(request: web.Request, protocol: Protocol, *, path: str | None =
     incoming = Incoming(raw, request.headers, caller, request[EXCHANGE], request.path)
     if caller.bypass:
         return await as_sent(request, state, protocol, incoming, "bypassed", reasons.BYPASS, path, count_only)
-    prepared = partial(_prepared, request, state, protocol, incoming, path, count_only)
     if protocol.native is not None:  # the agent's own compaction handshake, answered or forwarded
-        return await protocol.native(request, raw, caller, count_only, prepared)
-    return await prepared(raw)
+        return await protocol.native(request, raw, caller, count_only,
+                                     partial(_prepared, request, state, protocol, incoming, path, count_only))
+    return await _prepared(request, state, protocol, incoming, path, count_only, raw)
 
 
 async def _prepared(request: web.Request, state: ProxyState, protocol: Protocol, incoming: Incoming,
