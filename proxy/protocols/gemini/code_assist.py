@@ -1,5 +1,5 @@
 """Gemini Code Assist (Gemini CLI signed in with Google) as the pipeline sees it (design.md §
-Gemini API, Code Assist): `POST /v1internal:generateContent`, `:streamGenerateContent` and
+Gemini API): `POST /v1internal:generateContent`, `:streamGenerateContent` and
 `:countTokens`, sent to `gemini.code_assist_base_url`. The body wraps a Gemini request:
 `{"model", "project", "user_prompt_id"?, "request": {contents, systemInstruction, tools, ...}}`
 (countTokens: `{"request": {"model": "models/...", "contents"}}`); an answer wraps a
