@@ -140,3 +140,13 @@ async def test_a_body_without_a_request_goes_to_the_upstream_to_judge(fake, make
 async def test_the_fake_requires_a_bearer_token(fake):
     answer = await post(fake.base_url, wrapped(), {}, path="/v1internal:generateContent")
     assert answer.status == 401 and answer.json()["error"]["status"] == "UNAUTHENTICATED"
+
+
+async def test_the_wrapped_answers_usage_is_billed(fake, make_proxy):
+    """usageMetadata sits inside `response`, whole or streamed: both answers are billed, none unbilled."""
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake, window=1_000_000))
+    small = [{"role": "user", "content": "hi"}]
+    await post(proxy.root, wrapped(small), TOKEN, path="/v1internal:generateContent", expect=200)
+    await post(proxy.root, wrapped(small), TOKEN, path="/v1internal:streamGenerateContent?alt=sse", expect=200)
+    total = (await get(proxy.root, "/admin/api/bill")).json()["total"]
+    assert (total["requests"], total["unbilled"]) == (2, 0)
