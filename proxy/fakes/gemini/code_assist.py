@@ -4,7 +4,9 @@ signed in with Google calls it): the body wraps a Gemini request as `{"model", "
 "contents"}}`), checked as the Gemini API's once unwrapped; an answer wraps each
 GenerateContentResponse as `{"response": {...}, "traceId"}`; a count is `{"totalTokens": N}`.
 The credential is an OAuth bearer token (401 UNAUTHENTICATED without one). The fake requires the
-`project` of a model call (the CLI always sends the one its sign-in set up)."""
+`project` of a model call (the CLI always sends the one its sign-in set up). The account calls
+Gemini CLI makes before its first turn get the least answer it goes on with: loadCodeAssist a
+free tier already onboarded on PROJECT, the others an empty object."""
 
 from __future__ import annotations
 
@@ -13,6 +15,11 @@ from typing import Any
 
 from proxy.fakes.common import RecordedRequest
 
+PROJECT = "fake-code-assist-project"
+ACCOUNT = {"loadCodeAssist": {"currentTier": {"id": "free-tier", "name": "Gemini Code Assist for individuals"},
+                              "allowedTiers": [{"id": "free-tier", "isDefault": True}],
+                              "cloudaicompanionProject": PROJECT},
+           "retrieveUserQuota": {}, "listExperiments": {}, "recordCodeAssistMetrics": {}}
 PATH = re.compile(r"^/v1internal:([A-Za-z]+)$")
 NO_TOKEN = ("Request is missing required authentication credential. Expected OAuth 2 access token, login cookie or "
             "other valid authentication credential.")
@@ -55,3 +62,8 @@ def token_missing(rec: RecordedRequest) -> bool:
 
 def wrap(answer: dict[str, Any]) -> dict[str, Any]:
     return {"response": answer, "traceId": answer.get("responseId", "")}
+
+
+def account_answer(rec: RecordedRequest) -> dict[str, Any] | None:
+    m = PATH.match(rec.path) if rec.method == "POST" else None
+    return ACCOUNT.get(m.group(1)) if m is not None else None

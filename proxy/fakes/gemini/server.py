@@ -213,6 +213,8 @@ class FakeGemini(ModelFake):
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
         m = _PATH.match(rec.path)
         target = (m.group(1), m.group(2)) if m is not None else code_assist.target(rec)
+        if rec.kind == "other" and (account := code_assist.account_answer(rec)) is not None:
+            return self._account(rec, account)
         if rec.kind == "other" or target is None:
             return self._error_response(rec, google_error(404, f"Method not found: {rec.path}"))
         err = self._key_error(rec)
@@ -236,6 +238,12 @@ class FakeGemini(ModelFake):
             return await self._generate(request, rec, body, target[0], target[1], fault)
         except Failure as f:
             return self._error_response(rec, f.err)
+
+    def _account(self, rec: RecordedRequest, answer: dict[str, Any]) -> web.Response:
+        if code_assist.token_missing(rec):
+            return self._error_response(rec, google_error(401, code_assist.NO_TOKEN))
+        rec.status = 200
+        return web.Response(status=200, body=orjson.dumps(answer), content_type="application/json")
 
     def _validate(self, rec: RecordedRequest, model: str) -> dict[str, Any]:
         if rec.json is None:

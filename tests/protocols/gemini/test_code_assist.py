@@ -121,11 +121,11 @@ async def test_a_call_without_the_base_url_is_relayed_as_it_came(fake, make_prox
 
 
 async def test_its_other_methods_are_relayed_as_they_came_when_set(fake, make_proxy):
-    """Only the three model calls are compacted: the CLI's setup calls (loadCodeAssist ...) go as they came."""
+    """Only the three model calls are compacted: the CLI's account calls (loadCodeAssist ...) go as they came."""
     proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake))
     body = b'{"metadata": {"ideType": "IDE_UNSPECIFIED"}}'
-    answer = await post(proxy.root, body, TOKEN, path="/v1internal:loadCodeAssist")
-    assert answer.status == 404 and "x-compaction-status" not in answer.headers  # the fake's own answer
+    answer = await post(proxy.root, body, TOKEN, path="/v1internal:loadCodeAssist", expect=200)
+    assert "x-compaction-status" not in answer.headers and answer.json()["cloudaicompanionProject"]
     assert (fake.requests[-1].raw_path, fake.requests[-1].body) == ("/v1internal:loadCodeAssist", body)
 
 
