@@ -26,7 +26,7 @@ from proxy.model import Conversation
 from proxy.protocols.base import Protocol
 from proxy.protocols.gemini import summary
 from proxy.protocols.gemini.adapter import GeminiAdapter
-from proxy.protocols.gemini.body import unreadable
+from proxy.protocols.gemini.body import unreadable, validate_body
 from proxy.protocols.gemini.protocol import STREAMED
 from proxy.protocols.gemini.recall_stream import Rounds
 from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage
@@ -63,14 +63,15 @@ class CodeAssistAdapter(GeminiAdapter):
         back. A body with no `request` object is the upstream's to judge: forwarded as it came."""
         try:
             outer = jsonbody.load_request(raw)
+            if not isinstance(outer, dict) or not isinstance(outer.get(INNER), dict):
+                raise Uncompactable(400, 'The Code Assist body has no "request" object.')
+            validate_body(outer[INNER])
+            jsonbody.check_fields_writable(raw, outer)
         except jsonbody.Unreadable as e:
             raise unreadable(e) from None
-        if not isinstance(outer, dict) or not isinstance(outer.get(INNER), dict):
-            raise Uncompactable(400, 'The Code Assist body has no "request" object.')
         inner = outer[INNER]
         named = outer.get("model") if isinstance(outer.get("model"), str) else None
-        req = super().parse(jsonbody.dumps(inner), counter, cfg, ratio=ratio, model=named or inner.get("model"))
-        req.raw = raw
+        req = self.request_of(raw, inner, counter, cfg, ratio, named or inner.get("model"))
         req.extra["wrapper"] = outer
         return req
 

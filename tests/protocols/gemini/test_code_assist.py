@@ -150,3 +150,11 @@ async def test_the_wrapped_answers_usage_is_billed(fake, make_proxy):
     await post(proxy.root, wrapped(small), TOKEN, path="/v1internal:streamGenerateContent?alt=sse", expect=200)
     total = (await get(proxy.root, "/admin/api/bill")).json()["total"]
     assert (total["requests"], total["unbilled"]) == (2, 0)
+
+
+async def test_a_bad_inner_request_gets_googles_error_naming_its_field(fake, make_proxy):
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake))
+    body = orjson.dumps({**HEAD, "request": {"contents": {"role": "user"}}})
+    answer = await post(proxy.root, body, TOKEN, path="/v1internal:generateContent", expect=400)
+    error = answer.json()["error"]
+    assert error["status"] == "INVALID_ARGUMENT" and "contents" in error["message"] and fake.requests == []
