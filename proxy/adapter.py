@@ -328,6 +328,11 @@ _SPLICE = "splice-" + secrets.token_hex(16)  # where the written array goes: no 
 def splice(body: Mapping[str, Any], field: str, parts: list[bytes]) -> bytes:
     """`body` written with `field` as the JSON array of `parts`, each already written (so the
     envelopes a request left unchanged go upstream as the bytes they were parsed into)."""
+    return splice_value(body, field, b"[" + b",".join(parts) + b"]")
+
+
+def splice_value(body: Mapping[str, Any], field: str, written: bytes) -> bytes:
+    """`body` written with `field` as `written`, a JSON value already written, in its place."""
     rest = jsonbody.dumps({**body, field: _SPLICE})
     return rest.replace(b'"' + field.encode() + b'":"' + _SPLICE.encode() + b'"',
-                        b'"' + field.encode() + b'":[' + b",".join(parts) + b"]", 1)
+                        b'"' + field.encode() + b'":' + written, 1)

@@ -133,13 +133,14 @@ class GeminiConfig(_RelayConfig):
     version: the client's path is appended whole."""
 
     base_url: str = "https://generativelanguage.googleapis.com"
-    # Code Assist (Gemini CLI signed in with Google: /v1internal:...), relayed as it came, not compacted
-    code_assist_base_url: str = "https://cloudcode-pa.googleapis.com"
+    # Code Assist (Gemini CLI signed in with Google: /v1internal:...): compacted and sent here when
+    # set; unset, relayed as it came to Google's own endpoint (CODE_ASSIST_URL)
+    code_assist_base_url: str | None = None
 
     @field_validator("code_assist_base_url")
     @classmethod
-    def _strip_code_assist_slash(cls, v: str) -> str:
-        return UpstreamConfig._strip_slash(v)
+    def _strip_code_assist_slash(cls, v: str | None) -> str | None:
+        return None if v is None else UpstreamConfig._strip_slash(v)
 
     @property
     def api_key(self) -> None:  # (the pass-through's configured key: none)

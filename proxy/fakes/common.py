@@ -122,6 +122,7 @@ class RecordedRequest:
     faulted: bool = False  # a fault flag applied to this request
     disconnected: bool = False  # the client went away before the answer was complete
     transport: str = "http"  # "http" | "websocket" (one record per `response.create` message)
+    wrapper: Any = None  # a wrapped body as sent (Code Assist's), `json` then being the request it wraps
 
 
 # --------------------------------------------------------------------------------------------

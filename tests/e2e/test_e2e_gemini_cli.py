@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fakes.gemini import FakeGemini
+from proxy.fakes.gemini import FakeGemini, code_assist
 
 from .agent_task import DONE, LOGS, TASK, WINDOW, compacted_twice, newest_log, write_logs
 
@@ -152,3 +152,43 @@ def test_without_a_model_its_routing_call_goes_through_the_proxy_too(gemini_cli:
     assert len(chosen) == 1 and "lite" not in chosen.pop()  # the model its verdict picked, for every turn
     assert all(r.path.endswith(":streamGenerateContent") and r.status == 200 for r in turns)
     assert last_log_read(turns[-1].json) == 2 and json.loads(run.stdout)["response"] == DONE
+
+
+# Signed in with Google: GOOGLE_GENAI_USE_GCA with GOOGLE_CLOUD_ACCESS_TOKEN has Gemini CLI take that
+# token as its OAuth token (no login, no refresh); its one call elsewhere, the account's userinfo at
+# www.googleapis.com, goes to a closed loopback port through HTTPS_PROXY and is skipped as it fails.
+TOKEN = "ya29.e2e-fake-oauth-token"
+# Asked for MODEL, Gemini CLI 0.61.0 on the fake's free Code Assist tier runs its turns on gemini-2.5-pro
+# (and makes non-streamed generateContent calls to gemini-3.1-flash-lite besides them).
+CODE_ASSIST_MODEL = "gemini-2.5-pro"
+CODE_ASSIST_SETTINGS = {**QUIET, "security": {"auth": {"selectedType": "oauth-personal"}}}
+
+
+def test_signed_in_with_google_its_code_assist_turns_are_compacted_too(gemini_cli: Path, start_proxy, tmp_path: Path):
+    """The same task over Code Assist (`CODE_ASSIST_ENDPOINT`: `/v1internal:streamGenerateContent`,
+    the request wrapped with the project its account setup named): compacted as the Gemini API,
+    the proxy's summaries made as Code Assist calls under the same token and project."""
+    logs, work, home = setup(tmp_path, CODE_ASSIST_SETTINGS)
+    with FakeGemini() as fake:
+        fake.reply = agent(logs)
+        proxy = start_proxy(gemini={"base_url": fake.base_url, "code_assist_base_url": fake.base_url},
+                            upstream={"base_url": fake.base_url}, models={CODE_ASSIST_MODEL: {"context_window": WINDOW}},
+                            compaction={"prepare_percent": 0})
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODE_ASSIST_ENDPOINT": proxy.url,
+               "GOOGLE_GENAI_USE_GCA": "true", "GOOGLE_CLOUD_ACCESS_TOKEN": TOKEN,
+               "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"}
+        run = subprocess.run([str(gemini_cli), *cli_args()], cwd=work, env=env, capture_output=True, text=True,
+                             timeout=300)
+        requests = list(fake.requests)
+    account = [r for r in requests if r.kind == "other"]
+    assert account and all(r.path.startswith("/v1internal:") and r.status == 200 for r in account)
+    model = [r for r in requests if r.kind != "other"]
+    finished(run, model)
+    calls = [r for r in model if r.kind == "gemini" and r.wrapper["model"] == CODE_ASSIST_MODEL]
+    assert all(r.path == "/v1internal:streamGenerateContent" and r.wrapper["project"] == code_assist.PROJECT
+               for r in calls)
+    assert all(r.headers["authorization"] == f"Bearer {TOKEN}" for r in model)
+    assert all(r.path == "/v1internal:generateContent" for r in model if r.kind == "summarizer")
+    compacted_twice(model, calls, forwarded_summary)
+    log = proxy.log_text()
+    assert "Traceback" not in log and TOKEN not in log

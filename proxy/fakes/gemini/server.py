@@ -9,6 +9,7 @@
   above the window; `usageMetadata` with an implicit prefix cache (`cachedContentTokenCount`,
   from `cache_min_tokens` on); the key as `x-goog-api-key` or `?key=` (403 without one);
 - `POST .../models/{model}:countTokens`: the same validation, `{"totalTokens": N}`;
+- `POST /v1internal:{method}`: the same three as Code Assist calls them (code_assist.py);
 - errors in Google's shape `{"error": {"code", "message", "status"}}`; a recording of every request.
 
 Settings as FakeMessages' (window, model_windows, encoding, token_scale, reply, summarizer,
@@ -27,14 +28,14 @@ from aiohttp import web
 
 from proxy.fakes.chat_view import chat_view
 from proxy.fakes.common import FakeError, Invalid, RecordedRequest, rand, split_text
-from proxy.fakes.gemini import validate
+from proxy.fakes.gemini import code_assist, validate
 from proxy.fakes.messages.events import Reply, normalize_reply
 from proxy.fakes.model_server import Failure, ModelFake
 from proxy.fakes.prompt_cache import PrefixCache, segment_key
 from proxy.fakes.summarizer_match import is_cached_history_request, summarizer_kind
 
 _PATH = re.compile(r"^/v1(?:beta|alpha)?/models/([^/:]+):([A-Za-z]+)$")
-_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
+_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
            500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 _MESSAGES = {429: "Resource has been exhausted (e.g. check quota).", 500: "An internal error has occurred.",
              503: "The model is overloaded. Please try again later.", 504: "Deadline expired before operation could "
@@ -183,11 +184,12 @@ class FakeGemini(ModelFake):
 
     def _classify(self, rec: RecordedRequest) -> None:
         m = _PATH.match(rec.path) if rec.method == "POST" else None
-        if m is None:
+        method = m.group(2) if m is not None else code_assist.unwrap(rec)
+        if method is None:
             return
-        if m.group(2) == "countTokens":
+        if method == "countTokens":
             rec.kind = "count_tokens"
-        elif m.group(2) in ("generateContent", "streamGenerateContent"):
+        elif method in ("generateContent", "streamGenerateContent"):
             rec.summarizer_kind = self.summarizer_kind(rec.json)
             rec.kind = "summarizer" if rec.summarizer_kind else "gemini"
 
@@ -199,6 +201,8 @@ class FakeGemini(ModelFake):
                             headers={"Content-Type": "application/json; charset=UTF-8", **(err.headers or {})})
 
     def _key_error(self, rec: RecordedRequest) -> FakeError | None:
+        if rec.wrapper is not None:
+            return google_error(401, code_assist.NO_TOKEN) if code_assist.token_missing(rec) else None
         key = rec.headers.get("x-goog-api-key") or rec.query.get("key")
         if not key:
             return google_error(403, _NO_KEY)
@@ -208,7 +212,10 @@ class FakeGemini(ModelFake):
 
     async def _route(self, request: web.Request, rec: RecordedRequest) -> web.StreamResponse:
         m = _PATH.match(rec.path)
-        if rec.kind == "other" or m is None:
+        target = (m.group(1), m.group(2)) if m is not None else code_assist.target(rec)
+        if rec.kind == "other" and (account := code_assist.account_answer(rec)) is not None:
+            return self._account(rec, account)
+        if rec.kind == "other" or target is None:
             return self._error_response(rec, google_error(404, f"Method not found: {rec.path}"))
         err = self._key_error(rec)
         if err is not None:
@@ -223,12 +230,20 @@ class FakeGemini(ModelFake):
         try:
             if rec.kind == "count_tokens" and isinstance(rec.json, dict) and "generateContentRequest" in rec.json:
                 rec.json = rec.json["generateContentRequest"]  # countTokens may wrap a whole request
-            body = self._validate(rec, m.group(1))
+            if rec.wrapper is not None and (bad := code_assist.wrapper_error(rec, target[0])):
+                raise Failure(google_error(400, bad))
+            body = self._validate(rec, target[0])
             if rec.kind == "count_tokens":
                 return self._count_tokens(rec, body)
-            return await self._generate(request, rec, body, m.group(1), m.group(2), fault)
+            return await self._generate(request, rec, body, target[0], target[1], fault)
         except Failure as f:
             return self._error_response(rec, f.err)
+
+    def _account(self, rec: RecordedRequest, answer: dict[str, Any]) -> web.Response:
+        if code_assist.token_missing(rec):
+            return self._error_response(rec, google_error(401, code_assist.NO_TOKEN))
+        rec.status = 200
+        return web.Response(status=200, body=orjson.dumps(answer), content_type="application/json")
 
     def _validate(self, rec: RecordedRequest, model: str) -> dict[str, Any]:
         if rec.json is None:
@@ -242,8 +257,9 @@ class FakeGemini(ModelFake):
     def _count_tokens(self, rec: RecordedRequest, body: dict[str, Any]) -> web.Response:
         rec.prompt_tokens = n = self.count_input_tokens(body)
         rec.status = 200
-        return web.Response(status=200, body=orjson.dumps({"totalTokens": n, "promptTokensDetails": [
-            {"modality": "TEXT", "tokenCount": n}]}), headers={"Content-Type": "application/json; charset=UTF-8"})
+        answer = {"totalTokens": n} if rec.wrapper is not None else {"totalTokens": n, "promptTokensDetails": [
+            {"modality": "TEXT", "tokenCount": n}]}
+        return web.Response(status=200, body=orjson.dumps(answer), headers={"Content-Type": "application/json; charset=UTF-8"})
 
     async def _generate(self, request: web.Request, rec: RecordedRequest, body: dict[str, Any], model: str,
                         method: str, fault: bool) -> web.StreamResponse:
@@ -262,11 +278,12 @@ class FakeGemini(ModelFake):
         usage = self._usage(body, model, total, out)
         rec.cached_tokens = usage.get("cachedContentTokenCount", 0)
         rid = rand(22)
+        wrap = code_assist.wrap if rec.wrapper is not None else _same
         if method == "generateContent":
-            answer = _response(parts, finish, usage, model, rid)
+            answer = wrap(_response(parts, finish, usage, model, rid))
             return await self._send_body(request, rec, orjson.dumps(answer), status=200, fault=fault,
                                          headers={"Content-Type": "application/json; charset=UTF-8"})
-        events = _events(parts, finish, usage, model, rid)
+        events = [wrap(e) for e in _events(parts, finish, usage, model, rid)]
         if request.query.get("alt") != "sse":
             return await self._send_body(request, rec, orjson.dumps(events), status=200, fault=fault,
                                          headers={"Content-Type": "application/json; charset=UTF-8"})
@@ -289,6 +306,10 @@ class FakeGemini(ModelFake):
             at = next((i for i, p in enumerate(parts) if "functionCall" in p), 0)
             parts[at] = {**parts[at], "thoughtSignature": self.sign(body)}
         return parts
+
+
+def _same(answer: dict[str, Any]) -> dict[str, Any]:
+    return answer
 
 
 def _response(parts: list[dict[str, Any]], finish: str | None, usage: dict[str, Any], model: str,

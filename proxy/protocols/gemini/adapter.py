@@ -78,7 +78,11 @@ class GeminiAdapter(Adapter):
               prior: Any = None, model: str | None = None) -> Request:
         """The body checked and counted; `model` from the path (a body that names its own, as
         Code Assist's, may leave it out)."""
-        body = parse_gemini_body(raw)
+        return self.request_of(raw, parse_gemini_body(raw), counter, cfg, ratio, model)
+
+    def request_of(self, raw: bytes, body: dict[str, Any], counter: TokenCounter, cfg: Config, ratio: float | None,
+                   model: str | None) -> Request:
+        """The Request of a checked `body` (`raw`: the bytes to forward when nothing changes)."""
         model = model or body.get("model")
         if not isinstance(model, str) or not model:
             raise Uncompactable(400, "The model is not named in the request path.")

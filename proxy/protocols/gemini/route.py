@@ -15,6 +15,7 @@ from proxy.body import BodyPace
 from proxy.forward import passthrough
 from proxy.protocols import pipeline
 from proxy.protocols.base import Route, shaped
+from proxy.protocols.gemini import code_assist
 from proxy.protocols.gemini.errors import GOOGLE
 from proxy.protocols.gemini.protocol import PROTOCOL, model_and_method
 from proxy.state import STATE
@@ -37,17 +38,22 @@ async def handle_gemini_passthrough(request: web.Request) -> web.StreamResponse:
 
 
 CODE_ASSIST_PATH = "/v1internal{tail:[:/].*}"
+CODE_ASSIST_METHODS = tuple(f"/v1internal:{m}" for m in (*COMPACTED, "countTokens"))
 
 
 @gemini_route
 async def handle_code_assist(request: web.Request) -> web.StreamResponse:
     """Code Assist (Gemini CLI signed in with Google: `/v1internal:generateContent` and the rest,
-    an OAuth bearer token), relayed as it came to `gemini.code_assist_base_url`; not compacted."""
+    an OAuth bearer token). With `gemini.code_assist_base_url` set, its model calls are compacted
+    as the Gemini API's and sent there; anything else, or every call when it is unset, is relayed
+    as it came (to Google's endpoint when unset)."""
     state = request.app[STATE]
     section = state.cfg.gemini
-    upstream = section.model_copy(update={"base_url": section.code_assist_base_url})
-    return await passthrough(request, state.session, upstream, state.max_body, BodyPace.of(state.cfg.server),
-                             base_path="")
+    if section.code_assist_base_url is not None and request.method == "POST" and request.path in CODE_ASSIST_METHODS:
+        return await pipeline.handle(request, code_assist.PROTOCOL, path=request.rel_url.raw_path,
+                                     count_only=request.path.endswith("countTokens"))
+    return await passthrough(request, state.session, code_assist.CODE_ASSIST.upstream(state.cfg), state.max_body,
+                             BodyPace.of(state.cfg.server), base_path="")
 
 
 @gemini_route
@@ -64,4 +70,4 @@ async def handle_model_call(request: web.Request) -> web.StreamResponse:
 ROUTES = (*(Route("POST", path, handle_model_call, "gemini", guarded=False) for path in MODEL_PATHS),
           Route("*", "/v1beta/{tail:.*}", handle_gemini_passthrough, guarded=False),
           Route("*", "/v1alpha/{tail:.*}", handle_gemini_passthrough, guarded=False),
-          Route("*", CODE_ASSIST_PATH, handle_code_assist, guarded=False))
+          Route("*", CODE_ASSIST_PATH, handle_code_assist, "code_assist", guarded=False))

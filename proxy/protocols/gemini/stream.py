@@ -63,11 +63,17 @@ class GeminiEventChecker(EventChecker):
             return "an event's data is not a JSON object"
         if self.done:
             return "an event came after the end of the answer"
+        obj = self.answer(obj)
         if isinstance(obj.get("usageMetadata"), dict):
             self.usage = obj["usageMetadata"]
         if "error" in obj or any(isinstance(c, dict) and c.get("finishReason") for c in obj.get("candidates") or ()):
             self.done = True
         return None
+
+    @staticmethod
+    def answer(obj: dict[str, Any]) -> dict[str, Any]:
+        """The GenerateContentResponse an event carries (Code Assist wraps it)."""
+        return obj
 
     def ended(self) -> str | None:
         return None if self.done else "the stream ended before a finishReason"

@@ -137,22 +137,6 @@ async def test_count_tokens_counts_what_would_be_forwarded_now(fake, make_proxy)
     assert len(fake.records("summarizer")) == made and fake.count_requests[-1]["contents"] != body["contents"]
 
 
-async def test_code_assist_is_relayed_as_it_came_to_its_own_upstream(fake, make_proxy):
-    """Gemini CLI signed in with Google speaks Code Assist (`/v1internal:...`, the request wrapped
-    as {"model", "project", "request"}): relayed byte for byte with its bearer token, not compacted."""
-    proxy = await make_proxy("http://127.0.0.1:9/v1", {"gemini": {"code_assist_base_url": fake.base_url + "/"}})
-    body = json.dumps({"model": "gemini-2.5-pro", "project": "p-1",
-                       "request": {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}}).encode()
-    answer = await post(proxy.root, body, {"Authorization": "Bearer ya29.token"},
-                        path="/v1internal:streamGenerateContent?alt=sse")
-    assert answer.status == 404 and "x-compaction-status" not in answer.headers  # the fake's own answer
-    (rec,) = fake.requests
-    assert (rec.raw_path, rec.body, rec.headers["authorization"]) == (
-        "/v1internal:streamGenerateContent?alt=sse", body, "Bearer ya29.token")
-    await get(proxy.root, "/v1internal/operations/op-1")
-    assert fake.requests[-1].raw_path == "/v1internal/operations/op-1"
-
-
 async def test_a_count_of_a_wrapped_request_goes_to_the_upstream_as_it_came(fake, make_proxy):
     """countTokens also takes {"generateContentRequest": {...}}: what the upstream accepts, the
     proxy does not refuse; it forwards it as it came."""
