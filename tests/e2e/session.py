@@ -1,4 +1,4 @@
-"""What the Messages and Responses end-to-end sessions share: the scripted tool-using session, the
+"""What the Messages, Responses and Gemini end-to-end sessions share: the scripted tool-using session, the
 proxy settings a 135M model can work with, and the checks of each request's compaction status.
 
 A protocol says how its forwarded body reads (`Shape`); `Session` follows the statuses request by

@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.fakes.chat import FakeUpstream
+from proxy.fakes.gemini import FakeGemini
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
 
@@ -29,7 +30,7 @@ _DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-aliv
 
 @dataclass
 class Exchange:
-    # The agent's request: "chat" | "messages" | "responses"; the proxy's summarizer calls in any
+    # The agent's request: "chat" | "messages" | "responses" | "gemini"; the proxy's summarizer calls in any
     # protocol: "history" | "tool"; "count_tokens" | "compact" | "other".
     kind: str
     path: str
@@ -48,7 +49,8 @@ class Tap:
         self.target = target.rstrip("/")  # e.g. http://127.0.0.1:8788 (no /v1)
         self.exchanges: list[Exchange] = []
         # Only their summarizer_kind(): each reads prompts/*.md as its protocol's fake upstream does.
-        self._classifiers = {"chat": FakeUpstream(), "messages": FakeMessages(), "responses": FakeResponses()}
+        self._classifiers = {"chat": FakeUpstream(), "messages": FakeMessages(), "responses": FakeResponses(),
+                             "gemini": FakeGemini()}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -67,6 +69,12 @@ class Tap:
         return [e for e in self.exchanges if e.kind == kind]
 
     def _kind(self, path: str, body: Any) -> str:
+        # Gemini's methods end the path (`/v1beta/models/{model}:generateContent`; the query apart)
+        method = path.rpartition(":")[2] if "/models/" in path else ""
+        if method == "countTokens":
+            return "count_tokens"
+        if method in ("generateContent", "streamGenerateContent"):
+            return self._classifiers["gemini"].summarizer_kind(body) or "gemini"
         for suffix, kind in (("/messages/count_tokens", "count_tokens"), ("/responses/compact", "compact")):
             if path.endswith(suffix):
                 return kind
