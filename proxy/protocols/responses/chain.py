@@ -105,7 +105,7 @@ class Chain:
         True when the history grew past `max_bytes` and the chain was dropped.
         `as_shown`: the event is the one response the client was shown for several upstream ones
         (a recall turn's rounds): its id and output are the client's, what the upstream holds is
-        not known, and the next turn goes whole (recall/chains.py maps the id for a turn that
+        not known, and the next turn goes whole (recall_chains.py maps the id for a turn that
         does not go through here)."""
         response = event.get("response") if event is not None else None
         rid = response.get("id") if isinstance(response, dict) else None

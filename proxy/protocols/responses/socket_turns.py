@@ -132,7 +132,7 @@ def as_message(data: bytes) -> str:
 
 async def _finish_recall(state: Any, model: str, recall: SocketRecall) -> None:
     """A socket turn's recall rounds counted, and its shown id mapped to the response the upstream
-    keeps (the last round's), which a later previous_response_id must name (recall/chains.py)."""
+    keeps (the last round's), which a later previous_response_id must name (recall_chains.py)."""
     session = recall.session
     late = recall.late()
     if late:
