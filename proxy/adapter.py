@@ -195,8 +195,8 @@ class Adapter(ABC):
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Any = None) -> Request:
         """Parse and check a body into the model, counted with the model's tokenizer (`ratio`: the
-        learned token ratio, else the configured one); ProxyError (rendered by `error_response`)
-        naming the bad field. Pure: may run in a worker thread. An adapter that names its array of
+        learned token ratio, else the configured one); ProxyError (in the
+        route's error shape, errors.SHAPE) naming the bad field. Pure: may run in a worker thread. An adapter that names its array of
         envelopes (`envelope_field`) is parsed through reuse.parse, which passes `prior`:
         the array's first envelopes as the conversation's previous body had them (parse only
         `prior.rest`, the body without them; on any error there, the whole `raw`)."""
@@ -243,10 +243,6 @@ class Adapter(ABC):
     @abstractmethod
     def is_overflow(self, status: int, body: bytes) -> bool:
         """Whether an upstream error answer says the request was too long for the model's window."""
-
-    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
-        """The proxy's own error in this protocol's shape (default: OpenAI's)."""
-        return err.response(dict(headers or {}))
 
     def event_checker(self) -> EventChecker:
         """Cuts this protocol's event stream into whole, valid events (`feed`, `finish`, `done`,

@@ -139,7 +139,7 @@ async def forward(request: web.Request, state: ProxyState, protocol: Protocol, p
     resp = await send(request, state.session, protocol.adapter, up, p.data, p.headers, retry=p.retry, recall=recall,
                       hooks=state.hooks, not_an_overflow=p.small, mend_reasoning=p.mend)
     recall_answers.finished(state.hooks, protocol.name, p.model, p.recall)
-    if protocol.learns_ratio and p.request is not None:
+    if protocol.learns_ratio:
         _learn_ratio(state, p, resp, request[EXCHANGE].usage)
     return resp
 
@@ -168,7 +168,7 @@ async def prepare(state: ProxyState, protocol: Protocol, incoming: Incoming, *, 
         # No credential, no configured key, no session id: any other such client could be served
         # this one's records, so none are kept or read for it.
         _warn_anonymous()
-        return _unchanged(state, protocol, parsed, caller, before, reasons.ANONYMOUS)
+        return _unchanged(state, protocol, parsed, before, reasons.ANONYMOUS, caller.long_context)
     parsed.extra["count_only"] = count_only  # a token count: records and notes made already apply, none is made
     flow = Flow.of(protocol.adapter, parsed, identity, before)
     if (seen := observed(state, ex, flow, incoming.headers, start=not count_only)) is not None:
@@ -256,15 +256,14 @@ def _after_stages(state: ProxyState, protocol: Protocol, flow: Flow, ex: Exchang
 def fallback(state: ProxyState, protocol: Protocol, parsed: Request, flow: Flow, ex: Exchange) -> Prepared:
     """The client's body as it came after a fault of ours, journalled when it needed compacting."""
     before = flow.report.tokens_before
-    p = _unchanged(state, protocol, parsed, None, before, reasons.INTERNAL, flow.identity.long_context)
+    p = _unchanged(state, protocol, parsed, before, reasons.INTERNAL, flow.identity.long_context)
     journal_fault(state.hooks, ex, flow.identity.scope, parsed.conversation, p.headers["x-compaction-status"], before)
     return p
 
 
-def _unchanged(state: ProxyState, protocol: Protocol, parsed: Request, caller: Caller | None, before: int,
-               cause: str, long_context: bool = False) -> Prepared:
+def _unchanged(state: ProxyState, protocol: Protocol, parsed: Request, before: int, cause: str,
+               long_context: bool) -> Prepared:
     """The request forwarded as the client sent it, for `cause` (a reason word)."""
-    long_context = caller.long_context if caller is not None else long_context
     report = state.compaction.unchanged(parsed.model, before, cause, long_context=long_context)
     return Prepared(parsed.raw, report.headers(), parsed.model, parsed.stream, request=parsed,
                     mend=protocol.mends_reasoning and report.status == "failed-open")
@@ -280,8 +279,7 @@ def _small(state: ProxyState, protocol: Protocol, parsed: Request, after: int) -
 
 def _note(ex: Exchange, parsed: Request, scope: str | None) -> None:
     """The exchange's conversation (the journal's and the bill's name for it: anonymous requests
-    share one scope there) and the original's prefix, for the bill."""
-    ex.model, ex.stream = parsed.model, parsed.stream
+    share one scope there) and the original's prefix, for the bill. (`read` noted its model.)"""
     ex.conversation = conversation_digest(scope or "", parsed.first_digest())
     ex.prefix = Prefix(parsed.keys, parsed.conversation.tokens, parsed.tools_tokens)
 

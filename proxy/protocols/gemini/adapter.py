@@ -12,21 +12,20 @@ The model is not in the body but in the path: the route gives it to `parse`."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
 from proxy import jsonbody
 from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
 from proxy.config import Config
-from proxy.errors import ProxyError, Uncompactable
+from proxy.errors import Uncompactable
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.exchange import Usage
 from proxy.protocols.gemini import summary, turns
 from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text
 from proxy.protocols.gemini.count import count_content
-from proxy.protocols.gemini.errors import GOOGLE
 from proxy.protocols.gemini.recall import GEMINI_RECALL
 from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage, is_overflow
 from proxy.tokens import TokenCounter, encoding_name_for
@@ -193,11 +192,6 @@ class GeminiAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_overflow(status, body)
-
-    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
-        from aiohttp import web
-        return web.Response(status=err.status, body=GOOGLE.body(err), content_type="application/json",
-                            headers=dict(headers or {}))
 
     def event_checker(self) -> GeminiEventChecker:
         return GeminiEventChecker()

@@ -27,7 +27,6 @@ from proxy.reuse import Prior
 from proxy.protocols.messages import binding, breakpoints
 from proxy.protocols.messages.body import block_text, blocks, parse_messages_body, too_deep
 from proxy.protocols.messages.count import count_message, count_system
-from proxy.protocols.messages.errors import ANTHROPIC
 from proxy.protocols.messages.forward import CREDENTIAL_HEADERS
 from proxy.protocols.messages.overflow import is_prompt_too_long
 from proxy.protocols.messages.stream import MessagesEventChecker, messages_usage
@@ -35,7 +34,6 @@ from proxy.protocols.messages import summary
 from proxy.protocols.messages.turns import (
     cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
-from proxy.errors import ProxyError
 from proxy.hashing import DigestCache, message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
 from proxy.exchange import Usage
@@ -257,11 +255,6 @@ class MessagesAdapter(Adapter):
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
         return is_prompt_too_long(status, body)
-
-    def error_response(self, err: ProxyError, headers: Mapping[str, str] | None = None) -> Any:
-        from aiohttp import web
-        return web.Response(status=err.status, body=ANTHROPIC.body(err), content_type="application/json",
-                            headers=dict(headers or {}))
 
     def event_checker(self) -> MessagesEventChecker:
         return MessagesEventChecker()
