@@ -26,12 +26,11 @@ from proxy.protocols.base import AsSent
 from proxy.protocols.chat.body import parse_chat_body
 from proxy.protocols.registry import PROTOCOLS
 from proxy.compaction.stage import MARK as COMPACTION_MARK
-from proxy.flow import Flow, Identity
+from proxy.flow import Flow
 from proxy.config import Config, secret
 from proxy.hashing import conversation_digest
 from proxy.model import Kind
 from proxy.exchange import Exchange
-from proxy.recall import answers as recall_answers
 from proxy.protocols.responses import items as response_items
 from proxy.state import ProxyState
 from proxy.store import open_store
@@ -229,9 +228,9 @@ async def _run(state: ProxyState, raw: bytes, headers: dict[str, str], summarize
     scope = caller.credentials.scope
     # Without a credential no stored record can be matched; the stages still show what a first
     # request of this conversation would get.
-    identity = Identity(scope or "inspect-without-credential", caller.own_headers, caller.focus,
-                        conversation_digest(scope or "", parsed.first_digest()),
-                        *recall_answers.identity_fields(protocol.dialect, state, parsed), caller.long_context)
+    conversation = conversation_digest(scope or "", parsed.first_digest())
+    identity = pipeline.identify(state, protocol, parsed, caller, conversation, scope="inspect-without-credential")
+    assert identity is not None
     flow = Flow.of(protocol.adapter, parsed, identity)
     if isinstance(read, AsSent):
         # The history lives at the upstream (previous_response_id, conversation): the route

@@ -41,8 +41,12 @@ class Protocol:
     rounds: Callable[[str], Any]  # the stream filter of recall rounds (recall.relay.Rounds)
     # The body to run the stages on, given the state, the pipeline's Incoming and the credential's
     # scope: a Request, or AsSent. None: the adapter's parse, reusing what the conversation's
-    # previous body shared (reuse.parse).
+    # previous body shared (reuse.parse), or `parse` when the protocol has one.
     read: Callable[[Any, Any, Any], Awaitable["Request | AsSent"]] | None = None
+    # The body parsed alone, given the state and the pipeline's Incoming, when the adapter's parse
+    # is not all of it (Gemini: the model and the method are in the path). Also how a body that
+    # goes as it came is counted.
+    parse: Callable[[Any, Any], Awaitable[Request]] | None = None
     # How the recall tool is answered in the answer (None: the dialect and `rounds` as they are).
     answering: Callable[[Any, "RecallSession"], "Answering"] | None = None
     # The error for an empty stream from a request well under its window (None: an empty stream

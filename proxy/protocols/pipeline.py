@@ -115,11 +115,10 @@ async def as_sent(request: web.Request, state: ProxyState, protocol: Protocol, i
     the body, else 0 (the upstream judges it)."""
     raw = incoming.raw
     try:
-        parsed = await read(state, protocol, incoming, reuse_prior=False)
-        tokens = parsed.total() if isinstance(parsed, Request) else 0
-        streaming = parsed.stream
-        if isinstance(parsed, Request):
-            _note(incoming.ex, parsed, incoming.caller.credentials.scope)  # billed: direct and proxied alike
+        parsed = await parse_alone(state, protocol, incoming)
+        tokens, streaming = parsed.total(), parsed.stream
+        incoming.ex.model, incoming.ex.stream = parsed.model, streaming
+        _note(incoming.ex, parsed, incoming.caller.credentials.scope)  # billed: direct and proxied alike
     except Exception:
         tokens, streaming = 0, _STREAM_TRUE.search(raw) is not None
     up = _upstream(request, state, protocol, incoming.caller, streaming and not count_only, path)
@@ -176,19 +175,16 @@ async def prepare(state: ProxyState, protocol: Protocol, incoming: Incoming, *, 
     return await run(state, protocol, flow, ex, dry=count_only)
 
 
-async def read(state: ProxyState, protocol: Protocol, incoming: Incoming, *,
-               reuse_prior: bool = True) -> Request | AsSent:
+async def read(state: ProxyState, protocol: Protocol, incoming: Incoming) -> Request | AsSent:
     """The body as the stages' Request (what the conversation's previous body shared reused, the
-    rest parsed off the event loop when large), or one to forward as it came. `reuse_prior`
-    False: a body that goes as it came anyway, parsed only to be counted."""
+    rest parsed off the event loop when large), or one to forward as it came."""
     scope = incoming.caller.credentials.scope
     if protocol.read is not None:
         parsed = await protocol.read(state, incoming, scope)
-    elif reuse_prior:
-        parsed = await reuse.parse(protocol.adapter, incoming.raw, state.counter, state.cfg, scope)
+    elif protocol.parse is not None:
+        parsed = await protocol.parse(state, incoming)
     else:
-        parsed = await offload.sized(len(incoming.raw), protocol.adapter.parse, incoming.raw, state.counter,
-                                     state.cfg)
+        parsed = await reuse.parse(protocol.adapter, incoming.raw, state.counter, state.cfg, scope)
     incoming.ex.model, incoming.ex.stream = parsed.model, parsed.stream
     if isinstance(parsed, Request) and protocol.learns_ratio and state.cfg.compaction.learn_token_ratio \
             and state.ratios is not None:
@@ -196,11 +192,19 @@ async def read(state: ProxyState, protocol: Protocol, incoming: Incoming, *,
     return parsed
 
 
+async def parse_alone(state: ProxyState, protocol: Protocol, incoming: Incoming) -> Request:
+    """The body parsed by itself (nothing reused, nothing expanded): to count one that goes as it came."""
+    if protocol.parse is not None:
+        return await protocol.parse(state, incoming)
+    return await offload.sized(len(incoming.raw), protocol.adapter.parse, incoming.raw, state.counter, state.cfg)
+
+
 def identify(state: ProxyState, protocol: Protocol, parsed: Request, caller: Caller, conversation: str, *,
-             recall: bool = True) -> Identity | None:
+             recall: bool = True, scope: str | None = None) -> Identity | None:
     """Who the request is for (None: no scope, so no records kept or read): its credential's
-    scope, the headers the proxy's own calls carry, the focus, the recall fields."""
-    scope = caller.credentials.scope
+    scope (or `scope`, a dry run's without one), the headers the proxy's own calls carry, the
+    focus, the recall fields."""
+    scope = caller.credentials.scope or scope
     if scope is None:
         return None
     return Identity(scope, caller.own_headers, caller.focus, conversation,

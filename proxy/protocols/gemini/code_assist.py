@@ -121,11 +121,11 @@ def caller_of(request: Any, state: Any) -> Caller:
     return Caller.of(request.headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
 
 
-async def read(state: Any, incoming: Any, scope: str | None) -> Request:
+async def parse(state: Any, incoming: Any) -> Request:
     req = await offload.sized(len(incoming.raw), CODE_ASSIST.parse, incoming.raw, state.counter, state.cfg)
     req.stream = incoming.path.endswith(STREAMED)
     PROJECT.set(req.extra["wrapper"].get("project"))
     return req
 
 
-PROTOCOL = Protocol(CODE_ASSIST, None, rounds=Rounds, read=read, caller_of=caller_of)
+PROTOCOL = Protocol(CODE_ASSIST, None, rounds=Rounds, parse=parse, caller_of=caller_of)

@@ -41,7 +41,7 @@ def caller_of(request: Any, state: Any) -> Caller:
     return Caller.of(headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
 
 
-async def read(state: Any, incoming: Any, scope: str | None) -> Request:
+async def parse(state: Any, incoming: Any) -> Request:
     model, method = model_and_method(incoming.path)
     req = await offload.sized(len(incoming.raw), functools.partial(GEMINI.parse, model=model), incoming.raw,
                               state.counter, state.cfg)
@@ -49,4 +49,4 @@ async def read(state: Any, incoming: Any, scope: str | None) -> Request:
     return req
 
 
-PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, read=read, caller_of=caller_of)
+PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, parse=parse, caller_of=caller_of)
