@@ -17,6 +17,9 @@ from proxy import jsonbody
 log = logging.getLogger("proxy.native")
 
 Answer = Callable[[], Awaitable[web.StreamResponse]]
+# What `auto` remembers, per (upstream, model): the model is the client's word, so the memory is
+# bounded (the oldest forgotten first: it is asked of the upstream again).
+MAX_KNOWN = 1024
 
 
 def answers_here(mode: str, supported: bool | None) -> bool:
@@ -38,11 +41,17 @@ async def handshake(mode: str, known: dict[Any, bool], key: Any, forward: Answer
     if isinstance(resp, web.Response) and not resp.prepared and refused(resp.status, resp.body):
         log.info("the upstream refused the compaction handshake (HTTP %d) for %s; answering it here", resp.status,
                  key[-1])
-        known[key] = False
+        _remember(known, key, False)
         return await answer()
     if resp.status == 200:
-        known[key] = True
+        _remember(known, key, True)
     return resp
+
+
+def _remember(known: dict[Any, bool], key: Any, supported: bool) -> None:
+    known[key] = supported
+    if len(known) > MAX_KNOWN:
+        del known[next(iter(known))]
 
 
 def parse_object(raw: bytes) -> dict[str, Any] | None:
