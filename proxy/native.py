@@ -41,14 +41,15 @@ async def handshake(mode: str, known: dict[Any, bool], key: Any, forward: Answer
     if isinstance(resp, web.Response) and not resp.prepared and refused(resp.status, resp.body):
         log.info("the upstream refused the compaction handshake (HTTP %d) for %s; answering it here", resp.status,
                  key[-1])
-        _remember(known, key, False)
+        remember(known, key, False)
         return await answer()
     if resp.status == 200:
-        _remember(known, key, True)
+        remember(known, key, True)
     return resp
 
 
-def _remember(known: dict[Any, bool], key: Any, supported: bool) -> None:
+def remember(known: dict[Any, bool], key: Any, supported: bool) -> None:
+    """What the upstream showed for `key`, kept within MAX_KNOWN."""
     known[key] = supported
     if len(known) > MAX_KNOWN:
         del known[next(iter(known))]

@@ -134,7 +134,7 @@ def on_socket(app: web.Application, body: dict[str, Any], caller: Caller) -> Nat
             return False
         native.log.info("the upstream refused compaction_trigger on a WebSocket (model %s); answering it here",
                         body["model"])
-        known[key] = False
+        native.remember(known, key, False)
         return True
 
     return NativeAnswer(made, now, refusal)
