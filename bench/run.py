@@ -402,6 +402,8 @@ async def big_body(bench: Bench) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     small = small_body(SMALL_MODEL)
     bodies = [big_body_stall.big_body(BIG_MB, seed, SMALL_MODEL) for seed in range(bench.sizes.big_bodies)]
+    if bench.spy is not None and not bench.spy.running:  # --profile
+        bench.spy.start()
     for t in (t for t in bench.targets if t.proxy):
         pids = lambda t=t: [t.server.popen.pid, *procs.children(t.server.popen.pid)]  # noqa: E731  (its worker process)
         rows[t.name] = await big_body_stall.stall(t.port, bodies, small, pids=pids)

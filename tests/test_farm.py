@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from proxy import textfacts, tokens
+from proxy import identifiers, textfacts, tokens
 from proxy.farm import FARM_CHARS, Farm, farm
 from proxy.identifiers import SCAN_CHARS, find_error_lines, find_identifiers, scanned
 from proxy.recall import originals, symbols
@@ -27,7 +27,7 @@ def huge_log(mb: int) -> str:
 def pool(monkeypatch: pytest.MonkeyPatch):
     """A farm of this test's own, in place of the process's."""
     mine = Farm()
-    for module in (textfacts, tokens, originals, base):
+    for module in (identifiers, textfacts, tokens, originals, base):
         monkeypatch.setattr(module, "farm", mine)
     yield mine
     mine.close()
@@ -59,6 +59,17 @@ def test_a_text_over_every_window_is_counted_in_the_worker_process(pool: Farm):
     sample = scanned(text)
     here = len(counter._get_encoding("o200k_base").encode_ordinary(sample))
     assert n == -(-here * len(text) // len(sample))
+
+
+def test_a_huge_spans_identifiers_are_counted_in_the_worker_process(pool: Farm):
+    # (ranking a summary's identifiers counts them in its span: past the exact budget, by one scan)
+    text = huge_log(2)
+    idents = find_identifiers(text)
+    assert len(idents) * len(text) > identifiers.EXACT_COUNT_CHARS
+    counted = identifiers.occurrences(idents, text, 4)
+    assert pool.calls == 1
+    assert counted == identifiers._token_occurrences(idents, scanned(text), 4)
+    assert counted["/srv/app/billing.py"] == 1 and counted["JOB-19999"] == 1  # (in the head, in the tail)
 
 
 def test_ordinary_texts_start_no_process(pool: Farm):
