@@ -12,8 +12,8 @@ text read goes there (at most its head and tail, identifiers.SCAN_CHARS) and onl
 result comes back (docs/reliability.md § Bounded work on the event loop).
 
 The pool is started by the first such text (none for ordinary traffic), holds at most
-MAX_WORKERS processes, and is killed by `close()` at shutdown. A pool that cannot start or that
-broke answers with the work done here, as before it existed.
+MAX_WORKERS processes, and is killed by `close()` at shutdown. A pool that cannot start, that
+broke, or that keeps a call past TIMEOUT_S answers with the work done here, as before it existed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import multiprocessing
 import signal
 import threading
-from concurrent.futures import CancelledError, ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor, TimeoutError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, TypeVar
 
@@ -34,6 +34,9 @@ log = logging.getLogger("proxy.farm")
 FARM_CHARS = 1 << 18
 # One process: huge texts are rare, and a second would take a core from the loop's process.
 MAX_WORKERS = 1
+# What a call may wait for the process (its start and the text's work take a second or two): a
+# worker that hangs is killed and the text's work done here, so no request waits on it for ever.
+TIMEOUT_S = 30.0
 
 
 def _quiet() -> None:
@@ -70,8 +73,8 @@ class Farm:
             try:
                 future = pool.submit(fn, *args)
                 self.calls += 1
-                return future.result()
-            except (BrokenProcessPool, CancelledError, RuntimeError) as e:  # killed, closed meanwhile
+                return future.result(TIMEOUT_S)
+            except (BrokenProcessPool, CancelledError, RuntimeError, TimeoutError) as e:  # killed, closed, hung
                 log.warning("the worker process for huge texts failed (%r): this one is done here", e)
                 self._drop(pool)
         return fn(*args)

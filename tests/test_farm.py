@@ -5,10 +5,12 @@ killed at shutdown; a pool that cannot serve leaves the work to be done here."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from proxy import identifiers, textfacts, tokens
+from proxy import farm as farm_module
 from proxy.farm import FARM_CHARS, Farm, farm
 from proxy.identifiers import SCAN_CHARS, find_error_lines, find_identifiers, scanned
 from proxy.recall import originals, symbols
@@ -96,6 +98,20 @@ def test_a_broken_pool_leaves_the_work_here(pool: Farm):
         p.kill()  # as the OOM killer would
     assert pool.call(os.getpid) == os.getpid()
     assert pool.call(os.getpid) != os.getpid()  # a new pool for the next
+
+
+def hangs_in_a_worker(parent: int) -> int:
+    if os.getpid() != parent:
+        time.sleep(60)
+    return os.getpid()
+
+
+def test_a_worker_past_its_time_is_killed_and_the_work_done_here(pool: Farm, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(farm_module, "TIMEOUT_S", 0.5)
+    pool.call(os.getpid)  # started
+    processes = list(pool._pool._processes.values())  # type: ignore[union-attr]
+    assert pool.call(hangs_in_a_worker, os.getpid()) == os.getpid()  # done here
+    assert pool._pool is None and all(not p.is_alive() for p in processes)
 
 
 def test_the_process_wide_farm_is_the_one_the_proxy_closes():
