@@ -286,6 +286,7 @@ async def test_a_40_mb_request_leaves_small_requests_served(upstream, make_proxy
     assert len(body) > 40_000_000
     small = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}]})
     await post(proxy, small, auth(KEY), expect=200)  # first use
+    quiet = await small_p99(proxy, small)  # what the machine's load alone gives them
     latencies: list[float] = []
     sizes = read_sizes(monkeypatch)
     sent = farm.calls
@@ -307,13 +308,25 @@ async def test_a_40_mb_request_leaves_small_requests_served(upstream, make_proxy
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
     if os.environ.get("LOOP_PROBE_PRINT"):
         print(f"40 MB request: answered in {time.perf_counter() - t0:.1f} s, {len(latencies)} small requests "
-              f"meanwhile, p99 {p99 * 1000:.0f} ms, worst {latencies[-1] * 1000:.0f} ms")
+              f"meanwhile, p99 {p99 * 1000:.0f} ms (without it {quiet * 1000:.0f} ms), worst {latencies[-1] * 1000:.0f} ms")
     assert status == 200 and len(latencies) >= 10
     # nothing read a 10 MB output whole: at most its head and tail (before: 10 MB, several times)
     assert sizes and max(sizes) <= identifiers.SCAN_CHARS + 100, max(sizes)
     assert farm.calls - sent >= 4  # (each output's identifiers and error lines, at least, found there)
-    # (p99 21-32 ms here on 2 loaded cores; 26-145 ms before, when the reading ran in threads)
-    assert p99 < P99_BOUND_S, (p99, latencies[-5:], probe)
+    # (p99 21-32 ms here on 2 loaded cores; 26-187 ms before, when the reading ran in threads; what
+    # the machine's load adds to every request is not the proxy's: the bound is over that)
+    assert p99 < quiet + P99_BOUND_S, (p99, quiet, latencies[-5:], probe)
+
+
+async def small_p99(proxy, small: bytes, n: int = 50) -> float:
+    """The p99 (of `n`: the worst but none) of small requests every 20 ms, nothing else sent."""
+    latencies = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await post(proxy, small, auth(KEY), expect=200)
+        latencies.append(time.perf_counter() - t)
+        await asyncio.sleep(0.02)
+    return sorted(latencies)[int(0.99 * (n - 1))]
 
 
 def send_in_thread(url: str, body: bytes) -> int:
