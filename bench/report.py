@@ -51,7 +51,7 @@ def main_table(workloads: dict[str, Any]) -> list[str]:
     head = " ".join(title.rjust(w) if i > 1 else title.ljust(w) for i, (title, w, _) in enumerate(COLUMNS)) + "  notes"
     lines = [head, "-" * len(head)]
     for name, wl in workloads.items():
-        if wl.get("metric") in ("memory", "crossing"):
+        if wl.get("metric") in ("memory", "crossing", "stall"):
             continue
         for target, row in wl["targets"].items():
             cells = [name.ljust(COLUMNS[0][1]), target.ljust(COLUMNS[1][1])]
@@ -166,6 +166,14 @@ def repeat_lines(wl: dict[str, Any]) -> list[str]:
     return lines
 
 
+def stall_lines(wl: dict[str, Any]) -> list[str]:
+    lines = [f"big_body: {wl['description']}"]
+    for name, r in wl["targets"].items():
+        lines.append(f"  {name:<8} small n={r['n']} p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms;"
+                     f" big {', '.join(f'{t:.1f}' for t in r['big_s'])} s, {r['cpu_s']:.1f} s of CPU (with its children)")
+    return lines
+
+
 def issue39_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 39's: every zone of the growing session and the repeated prepare-zone body within 2x
     the bare forwarder's CPU a request, in every protocol; small requests within 1.5x; streams'
@@ -181,6 +189,8 @@ def issue39_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                     ("responses", "responses_small", "responses_stream")):
         out.append(_check(f"{protocol}: small, 1 client: CPU/req vs bare forwarder", _row(results, small, PROXY).get("cpu_vs_baseline"), 1.5, "x"))
         out.append(_check(f"{protocol}: streaming: CPU/req vs bare forwarder", _row(results, stream, PROXY).get("cpu_vs_baseline"), 1.3, "x"))
+    for name, row in results.get("big_body", {}).get("targets", {}).items():
+        out.append(_check(f"{name}: small requests' p99 while 40 MB requests are processed", row.get("p99_ms"), 100, "ms"))
     return [{**c, "target": "issue 39, " + c["target"]} for c in out]
 
 
@@ -245,6 +255,8 @@ def render(doc: dict[str, Any]) -> str:
         lines += [""] + zones_lines(wls["zones"])
     if "prepare_repeat" in wls:
         lines += [""] + repeat_lines(wls["prepare_repeat"])
+    if "big_body" in wls:
+        lines += [""] + stall_lines(wls["big_body"])
     if (tp := wls.get("throughput")) and tp.get("scaling") is not None:
         rps = ", ".join(f"{name} {row['throughput_rps']:.0f} req/s" for name, row in tp["targets"].items())
         lines += ["", f"throughput: {rps}: 2 workers serve {tp['scaling']:.2f}x the requests of 1 ({tp['description']})"]

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import procs, report, zones  # noqa: E402
+from bench import big_body_stall, procs, report, zones  # noqa: E402
 from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
@@ -47,6 +47,7 @@ LONG_WINDOW = 1_000_000  # the growing conversation never reaches this model's t
 CROSS_WINDOW = 60_000  # threshold 51000 tokens: crossed after about 45 turns
 THINK_S = 0.05  # between the requests of the crossing conversations: the model's time to answer
 HOLD_S = 120  # idle streams stay open this long unless the client goes first
+BIG_MB = 40  # issue 39: a 40 MB request beside small ones
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Sizes:
     zone_turns: int = zones.MAX_TURNS  # the zones walk's longest session
     zone_per_window: int = zones.TURNS_PER_WINDOW  # a turn of the zones walk is this share of the window
     zone_settle_s: float = zones.SETTLE_S
+    big_bodies: int = 2  # requests of BIG_MB sent one after the other
 
 
 FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, long_steps=100, long_buckets=10,
@@ -81,11 +83,12 @@ FULL = Sizes(rounds=10, warmup=100, small_1=500, small_16=1500, long_convs=12, l
 QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long_steps=20, long_buckets=2,
               large_4=20, reused_turns=150, reused_window=100_000, reused_per_round=4, crossing_convs=1, stream_8=24,
               throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100, zone_per_window=24,
-              zone_settle_s=0.02)
+              zone_settle_s=0.02, big_bodies=1)
 
 PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses") for w in ("small", "stream", "large"))
 WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "stream_8_spread", "memory",
-             "throughput", *PROTOCOL_WORKLOADS, "zones", "prepare_repeat")
+             "throughput", *PROTOCOL_WORKLOADS, "zones", "prepare_repeat", "big_body")
+SLOW = ("big_body",)  # not in --quick's default set: tens of seconds of 40 MB bodies
 PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
 PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}}
 THROUGHPUT_CLIENTS = 32
@@ -393,6 +396,21 @@ async def protocol_workload(bench: Bench, protocol: str, kind: str) -> dict[str,
             "targets": rows, "protocol": protocol}
 
 
+async def big_body(bench: Bench) -> dict[str, Any]:
+    """Small requests every 20 ms while 40 MB requests (tool outputs of megabytes of logs, images)
+    are processed, on each build of the proxy in turn: the small ones' p99 (issue 39's target)."""
+    rows: dict[str, Any] = {}
+    small = small_body(SMALL_MODEL)
+    bodies = [big_body_stall.big_body(BIG_MB, seed, SMALL_MODEL) for seed in range(bench.sizes.big_bodies)]
+    if bench.spy is not None and not bench.spy.running:  # --profile
+        bench.spy.start()
+    for t in (t for t in bench.targets if t.proxy):
+        pids = lambda t=t: [t.server.popen.pid, *procs.children(t.server.popen.pid)]  # noqa: E731  (its worker process)
+        rows[t.name] = await big_body_stall.stall(t.port, bodies, small, pids=pids)
+    return {"description": f"small requests every 20 ms while {len(bodies)} requests of {BIG_MB} MB are processed, "
+                           "one after the other (proxy builds only)", "metric": "stall", "targets": rows}
+
+
 def upstream_stats(upstream: procs.Server) -> dict[str, int]:
     with urllib.request.urlopen(f"http://{procs.LOOPBACK}:{upstream.port}/bench/stats", timeout=10) as r:
         return json.loads(r.read())
@@ -421,6 +439,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[dict[str, Any]]]] = {
     **{name: (lambda b, p=name.split("_")[0], k=name.split("_")[1]: protocol_workload(b, p, k)) for name in PROTOCOL_WORKLOADS},
     "zones": zones.zones,
     "prepare_repeat": zones.prepare_repeat,
+    "big_body": big_body,
 }
 
 
@@ -529,7 +548,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="extra environment variable for the proxy process (repeatable)")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/<time>.json)")
     args = p.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",")] if args.only else list(WORKLOADS)
+    names = [n.strip() for n in args.only.split(",")] if args.only else [
+        n for n in WORKLOADS if not (args.quick and n in SLOW)]
     if unknown := [n for n in names if n not in RUNNERS]:
         p.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     args.names = names

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from proxy.farm import farm
+
 _URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
 _TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d+\b")  # LED-7112, PROJ-42
 # a file name without a directory (tox.ini, CHANGELOG.rst, from a directory listing): by the
@@ -152,6 +154,11 @@ def occurrences(idents: list[str], text: str, cap: int) -> dict[str, int]:
         return dict.fromkeys(idents, 0)
     if len(idents) * len(text) <= EXACT_COUNT_CHARS:
         return {i: min(text.count(i), cap) for i in idents}
+    part = scanned(text)  # (what the scan reads: a summary's span of megabytes goes to the worker process)
+    return farm.sized(len(part), _token_occurrences, idents, part, cap)
+
+
+def _token_occurrences(idents: list[str], text: str, cap: int) -> dict[str, int]:
     counts: dict[str, int] = {}
     for _s, _e, tok in set(_spans(text)):  # (a span two patterns match is one occurrence)
         counts[tok] = counts.get(tok, 0) + 1

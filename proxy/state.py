@@ -16,6 +16,7 @@ from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.stage import CompactionStage
 from proxy.compaction.summarizer import HistorySummarizer
 from proxy.config import Config
+from proxy.farm import farm
 from proxy.flow import Stage
 from proxy.forward import AsSentRequest
 from proxy.ops.bill import Bill
@@ -166,6 +167,7 @@ class ProxyState:
         if self.socket_session is not None:
             await self.socket_session.close()
         await self.store.close()
+        farm.close()  # the worker process of huge texts, if one was started
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.close)  # (the last spans sent: blocking I/O, off the loop)
 

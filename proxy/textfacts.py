@@ -14,7 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
-from proxy.identifiers import find_error_lines, find_identifiers
+from proxy.farm import farm
+from proxy.identifiers import find_error_lines, find_identifiers, scanned
 
 # Held as keys: the texts themselves. A long session's tool outputs are a few MB; the bound keeps
 # a busy process's memory flat whatever its conversations hold.
@@ -63,6 +64,11 @@ class FactsCache:
 
 
 def _scan(text: str) -> Facts:
+    part = scanned(text)  # (what both read of a huge text: only that goes to the worker process)
+    return farm.sized(len(part), _facts, part)
+
+
+def _facts(text: str) -> Facts:
     return Facts(tuple(find_identifiers(text)), tuple(find_error_lines(text)))
 
 

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable
 
 from proxy import jsonbody
+from proxy.farm import farm
 from proxy.identifiers import scanned
 
 from .encodings import get_encoding
@@ -103,7 +104,7 @@ class TokenCounter:
             return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
         if len(text) > ESTIMATE_CHARS:  # over any window: its head and tail counted, scaled to its length
             sample = scanned(text)
-            return -(-len(enc.encode_ordinary(sample)) * len(text) // len(sample))
+            return -(-farm.call(sample_tokens, enc.name, sample) * len(text) // len(sample))
         return len(enc.encode_ordinary(text))
 
     # -- messages ----------------------------------------------------------------------------
@@ -197,3 +198,14 @@ class TokenCounter:
             n = self.count_text(raw.decode(), encoding)
             self._put(key, n)
         return n
+
+
+_sampler: TokenCounter | None = None  # the worker process's own (proxy/farm.py)
+
+
+def sample_tokens(encoding: str, sample: str) -> int:
+    """The tokens of a huge text's sample, counted in the worker process (loading the encoding
+    there once): a million tokens listed and dropped off the proxy's interpreter."""
+    global _sampler
+    _sampler = _sampler or TokenCounter()
+    return _sampler.count_text(sample, encoding)

@@ -317,6 +317,20 @@ def test_report_renders_and_checks_targets_from_partial_results():
     assert "[NOT MET] issue 18, chat: small, 1 client: CPU/req vs bare forwarder: 2.00 x (limit 1.3 x)" in text
 
 
+def test_the_40_mb_stall_is_checked_against_its_limit_and_left_out_of_quick_runs():
+    from bench import run
+
+    row = {"n": 300, "p50_ms": 6.0, "p99_ms": 140.0, "max_ms": 400.0, "big_s": [9.5], "cpu_s": 7.0}
+    wls = {"big_body": {"description": "40 MB", "metric": "stall", "targets": {"proxy": row, "before": {**row, "p99_ms": 60.0}}}}
+    doc = {"meta": {"quick": False, "time": "t", "cpus": 2, "python": "3", "commit": None, "store": "memory"},
+           "workloads": wls, "targets_check": report.check_targets(wls)}
+    text = report.render(doc)
+    assert "[NOT MET] issue 39, proxy: small requests' p99 while 40 MB requests are processed: 140.00 ms (limit 100 ms)" in text
+    assert "[  met  ] issue 39, before: small requests' p99" in text and "p99 140.0 ms, max 400.0 ms; big 9.5 s" in text
+    assert "big_body" not in run.parse_args(["--quick"]).names and "big_body" in run.parse_args([]).names
+    assert run.parse_args(["--quick", "--only", "big_body"]).names == ["big_body"]
+
+
 # ---- the one command, end to end ----------------------------------------------------------------
 
 

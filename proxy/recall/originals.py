@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from proxy import offload, textfacts
+from proxy.farm import farm
 from proxy.identifiers import find_identifiers, scanned
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
@@ -62,7 +63,8 @@ def identifiers(text: str) -> list[str]:
     hashes never crowd them out) the code symbols it defines and mentions."""
     found = textfacts.facts(text)
     idents = list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
-    return list(dict.fromkeys(idents + symbols.index_terms(scanned(text))))
+    part = scanned(text)
+    return list(dict.fromkeys(idents + farm.sized(len(part), symbols.index_terms, part)))
 
 
 def valid_handle(handle: str) -> bool:

@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
 from proxy import offload
+from proxy.farm import farm
 from proxy.identifiers import scanned
 
 Clock = Callable[[], float]
@@ -121,7 +122,8 @@ def index_words(text: str) -> list[str]:
 
 
 def _value_words(value: bytes) -> list[str]:
-    return index_words(scanned(value.decode("utf-8", "replace")))  # a huge original: its head and tail
+    part = scanned(value.decode("utf-8", "replace"))  # a huge original: its head and tail
+    return farm.sized(len(part), index_words, part)
 
 
 async def value_words(value: bytes) -> list[str]:

@@ -23,6 +23,7 @@ import pytest
 import zstandard
 
 from proxy import identifiers
+from proxy.farm import farm
 from proxy.prompts import Prompts
 from proxy.recall.originals import MAX_QUERY_TERMS, Original, Originals, query_terms
 from proxy.recall.tool import answer
@@ -37,6 +38,7 @@ from support.loop_probe import STALL_BOUND_S, LoopProbe
 ROOT = Path(__file__).resolve().parents[2]  # the worktree: the child imports its proxy
 MODEL = "gpt-4"
 KEY = "sk-loop-bounds"
+P99_BOUND_S = 0.1  # a small request's p99 while a 40 MB one is processed (issue 39)
 
 
 def distinct_tokens(n: int) -> str:
@@ -240,11 +242,10 @@ def log_output(k: int, mb: int) -> str:
 
 
 def read_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The length of every text the proxy's regular expressions, recall index and tiktoken read
-    whole, recorded as they are called."""
+    """The length of every text the proxy's regular expressions and tiktoken read whole here, and
+    of every text it sends to the worker process of huge texts (proxy/farm.py), recorded as they
+    are called."""
     import tiktoken
-    from proxy.recall import symbols
-    from proxy.store import base
 
     sizes: list[int] = []
 
@@ -255,9 +256,13 @@ def read_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             return fn(self_or_text, *args, **kw)
         return read
 
+    def sent(fn, *args):
+        sizes.append(len(args[-1]))
+        return call(fn, *args)
+
+    call = farm.call
+    monkeypatch.setattr(farm, "call", sent)
     monkeypatch.setattr(identifiers, "_pieces", spy(identifiers._pieces))
-    monkeypatch.setattr(base, "index_words", spy(base.index_words))
-    monkeypatch.setattr(symbols, "index_terms", spy(symbols.index_terms))
     monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", spy(tiktoken.Encoding.encode_ordinary))
     return sizes
 
@@ -267,7 +272,9 @@ async def test_a_40_mb_request_leaves_small_requests_served(upstream, make_proxy
     # them for recall and counting their tokens read every byte in Python's regular expressions and
     # tiktoken: 58 s of processing for 40 MB, a worker thread holding the interpreter from the
     # loop, so small requests on the same process waited up to 2 s. Extraction reads a huge text's
-    # head and tail only, and a text over every window is counted by a sample.
+    # head and tail only, and a text over every window is counted by a sample; that reading ran in
+    # worker threads, whose turns at the interpreter lock made small requests wait (p99 66-153 ms
+    # here, the worst 0.2-0.6 s): it runs in the worker process of huge texts now (proxy/farm.py).
     upstream.window = 400_000
     proxy = await make_proxy(upstream.base_url, {"compaction": {"prepare_percent": 0},
                                                  "models": {MODEL: {"context_window": 400_000}}})
@@ -279,8 +286,10 @@ async def test_a_40_mb_request_leaves_small_requests_served(upstream, make_proxy
     assert len(body) > 40_000_000
     small = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}]})
     await post(proxy, small, auth(KEY), expect=200)  # first use
+    quiet = await small_p99(proxy, small)  # what the machine's load alone gives them
     latencies: list[float] = []
     sizes = read_sizes(monkeypatch)
+    sent = farm.calls
 
     async def small_requests(big: asyncio.Task) -> None:
         while not big.done():
@@ -291,19 +300,33 @@ async def test_a_40_mb_request_leaves_small_requests_served(upstream, make_proxy
 
     async with LoopProbe() as probe:
         # (sent from a thread: the test client's own writing of 40 MB is not the proxy's work)
+        t0 = time.perf_counter()
         big = asyncio.ensure_future(asyncio.to_thread(send_in_thread, proxy.base_url + "/chat/completions", body))
         await small_requests(big)
         status = await big
     latencies.sort()
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
     if os.environ.get("LOOP_PROBE_PRINT"):
-        print(f"40 MB request: {len(latencies)} small requests meanwhile, p99 {p99 * 1000:.0f} ms, "
-              f"worst {latencies[-1] * 1000:.0f} ms")
+        print(f"40 MB request: answered in {time.perf_counter() - t0:.1f} s, {len(latencies)} small requests "
+              f"meanwhile, p99 {p99 * 1000:.0f} ms (without it {quiet * 1000:.0f} ms), worst {latencies[-1] * 1000:.0f} ms")
     assert status == 200 and len(latencies) >= 10
     # nothing read a 10 MB output whole: at most its head and tail (before: 10 MB, several times)
     assert sizes and max(sizes) <= identifiers.SCAN_CHARS + 100, max(sizes)
-    # (p99 66 ms here with the fix; a lone gap of the loop can reach the bound on 2 loaded cores)
-    assert p99 < STALL_BOUND_S, (p99, latencies[-5:], probe)
+    assert farm.calls - sent >= 4  # (each output's identifiers and error lines, at least, found there)
+    # (p99 21-32 ms here on 2 loaded cores; 26-187 ms before, when the reading ran in threads; what
+    # the machine's load adds to every request is not the proxy's: the bound is over that)
+    assert p99 < quiet + P99_BOUND_S, (p99, quiet, latencies[-5:], probe)
+
+
+async def small_p99(proxy, small: bytes, n: int = 50) -> float:
+    """The p99 (of `n`: the worst but none) of small requests every 20 ms, nothing else sent."""
+    latencies = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await post(proxy, small, auth(KEY), expect=200)
+        latencies.append(time.perf_counter() - t)
+        await asyncio.sleep(0.02)
+    return sorted(latencies)[int(0.99 * (n - 1))]
 
 
 def send_in_thread(url: str, body: bytes) -> int:

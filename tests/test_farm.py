@@ -1,0 +1,120 @@
+"""The worker process of huge texts (proxy/farm.py): extraction over a text past FARM_CHARS runs
+there, gives what it gives here, and the process is bounded, started only by such a text, and
+killed at shutdown; a pool that cannot serve leaves the work to be done here."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from proxy import identifiers, textfacts, tokens
+from proxy import farm as farm_module
+from proxy.farm import FARM_CHARS, Farm, farm
+from proxy.identifiers import SCAN_CHARS, find_error_lines, find_identifiers, scanned
+from proxy.recall import originals, symbols
+from proxy.store import base
+
+
+def huge_log(mb: int) -> str:
+    lines = [f"2026-12-06 worker-{i % 9} JOB-{i} /srv/app/m{i % 50}.py sha={i * 2654435761 % (1 << 32):08x}"
+             for i in range(20_000)]
+    lines[5] = "Traceback: ValueError in settle_charge at /srv/app/billing.py"
+    block = "\n".join(lines) + "\n"
+    return block * (mb * 1_000_000 // len(block) + 1) + "def settle_charge(x):\n    FinalError raised\n"
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch):
+    """A farm of this test's own, in place of the process's."""
+    mine = Farm()
+    for module in (identifiers, textfacts, tokens, originals, base):
+        monkeypatch.setattr(module, "farm", mine)
+    yield mine
+    mine.close()
+
+
+def test_a_huge_texts_extraction_runs_in_the_worker_process_and_finds_what_it_finds_here(
+        pool: Farm, monkeypatch: pytest.MonkeyPatch):
+    text = huge_log(4)
+    part = scanned(text)
+    assert len(part) > FARM_CHARS
+    monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())
+    found = textfacts.facts(text)
+    assert pool.calls == 1
+    assert found == textfacts.Facts(tuple(find_identifiers(text)), tuple(find_error_lines(text)))
+    assert "Traceback: ValueError in settle_charge at /srv/app/billing.py" in found.errors
+    terms = originals.identifiers(text)
+    assert pool.calls == 2  # (the facts from the cache; the code symbols from the process)
+    assert "def:settle_charge" in terms and set(symbols.index_terms(part)) <= set(terms)
+    assert base._value_words(text.encode()) == base.index_words(part)
+    assert pool.calls == 3
+
+
+def test_a_text_over_every_window_is_counted_in_the_worker_process(pool: Farm):
+    text = huge_log(5)
+    assert len(text) > tokens.ESTIMATE_CHARS
+    counter = tokens.TokenCounter()
+    n = counter.count_text(text, "o200k_base")
+    assert pool.calls == 1
+    sample = scanned(text)
+    here = len(counter._get_encoding("o200k_base").encode_ordinary(sample))
+    assert n == -(-here * len(text) // len(sample))
+
+
+def test_a_huge_spans_identifiers_are_counted_in_the_worker_process(pool: Farm):
+    # (ranking a summary's identifiers counts them in its span: past the exact budget, by one scan)
+    text = huge_log(2)
+    idents = find_identifiers(text)
+    assert len(idents) * len(text) > identifiers.EXACT_COUNT_CHARS
+    counted = identifiers.occurrences(idents, text, 4)
+    assert pool.calls == 1
+    assert counted == identifiers._token_occurrences(idents, scanned(text), 4)
+    assert counted["/srv/app/billing.py"] == 1 and counted["JOB-19999"] == 1  # (in the head, in the tail)
+
+
+def test_ordinary_texts_start_no_process(pool: Farm):
+    text = "see /srv/app/main.py and JOB-42: ValueError\n" * 2000
+    assert FARM_CHARS // 4 < len(text) < FARM_CHARS
+    textfacts.FactsCache()(text)
+    originals.identifiers(text)
+    tokens.TokenCounter().count_text(text, "o200k_base")
+    assert pool.calls == 0 and pool._pool is None
+
+
+def test_the_pool_is_bounded_and_killed_at_close(pool: Farm):
+    assert pool.call(os.getpid) != os.getpid()
+    processes = list(pool._pool._processes.values())  # type: ignore[union-attr]
+    assert len(processes) == pool.max_workers == 1
+    pool.close()
+    assert all(not p.is_alive() for p in processes) and pool._pool is None
+    assert pool.call(os.getpid) != os.getpid()  # started again by the next huge text
+
+
+def test_a_broken_pool_leaves_the_work_here(pool: Farm):
+    pool.call(os.getpid)
+    for p in pool._pool._processes.values():  # type: ignore[union-attr]
+        p.kill()  # as the OOM killer would
+    assert pool.call(os.getpid) == os.getpid()
+    assert pool.call(os.getpid) != os.getpid()  # a new pool for the next
+
+
+def hangs_in_a_worker(parent: int) -> int:
+    if os.getpid() != parent:
+        time.sleep(60)
+    return os.getpid()
+
+
+def test_a_worker_past_its_time_is_killed_and_the_work_done_here(pool: Farm, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(farm_module, "TIMEOUT_S", 0.5)
+    pool.call(os.getpid)  # started
+    processes = list(pool._pool._processes.values())  # type: ignore[union-attr]
+    assert pool.call(hangs_in_a_worker, os.getpid()) == os.getpid()  # done here
+    assert pool._pool is None and all(not p.is_alive() for p in processes)
+
+
+def test_the_process_wide_farm_is_the_one_the_proxy_closes():
+    from proxy import state
+
+    assert state.farm is farm and textfacts.farm is farm and SCAN_CHARS > FARM_CHARS
