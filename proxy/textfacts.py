@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
-from proxy.identifiers import find_error_lines, find_identifiers
+from proxy import identifiers
+from proxy.identifiers import find_error_lines, scan
 
 # Held as keys: the texts themselves. A long session's tool outputs are a few MB; the bound keeps
 # a busy process's memory flat whatever its conversations hold.
@@ -24,9 +25,17 @@ MAX_CHARS = 64 << 20
 MIN_CHARS = 256
 
 
+# What a text's token counts are charged against MAX_CHARS, a token (a dict entry and its key).
+COUNT_CHARS = 96
+
+
 class Facts(NamedTuple):
     identifiers: tuple[str, ...]  # in order of first appearance
     errors: tuple[str, ...]  # the error lines, at most identifiers.MAX_ERROR_LINES
+    counts: dict[str, int]  # identifiers.token_counts: a summary's ranking sums them over its span
+
+    def weight(self, text: str) -> int:
+        return len(text) + COUNT_CHARS * len(self.counts)
 
 
 class FactsCache:
@@ -50,12 +59,12 @@ class FactsCache:
         facts = _scan(text)  # outside the lock: two threads may scan one text, both get equal facts
         with self._lock:
             self.scans += 1
-            if text not in self._d and len(text) <= self.max_chars:
+            if text not in self._d and facts.weight(text) <= self.max_chars:
                 self._d[text] = facts
-                self.chars += len(text)
+                self.chars += facts.weight(text)
                 while len(self._d) > self.max_entries or self.chars > self.max_chars:
-                    old, _ = self._d.popitem(last=False)
-                    self.chars -= len(old)
+                    old, gone = self._d.popitem(last=False)
+                    self.chars -= gone.weight(old)
         return facts
 
     def __len__(self) -> int:
@@ -63,8 +72,59 @@ class FactsCache:
 
 
 def _scan(text: str) -> Facts:
-    return Facts(tuple(find_identifiers(text)), tuple(find_error_lines(text)))
+    idents, counts = scan(text)
+    return Facts(tuple(idents), tuple(find_error_lines(text)), counts)
 
 
 # One per process: the facts of a text do not depend on who asks.
 facts = FactsCache()
+
+
+# -- a joined text from its parts -------------------------------------------------------------------
+# A summary reads its span as one text, "\n".join(parts), and the parts are the messages whose facts
+# are cached already. No identifier crosses a line, so what a scan of the joined text finds is what
+# scans of its parts find, in order; over SCAN_CHARS the scan reads the joined text's head and tail,
+# cut at line ends, so the parts (or the pieces of them) inside those are what it reads.
+
+
+def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
+    """What identifiers.scanned(text) reads of `text` ("\n".join(parts)), piece by piece in order:
+    (piece, True) for a whole part (its facts are cached), (piece, False) for a part's cut piece."""
+    regions = _kept(text)
+    if regions is None:  # a cut inside a line (no line end near it): the joined text read as it is
+        yield text, False
+        return
+    start = 0
+    for part in parts:
+        end = start + len(part)
+        for a, b in regions:
+            lo, hi = max(start, a), min(end, b)
+            if lo < hi:
+                yield (part, True) if (lo, hi) == (start, end) else (text[lo:hi], False)
+        start = end + 1
+
+
+def _kept(text: str) -> list[tuple[int, int]] | None:
+    """The (start, end) regions of `text` that identifiers.scanned keeps; None when it cuts mid-line."""
+    if len(text) <= identifiers.SCAN_CHARS:
+        return [(0, len(text))]
+    half = identifiers.SCAN_CHARS // 2
+    head = text.rfind("\n", 0, half) + 1
+    tail = text.find("\n", len(text) - half) + 1
+    return [(0, head), (tail, len(text))] if head and tail else None
+
+
+def joined_counts(text: str, parts: Sequence[str]) -> dict[str, int]:
+    """identifiers.token_counts(text) for text == "\n".join(parts), from the parts' cached counts."""
+    total: dict[str, int] = {}
+    for piece, whole in _read(text, parts):
+        counts = facts(piece).counts if whole else scan(piece)[1]
+        for tok, n in counts.items():
+            total[tok] = total.get(tok, 0) + n
+    return total
+
+
+def joined_identifiers(text: str, parts: Sequence[str]) -> list[str]:
+    """identifiers.find_identifiers(text) for text == "\n".join(parts), from the parts' cached ones."""
+    return list(dict.fromkeys(i for piece, whole in _read(text, parts)
+                              for i in (facts(piece).identifiers if whole else scan(piece)[0])))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from proxy import textfacts
-from proxy.compaction import extract
+from proxy import identifiers, textfacts
+from proxy.compaction import extract, making
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
 from proxy.fakes.chat import FakeUpstream
@@ -90,14 +90,14 @@ async def test_each_tool_output_is_scanned_for_identifiers_once(
     upstream.window = WINDOW
     monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())  # nothing cached by other tests
     scanned: Counter[str] = Counter()
-    for module in (textfacts, extract):
-        real = module.find_identifiers
+    for module, name in ((textfacts, "scan"), (extract, "find_identifiers")):
+        real = getattr(module, name)
 
-        def counted(text: str, real=real) -> list[str]:
+        def counted(text: str, real=real):
             scanned[text] += 1
             return real(text)
 
-        monkeypatch.setattr(module, "find_identifiers", counted)
+        monkeypatch.setattr(module, name, counted)
     proxy = await make_proxy(upstream.base_url, settings())
     c = client_for(proxy)
     s = coding_session(14)
@@ -111,3 +111,37 @@ async def test_each_tool_output_is_scanned_for_identifiers_once(
     seen = {t: n for t, n in scanned.items() if t in outputs}
     assert len(seen) >= 5  # the masking read them
     assert max(seen.values()) == 1, sorted(seen.values())
+
+
+async def test_a_summarys_ranking_counts_its_span_from_the_texts_counts_not_a_scan_of_the_span(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """The identifier block ranks by how often each identifier occurs in the summarized span: the
+    span's texts were scanned one by one already (their facts are cached), so their counts are
+    summed, and the joined span (hundreds of KB in a long session) is not scanned again."""
+    upstream.window = WINDOW
+    monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)  # every span counted by tokens, as a long one is
+    counted: list[str] = []
+    spans: list[str] = []
+    real_counts, real_draft = identifiers.token_counts, making.draft
+
+    def token_counts(text: str) -> dict[str, int]:
+        counted.append(text)
+        return real_counts(text)
+
+    def draft(*a, **k):
+        d = real_draft(*a, **k)
+        spans.append(d.text)
+        return d
+
+    monkeypatch.setattr(identifiers, "token_counts", token_counts)
+    monkeypatch.setattr(making, "draft", draft)
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    s = coding_session(14)
+    statuses = []
+    for history in s.request_points():
+        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
+        await proxy.state.compaction.idle()
+    assert "summarized" in statuses and spans
+    assert not set(spans) & set(counted)  # no span scanned to count (other texts are: the user's, the errors)
