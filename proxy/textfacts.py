@@ -89,10 +89,28 @@ facts = FactsCache()
 
 def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
     """What identifiers.scanned(text) reads of `text` ("\n".join(parts)), piece by piece in order:
-    (piece, True) for a whole part (its facts are cached), (piece, False) for a part's cut piece."""
+    (piece, True) for a whole part (its facts are cached), (piece, False) for anything else: a
+    part's cut piece, or short parts next to each other (read as one: one scan, not one each)."""
+    run: list[int] = []  # [start, end) of the short parts read as one piece
+    for lo, hi, whole in _pieces(text, parts):
+        if whole is not None and hi - lo < MIN_CHARS and (not run or run[1] + 1 == lo):
+            run = [run[0] if run else lo, hi]
+            continue
+        if run:
+            yield text[run[0]:run[1]], False
+            run = [lo, hi] if whole is not None and hi - lo < MIN_CHARS else []
+            if run:
+                continue
+        yield (whole, True) if whole is not None else (text[lo:hi], False)
+    if run:
+        yield text[run[0]:run[1]], False
+
+
+def _pieces(text: str, parts: Sequence[str]) -> Iterator[tuple[int, int, str | None]]:
+    """(start, end, the part when it is read whole) of what scanned(text) reads, part by part."""
     regions = _kept(text)
     if regions is None:  # a cut inside a line (no line end near it): the joined text read as it is
-        yield text, False
+        yield 0, len(text), None
         return
     start = 0
     for part in parts:
@@ -100,7 +118,7 @@ def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
         for a, b in regions:
             lo, hi = max(start, a), min(end, b)
             if lo < hi:
-                yield (part, True) if (lo, hi) == (start, end) else (text[lo:hi], False)
+                yield lo, hi, part if (lo, hi) == (start, end) else None
         start = end + 1
 
 

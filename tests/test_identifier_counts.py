@@ -4,7 +4,7 @@ scan of the whole text gives (the ranking's order is part of the forwarded bytes
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from proxy import identifiers, textfacts
 from proxy.identifiers import find_identifiers, token_counts
@@ -31,7 +31,8 @@ def test_skipping_a_pattern_whose_required_string_is_absent_finds_what_running_i
     assert identifiers._spans(text) == plain_spans(text)
 
 
-@given(st.lists(texts, max_size=8), st.integers(min_value=8, max_value=400))
+@settings(max_examples=400)
+@given(st.lists(texts, max_size=12), st.integers(min_value=8, max_value=600))
 def test_a_joined_texts_counts_and_identifiers_are_its_parts_summed(parts: list[str], scan_chars: int) -> None:
     """Also when the joined text is over the scan's budget and only its head and tail are read
     (the budget made small here, so cuts fall inside parts, between them and mid-line)."""
@@ -43,6 +44,17 @@ def test_a_joined_texts_counts_and_identifiers_are_its_parts_summed(parts: list[
         assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
     finally:
         identifiers.SCAN_CHARS = saved
+
+
+def test_the_parts_between_the_head_and_the_tail_are_not_read(monkeypatch) -> None:
+    """One-line parts: the cuts fall between parts, and the short parts on either side of the
+    middle left unread are not read as one piece across it."""
+    monkeypatch.setattr(identifiers, "SCAN_CHARS", 800)
+    parts = [f"see ABC{i:03d}x" for i in range(100)] + ["see LONG9x " + "word " * 60]  # the last one cached
+    text = "\n".join(parts)
+    assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
+    assert textfacts.joined_counts(text, parts) == token_counts(text)
+    assert "ABC050x" not in find_identifiers(text) and "ABC000x" in find_identifiers(text)
 
 
 @given(st.lists(texts, min_size=1, max_size=8))

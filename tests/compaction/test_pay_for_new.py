@@ -12,6 +12,7 @@ from proxy import identifiers, textfacts
 from proxy.compaction import extract, making
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
+from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
 from support.client import chat
 from support.coding_session import coding_session
@@ -145,3 +146,35 @@ async def test_a_summarys_ranking_counts_its_span_from_the_texts_counts_not_a_sc
         await proxy.state.compaction.idle()
     assert "summarized" in statuses and spans
     assert not set(spans) & set(counted)  # no span scanned to count (other texts are: the user's, the errors)
+
+
+async def test_a_summarized_spans_recall_index_is_made_from_its_messages_known_identifiers(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """The request that first carries a summary keeps the summarized span for recall, indexed by
+    its identifiers: those of its messages, found already (for the summary's draft), not a scan of
+    the span written out again."""
+    upstream.window = WINDOW
+    scanned: list[str] = []
+    spans: list[str] = []
+    real_scan, real_save = textfacts.scan, Originals.save
+
+    def scan(text: str):
+        scanned.append(text)
+        return real_scan(text)
+
+    async def save(self, scope, original):
+        if original.kind == "messages":
+            spans.append(original.text)
+        return await real_save(self, scope, original)
+
+    monkeypatch.setattr(textfacts, "scan", scan)
+    monkeypatch.setattr(Originals, "save", save)
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    s = coding_session(14)
+    for history in s.request_points():
+        await chat(c, history, model=MODEL, tools=s.tools)
+        await proxy.state.compaction.idle()
+    long = {t for t in spans if len(t) > 2000}  # (a span of short messages only is read as one piece)
+    assert long and not long & set(scanned)
