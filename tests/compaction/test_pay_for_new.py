@@ -82,6 +82,18 @@ def test_a_remembered_answer_holds_while_the_history_grew_by_at_most_its_room() 
     assert not settled.holds("b", 10) and settled.holds("d", 10)  # bounded: the oldest go first
 
 
+async def walk_session(upstream: FakeUpstream, make_proxy, client_for) -> list[str]:
+    """coding_session(14) through the prepare zone, masking and a summary: each request's status."""
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    s = coding_session(14)
+    statuses = []
+    for history in s.request_points():
+        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
+        await proxy.state.compaction.idle()
+    return statuses
+
+
 async def test_each_tool_output_is_scanned_for_identifiers_once(
     upstream: FakeUpstream, make_proxy, client_for, monkeypatch
 ) -> None:
@@ -99,14 +111,9 @@ async def test_each_tool_output_is_scanned_for_identifiers_once(
             return real(text)
 
         monkeypatch.setattr(module, name, counted)
-    proxy = await make_proxy(upstream.base_url, settings())
-    c = client_for(proxy)
-    s = coding_session(14)
-    statuses = []
-    for history in s.request_points():
-        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
-        await proxy.state.compaction.idle()
+    statuses = await walk_session(upstream, make_proxy, client_for)
     assert {"masked", "summarized"} <= set(statuses)
+    s = coding_session(14)
     # (texts shorter than MIN_CHARS are scanned each time: cheaper than keeping them)
     outputs = {m["content"] for m in s.messages if m["role"] == "tool" and len(m["content"]) >= textfacts.MIN_CHARS}
     seen = {t: n for t, n in scanned.items() if t in outputs}
@@ -137,13 +144,7 @@ async def test_a_summarys_ranking_counts_its_span_from_the_texts_counts_not_a_sc
 
     monkeypatch.setattr(identifiers, "token_counts", token_counts)
     monkeypatch.setattr(making, "draft", draft)
-    proxy = await make_proxy(upstream.base_url, settings())
-    c = client_for(proxy)
-    s = coding_session(14)
-    statuses = []
-    for history in s.request_points():
-        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
-        await proxy.state.compaction.idle()
+    statuses = await walk_session(upstream, make_proxy, client_for)
     assert "summarized" in statuses and spans
     assert not set(spans) & set(counted)  # no span scanned to count (other texts are: the user's, the errors)
 
@@ -170,11 +171,6 @@ async def test_a_summarized_spans_recall_index_is_made_from_its_messages_known_i
 
     monkeypatch.setattr(textfacts, "scan", scan)
     monkeypatch.setattr(Originals, "save", save)
-    proxy = await make_proxy(upstream.base_url, settings())
-    c = client_for(proxy)
-    s = coding_session(14)
-    for history in s.request_points():
-        await chat(c, history, model=MODEL, tools=s.tools)
-        await proxy.state.compaction.idle()
+    await walk_session(upstream, make_proxy, client_for)
     long = {t for t in spans if len(t) > 2000}  # (a span of short messages only is read as one piece)
     assert long and not long & set(scanned)
