@@ -1,5 +1,6 @@
-"""What a text holds that compaction reads again and again: its identifiers and error lines, found
-once per distinct text and kept in a bounded cache.
+"""What a text holds that compaction reads again and again: its identifiers, error lines and how
+often each identifier occurs, found once per distinct text and kept in a bounded cache; and a
+joined span's, from its texts' (below).
 
 An agent resends its whole history on every request, so the same tool outputs are scanned for
 identifiers on request after request (the masking's stubs and the recall list both read them).
