@@ -56,8 +56,10 @@ def _fold_table() -> tuple[dict[int, str | None], re.Pattern[str]]:
         c = chr(cp)
         if 0xD800 <= cp < 0xE000:
             continue
+        if unicodedata.is_normalized("NFKC", c):  # most characters: a quick check, not a normalization
+            continue
         n = unicodedata.normalize("NFKC", c)
-        if n != c and any(ord(x) < 0x80 for x in n):
+        if any(ord(x) < 0x80 for x in n):
             table[cp] = n
     for m in re.finditer(f"[{_INVISIBLE}]", "".join(chr(c) for c in range(0x80, 0x10000) if not 0xD800 <= c < 0xE000)):
         table[ord(m.group())] = None

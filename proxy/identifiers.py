@@ -6,7 +6,7 @@ them by salience (design.md § What code keeps). Pure functions, shared by the t
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 from proxy.farm import farm
 
@@ -19,24 +19,27 @@ _FILE_NAME = re.compile(
     r"php|swift|c|h|cc|cpp|hpp|cs|sh|sql|html|css|xml|csv|conf|in|mk|gradle|proto|ipynb)\b(?![\w/-])")
 # exception class names (ValueError, FieldInstanceResolutionError): agents look errors up by them
 _EXCEPTION = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning)\b")
-_IDENT_PATTERNS = [
-    _URL,
-    _TICKET,
-    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
-    re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+# Each pattern with the strings one of which every match holds: a text holding none of them is
+# not run through it (a dozen regular expressions over every character are most of a scan's cost,
+# and prose seldom holds an "@", a "/" or an exception's name). Empty: always run.
+_IDENT_NEEDS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
+    (_URL, ("://",)),
+    (_TICKET, ("-",)),
+    (re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"), ("@",)),
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), ("-",)),
     # paths: absolute, home- or dot-relative, or relative with a directory and an extension (the
     # slash of a closing tag, </system-reminder>, starts none: agents wrap context in such tags)
-    re.compile(r"(?<![\w/.<])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"),
-    re.compile(r"\b(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b"),
+    (re.compile(r"(?<![\w/.<])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+"), ("/",)),
+    (re.compile(r"\b(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b"), ("/",)),
     # hex hashes (7+), containing at least one digit and one letter
-    re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b"),
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b"), ()),
     # IDs mixing letters and digits: OI5L9G, sofia_kim_7287, HAT001
-    re.compile(r"\b(?=[A-Za-z0-9_-]*[A-Za-z])(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{3,}[A-Za-z0-9]\b"),
-    re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"),
+    (re.compile(r"\b(?=[A-Za-z0-9_-]*[A-Za-z])(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{3,}[A-Za-z0-9]\b"), ()),
+    (re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"), ()),
     # function names in Python tracebacks
-    re.compile(r"(?<=, in )[A-Za-z_][\w.]*"),
-    _FILE_NAME,
-    _EXCEPTION,
+    (re.compile(r"(?<=, in )[A-Za-z_][\w.]*"), (", in ",)),
+    (_FILE_NAME, (".",)),
+    (_EXCEPTION, ("Error", "Exception", "Warning")),
 ]
 _ERROR_LINE = re.compile(
     r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
@@ -81,7 +84,9 @@ def _spans(text: str) -> list[tuple[int, int, str]]:
     """Every identifier match as (start, end, token), in order, longer first at a start."""
     spans: list[tuple[int, int, str]] = []
     text = scanned(text)
-    for pat in _IDENT_PATTERNS:
+    for pat, needs in _IDENT_NEEDS:
+        if needs and not any(n in text for n in needs):
+            continue
         for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
             tok = m.group(0).rstrip(".,;:")
             if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
@@ -96,10 +101,32 @@ def find_identifiers(text: str) -> list[str]:
     A match inside a longer one (the path part of a URL, the digits of a UUID) is left out: the
     longer identifier already carries it verbatim.
     """
+    return identifiers_of(_spans(text))
+
+
+def scan(text: str) -> tuple[list[str], dict[str, int]]:
+    """(find_identifiers(text), token_counts(text)) from one pass of the patterns."""
+    spans = _spans(text)
+    return identifiers_of(spans), counts_of(spans)
+
+
+def token_counts(text: str) -> dict[str, int]:
+    """How often each identifier token occurs in `text` as a match (occurrences' linear rule)."""
+    return counts_of(_spans(text))
+
+
+def counts_of(spans: list[tuple[int, int, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _s, _e, tok in set(spans):  # (a span two patterns match is one occurrence)
+        counts[tok] = counts.get(tok, 0) + 1
+    return counts
+
+
+def identifiers_of(spans: list[tuple[int, int, str]]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     covered_to = -1
-    for _start, end, tok in _spans(text):
+    for _start, end, tok in spans:
         if end <= covered_to:
             continue
         covered_to = end
@@ -146,23 +173,22 @@ def _kind_weight(ident: str) -> int:
 EXACT_COUNT_CHARS = 1 << 26
 
 
-def occurrences(idents: list[str], text: str, cap: int) -> dict[str, int]:
+def occurrences(idents: list[str], text: str, cap: int,
+                counts: Callable[[], dict[str, int]] | None = None) -> dict[str, int]:
     """How often each identifier occurs in `text`, at most `cap`: exactly (substrings) while that
     is cheap, else as identifier tokens of the text (linear; an identifier inside a longer word is
-    not counted there)."""
+    not counted there). `counts`: token_counts(text) from what is known already (a span's texts
+    were scanned one by one: textfacts.joined_counts), instead of a scan of the whole text."""
     if not text or not idents:
         return dict.fromkeys(idents, 0)
     if len(idents) * len(text) <= EXACT_COUNT_CHARS:
         return {i: min(text.count(i), cap) for i in idents}
-    part = scanned(text)  # (what the scan reads: a summary's span of megabytes goes to the worker process)
-    return farm.sized(len(part), _token_occurrences, idents, part, cap)
-
-
-def _token_occurrences(idents: list[str], text: str, cap: int) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for _s, _e, tok in set(_spans(text)):  # (a span two patterns match is one occurrence)
-        counts[tok] = counts.get(tok, 0) + 1
-    return {i: min(counts.get(i, 0), cap) for i in idents}
+    if counts is not None:
+        known = counts()
+    else:
+        part = scanned(text)  # (what the scan reads: a summary's span of megabytes goes to the worker process)
+        known = farm.sized(len(part), token_counts, part)
+    return {i: min(known.get(i, 0), cap) for i in idents}
 
 
 def absent(items: list[str], text: str) -> list[str]:
@@ -179,14 +205,16 @@ def union(old: list[str], new: Iterable[str]) -> list[str]:
     return old + [x for x in new if x not in seen and not seen.add(x)]  # type: ignore[func-returns-value]
 
 
-def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "") -> list[str]:
+def rank_identifiers(idents: list[str], *, errors: Iterable[str] = (), user_text: str = "", text: str = "",
+                     counts: Callable[[], dict[str, int]] | None = None) -> list[str]:
     """Most salient first (design.md § What code keeps): named by the user, in an error, of a kind agents need
-    verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer)."""
+    verbatim, frequent, recent (`idents` is in order of first appearance, so later is newer).
+    `counts`: occurrences' token counts of `text`, when known without a scan."""
     n = max(len(idents), 1)
     # (no identifier holds a newline: one joined text asks "in any error line" of each at once)
     by_user = occurrences(idents, user_text, 1)
     in_error = occurrences(idents, "\n".join(errors), 1)
-    frequency = occurrences(idents, text, 4)
+    frequency = occurrences(idents, text, 4, counts)
 
     def score(k: int) -> float:
         ident = idents[k]

@@ -1,5 +1,6 @@
-"""What a text holds that compaction reads again and again: its identifiers and error lines, found
-once per distinct text and kept in a bounded cache.
+"""What a text holds that compaction reads again and again: its identifiers, error lines and how
+often each identifier occurs, found once per distinct text and kept in a bounded cache; and a
+joined span's, from its texts' (below).
 
 An agent resends its whole history on every request, so the same tool outputs are scanned for
 identifiers on request after request (the masking's stubs and the recall list both read them).
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
+from proxy import identifiers
 from proxy.farm import farm
-from proxy.identifiers import find_error_lines, find_identifiers, scanned
+from proxy.identifiers import find_error_lines, scan, scanned
 
 # Held as keys: the texts themselves. A long session's tool outputs are a few MB; the bound keeps
 # a busy process's memory flat whatever its conversations hold.
@@ -25,9 +27,17 @@ MAX_CHARS = 64 << 20
 MIN_CHARS = 256
 
 
+# What a text's token counts are charged against MAX_CHARS, a token (a dict entry and its key).
+COUNT_CHARS = 96
+
+
 class Facts(NamedTuple):
     identifiers: tuple[str, ...]  # in order of first appearance
     errors: tuple[str, ...]  # the error lines, at most identifiers.MAX_ERROR_LINES
+    counts: dict[str, int]  # identifiers.token_counts: a summary's ranking sums them over its span
+
+    def weight(self, text: str) -> int:
+        return len(text) + COUNT_CHARS * len(self.counts)
 
 
 class FactsCache:
@@ -51,12 +61,12 @@ class FactsCache:
         facts = _scan(text)  # outside the lock: two threads may scan one text, both get equal facts
         with self._lock:
             self.scans += 1
-            if text not in self._d and len(text) <= self.max_chars:
+            if text not in self._d and facts.weight(text) <= self.max_chars:
                 self._d[text] = facts
-                self.chars += len(text)
+                self.chars += facts.weight(text)
                 while len(self._d) > self.max_entries or self.chars > self.max_chars:
-                    old, _ = self._d.popitem(last=False)
-                    self.chars -= len(old)
+                    old, gone = self._d.popitem(last=False)
+                    self.chars -= gone.weight(old)
         return facts
 
     def __len__(self) -> int:
@@ -69,8 +79,77 @@ def _scan(text: str) -> Facts:
 
 
 def _facts(text: str) -> Facts:
-    return Facts(tuple(find_identifiers(text)), tuple(find_error_lines(text)))
+    idents, counts = scan(text)
+    return Facts(tuple(idents), tuple(find_error_lines(text)), counts)
 
 
 # One per process: the facts of a text do not depend on who asks.
 facts = FactsCache()
+
+
+# -- a joined text from its parts -------------------------------------------------------------------
+# A summary reads its span as one text, "\n".join(parts), and the parts are the messages whose facts
+# are cached already. No identifier crosses a line, so what a scan of the joined text finds is what
+# scans of its parts find, in order; over SCAN_CHARS the scan reads the joined text's head and tail,
+# cut at line ends, so the parts (or the pieces of them) inside those are what it reads.
+
+
+def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
+    """What identifiers.scanned(text) reads of `text` ("\n".join(parts)), piece by piece in order:
+    (piece, True) for a whole part (its facts are cached), (piece, False) for anything else: a
+    part's cut piece, or short parts next to each other (read as one: one scan, not one each)."""
+    run: list[int] = []  # [start, end) of the short parts read as one piece
+    for lo, hi, whole in _pieces(text, parts):
+        if whole is not None and hi - lo < MIN_CHARS and (not run or run[1] + 1 == lo):
+            run = [run[0] if run else lo, hi]
+            continue
+        if run:
+            yield text[run[0]:run[1]], False
+            run = [lo, hi] if whole is not None and hi - lo < MIN_CHARS else []
+            if run:
+                continue
+        yield (whole, True) if whole is not None else (text[lo:hi], False)
+    if run:
+        yield text[run[0]:run[1]], False
+
+
+def _pieces(text: str, parts: Sequence[str]) -> Iterator[tuple[int, int, str | None]]:
+    """(start, end, the part when it is read whole) of what scanned(text) reads, part by part."""
+    regions = _kept(text)
+    if regions is None:  # a cut inside a line (no line end near it): the joined text read as it is
+        yield 0, len(text), None
+        return
+    start = 0
+    for part in parts:
+        end = start + len(part)
+        for a, b in regions:
+            lo, hi = max(start, a), min(end, b)
+            if lo < hi:
+                yield lo, hi, part if (lo, hi) == (start, end) else None
+        start = end + 1
+
+
+def _kept(text: str) -> list[tuple[int, int]] | None:
+    """The (start, end) regions of `text` that identifiers.scanned keeps; None when it cuts mid-line."""
+    if len(text) <= identifiers.SCAN_CHARS:
+        return [(0, len(text))]
+    half = identifiers.SCAN_CHARS // 2
+    head = text.rfind("\n", 0, half) + 1
+    tail = text.find("\n", len(text) - half) + 1
+    return [(0, head), (tail, len(text))] if head and tail else None
+
+
+def joined_counts(text: str, parts: Sequence[str]) -> dict[str, int]:
+    """identifiers.token_counts(text) for text == "\n".join(parts), from the parts' cached counts."""
+    total: dict[str, int] = {}
+    for piece, whole in _read(text, parts):
+        counts = facts(piece).counts if whole else scan(piece)[1]
+        for tok, n in counts.items():
+            total[tok] = total.get(tok, 0) + n
+    return total
+
+
+def joined_identifiers(text: str, parts: Sequence[str]) -> list[str]:
+    """identifiers.find_identifiers(text) for text == "\n".join(parts), from the parts' cached ones."""
+    return list(dict.fromkeys(i for piece, whole in _read(text, parts)
+                              for i in (facts(piece).identifiers if whole else scan(piece)[0])))

@@ -28,12 +28,17 @@ def span_identifiers(envelopes: Sequence[Envelope]) -> list[str]:
 def span_text(envelopes: Iterable[Envelope]) -> str:
     """Message text first, tool-call arguments after: when the identifier list is capped, those
     found first are kept, and the files block already lists the paths that arguments name."""
+    return "\n".join(span_parts(envelopes))
+
+
+def span_parts(envelopes: Iterable[Envelope]) -> list[str]:
+    """The texts span_text joins, in its order (their facts are cached one by one: textfacts)."""
     texts: list[str] = []
     args: list[str] = []
     for e in envelopes:
         texts.append(e.text)
         args += [call.args for call in e.calls]
-    return "\n".join(texts + args)
+    return texts + args
 
 
 # -- files -----------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class Draft:
     chain: str
     files: dict[str, str]
     text: str  # the span's text (identifiers are ranked by where they occur in it)
+    parts: list[str]  # the texts `text` joins (their identifiers are counted once each: textfacts)
     candidates: list[str]  # identifiers known: the previous record's and this span's
     errors: list[str]
     constraints: list[str]
@@ -66,7 +67,8 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
     conv = view.conv
     n_sys = view.n_system
     summarized = conv.envelopes[plan.start:plan.cut]  # the client's own messages, not their stubs
-    text = extract.span_text(summarized)
+    parts = extract.span_parts(summarized)
+    text = "\n".join(parts)
     # the kept part as it is forwarded: what a clamp cut from the newest turn is not "present"
     kept = [clamped(view, e, plan.clamp[i], conv.tokens[i]) or e if i in plan.clamp else e
             for i, e in enumerate(masked(view, previous).envelopes[plan.cut:], start=plan.cut)]
@@ -76,6 +78,7 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         plan=plan, covered=covered, chain=view.chain_hex(covered),
         files=extract.merge_files(previous.files if previous else {}, extract.files_touched(summarized)),
         text=text,
+        parts=parts,
         candidates=union(previous.identifiers if previous else [], extract.span_identifiers(summarized)),
         errors=union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
         constraints=union(previous.constraints if previous else [], extract.find_constraints(summarized)),
@@ -262,7 +265,8 @@ class RecordMaker:
         """The identifier block within its token budget, most salient first; the rest for recall."""
         chars = room_tokens * CHARS_PER_IDENTIFIER_TOKEN
         # ranked once: it reads every identifier against the whole span; only the budget changes
-        errors, ranked = ranked_for_block(d.candidates, d.errors, present=present, user_text=d.users, text=d.text)
+        errors, ranked = ranked_for_block(d.candidates, d.errors, present=present, user_text=d.users, text=d.text,
+                                          counts=lambda: textfacts.joined_counts(d.text, d.parts))
         while True:
             lines, rest = fit_lines(errors, ranked, chars)
             n = self.counter.count_text("\n".join(lines), encoding)

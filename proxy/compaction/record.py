@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
 
 import orjson
 
@@ -188,12 +189,12 @@ def identifier_lines(
 
 
 def ranked_for_block(candidates: list[str], errors: list[str], *, present: str, user_text: str,
-                     text: str) -> tuple[list[str], list[str]]:
+                     text: str, counts: Callable[[], dict[str, int]] | None = None) -> tuple[list[str], list[str]]:
     """(error lines, identifiers most salient first) not already verbatim in `present`: what
-    `fit_lines` fits, however often it is asked with another budget."""
+    `fit_lines` fits, however often it is asked with another budget. `counts`: rank_identifiers'."""
     errors = absent(errors, present)
     idents = absent(candidates, present)
-    return errors, rank_identifiers(idents, errors=errors, user_text=user_text, text=text)
+    return errors, rank_identifiers(idents, errors=errors, user_text=user_text, text=text, counts=counts)
 
 
 def fit_lines(errors: list[str], ranked: list[str], budget_chars: int) -> tuple[list[str], list[str]]:

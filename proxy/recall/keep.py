@@ -72,21 +72,27 @@ def span_text(messages: Sequence[Message], first: int, apart: dict[str, Original
     over SPAN_OUTPUT_CHARS is kept as an original of its own (added to `apart`, under the handle a
     note of it names) and the span carries its head and tail with that handle: a large output is
     stored once, not again in every span that covers it."""
+    return "\n".join(span_parts(messages, first, apart))
+
+
+def span_parts(messages: Sequence[Message], first: int, apart: dict[str, Original] | None = None) -> list[str]:
+    """The lines-long pieces span_text joins: each message's line, then its text (the client's
+    string itself, whose identifiers are known already: textfacts)."""
     out: list[str] = []
     for n, msg in enumerate(messages, start=first):
         for p in msg:
             if p.role == "tool_call":
-                out.append(f"--- message {n}, tool call {p.name or 'tool'}:\n{p.args}")
+                out += [f"--- message {n}, tool call {p.name or 'tool'}:", p.args]
             elif p.role == "tool_result" and apart is not None and len(p.text) > SPAN_OUTPUT_CHARS:
                 h = handles.of_text(p.text)
                 apart.setdefault(h, Original(h, "tool output", f"{p.name or 'tool'} (message {n})", p.text))
                 out.append(f"--- message {n}, tool result of {p.name or 'tool'} ({len(p.text)} characters; the whole "
                            f"output: recall id {h}):\n{p.text[:SPAN_HEAD_CHARS]}\n[...]\n{p.text[-SPAN_TAIL_CHARS:]}")
             elif p.role == "tool_result":
-                out.append(f"--- message {n}, tool result of {p.name or 'tool'}:\n{p.text}")
+                out += [f"--- message {n}, tool result of {p.name or 'tool'}:", p.text]
             elif p.text:
-                out.append(f"--- message {n}, {p.role}:\n{p.text}")
-    return "\n".join(out)
+                out += [f"--- message {n}, {p.role}:", p.text]
+    return out
 
 
 def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
@@ -121,6 +127,7 @@ def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_sy
                 for h, a, b in handles.spans_in(p.text):
                     if h in found or a < 1 or b < a or n_system + b > len(original):
                         continue
-                    found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation",
-                                        "" if known(h) else span_text(original[n_system + a - 1:n_system + b], a, apart))
+                    parts = [] if known(h) else span_parts(original[n_system + a - 1:n_system + b], a, apart)
+                    found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation", "\n".join(parts),
+                                        tuple(parts))
     return [*found.values(), *(o for h, o in apart.items() if h not in found)]

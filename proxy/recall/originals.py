@@ -10,13 +10,13 @@ The stored value is one JSON line (kind, label) and the text, verbatim.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
 from proxy import offload, textfacts
 from proxy.farm import farm
-from proxy.identifiers import find_identifiers, scanned
+from proxy.identifiers import find_error_lines, find_identifiers, scanned
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -42,6 +42,9 @@ class Original:
     kind: str  # "tool output" | "messages"
     label: str  # what it was, for the model: the call that produced it, or which messages
     text: str
+    # the texts `text` joins with newlines, when it was written out from messages whose
+    # identifiers are known already (a span's): its index is made from theirs, not a second scan
+    parts: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
 def encode(o: Original) -> bytes:
@@ -57,14 +60,18 @@ def decode(handle: str, raw: bytes) -> Original | None:
         return None
 
 
-def identifiers(text: str) -> list[str]:
+def identifiers(text: str, parts: tuple[str, ...] = ()) -> list[str]:
     """What an original is found by exactly: its identifiers and error lines (a masked output's
-    were found for its stub already), and (with a cap of their own, so a long span's paths and
-    hashes never crowd them out) the code symbols it defines and mentions."""
-    found = textfacts.facts(text)
-    idents = list(found.identifiers + found.errors)[:MAX_IDENTIFIERS]
+    were found for its stub already, a span's messages' for its summary: `parts`, the texts `text`
+    joins), and (with a cap of their own, so a long span's paths and hashes never crowd them out)
+    the code symbols it defines and mentions. What it reads of a huge text goes to the worker process."""
     part = scanned(text)
-    return list(dict.fromkeys(idents + farm.sized(len(part), symbols.index_terms, part)))
+    if parts:
+        found = (*textfacts.joined_identifiers(text, parts), *farm.sized(len(part), find_error_lines, part))
+    else:
+        facts = textfacts.facts(text)
+        found = facts.identifiers + facts.errors
+    return list(dict.fromkeys(list(found[:MAX_IDENTIFIERS]) + farm.sized(len(part), symbols.index_terms, part)))
 
 
 def valid_handle(handle: str) -> bool:
@@ -101,7 +108,8 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text)  # large spans: off the loop
+        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text,  # large spans: off the loop
+                                     original.parts)
         await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:

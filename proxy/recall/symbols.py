@@ -40,6 +40,12 @@ def code_shaped(name: str) -> bool:
     return bool(_SNAKE.search(name) or _CAMEL.search(name))
 
 
+def _plain(name: str) -> bool:
+    """A name code_shaped rejects at a glance: no "_" or "." and no capital after its first letter
+    (most of prose's words; the check is str methods, not two regular expressions)."""
+    return "_" not in name and "." not in name and name[1:] == name[1:].lower()
+
+
 def _qualified(text: str) -> list[str]:
     """Python methods as `Class.method`: a def indented under the latest class less indented."""
     out: list[str] = []
@@ -68,10 +74,13 @@ def mentioned(text: str, limit: int) -> list[str]:
             break
         if m.group(1) or code_shaped(m.group(2)):
             found.setdefault(m.group(1) or m.group(2), None)
-    for m in _CODE_NAME.finditer(text):
+    # each distinct name once, in order of first appearance: a name seen again adds nothing (a
+    # long span's hundred thousand words are a few thousand names)
+    for name in dict.fromkeys(_CODE_NAME.findall(text)):
         if len(found) >= limit:
             break
-        name = m.group(0)
+        if _plain(name):
+            continue
         if code_shaped(name):
             found.setdefault(name, None)
             last = name.rsplit(".", 1)[-1]

@@ -114,8 +114,8 @@ def index_words(text: str) -> list[str]:
     """The distinct words of a text as every backend indexes them: runs of letters and digits,
     lower-cased (what SQLite FTS5's default tokenizer keeps, near enough; `max_conn` is two)."""
     seen: dict[str, None] = {}
-    for m in _WORD.finditer(text):
-        w = m.group(0).lower()
+    for word in dict.fromkeys(_WORD.findall(text)):  # each distinct word once: a repeat adds nothing
+        w = word.lower()
         if len(w) <= MAX_WORD_CHARS:
             seen.setdefault(w, None)
     return list(seen)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from proxy import textfacts
-from proxy.compaction import extract
+from proxy import identifiers, textfacts
+from proxy.compaction import extract, making
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
+from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
 from support.client import chat
 from support.coding_session import coding_session
@@ -81,6 +82,18 @@ def test_a_remembered_answer_holds_while_the_history_grew_by_at_most_its_room() 
     assert not settled.holds("b", 10) and settled.holds("d", 10)  # bounded: the oldest go first
 
 
+async def walk_session(upstream: FakeUpstream, make_proxy, client_for) -> list[str]:
+    """coding_session(14) through the prepare zone, masking and a summary: each request's status."""
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    s = coding_session(14)
+    statuses = []
+    for history in s.request_points():
+        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
+        await proxy.state.compaction.idle()
+    return statuses
+
+
 async def test_each_tool_output_is_scanned_for_identifiers_once(
     upstream: FakeUpstream, make_proxy, client_for, monkeypatch
 ) -> None:
@@ -90,24 +103,74 @@ async def test_each_tool_output_is_scanned_for_identifiers_once(
     upstream.window = WINDOW
     monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())  # nothing cached by other tests
     scanned: Counter[str] = Counter()
-    for module in (textfacts, extract):
-        real = module.find_identifiers
+    for module, name in ((textfacts, "scan"), (extract, "find_identifiers")):
+        real = getattr(module, name)
 
-        def counted(text: str, real=real) -> list[str]:
+        def counted(text: str, real=real):
             scanned[text] += 1
             return real(text)
 
-        monkeypatch.setattr(module, "find_identifiers", counted)
-    proxy = await make_proxy(upstream.base_url, settings())
-    c = client_for(proxy)
-    s = coding_session(14)
-    statuses = []
-    for history in s.request_points():
-        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
-        await proxy.state.compaction.idle()
+        monkeypatch.setattr(module, name, counted)
+    statuses = await walk_session(upstream, make_proxy, client_for)
     assert {"masked", "summarized"} <= set(statuses)
+    s = coding_session(14)
     # (texts shorter than MIN_CHARS are scanned each time: cheaper than keeping them)
     outputs = {m["content"] for m in s.messages if m["role"] == "tool" and len(m["content"]) >= textfacts.MIN_CHARS}
     seen = {t: n for t, n in scanned.items() if t in outputs}
     assert len(seen) >= 5  # the masking read them
     assert max(seen.values()) == 1, sorted(seen.values())
+
+
+async def test_a_summarys_ranking_counts_its_span_from_the_texts_counts_not_a_scan_of_the_span(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """The identifier block ranks by how often each identifier occurs in the summarized span: the
+    span's texts were scanned one by one already (their facts are cached), so their counts are
+    summed, and the joined span (hundreds of KB in a long session) is not scanned again."""
+    upstream.window = WINDOW
+    monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)  # every span counted by tokens, as a long one is
+    counted: list[str] = []
+    spans: list[str] = []
+    real_counts, real_draft = identifiers.token_counts, making.draft
+
+    def token_counts(text: str) -> dict[str, int]:
+        counted.append(text)
+        return real_counts(text)
+
+    def draft(*a, **k):
+        d = real_draft(*a, **k)
+        spans.append(d.text)
+        return d
+
+    monkeypatch.setattr(identifiers, "token_counts", token_counts)
+    monkeypatch.setattr(making, "draft", draft)
+    statuses = await walk_session(upstream, make_proxy, client_for)
+    assert "summarized" in statuses and spans
+    assert not set(spans) & set(counted)  # no span scanned to count (other texts are: the user's, the errors)
+
+
+async def test_a_summarized_spans_recall_index_is_made_from_its_messages_known_identifiers(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """The request that first carries a summary keeps the summarized span for recall, indexed by
+    its identifiers: those of its messages, found already (for the summary's draft), not a scan of
+    the span written out again."""
+    upstream.window = WINDOW
+    scanned: list[str] = []
+    spans: list[str] = []
+    real_scan, real_save = textfacts.scan, Originals.save
+
+    def scan(text: str):
+        scanned.append(text)
+        return real_scan(text)
+
+    async def save(self, scope, original):
+        if original.kind == "messages":
+            spans.append(original.text)
+        return await real_save(self, scope, original)
+
+    monkeypatch.setattr(textfacts, "scan", scan)
+    monkeypatch.setattr(Originals, "save", save)
+    await walk_session(upstream, make_proxy, client_for)
+    long = {t for t in spans if len(t) > 2000}  # (a span of short messages only is read as one piece)
+    assert long and not long & set(scanned)

@@ -399,7 +399,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
     loop_thread = threading.get_ident()
     scans: list[int] = []
     counts: list[int] = []
-    real_find, counter = identifiers.find_identifiers, proxy.state.tool_results.counter
+    real_find, counter = identifiers.scan, proxy.state.tool_results.counter
     real_count = counter.count_message
 
     def find(text):
@@ -411,7 +411,7 @@ async def test_huge_outputs_are_scanned_and_counted_off_the_event_loop(upstream,
             counts.append(threading.get_ident())
         return real_count(msg, enc, digest)
 
-    monkeypatch.setattr(textfacts, "find_identifiers", find)  # a note reads its output's facts (textfacts)
+    monkeypatch.setattr(textfacts, "scan", find)  # a note reads its output's facts (textfacts)
     monkeypatch.setattr(counter, "count_message", count)
     ok, failing = log_payload(lines=400, tag="ok"), log_payload(lines=400, tag="bad")
     assert len(ok) > offload.OFFLOAD_BYTES and len(failing) > offload.OFFLOAD_BYTES

@@ -1,0 +1,80 @@
+"""A joined text's identifiers and counts from its parts' (proxy/textfacts.py), and the patterns'
+skip of a text without their required strings (proxy/identifiers.py): each exactly what the plain
+scan of the whole text gives (the ranking's order is part of the forwarded bytes)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from proxy import identifiers, textfacts
+from proxy.identifiers import find_identifiers, token_counts
+
+# fragments rich in what the patterns read: paths, URLs, tickets, hashes, IDs, tracebacks, errors
+FRAGMENTS = ["src/app/mod.py", "/etc/hosts", "~/x/y", "https://ci.example.com/run/42", "LED-7112", "a@b.io",
+             "9f3c2ab1", "deadbeef42", "HAT001", "user_77", "12345", "3.14", ', in handle_it', "ValueError",
+             "IOWarning", "tox.ini", "setup.cfg", "Traceback", "error:", "0f8fad5b-d9cb-469f-a165-70867728950e",
+             "word", "the", "-", "/", ".", "@", ",", " ", "\n", "\n\n", ":", "x", "Z9"]
+texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(min_size=0, max_size=6), max_size=60).map("".join)
+
+
+def plain_spans(text: str) -> list:
+    saved = identifiers._IDENT_NEEDS
+    identifiers._IDENT_NEEDS = [(pat, ()) for pat, _ in saved]  # every pattern over every text
+    try:
+        return identifiers._spans(text)
+    finally:
+        identifiers._IDENT_NEEDS = saved
+
+
+@given(texts)
+def test_skipping_a_pattern_whose_required_string_is_absent_finds_what_running_it_finds(text: str) -> None:
+    assert identifiers._spans(text) == plain_spans(text)
+
+
+@settings(max_examples=400)
+@given(st.lists(texts, max_size=12), st.integers(min_value=8, max_value=600))
+def test_a_joined_texts_counts_and_identifiers_are_its_parts_summed(parts: list[str], scan_chars: int) -> None:
+    """Also when the joined text is over the scan's budget and only its head and tail are read
+    (the budget made small here, so cuts fall inside parts, between them and mid-line)."""
+    saved = identifiers.SCAN_CHARS
+    identifiers.SCAN_CHARS = scan_chars
+    try:
+        text = "\n".join(parts)
+        assert textfacts.joined_counts(text, parts) == token_counts(text)
+        assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
+    finally:
+        identifiers.SCAN_CHARS = saved
+
+
+def test_the_parts_between_the_head_and_the_tail_are_not_read(monkeypatch) -> None:
+    """One-line parts: the cuts fall between parts, and the short parts on either side of the
+    middle left unread are not read as one piece across it."""
+    monkeypatch.setattr(identifiers, "SCAN_CHARS", 800)
+    parts = [f"see ABC{i:03d}x" for i in range(100)] + ["see LONG9x " + "word " * 60]  # the last one cached
+    text = "\n".join(parts)
+    assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
+    assert textfacts.joined_counts(text, parts) == token_counts(text)
+    assert "ABC050x" not in find_identifiers(text) and "ABC000x" in find_identifiers(text)
+
+
+@given(st.lists(texts, min_size=1, max_size=8))
+def test_the_ranking_with_the_parts_counts_is_the_ranking_with_a_scan(parts: list[str]) -> None:
+    text = "\n".join(parts)
+    idents = find_identifiers(text) + ["absent_1", "LED-7112"]
+    saved = identifiers.EXACT_COUNT_CHARS
+    identifiers.EXACT_COUNT_CHARS = 0  # the token count, not str.count: the one counts replaces
+    try:
+        assert (identifiers.rank_identifiers(idents, text=text, counts=lambda: textfacts.joined_counts(text, parts))
+                == identifiers.rank_identifiers(idents, text=text))
+    finally:
+        identifiers.EXACT_COUNT_CHARS = saved
+
+
+def test_a_texts_counts_are_charged_to_the_cache_bound() -> None:
+    cache = textfacts.FactsCache(max_entries=100, max_chars=4000)
+    dense = " ".join(f"ID{i:04d}x" for i in range(300))  # 2.4k characters, 300 distinct tokens
+    assert len(dense) < cache.max_chars and textfacts.COUNT_CHARS * 300 > cache.max_chars
+    cache(dense)
+    assert len(cache) == 0 and cache.chars == 0  # its counts would hold more than the bound: not kept
+    cache("plain words " * 30)
+    assert len(cache) == 1 and cache.chars == textfacts.Facts((), (), {}).weight("plain words " * 30)
