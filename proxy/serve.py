@@ -87,11 +87,9 @@ class GuardedHandler(RequestHandler):
             # The clock starts with these bytes; a request whose headers came whole needs none.
             self._header_timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_late)
 
-    def _handle_request(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         self._stop_header_timer()  # bytes of this request's body may have started the clock
-        # (aiohttp's coroutine itself, not one awaiting it: every event a stream relays resumes
-        # each frame of the handler's chain)
-        return super()._handle_request(*args, **kwargs)
+        return await super()._handle_request(*args, **kwargs)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_timer()
