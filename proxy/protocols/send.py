@@ -15,7 +15,6 @@ events), how its events are checked and what its usage says.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -239,12 +238,7 @@ async def _relay_stream(request: web.Request, http: aiohttp.ClientSession, adapt
     if layers.recall is not None:
         return await _recall_rounds(request, http, adapter, a, upstream, held, layers, t0)
     checker = adapter.event_checker()
-    # The relay as a task of its own, this one waiting for its end: each event read resumes the
-    # relay's frame alone, not every frame between aiohttp's handler task and the relay (a dozen:
-    # the middleware, the route, the pipeline, these layers), which cost a stream ~10k
-    # instructions an event (docs/performance.md § The small request and the stream). Cancelling
-    # this task cancels the relay it waits for; the relay's reads and writes are its own either way.
-    resp = await asyncio.get_running_loop().create_task(relay_events(request, upstream, a.extra, held, checker))
+    resp = await relay_events(request, upstream, a.extra, held, checker)
     ex.upstream_s = time.perf_counter() - t0
     ex.usage = adapter.stream_usage(checker)
     return resp
