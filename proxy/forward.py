@@ -311,14 +311,18 @@ async def relay_events(
         resp._send_headers_immediately = False
     await resp.prepare(request)
     try:
-        while chunk:
-            if good:
-                await resp.write(good)
-            if why is not None:
-                raise _BrokenStream(why)
-            chunk = await upstream.content.readany()
-            if chunk:
-                good, why = checker.feed(chunk)
+        if good:
+            await resp.write(good)
+        if why is not None:
+            raise _BrokenStream(why)
+        if chunk:
+            # The events after the first ones relayed by a task of their own, this one waiting for
+            # its end: each event's read resumes that task's frame alone, not every frame between
+            # aiohttp's handler task and here (the middleware, the route, the pipeline, the send
+            # layers), a stream's ~3k instructions an event. (The first events go out before it
+            # starts: a new task's first step waits a loop iteration.) Cancelling this task
+            # cancels the one it waits for; what that one raises comes out here.
+            await asyncio.get_running_loop().create_task(_relay_rest(resp, upstream, checker))
         good, why = checker.finish()
         if good:
             await resp.write(good)
@@ -343,6 +347,16 @@ async def relay_events(
             except CLIENT_GONE:
                 pass
     return resp
+
+
+async def _relay_rest(resp: web.StreamResponse, upstream: aiohttp.ClientResponse, checker: EventChecker) -> None:
+    """relay_events' loop after the first events: each chunk checked and written, up to the end."""
+    while chunk := await upstream.content.readany():
+        good, why = checker.feed(chunk)
+        if good:
+            await resp.write(good)
+        if why is not None:
+            raise _BrokenStream(why)
 
 
 def _has_dot_segment(path: str) -> bool:

@@ -55,9 +55,27 @@ class EventChecker:
         if not self._pending and CR not in chunk:
             # One whole event of the protocol's usual shape (as upstreams send them): judged in
             # place by the protocol's own reading of that shape, without splitting or copying.
+            # (`simple` written out for chat's one `data:` line: a call an event costs as much as
+            # the reading; tests/protocols/chat/test_event_checker.py checks the two agree)
+            n = len(chunk) - 2
+            if type(self) is EventChecker and chunk.find(LF) == n and chunk[-1] == LF and chunk.startswith(b"data: ") \
+                    and chunk != DONE_EVENT:
+                try:
+                    obj = orjson.loads(chunk[6:])  # (the blank line's two newlines are JSON whitespace)
+                except orjson.JSONDecodeError:
+                    why = self.event(chunk[:n])  # the other [DONE] spellings, and the error, as event() has them
+                    return (chunk, None) if why is None else (b"", why)
+                if type(obj) is dict and type(usage := obj.get("usage")) is dict:
+                    self.usage = usage
+                return chunk, None
             why = self.simple(chunk)
             if why is not NOT_SIMPLE:
                 return (chunk, None) if why is None else (b"", why)
+        return self.rest(chunk)
+
+    def rest(self, chunk: bytes) -> tuple[bytes, str | None]:
+        """`feed` for a chunk that is not one event of the usual shape: any number of events, or a
+        part of one."""
         if not self._pending and chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\n\n") and CR not in chunk:
             # Whole events and nothing after them. Splitting at every blank line finds the events
             # the general path below finds (the same leftmost, non-overlapping ends), without
@@ -197,6 +215,18 @@ class NamedEventChecker(EventChecker):
     """An EventChecker for the protocols whose events are named (Responses, Messages): each event
     read as its name and data (`event_fields`; the usual `event:` + `data:` chunk in place,
     `named_fields`), judged by the protocol's `check`."""
+
+    def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
+        if not self._pending and CR not in chunk:
+            # (named_fields and `simple` written out for an event whose name was seen before, as
+            # every event of a stream but its first few is: two calls an event cost as much as
+            # the reading; tests/protocols/chat/test_event_checker.py checks they agree)
+            line, sep, data = chunk.partition(_DATA_LINE)
+            if sep and LF not in line and data.find(LF) == len(data) - 2 and data[-1] == LF \
+                    and (name := _NAMES.get(line)) is not None:
+                why = self.check(name, data)
+                return (chunk, None) if why is None else (b"", why)
+        return EventChecker.feed(self, chunk)
 
     def simple(self, chunk: bytes) -> Any:
         fields = named_fields(chunk)

@@ -5,6 +5,8 @@ one) behind a real aiohttp route, against a real upstream on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from typing import Any
 
 import aiohttp
@@ -169,3 +171,52 @@ async def test_a_whole_answer_is_parsed_once_for_its_check_and_its_usage(answer,
         assert got == (429, answer) and not adapter.parsed and adapter.bytes_read == 0 and usage is None
     else:
         assert got[0] == 502 and not adapter.parsed and adapter.bytes_read == 0 and usage is None
+
+
+async def _resumptions_of_the_caller(events: int) -> tuple[int, bytes]:
+    """How often the coroutine awaiting `send` resumes while a stream of `events` events (each its
+    own read) is relayed; and what the client received."""
+    stream = b"".join(b'data: {"n": %d}\n\n' % i for i in range(events)) + b"data: [DONE]\n\n"
+
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in stream.split(b"\n\n")[:-1]:
+            await resp.write(event + b"\n\n")
+            await asyncio.sleep(0.002)  # (each event a read of its own)
+        await resp.write_eof()
+        return resp
+
+    up_app = web.Application()
+    up_app.router.add_post("/toy", upstream)
+    resumed = [0]
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        request[EXCHANGE] = Exchange("r", "POST", "/", "toy", "toy")
+        async with aiohttp.ClientSession() as http:
+            up = Upstream(URL(base + "/toy"), CIMultiDict(), aiohttp.ClientTimeout(total=10))
+            return await send(request, http, ChatAdapter(), up, b"{}", {})
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is route.__code__:
+            resumed[0] += 1
+
+    app = web.Application()
+    app.router.add_post("/", route)
+    async with serving(up_app) as base, serving(app) as proxy_base, aiohttp.ClientSession() as c:
+        sys.setprofile(profile)
+        try:
+            async with c.post(proxy_base + "/", data=b"x") as r:
+                body = await r.read()
+        finally:
+            sys.setprofile(None)
+    return resumed[0], body
+
+
+async def test_a_streams_events_do_not_resume_the_coroutines_that_wait_for_its_relay():
+    """Each event read resumes the relay alone (its own task), not every frame between aiohttp's
+    handler task and the relay: the caller's coroutine resumes as often for 40 events as for 4."""
+    few, body = await _resumptions_of_the_caller(4)
+    many, body_many = await _resumptions_of_the_caller(40)
+    assert body.count(b"data: ") == 5 and body_many.count(b"data: ") == 41  # (relayed whole)
+    assert many == few

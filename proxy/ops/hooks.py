@@ -139,8 +139,11 @@ class Fanout(Hooks):
         self._ended: list[Exchange] = []  # requests whose bookkeeping is still to do, in order
         self._first = 0.0  # when the oldest of them was queued (the loop's clock)
         self._timer: asyncio.TimerHandle | None = None
-        self._done = self.__dict__.get("request_done")  # (None: nobody listens, nothing is queued)
-        if self._done is not None:
+        # The listeners of request_done, called one by one in `settle` (not through _each: a call
+        # a request less). Empty: nobody listens, nothing is queued.
+        self._dones = [getattr(h, "request_done") for h in listeners
+                       if type(h).request_done is not Hooks.request_done]
+        if self._dones:
             self.request_done = self._defer  # type: ignore[method-assign]
         if "compaction" in self.__dict__:
             # A compaction event carries its conversation's bill so far (the journal): the
@@ -155,10 +158,11 @@ class Fanout(Hooks):
             self._timer.cancel()
             self._timer = None
         ended, self._ended = self._ended, []
-        done = self._done
+        dones = self._dones
         for ex in ended:
             try:
-                done(ex)
+                for done in dones:
+                    done(ex)
             except Exception:  # (one request's bookkeeping failing must not lose the others')
                 log.exception("the bookkeeping of request %s failed", ex.request_id)
 

@@ -271,10 +271,12 @@ def setup_logging(level: str, fmt: str = "text", stream: Any = None) -> logging.
     return handler
 
 
-# AccessLog.text's words for a protocol route's answer with every figure, after the stamp's two parts.
-_USUAL_LINE = (f"%s%s INFO {access_log.name}: request request_id=%s method=%s path=%s status=%s duration_ms=%.1f"
-               " protocol=%s model=%s compaction=%s%s tokens_before=%s tokens_after=%s tool_notes=%s wait_ms=%.1f"
-               " upstream_ttfb_ms=%.1f stream=%s upstream_prompt=%s upstream_cached=%s upstream_completion=%s")
+# AccessLog.text's words for a protocol route's answer with every figure, after the stamp's two
+# parts; without the upstream's usage (a stream that reported none, as chat's do unless asked).
+_NO_USAGE_LINE = (f"%s%s INFO {access_log.name}: request request_id=%s method=%s path=%s status=%s duration_ms=%.1f"
+                  " protocol=%s model=%s compaction=%s%s tokens_before=%s tokens_after=%s tool_notes=%s wait_ms=%.1f"
+                  " upstream_ttfb_ms=%.1f stream=%s")
+_USUAL_LINE = _NO_USAGE_LINE + " upstream_prompt=%s upstream_cached=%s upstream_completion=%s"
 
 
 def _reason(why: str) -> str:
@@ -365,7 +367,7 @@ class AccessLog(Hooks):
         created = ex.wall + seconds  # the line's time: when the request ended
         if type(fmt) is TextFormatter:
             model, compaction, after, ttfb, u = ex.model, ex.compaction, ex.tokens_after, ex.upstream_ttfb_s, ex.usage
-            if (model and compaction and after is not None and ttfb is not None and u is not None
+            if (model and compaction and after is not None and ttfb is not None
                     and ex.tokens_before is not None and self.worker is None and not ex.upstream_request_id):
                 # A protocol route's answer, the usual line: the words `text` writes, in one
                 # %-format with the stamp (`str(v)` is `format(v, "")`: the same text as the
@@ -375,12 +377,13 @@ class AccessLog(Hooks):
                 if second != stamp._second:
                     stamp(created)  # the second's text made (and remembered)
                 words = _WORDS
-                line = _USUAL_LINE % (
+                figures = (
                     stamp._text, stamp._after[int((created - second) * 1000)], ex.request_id,
                     words.get(ex.method) or _word(ex.method), words.get(ex.path) or _word(ex.path), ex.code, ms,
                     ex.protocol, words.get(model) or _word(model), words.get(compaction) or _word(compaction),
-                    _reason(ex.why), ex.tokens_before, after, ex.tool_notes, ex.wait_ms, ttfb * 1000, ex.stream, u.prompt, u.cached,
-                    u.completion)
+                    _reason(ex.why), ex.tokens_before, after, ex.tool_notes, ex.wait_ms, ttfb * 1000, ex.stream)
+                line = _NO_USAGE_LINE % figures if u is None else _USUAL_LINE % (*figures, u.prompt, u.cached,
+                                                                                  u.completion)
             else:
                 line = f"{fmt.stamp(created)} INFO {access_log.name}: request{self.text(ex, ms)}"
         else:

@@ -22,7 +22,7 @@ import logging
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
@@ -77,6 +77,13 @@ class Incoming(NamedTuple):
 
 
 # -- the route ----------------------------------------------------------------------------------
+def route_handler(protocol: Protocol) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A protocol's route: `handle` with the protocol given (a partial, which aiohttp takes as the
+    coroutine function it wraps). Not a coroutine awaiting `handle`: every event a stream relays
+    resumes each frame of the chain between aiohttp's task and the relay."""
+    return partial(handle, protocol=protocol)
+
+
 async def handle(request: web.Request, protocol: Protocol, *, path: str | None = None,
                  count_only: bool = False) -> web.StreamResponse:
     """A protocol's route. `path`: the upstream's, when not the adapter's (a token count's, or

@@ -295,15 +295,16 @@ def test_a_forked_worker_does_not_write_its_parents_queued_lines():
 @given(method=_nonempty, path=_nonempty, code=st.integers(0, 599), model=_nonempty, compaction=_nonempty,
        before=st.integers(0, 1 << 40), after=st.integers(0, 1 << 40), notes=st.integers(0, 99),
        wait=st.floats(0, 1e7), ttfb=st.floats(0, 1e4), stream=st.booleans(),
-       usage=st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30) | st.booleans()),
-       why=_why)
+       usage=st.tuples(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(0, 1 << 30) | st.booleans())
+       | st.none(), why=_why)
 def test_the_usual_access_line_is_the_general_one(method, path, code, model, compaction, before, after, notes, wait,
                                                   ttfb, stream, usage, why):
     """A protocol route's answer with every figure is written by one %-format; the line must be
     the stamp, then what `text` writes, character for character."""
     ex = Exchange("0123456789abcdef", method, path, "/r", "messages")
     ex.code, ex.stream, ex.model, ex.compaction, ex.tokens_before, ex.tokens_after = code, stream, model, compaction, before, after
-    ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.usage, ex.why = notes, wait, ttfb, Usage(*usage), why
+    # (no usage: a stream that reported none, as chat's do unless the client asks)
+    ex.tool_notes, ex.wait_ms, ex.upstream_ttfb_s, ex.usage, ex.why = notes, wait, ttfb, usage and Usage(*usage), why
     log = AccessLog()
     with own_handler() as (handler, stream_):
         log.request_done(ex)  # (no event loop: written at once)

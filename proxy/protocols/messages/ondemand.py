@@ -203,16 +203,22 @@ async def counted(request: web.Request, raw: bytes, caller: Caller) -> bytes:
 Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
 
 
-async def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
-                  forward: Forward) -> web.StreamResponse:
+def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
+            forward: Forward) -> Awaitable[web.StreamResponse]:
     """The protocol's native hook (protocols/base.py): a compaction request answered here or
     forwarded (`forward`: the pipeline's own path, given the body to send) as the setting and the
     upstream say; our blocks expanded in whatever goes upstream (a count: `counted`); any other
-    request forwarded as it came."""
+    request forwarded as it came (`forward`'s own coroutine: a frame awaiting it would be resumed
+    by every event of its stream)."""
+    if not count_only and raw.find(b'"compaction"') < 0:
+        return forward(raw)
+    return _handled(request, raw, caller, count_only, forward)
+
+
+async def _handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
+                   forward: Forward) -> web.StreamResponse:
     if count_only:
         return await forward(await counted(request, raw, caller))
-    if raw.find(b'"compaction"') < 0:
-        return await forward(raw)
     body = await offload.sized(len(raw), native.parse_object, raw)
     if body is None or not isinstance(body.get("model"), str):
         return await forward(raw)  # (the upstream judges it)

@@ -35,9 +35,7 @@ async def handle_anthropic_passthrough(request: web.Request) -> web.StreamRespon
                              base_path="", key_header="x-api-key")
 
 
-@anthropic_route
-async def handle_messages(request: web.Request) -> web.StreamResponse:
-    return await pipeline.handle(request, PROTOCOL)
+handle_messages = anthropic_route(pipeline.route_handler(PROTOCOL))
 
 
 @anthropic_route

@@ -3,17 +3,12 @@ WebSocket `response.create` goes through the same `pipeline.prepare`: handlers.p
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from proxy.protocols import pipeline
 from proxy.protocols.base import Route
 from proxy.protocols.responses.handlers import handle_compact, handle_responses_get
 from proxy.protocols.responses.protocol import PROTOCOL
 
-
-async def handle_responses(request: web.Request) -> web.StreamResponse:
-    return await pipeline.handle(request, PROTOCOL)
-
+handle_responses = pipeline.route_handler(PROTOCOL)
 
 ROUTES = (Route("POST", "/v1/responses", handle_responses, "responses"),
           Route("GET", "/v1/responses", handle_responses_get),  # WebSocket mode (docs/design.md § Responses API)

@@ -143,13 +143,18 @@ def on_socket(app: web.Application, body: dict[str, Any], caller: Caller) -> Nat
 Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
 
 
-async def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
-                  forward: Forward) -> web.StreamResponse:
+def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
+            forward: Forward) -> Awaitable[web.StreamResponse]:
     """The protocol's native hook (protocols/base.py): a trigger request answered here or
     forwarded (`forward`: the pipeline's own path) as the setting and what the upstream has shown
-    say; any other request forwarded."""
+    say; any other request forwarded (`forward`'s own coroutine: a frame awaiting it would be
+    resumed by every event of its stream)."""
     if not maybe_trigger(raw):
-        return await forward(raw)
+        return forward(raw)
+    return _handled(request, raw, caller, forward)
+
+
+async def _handled(request: web.Request, raw: bytes, caller: Caller, forward: Forward) -> web.StreamResponse:
     body = await offload.sized(len(raw), _checked, raw)
     if body is None or not is_trigger(body):
         return await forward(raw)  # (the route answers a body it cannot read as it does any other)

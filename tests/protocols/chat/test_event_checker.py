@@ -206,3 +206,21 @@ def test_event_names_are_decoded_once_and_the_cache_is_bounded(monkeypatch):
 def test_the_done_marker_ends_a_chat_stream_without_a_parse_error():
     checker = EventChecker()
     assert checker.feed(b"data: [DONE]\n\n") == (b"data: [DONE]\n\n", None) and checker.done
+
+
+def test_the_usual_event_is_judged_in_feed_without_the_general_readings(monkeypatch):
+    # A chat chunk, and a named event whose name was seen before, cost the check alone: no call of
+    # `simple`, `named_fields` or the general path (each a call an event: a stream's events are many).
+    chat, named = EventChecker(), ResponsesEventChecker()
+    delta = _named(b"response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 1,
+                                                   "delta": "x"}) + b"\n\n"
+    assert named.feed(delta) == (delta, None)  # (its name now known)
+    calls: list[str] = []
+    for cls, name in ((EventChecker, "simple"), (EventChecker, "rest"), (sse.NamedEventChecker, "simple")):
+        monkeypatch.setattr(cls, name, lambda self, chunk, name=name: calls.append(name))
+    monkeypatch.setattr(sse, "named_fields", lambda chunk: calls.append("named_fields"))
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'
+    assert chat.feed(usage) == (usage, None) and chat.usage == {"prompt_tokens": 3}
+    assert named.feed(delta) == (delta, None) and named.sequence == 1
+    assert named.feed(b"event: response.output_text.delta\ndata: {\n\n") == (b"", "an event's data is not valid JSON")
+    assert calls == []
