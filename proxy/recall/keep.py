@@ -144,12 +144,29 @@ def unread_bytes(request: Any) -> int:
     return sum(len(w) for w in request.written[known.covered:])
 
 
+FORWARDED = "recall.forwarded"  # the parts of a request's changed forwarded envelopes, by id, in its __dict__
+
+
 def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
     """The parts of a forwarded conversation: an envelope forwarded as the client sent it has the
-    request's own (made once per conversation); only the changed ones (stubs, a summary) are read."""
+    request's own (made once per conversation), a changed one (a stub, a summary) the previous
+    request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
     own = request_parts(request)
     at = {id(e): i for i, e in enumerate(request.conversation.envelopes)}
-    return [own[i] if (i := at.get(id(e))) is not None else envelope_parts(e) for e in forwarded.envelopes]
+    prev = request.previous
+    known = prev.__dict__.get(FORWARDED, {}) if prev is not None else {}
+    mine: dict[int, tuple[Any, list[Part]]] = {}
+    out = []
+    for e in forwarded.envelopes:
+        if (i := at.get(id(e))) is not None:
+            out.append(own[i])
+            continue
+        k = known.get(id(e))  # (the envelope is kept with its parts: its id is not another's)
+        parts = k[1] if k is not None and k[0] is e else envelope_parts(e)
+        mine[id(e)] = (e, parts)
+        out.append(parts)
+    request.__dict__[FORWARDED] = mine
+    return out
 
 
 Span = tuple[str, int, int]  # a summary's span not written out yet: (handle, first, last)

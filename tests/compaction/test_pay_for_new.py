@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections import Counter
 
 from proxy import textfacts
-from proxy.compaction import extract
+from proxy.compaction import extract, view
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
 from proxy.fakes.chat import FakeUpstream
-from support.client import chat
+from proxy.recall import keep
+from support.client import chat, until_twice
 from support.coding_session import coding_session
 
 MODEL = "gpt-4"
@@ -111,3 +112,23 @@ async def test_each_tool_output_is_scanned_for_identifiers_once(
     seen = {t: n for t, n in scanned.items() if t in outputs}
     assert len(seen) >= 5  # the masking read them
     assert max(seen.values()) == 1, sorted(seen.values())
+
+
+async def test_a_stored_masking_stubs_only_what_it_had_not_stubbed(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A masked conversation resent with a turn more: the stubs of the outputs the previous
+    request had stubbed with the same masking are that request's (made and counted once), and
+    recall reads them from there too; only the new turn is read."""
+    upstream.window = WINDOW
+    stubbed: list[int] = []
+    parts: list[int] = []
+    real_stubbed, real_parts = view._stubbed, keep.envelope_parts
+    monkeypatch.setattr(view, "_stubbed", lambda *a: stubbed.append(1) or real_stubbed(*a))
+    monkeypatch.setattr(keep, "envelope_parts", lambda env: parts.append(1) or real_parts(env))
+    proxy = await make_proxy(upstream.base_url, settings(prepare_percent=0))  # the request's own work alone
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "masked", model=MODEL,
+                                 reset=lambda: (stubbed.clear(), parts.clear()))
+    assert len(stubbed) <= sizes[-1] - sizes[-2]  # the new outputs' (none masked): the others the previous request made
+    assert len(parts) <= sizes[-1] - sizes[-2]  # the new messages' parts; no stub read again

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from proxy.fakes.chat import FakeUpstream
 from proxy.recall import keep, layer
-from support.client import chat
+from support.client import until_twice
 from support.coding_session import coding_session
 
 MODEL = "gpt-4"
@@ -42,16 +42,8 @@ async def test_a_compacted_conversation_is_read_for_its_new_envelopes_only(
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
                                                  "compaction": {"learn_token_ratio": False}})
     c = client_for(proxy)
-    s = coding_session(14)
-    statuses, sizes = [], []
-    for history in s.request_points():
-        made.clear(), read.clear(), found.clear()
-        statuses.append((await chat(c, history, model=MODEL, tools=s.tools)).status)
-        sizes.append(len(history))
-        await proxy.state.compaction.idle()
-        if statuses[-2:] == ["reused", "reused"]:
-            break
-    assert statuses[-2:] == ["reused", "reused"], statuses
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL,
+                                 reset=lambda: (made.clear(), read.clear(), found.clear()))
     new = sizes[-1] - sizes[-2]  # the turn this request adds (the system message is the same)
     assert found  # the summary's span (and any stubs): the request carries replacements
     # Its new envelopes, and the forwarded ones the client did not send (stubs, the summary), at most:
