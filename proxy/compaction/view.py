@@ -95,14 +95,15 @@ class View:
     def count_text(self, text: str) -> int:
         return self.counter.count_text(text, self.flow.request.encoding)
 
-    def lazy_keys(self) -> Iterator[str]:
-        """Store keys of every prefix a record could cover, longest first, made one at a time (a
-        long history has thousands), or made ahead (`keys`) for a very long one."""
+    def lazy_keys(self, longer_than: int = 0) -> Iterator[str]:
+        """Store keys of every prefix a record could cover (of more than `longer_than` envelopes
+        after the system part), longest first, made one at a time (a long history has thousands),
+        or made ahead (`keys`) for a very long one."""
         if self.keys is not None:
             yield from self.keys
             return
         n_sys, envs = self.n_system, self.conv.envelopes
-        for k in range(len(envs) - n_sys - 1, 0, -1):
+        for k in range(len(envs) - n_sys - 1, longer_than, -1):
             if envs[n_sys + k].cut_before:
                 yield key(self.scope, self.chain_hex(k))
 

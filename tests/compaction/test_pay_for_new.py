@@ -132,3 +132,20 @@ async def test_a_stored_masking_stubs_only_what_it_had_not_stubbed(
                                  reset=lambda: (stubbed.clear(), parts.clear()))
     assert len(stubbed) <= sizes[-1] - sizes[-2]  # the new outputs' (none masked): the others the previous request made
     assert len(parts) <= sizes[-1] - sizes[-2]  # the new messages' parts; no stub read again
+
+
+async def test_a_kept_record_is_found_trying_the_new_prefixes_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A reused summary resent with a turn more: the record lookup tries the keys of the prefixes
+    the turn added, then the key the previous request found (no record was put since), not the
+    key of every prefix the summary leaves kept."""
+    upstream.window = WINDOW
+    tried: list[str] = []
+    real_key = view.key
+    monkeypatch.setattr(view, "key", lambda scope, chain: tried.append(chain) or real_key(scope, chain))
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=tried.clear)
+    assert tried  # the lookup ran
+    assert len(tried) <= sizes[-1] - sizes[-2], (len(tried), sizes[-2:])  # the new turn's prefixes
