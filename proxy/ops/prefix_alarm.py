@@ -8,8 +8,9 @@ Each conversation keeps the fingerprints of its last forwarded request's message
 messages by the in-process key written at parse (the stable digest, where a protocol's keys carry
 cache markers that clients move: Messages), the proxy's own (summary, notes, stubs) by the digest
 of their JSON. When the request reused the previous body's parse (proxy/reuse.py) and
-shares all of its messages, nothing is compared; else the lists are compared once (a C-level
-compare of the same objects, most of the time).
+shares all of its messages, nothing is compared (and a Messages request's digests are not made
+until a later request compares); else the lists are compared once (a C-level compare of the same
+objects, most of the time).
 """
 
 from __future__ import annotations
