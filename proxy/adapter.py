@@ -138,6 +138,18 @@ class Request:
         return n if self.ratio == 1.0 else int(n * self.ratio)
 
 
+BUILT = "envelopes"  # Request.extra: {"state": ...} the envelopes its adapter made and where the making stopped
+
+
+def built_before(prior: Any) -> Any:
+    """The previous request's envelopes of the values this one shares with it (a reuse.Prior) and
+    the state their making ended in (the adapter's own tuple, its envelopes first), when it made
+    them for exactly those values: a history grown by a turn makes the new turn's envelopes only."""
+    prev = prior.request if prior is not None else None
+    state = prev.extra.get(BUILT, {}).get("state") if prev is not None else None
+    return state if state is not None and len(state[0]) == len(prior) else None
+
+
 @dataclass(frozen=True)
 class SummaryCall:
     """One of the proxy's own summarizer calls, said without a protocol. Transcript form: `system`

@@ -168,15 +168,17 @@ def name_results(items: Sequence[Item]) -> list[Item]:
     turns, so a map over the whole conversation would name an earlier result after a later call);
     a result no call answers keeps the name it came with."""
     calls: dict[str, Item] = {}
-    out = []
-    for it in items:
-        if it.kind is Kind.TOOL_CALL and it.call_id is not None:
-            calls[it.call_id] = it
-        elif it.kind is Kind.TOOL_RESULT and it.call_id in calls:
-            call = calls[it.call_id]  # type: ignore[index]
-            it = replace(it, name=call.name or "tool", args=call.args)
-        out.append(it)
-    return out
+    return [named(it, calls) for it in items]
+
+
+def named(it: Item, calls: dict[str, Item]) -> Item:
+    """name_results for one item, `calls` the latest call of each id before it (a call is noted in it)."""
+    if it.kind is Kind.TOOL_CALL and it.call_id is not None:
+        calls[it.call_id] = it
+    elif it.kind is Kind.TOOL_RESULT and it.call_id in calls:
+        call = calls[it.call_id]  # type: ignore[index]
+        return replace(it, name=call.name or "tool", args=call.args)
+    return it
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,7 @@ class CompactionEngine:
         limit = lambda rec: budget.target if (rec.prepared or forced) else budget.threshold  # noqa: E731
         # Local records first (no I/O on the common reuse path); the shared store only when no
         # local record fits, since another replica may have made a longer one.
-        record = self.records.local(view.lazy_keys())
+        record = self.records.local_for(view)
         applied = self.apply(view, record) if record is not None else None
         if applied is None or applied.tokens_after is None or applied.tokens_after > limit(record):
             stored = await self.stored_record(view, longer_than=record)

@@ -99,6 +99,7 @@ class RecordCache:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.bytes = 0
+        self.puts = 0  # records put so far: a lookup that missed a key misses it again until this moves
         self._d: OrderedDict[str, tuple[SummaryRecord, int]] = OrderedDict()
 
     def get(self, key: str) -> SummaryRecord | None:
@@ -111,6 +112,7 @@ class RecordCache:
 
     def put(self, key: str, rec: SummaryRecord) -> None:
         self.discard(key)
+        self.puts += 1
         size = record_bytes(rec)
         self._d[key] = (rec, size)
         self.bytes += size

@@ -7,8 +7,8 @@ key is `sum:<scope>:<chain>`: the hash chain over the original envelopes it cove
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Sequence
 
 from proxy.compaction.record import RecordCache, SummaryRecord
 from proxy.store.base import Store
@@ -16,6 +16,27 @@ from proxy.store.base import Store
 
 def key(scope: str, chain_hex: str) -> str:
     return f"sum:{scope}:{chain_hex}"
+
+
+LOOKED = "records.looked"  # a request's record lookup (Looked), in its __dict__
+
+
+@dataclass(frozen=True)
+class Looked:
+    """What a request's lookup of this process's records saw: the cache's puts then, the scope,
+    the longest prefix it tried (envelopes after the system part), the key it found (or None)."""
+
+    puts: int
+    scope: str
+    top: int
+    found: str | None
+
+
+def _looked(request: Any) -> Looked | None:
+    """The previous request's lookup when this request starts with all of its envelopes."""
+    prev = request.previous
+    looked = prev.__dict__.get(LOOKED) if prev is not None else None
+    return looked if looked is not None and request.shared >= looked.top + 1 + request.conversation.n_system else None
 
 
 def _read(raw: bytes | None) -> SummaryRecord | None:
@@ -38,6 +59,10 @@ class Records:
 
     def local(self, keys: Iterable[str]) -> SummaryRecord | None:
         """The first of `keys` (longest first; made lazily by the caller) this process holds unexpired."""
+        found = self._first(keys)
+        return found[1] if found is not None else None
+
+    def _first(self, keys: Iterable[str]) -> tuple[str, SummaryRecord] | None:
         for k in keys:
             rec = self._cache.get(k)
             if rec is None:
@@ -45,8 +70,27 @@ class Records:
             if rec.expired(self.clock()):
                 del self._cache[k]
                 continue
-            return rec
+            return k, rec
         return None
+
+    def local_for(self, view: Any) -> SummaryRecord | None:
+        """`local` over the view's prefix keys. A request that grew from the previous one of its
+        conversation, no record put since that one looked, tries its new prefixes' keys only, then
+        the key that one found: every shorter key missed then and misses still (a record kept
+        after a turn is found in one lookup, not in one a kept envelope)."""
+        request = view.flow.request
+        mine = view.keys is None and len(view.conv) == len(request.conversation)
+        before = _looked(request) if mine else None
+        if before is None or before.puts != self._cache.puts or before.scope != view.scope:
+            found = self._first(view.lazy_keys())
+        else:
+            found = self._first(view.lazy_keys(longer_than=before.top))
+            if found is None and before.found is not None:
+                found = self._first((before.found,)) or self._first(view.lazy_keys())
+        if mine:
+            request.__dict__[LOOKED] = Looked(self._cache.puts, view.scope, len(view.conv) - view.n_system - 1,
+                                              found[0] if found is not None else None)
+        return found[1] if found is not None else None
 
     def known(self) -> list[SummaryRecord]:
         """Every record this process holds (metrics, tests)."""

@@ -95,14 +95,15 @@ class View:
     def count_text(self, text: str) -> int:
         return self.counter.count_text(text, self.flow.request.encoding)
 
-    def lazy_keys(self) -> Iterator[str]:
-        """Store keys of every prefix a record could cover, longest first, made one at a time (a
-        long history has thousands), or made ahead (`keys`) for a very long one."""
+    def lazy_keys(self, longer_than: int = 0) -> Iterator[str]:
+        """Store keys of every prefix a record could cover (of more than `longer_than` envelopes
+        after the system part), longest first, made one at a time (a long history has thousands),
+        or made ahead (`keys`) for a very long one."""
         if self.keys is not None:
             yield from self.keys
             return
         n_sys, envs = self.n_system, self.conv.envelopes
-        for k in range(len(envs) - n_sys - 1, 0, -1):
+        for k in range(len(envs) - n_sys - 1, longer_than, -1):
             if envs[n_sys + k].cut_before:
                 yield key(self.scope, self.chain_hex(k))
 
@@ -120,6 +121,26 @@ def _stubbed(view: View, env: Envelope, digest: str, masks: dict[str, str]) -> E
     return new
 
 
+STUBS = "mask.stubs"  # a request's stubbed envelopes by index (and what they were made of), in its __dict__
+
+
+def _stubbed_counted(view: View, i: int, env: Envelope, masks: dict[str, str]) -> tuple[Envelope, int] | None:
+    """`_stubbed` envelope i and its count: the previous request's of the conversation when it
+    stubbed this very envelope with the same masks (a masked history resent with a turn more
+    stubs and counts its new outputs only), else made and kept for the next request."""
+    request = view.flow.request
+    mine = request.__dict__.setdefault(STUBS, {})
+    prev = request.previous
+    known = prev.__dict__.get(STUBS, {}).get(i) if prev is not None and i < request.shared else None
+    if known is not None and known[0] is env and known[1] is masks and known[2] == request.encoding:
+        mine[i] = known
+        return known[3]
+    new = _stubbed(view, env, view.digests[i].hex(), masks)
+    made = (new, view.count(new)) if new is not None else None
+    mine[i] = (env, masks, request.encoding, made)
+    return made
+
+
 def masked(view: View, record: SummaryRecord | None) -> Conversation:
     """The conversation with the record's stubs in place of the old tool outputs it masks."""
     conv = view.conv
@@ -128,8 +149,8 @@ def masked(view: View, record: SummaryRecord | None) -> Conversation:
     changed = {}
     envs = conv.envelopes
     for i in range(view.n_system, len(conv)):
-        if envs[i].kind is Kind.TOOL_RESULT and (env := _stubbed(view, envs[i], view.digests[i].hex(), record.masks)):
-            changed[i] = (env, view.count(env))
+        if envs[i].kind is Kind.TOOL_RESULT and (made := _stubbed_counted(view, i, envs[i], record.masks)):
+            changed[i] = made
     return conv.with_envelopes(changed) if changed else conv
 
 
@@ -143,13 +164,14 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
         env = conv.envelopes[i]
         if env.kind is not Kind.TOOL_RESULT:
             continue
-        d = view.digests[i].hex()
-        new = _stubbed(view, env, d, record.masks) if record.masks else None
-        if new is None and d in record.clamped:
-            new = clamped(view, env, record.clamped[d], conv.tokens[i])
-        if new is None:
+        made = _stubbed_counted(view, i, env, record.masks) if record.masks else None
+        if made is not None:
+            changed[i] = made
             continue
-        changed[i] = (new, view.count(new))
+        d = view.digests[i].hex()
+        new = clamped(view, env, record.clamped[d], conv.tokens[i]) if d in record.clamped else None
+        if new is not None:
+            changed[i] = (new, view.count(new))
     _unbind(view, record, cut, changed)
     fwd = conv.with_envelopes(changed) if changed else conv
     status = _STATUS_OF_TIER[record.tier]

@@ -8,8 +8,9 @@ Each conversation keeps the fingerprints of its last forwarded request's message
 messages by the in-process key written at parse (the stable digest, where a protocol's keys carry
 cache markers that clients move: Messages), the proxy's own (summary, notes, stubs) by the digest
 of their JSON. When the request reused the previous body's parse (proxy/reuse.py) and
-shares all of its messages, nothing is compared; else the lists are compared once (a C-level
-compare of the same objects, most of the time).
+shares all of its messages, nothing is compared (and a Messages request's digests are not made
+until a later request compares); else the lists are compared once (a C-level compare of the same
+objects, most of the time).
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ class PrefixAlarm:
     def __init__(self, hooks: Any, size: int = MAX_CONVERSATIONS) -> None:
         self.hooks = hooks
         self.size = size
-        # conversation -> (its last forwarded request's fingerprints, a weak reference to that
-        # Request when they were its own messages, else None); oldest first (a plain dict keeps
+        # conversation -> (its last forwarded request's fingerprints (None: not made yet, `_own`),
+        # how many, a weak reference to that Request when they were its own messages, else
+        # None); oldest first (a plain dict keeps
         # the order it was written in)
-        self._last: dict[str, tuple[list[Any], Any]] = {}
+        self._last: dict[str, tuple[list[Any] | None, int, Any]] = {}
 
     def forwarded(self, ex: Any, flow: Any, conv: Conversation | None = None) -> None:
         """`flow`'s request goes upstream carrying `conv` (flow.forwarded by default; the client's
@@ -81,14 +83,11 @@ class PrefixAlarm:
         # written out without calls; a few microseconds matter on this path)
         request = flow.request
         mine = conv is request.conversation
-        if mine:
-            now = request.keys if request.digest_cache is DIGESTS else request.digests
-        else:
-            now = fingerprints(request, conv)
+        now = _own(request) if mine else fingerprints(request, conv)
         key = ex.conversation
         last_ = self._last
         last = last_.pop(key, None)
-        last_[key] = (now, weakref.ref(request) if mine else None)
+        last_[key] = (now, len(conv), weakref.ref(request) if mine else None)
         if len(last_) > self.size:
             del last_[next(iter(last_))]
         if last is None:
@@ -96,10 +95,14 @@ class PrefixAlarm:
         status = flow.report.status
         if conv is flow.forwarded and status != "none" and status != "reused" and is_event(ex, flow.report):
             return  # a compaction: the start may change here
-        before, ref = last
+        before, n_before, ref = last
         if mine and ref is not None and request.previous is not None and request.previous is ref() \
-                and request.shared >= len(before):
+                and request.shared >= n_before:
             return  # the previous body's every message, byte for byte (the reuse compared them)
+        before = before if before is not None else _made_late(ref)
+        if before is None:
+            return  # that request is gone, its fingerprints never made (nothing left to compare)
+        now = now if now is not None else request.digests
         if now[:len(before)] == before:
             return
         at = first_difference(before, now)
@@ -107,3 +110,19 @@ class PrefixAlarm:
             log.warning("prefix break: conversation %s forwarded a request that differs from its previous one at "
                         "message %d (no compaction in between)", key, at + 1)
             self.hooks.prefix_break(ex, at, flow.report.tokens_before)
+
+
+def _own(request: Any) -> list[Any] | None:
+    """The fingerprints of the client's own messages, or None where they are the stable digests
+    (Messages) and the request reused the previous body's parse: they are made only if a later
+    request has to compare (in the under zone nothing else asks for them, and the next request
+    of a growing conversation is answered by `shared` alone)."""
+    if request.digest_cache is DIGESTS:
+        return request.keys
+    return None if request.previous is not None and "digests" not in request.__dict__ else request.digests
+
+
+def _made_late(ref: Any) -> list[Any] | None:
+    """The deferred fingerprints of a request (`_own`), made now that they are compared."""
+    request = ref() if ref is not None else None
+    return request.digests if request is not None else None

@@ -28,7 +28,7 @@ from proxy import jsonbody, offload
 from proxy.forward import UPSTREAM_ERRORS, map_client_error
 from proxy.ops import tracing
 from proxy.exchange import CURRENT
-from proxy.recall.keep import parts_of, replacements, request_parts
+from proxy.recall.keep import parts_of, replacements
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
 
@@ -158,16 +158,9 @@ async def prepare(dialect: Dialect, recall: Any, prompts: Any, flow: Any, reques
         return None
 
 
-def _parts(flow: Any) -> tuple[list[Any], list[Any]]:
-    return request_parts(flow.request), parts_of(flow.forwarded)
-
-
 async def _keep(recall: Any, flow: Any) -> bool:
-    """recall.keep of the flow's request and what it forwards: both read off the loop for a large
-    request (every message's parts, then every replaced span's text)."""
-    size = len(flow.request.raw)
-    original, forwarded = await offload.sized(size, _parts, flow)
-    return await recall.keep(flow.identity.scope, original, forwarded, flow.original.n_system, size=size)
+    """recall.keep of the flow's request and what it forwards."""
+    return await recall.keep(flow.identity.scope, flow.request, flow.forwarded, flow.original.n_system)
 
 
 async def keep_retried(recall: Any, flow: Any) -> None:

@@ -9,7 +9,7 @@ client's messages by number, written out verbatim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from proxy.recall import handles
@@ -95,39 +95,130 @@ def span_parts(messages: Sequence[Message], first: int, apart: dict[str, Origina
     return out
 
 
+@dataclass
+class ClientMaps:
+    """What the client sent, as `replacements` looks it up: each call id's result and call (the
+    last one sent), and the user texts. Made for the envelopes the previous request of the
+    conversation had not covered only (`request_maps`)."""
+
+    covered: int  # envelopes read
+    results: dict[str, Part]
+    calls: dict[str, Part]
+    user_texts: set[str]
+
+    def extended(self, messages: Sequence[Message]) -> "ClientMaps":
+        """A copy that has read `messages` too (those after the ones covered)."""
+        out = ClientMaps(self.covered, dict(self.results), dict(self.calls), set(self.user_texts))
+        for msg in messages[self.covered:]:
+            for p in msg:
+                if p.role == "tool_result" and p.call_id:
+                    out.results[p.call_id] = p
+                elif p.role == "tool_call" and p.call_id:
+                    out.calls[p.call_id] = p
+                elif p.role == "user":
+                    out.user_texts.add(p.text)
+        out.covered = len(messages)
+        return out
+
+
+NO_MAPS = ClientMaps(0, {}, {}, set())
+MAPS = "recall.maps"  # a request's ClientMaps, under this name in its __dict__ (as per_envelope's)
+
+
+def request_maps(request: Any) -> ClientMaps:
+    """The ClientMaps of a request's own conversation, extended from the previous request's when
+    it covered only envelopes this one shares (a history grown by a turn reads that turn)."""
+    done = request.__dict__.get(MAPS)
+    if done is None:
+        prev = request.previous
+        known = prev.__dict__.get(MAPS) if prev is not None else None
+        if known is None or known.covered > request.shared:
+            known = NO_MAPS
+        done = request.__dict__[MAPS] = known.extended(request_parts(request))
+    return done
+
+
+def unread_bytes(request: Any) -> int:
+    """Bytes of the envelopes `request_maps` has still to read: the new turn's when the previous
+    request's maps cover the rest, else the whole body."""
+    prev = request.previous
+    known = prev.__dict__.get(MAPS) if prev is not None else None
+    if MAPS in request.__dict__:
+        return 0
+    if known is None or known.covered > request.shared:
+        return len(request.raw)
+    return sum(len(w) for w in request.written[known.covered:])
+
+
+FORWARDED = "recall.forwarded"  # the parts of a request's changed forwarded envelopes, by id, in its __dict__
+
+
+def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
+    """The parts of a forwarded conversation: an envelope forwarded as the client sent it has the
+    request's own (made once per conversation), a changed one (a stub, a summary) the previous
+    request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
+    own = request_parts(request)
+    at = {id(e): i for i, e in enumerate(request.conversation.envelopes)}
+    prev = request.previous
+    known = prev.__dict__.get(FORWARDED, {}) if prev is not None else {}
+    mine: dict[int, tuple[Any, list[Part]]] = {}
+    out = []
+    for e in forwarded.envelopes:
+        if (i := at.get(id(e))) is not None:
+            out.append(own[i])
+            continue
+        k = known.get(id(e))  # (the envelope is kept with its parts: its id is not another's)
+        parts = k[1] if k is not None and k[0] is e else envelope_parts(e)
+        mine[id(e)] = (e, parts)
+        out.append(parts)
+    request.__dict__[FORWARDED] = mine
+    return out
+
+
+Span = tuple[str, int, int]  # a summary's span not written out yet: (handle, first, last)
+
+
+def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_original: int,
+         known: Callable[[str], bool] = lambda handle: False) -> tuple[dict[str, Original], list[Span]]:
+    """The originals of every replacement the forwarded request carries, by handle, and the spans
+    among them whose text is still to be written (`written`): those not `known` (stored already)."""
+    found: dict[str, Original] = {}
+    spans: list[Span] = []
+    for msg in forwarded:
+        for p in msg:
+            if p.role == "tool_result" and p.call_id in maps.results:
+                orig = maps.results[p.call_id]
+                if orig.text == p.text:  # as the client sent it (compared first: most are, and a scan costs)
+                    continue
+                named = handles.in_text(p.text)
+                if named and named[-1] not in found:
+                    call = maps.calls.get(p.call_id)
+                    found[named[-1]] = Original(named[-1], "tool output",
+                                                _label(orig.name or (call.name if call else None), call.args if call else ""),
+                                                orig.text)
+            elif p.role == "user" and handles.RECALL_HEADING in p.text and p.text not in maps.user_texts:
+                for h, a, b in handles.spans_in(p.text):
+                    if h in found or a < 1 or b < a or n_system + b > n_original:
+                        continue
+                    found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation", "")
+                    if not known(h):
+                        spans.append((h, a, b))
+    return found, spans
+
+
+def written(original: Sequence[Message], n_system: int, found: dict[str, Original], spans: list[Span]) -> list[Original]:
+    """`found` with its spans written out (span_text); a large output inside a span kept apart."""
+    apart: dict[str, Original] = {}
+    for h, a, b in spans:
+        parts = span_parts(original[n_system + a - 1:n_system + b], a, apart)
+        found[h] = replace(found[h], text="\n".join(parts), parts=tuple(parts))
+    return [*found.values(), *(o for h, o in apart.items() if h not in found)]
+
+
 def replacements(original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
                  known: Callable[[str], bool] = lambda handle: False) -> list[Original]:
     """The originals of every replacement the forwarded request carries, by handle (deduplicated).
     A span whose handle is `known` (stored already) is listed without its text: writing out a long
     history again on every request that reuses its summary would cost more than all the rest."""
-    results: dict[str, Part] = {}
-    calls: dict[str, Part] = {}
-    client_texts: set[str] = set()
-    for msg in original:
-        for p in msg:
-            if p.role == "tool_result" and p.call_id:
-                results[p.call_id] = p
-            elif p.role == "tool_call" and p.call_id:
-                calls[p.call_id] = p
-            elif p.role == "user":
-                client_texts.add(p.text)
-    found: dict[str, Original] = {}
-    apart: dict[str, Original] = {}  # large outputs inside spans, kept on their own
-    for msg in forwarded:
-        for p in msg:
-            if p.role == "tool_result" and p.call_id in results:
-                orig = results[p.call_id]
-                named = handles.in_text(p.text)
-                if named and orig.text != p.text and named[-1] not in found:
-                    call = calls.get(p.call_id)
-                    found[named[-1]] = Original(named[-1], "tool output",
-                                                _label(orig.name or (call.name if call else None), call.args if call else ""),
-                                                orig.text)
-            elif p.role == "user" and handles.RECALL_HEADING in p.text and p.text not in client_texts:
-                for h, a, b in handles.spans_in(p.text):
-                    if h in found or a < 1 or b < a or n_system + b > len(original):
-                        continue
-                    parts = [] if known(h) else span_parts(original[n_system + a - 1:n_system + b], a, apart)
-                    found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation", "\n".join(parts),
-                                        tuple(parts))
-    return [*found.values(), *(o for h, o in apart.items() if h not in found)]
+    found, spans = find(NO_MAPS.extended(original), forwarded, n_system, len(original), known)
+    return written(original, n_system, found, spans)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from proxy import offload
 from proxy.config import Config
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
-from proxy.recall.keep import Message, replacements
+from proxy.recall.keep import Span, find, forwarded_parts, request_maps, request_parts, unread_bytes, written
 from proxy.recall.originals import Original, Originals
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
@@ -43,17 +43,20 @@ class Recall:
     def name_for(self, client_tools: Sequence[str]) -> str:
         return tool_name(self.cfg.tool_name, client_tools)
 
-    async def keep(self, scope: str, original: Sequence[Message], forwarded: Sequence[Message], n_system: int,
-                   size: int = 0) -> bool:
-        """Store the originals the forwarded request stands in for (those not stored yet). True when
-        it carries any replacement: then the recall tool is declared. `size`, the request's bytes:
-        finding the replacements leaves the loop past offload's size."""
+    async def keep(self, scope: str, request: Any, forwarded: Any, n_system: int) -> bool:
+        """Store the originals the forwarded conversation (neutral) stands in for, those not stored
+        yet; `request` is the client's (adapter.Request). True when it carries any replacement:
+        then the recall tool is declared. Finding them reads what is new in the request (the
+        previous request's maps kept, keep.request_maps), off the loop past offload's size; a
+        summary's spans not stored yet are written out off the loop past it too."""
         # (a thread only asks the cache `in`, one step under the GIL, however the loop changes it)
-        found = await offload.sized(size, replacements, original, forwarded, n_system,
-                                    known=lambda h: f"{scope}:{h}" in self._saved)
+        known = lambda h: f"{scope}:{h}" in self._saved  # noqa: E731
+        found, spans = await offload.sized(unread_bytes(request), _find, request, forwarded, n_system, known)
         if not found:
             return False
-        await self._save(scope, found)
+        originals = list(found.values()) if not spans else \
+            await offload.sized(len(request.raw), written, request_parts(request), n_system, found, spans)
+        await self._save(scope, originals)
         return True
 
     async def _save(self, scope: str, found: list[Original]) -> None:
@@ -78,3 +81,9 @@ class Recall:
         return RecallSession(name, self.originals, scope, self.cfg.max_rounds, self.cfg.max_tokens, count,
                              self.prompts, self.log_content, on_call=self.hooks.recall,
                              protocol=protocol)
+
+
+def _find(request: Any, forwarded: Any, n_system: int,
+          known: Callable[[str], bool]) -> tuple[dict[str, Original], list[Span]]:
+    return find(request_maps(request), forwarded_parts(request, forwarded), n_system,
+                len(request.conversation.envelopes), known)

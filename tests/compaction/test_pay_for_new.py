@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections import Counter
 
 from proxy import identifiers, textfacts
-from proxy.compaction import extract, making
+from proxy.compaction import extract, making, view
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
 from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
-from support.client import chat
+from proxy.recall import keep
+from support.client import chat, until_twice
 from support.coding_session import coding_session
 
 MODEL = "gpt-4"
@@ -174,3 +175,40 @@ async def test_a_summarized_spans_recall_index_is_made_from_its_messages_known_i
     await walk_session(upstream, make_proxy, client_for)
     long = {t for t in spans if len(t) > 2000}  # (a span of short messages only is read as one piece)
     assert long and not long & set(scanned)
+
+
+async def test_a_stored_masking_stubs_only_what_it_had_not_stubbed(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A masked conversation resent with a turn more: the stubs of the outputs the previous
+    request had stubbed with the same masking are that request's (made and counted once), and
+    recall reads them from there too; only the new turn is read."""
+    upstream.window = WINDOW
+    stubbed: list[int] = []
+    parts: list[int] = []
+    real_stubbed, real_parts = view._stubbed, keep.envelope_parts
+    monkeypatch.setattr(view, "_stubbed", lambda *a: stubbed.append(1) or real_stubbed(*a))
+    monkeypatch.setattr(keep, "envelope_parts", lambda env: parts.append(1) or real_parts(env))
+    proxy = await make_proxy(upstream.base_url, settings(prepare_percent=0))  # the request's own work alone
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "masked", model=MODEL,
+                                 reset=lambda: (stubbed.clear(), parts.clear()))
+    assert len(stubbed) <= sizes[-1] - sizes[-2]  # the new outputs' (none masked): the others the previous request made
+    assert len(parts) <= sizes[-1] - sizes[-2]  # the new messages' parts; no stub read again
+
+
+async def test_a_kept_record_is_found_trying_the_new_prefixes_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A reused summary resent with a turn more: the record lookup tries the keys of the prefixes
+    the turn added, then the key the previous request found (no record was put since), not the
+    key of every prefix the summary leaves kept."""
+    upstream.window = WINDOW
+    tried: list[str] = []
+    real_key = view.key
+    monkeypatch.setattr(view, "key", lambda scope, chain: tried.append(chain) or real_key(scope, chain))
+    proxy = await make_proxy(upstream.base_url, settings())
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=tried.clear)
+    assert tried  # the lookup ran
+    assert len(tried) <= sizes[-1] - sizes[-2], (len(tried), sizes[-2:])  # the new turn's prefixes

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from proxy import jsonbody
 from proxy import reuse as prefix
+from proxy.protocols.messages import adapter as messages_adapter
 from proxy.protocols.messages.adapter import MessagesAdapter
+from proxy.protocols.responses import items as responses_items
 from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.errors import ProxyError
@@ -213,14 +215,21 @@ def _conversation(protocol: str, n: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("protocol", sorted(ADAPTERS))
-def test_the_shared_items_are_not_parsed_again(protocol):
-    """The reused path skips the work: the previous request's parsed objects themselves come back."""
+def test_the_shared_items_are_not_parsed_again(protocol, monkeypatch):
+    """The reused path skips the work: the previous request's parsed objects themselves come back,
+    its envelopes too (only the new item's are made: one block or item read)."""
     recent = prefix.RecentBodies()
     items = _conversation(protocol, 5)
     head = [MODEL[protocol], '"instructions":"be brief"' if protocol == "responses" else '"system":"be brief"']
     one, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items[:4]], []))
     grown = body(protocol, head, [write(m, 1) for m in items], ['"stream":true'])
+    read: list[int] = []
+    module, name = (responses_items, "classify") if protocol == "responses" else (messages_adapter, "_item")
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: read.append(1) or real(*a))
     two, prior = reused(protocol, recent, grown)
+    assert len(read) == 1  # the new item's (its envelope made with the rest's, which are one's)
+    assert all(a is b for a, b in zip(two.conversation.envelopes[1:5], one.conversation.envelopes[1:5]))
     assert prior is not None and len(prior) == 4
     assert len(prior.rest) < len(grown) // 3  # what is parsed: the new item and the top level
     field = FIELD[protocol]

@@ -88,3 +88,30 @@ async def test_messages_moving_cache_breakpoints_are_no_break(make_proxy):
                                 path="/messages", expect=200)
             assert answer.headers["x-compaction-status"] == "none"
         assert await breaks(proxy, driver) == 0
+
+
+async def test_messages_under_the_line_makes_no_digest_the_alarm_does_not_compare(make_proxy, monkeypatch):
+    """A growing Messages conversation whose bodies reuse the previous parse: the alarm answers
+    from the shared count and makes none of the new messages' stable digests (nothing else asks
+    for them under the prepare line); a rewritten history still breaks, its digests made then."""
+    from proxy.protocols.messages.adapter import UNMARKED
+
+    made = []
+    digest = UNMARKED._digest
+    monkeypatch.setattr(UNMARKED, "_digest", lambda msg: made.append(msg) or digest(msg))
+    driver = MESSAGES
+    async with driver.make_fake() as fake:
+        proxy = await make_proxy(fake.base_url, driver.settings(fake, 200_000))
+        messages = chat_history(6, 600)
+        per_request = []
+        for i in range(4):
+            messages = grown(messages, i)
+            before = len(made)
+            answer = await driver.send_raw(proxy, messages, credential(driver))
+            assert answer.headers["x-compaction-status"] == "none"
+            per_request.append(len(made) - before)
+        assert per_request[1:] == [0, 0, 0], per_request
+        rewritten = copy.deepcopy(grown(messages, 9))
+        rewritten[3]["content"] += " (edited later by the client)"
+        await driver.send_raw(proxy, rewritten, credential(driver))
+        assert await breaks(proxy, driver) == 1

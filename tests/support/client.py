@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import aiohttp
 from multidict import CIMultiDict
@@ -86,6 +86,24 @@ async def chat(client: AsyncOpenAI, messages: list[dict[str, Any]], headers: dic
         model=model, messages=messages, extra_headers=headers or {}, **kw)
     h = dict(raw.headers)
     return Reply(h.get("x-compaction-status", ""), h, raw.parse())
+
+
+async def until_twice(client: AsyncOpenAI, proxy: Any, session: Any, status: str, *, model: str,
+                      reset: Callable[[], object] = lambda: None) -> tuple[list[str], list[int]]:
+    """A coding session's requests (support.coding_session) one after another, each once the
+    proxy's background work for the one before is done, until two in a row come back `status`
+    (`reset` runs before each): the statuses and the histories' lengths."""
+    statuses: list[str] = []
+    sizes: list[int] = []
+    for history in session.request_points():
+        reset()
+        statuses.append((await chat(client, history, model=model, tools=session.tools)).status)
+        sizes.append(len(history))
+        await proxy.state.compaction.idle()
+        if statuses[-2:] == [status, status]:
+            break
+    assert statuses[-2:] == [status, status], statuses
+    return statuses, sizes
 
 
 # -- raw HTTP -------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapter import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
+from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, built_before,
+                           repeated_fields, splice)
 from proxy import reuse as prefix
 from proxy.reuse import Prior
 from proxy.protocols.chat.body import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
@@ -92,13 +93,13 @@ class ChatAdapter(Adapter):
         while n_system < len(messages) and messages[n_system].get("role") in SYSTEM_ROLES:
             n_system += 1
         built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
-        after = _built_before(prior)
+        after = built_before(prior)
         conv = Conversation(None, tokens, lambda: self.envelopes(messages, after=after, built=built), messages, n_system)
         tools = body.get("tools")
         # (positional, in Request's order: keywords cost every request ~5k instructions)
         return Request(raw, body, model, bool(body.get("stream")), conv, keys, written, encoding,
                        settings.token_ratio if ratio is None else ratio,
-                       prefix.tools_tokens(counter, tools, encoding, prior), tools, False, False, {_BUILT: built})
+                       prefix.tools_tokens(counter, tools, encoding, prior), tools, False, False, {BUILT: built})
 
     def envelopes(self, messages: list[dict[str, Any]], *, after: _Built | None = None,
                   built: dict[str, Any] | None = None) -> list[Envelope]:
@@ -237,15 +238,7 @@ def default_cap_param(base_url: str) -> str:
     return CAP_PARAMS[0] if host.endswith("openai.com") or host.endswith("openai.azure.com") else CAP_PARAMS[1]
 
 
-_BUILT = "chat.envelopes"
 _Built = tuple[list[Envelope], int, dict[str, dict[str, Any]]]  # envelopes, the turn and the calls after them
-
-
-def _built_before(prior: Prior | None) -> _Built | None:
-    """The previous request's envelopes of the shared messages, when it made them for exactly those."""
-    prev = prior.request if prior is not None else None
-    state = prev.extra.get(_BUILT, {}).get("state") if prev is not None else None
-    return state if state is not None and len(state[0]) == len(prior) else None  # type: ignore[arg-type]
 
 
 def _items(m: dict[str, Any], kind: Kind) -> tuple[Item, ...]:

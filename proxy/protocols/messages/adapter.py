@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy.adapter import BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, splice
 from proxy import reuse as prefix
 from proxy.reuse import Prior
 from proxy.protocols.messages import binding, breakpoints
@@ -32,10 +32,10 @@ from proxy.protocols.messages.overflow import is_prompt_too_long
 from proxy.protocols.messages.stream import MessagesEventChecker, messages_usage
 from proxy.protocols.messages import summary
 from proxy.protocols.messages.turns import (
-    cut_allowed, native_compaction, summary_block, with_annotation, with_note, with_summary)
+    cut_allowed_at, native_compaction, summary_block, with_annotation, with_note, with_summary)
 from proxy.config import Config
 from proxy.hashing import DigestCache, message_digest
-from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
 from proxy.tokens import TokenCounter, encoding_name_for
 from proxy.protocols.messages.recall import MESSAGES as DIALECT
@@ -74,6 +74,9 @@ def _without_compaction(prior: Prior | None) -> int:
     request shared, when it had none (and no context_management) anywhere."""
     prev = prior.request if prior is not None else None
     return len(prior) if prev is not None and not prev.native_compaction else 0  # type: ignore[arg-type]
+
+
+_Built = tuple[list[Envelope], int, dict[str, Item]]  # envelopes, the turn and the calls after them
 
 
 def _kind(role: str, items: tuple[Item, ...]) -> Kind:
@@ -115,36 +118,37 @@ class MessagesAdapter(Adapter):
         tokens += counted if counted is not None else []
         tokens += [count_message(counter, values[i], encoding, keys[i]) for i in range(len(tokens), len(values))]
         has_system = bool(system)
+        built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
+        after = built_before(prior)
         tools = body.get("tools")
         # (positional, in Request's order: keywords cost every request ~5k instructions)
         return Request(raw, body, model, bool(body.get("stream")),
-                       Conversation(None, tokens, lambda: self.envelopes(values, has_system), values, len(system)),
+                       Conversation(None, tokens, lambda: self.envelopes(values, has_system, after=after, built=built),
+                                    values, len(system)),
                        keys, written, encoding, settings.token_ratio if ratio is None else ratio,
                        prefix.tools_tokens(counter, tools, encoding, prior), tools,
-                       False, native_compaction(body, _without_compaction(prior)) is not None, {}, UNMARKED)
+                       False, native_compaction(body, _without_compaction(prior)) is not None, {BUILT: built}, UNMARKED)
 
-    def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:
-        """`values`: the system envelope's value first when `has_system`, then the messages."""
-        out: list[Envelope] = [self._system_envelope(values[0])] if has_system else []
+    def envelopes(self, values: list[Any], has_system: bool, *, after: _Built | None = None,
+                  built: dict[str, Any] | None = None) -> list[Envelope]:
+        """`values`: the system envelope's value first when `has_system`, then the messages. A tool
+        result is named after the latest call with its id before it (model.name_results).
+        `after`: the envelopes of the first messages and the turn and calls their making ended
+        with (the previous request's, for the messages it shared); `built` gets this making's."""
         msgs = values[1:] if has_system else values
-        allowed = cut_allowed(msgs)
-        turn = 0
-        for i, v in enumerate(msgs):
+        out: list[Envelope] = list(after[0]) if after is not None else []
+        turn = after[1] if after is not None else 0
+        calls: dict[str, Item] = dict(after[2]) if after is not None else {}
+        for i in range(len(out), len(msgs)):
+            v = msgs[i]
             role = v["role"]
-            items = tuple(_item(b, role) for b in blocks(v.get("content")))
+            items = tuple(named(_item(b, role), calls) for b in blocks(v.get("content")))
             if role == "user" and not any(it.kind is Kind.TOOL_RESULT for it in items):
                 turn += 1
-            out.append(Envelope(items, turn, allowed[i], v))
-        named = name_results([it for e in out for it in e.items])
-        k = 0
-        result = []
-        for e in out:
-            n = len(e.items)
-            items = tuple(named[k:k + n])
-            result.append(Envelope(items, e.turn, e.cut_before, e.value,
-                                   kind=Kind.SYSTEM if e.kind is Kind.SYSTEM else _kind(e.value["role"], items)))
-            k += n
-        return result
+            out.append(Envelope(items, turn, cut_allowed_at(msgs, i), v, kind=_kind(role, items)))
+        if built is not None:
+            built["state"] = (out, turn, calls)
+        return [self._system_envelope(values[0]), *out] if has_system else out
 
     @staticmethod
     def _system_envelope(value: dict[str, Any]) -> Envelope:

@@ -25,13 +25,17 @@ def _types(msg: dict[str, Any]) -> list[str]:
 
 def cut_allowed(messages: list[dict[str, Any]]) -> list[bool]:
     """For each index i: may messages[:i] be summarized and messages[i:] kept?"""
-    out = [False] * len(messages)
-    for i in range(1, len(messages)):
-        role = messages[i].get("role")
-        if role == messages[i - 1].get("role"):
-            continue  # inside one API turn
-        out[i] = role == "assistant" or "tool_result" not in _types(messages[i])
-    return out
+    return [cut_allowed_at(messages, i) for i in range(len(messages))]
+
+
+def cut_allowed_at(messages: list[dict[str, Any]], i: int) -> bool:
+    """cut_allowed's answer for index i (it reads messages i-1 and i only)."""
+    if i == 0:
+        return False
+    role = messages[i].get("role")
+    if role == messages[i - 1].get("role"):
+        return False  # inside one API turn
+    return role == "assistant" or "tool_result" not in _types(messages[i])
 
 
 def native_compaction(body: dict[str, Any], start: int = 0) -> str | None:

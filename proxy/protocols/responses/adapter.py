@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapter import OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, repeated_fields, splice
+from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, built_before,
+                           repeated_fields, splice)
 from proxy.protocols.chat.adapter import ChatAdapter
 from proxy import reuse as prefix
 from proxy.reuse import Prior
@@ -30,7 +31,7 @@ from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.sse import EventChecker
 from proxy.hashing import message_digest
-from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
 from proxy.protocols.responses import items as ri
 from proxy.protocols.responses.body import parse_responses_body, too_deep
@@ -52,6 +53,9 @@ class _Instructions(dict):  # type: ignore[type-arg]
 
 def _instructions_value(text: str) -> _Instructions:
     return _Instructions(instructions=text)
+
+
+_Built = tuple[list[Envelope], ri.Grown, dict[str, Item]]  # envelopes, their parse, the calls after them
 
 
 def _is_instructions(value: Any) -> bool:
@@ -106,22 +110,33 @@ class ResponsesAdapter(Adapter):
                 and values[n_system].get("role") in ri.SYSTEM_ROLES:
             n_system += 1
         tools = body.get("tools")
+        built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
+        after = built_before(prior)
         # (positional, in Request's order: keywords cost every request ~5k instructions)
         return Request(raw, body, model, bool(body.get("stream")),
-                       Conversation(None, tokens, lambda: self.envelopes(values), values, n_system),
+                       Conversation(None, tokens, lambda: self.envelopes(values, after=after, built=built), values, n_system),
                        keys, written, encoding, settings.token_ratio if ratio is None else ratio,
                        prefix.tools_tokens(counter, tools, encoding, prior), tools,
-                       ri.stateful(body) is not None, ri.native_compaction(body), dict(extra) if extra else {})
+                       ri.stateful(body) is not None, ri.native_compaction(body), {**(extra or {}), BUILT: built})
 
-    def envelopes(self, values: list[Any]) -> list[Envelope]:
+    def envelopes(self, values: list[Any], *, after: _Built | None = None,
+                  built: dict[str, Any] | None = None) -> list[Envelope]:
+        """`after`: the envelopes of the first input items, their parse and the calls their making
+        ended with (the previous request's, for the items it shared): only the new items are
+        made, and the shared ones whose cut moved (ri.grown); `built` gets this making's."""
         lead = 1 if values and _is_instructions(values[0]) else 0
-        out: list[Envelope] = []
+        made, before, calls = after if after is not None else ([], None, {})
+        parsed = ri.grown(values[lead:], before)
+        kept = parsed.kept if made else 0
+        calls = dict(calls) if kept else {}  # call id -> its latest call (model.name_results)
+        out = [e if e.cut_before is cut else Envelope(e.items, e.turn, cut, e.value)
+               for e, cut in zip(made[:kept], parsed.cuts)]
+        for e in parsed.entries[len(out):]:
+            out.append(Envelope((named(self._item(e), calls),), e.turn, parsed.cuts[e.index], e.raw))
+        if built is not None:
+            built["state"] = (out, parsed, calls)
         if lead:
-            out.append(Envelope((Item(Kind.SYSTEM, values[0]["instructions"], raw=values[0]),), 0, False, values[0]))
-        entries = ri.parse_items(values[lead:])
-        items = name_results([self._item(e) for e in entries])
-        for e, it in zip(entries, items):
-            out.append(Envelope((it,), e.turn, e.cut_before, e.raw))
+            return [Envelope((Item(Kind.SYSTEM, values[0]["instructions"], raw=values[0]),), 0, False, values[0]), *out]
         return out
 
     def _item(self, e: ri.Entry) -> Item:

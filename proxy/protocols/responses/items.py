@@ -196,27 +196,103 @@ def open_calls_before(entries: list[Entry]) -> list[bool]:
     return out
 
 
-def _cuts(entries: list[Entry]) -> None:
+def _cuts(entries: list[Entry]) -> list[bool]:
+    """Marks the valid cuts; returns where none may fall whatever the items around (_barred)."""
     start = system_count(entries)
-    inside = open_calls_before(entries)
-    last_foreign = max((e.index for e in entries if e.type == COMPACTION), default=-1)
+    barred = _barred(entries)
     for i in range(start, len(entries)):
-        e = entries[i]
-        if inside[i] or i <= last_foreign:
-            continue
-        if i > 0 and entries[i - 1].type == "reasoning":
-            continue  # the reasoning before this item is where its group starts
-        # What this position starts: skip the reasoning items that belong to the next item.
-        j = i
-        while j < len(entries) and entries[j].type == "reasoning":
-            j += 1
-        if j == len(entries):
-            continue
-        anchor = entries[j]
-        after = entries[i - 1].kind if i > start else SYSTEM  # what the position follows
-        starts_turn = anchor.kind == USER and after != USER
-        model_step = (anchor.kind == TOOL_CALL or anchor.type in BUILT_IN) and after in (SYSTEM, USER, TOOL_RESULT)
-        e.cut_before = starts_turn or anchor.kind == ASSISTANT or model_step
+        entries[i].cut_before = _cut_at(entries, i, start, barred[i])
+    return barred
+
+
+def _barred(entries: list[Entry]) -> list[bool]:
+    """Positions inside a call's pair, or before a compaction item the client's own compaction made."""
+    last_foreign = max((e.index for e in entries if e.type == COMPACTION), default=-1)
+    return [inside or i <= last_foreign for i, inside in enumerate(open_calls_before(entries))]
+
+
+def _cut_at(entries: list[Entry], i: int, start: int, barred: bool) -> bool:
+    """Whether a cut may fall before entries[i] (`barred`: inside a call's pair, or before a
+    compaction item the client's own compaction made)."""
+    if barred or (i > 0 and entries[i - 1].type == "reasoning"):
+        return False  # (after reasoning: the reasoning before this item is where its group starts)
+    # What this position starts: skip the reasoning items that belong to the next item.
+    j = i
+    while j < len(entries) and entries[j].type == "reasoning":
+        j += 1
+    if j == len(entries):
+        return False
+    anchor = entries[j]
+    after = entries[i - 1].kind if i > start else SYSTEM  # what the position follows
+    starts_turn = anchor.kind == USER and after != USER
+    model_step = (anchor.kind == TOOL_CALL or anchor.type in BUILT_IN) and after in (SYSTEM, USER, TOOL_RESULT)
+    return starts_turn or anchor.kind == ASSISTANT or model_step
+
+
+@dataclass
+class Grown:
+    """parse_items' answer, with what reading more items after them needs (`grown`). The entries
+    of the items a later request shares are its too: their cut flags are `cuts`, not theirs."""
+
+    entries: list[Entry]
+    cuts: list[bool]
+    barred: list[bool]  # _barred
+    start: int  # system_count
+    names: dict[tuple[str, str], str | None]  # (call type, call id) -> the tool name of its latest call
+    turn: int
+    prev_user: bool
+    open_until: int  # the furthest output index of a call seen so far
+    kept: int = 0  # entries taken from the previous parse (0: parsed whole)
+
+
+def grown(items: list[Any], before: Grown | None) -> Grown:
+    """parse_items(items) where `before` parsed items[:len(before.entries)] (the previous request's
+    shared items): only the new items are classified, named and turned, and only the cuts the new
+    items can move are worked out again (those before a trailing run of reasoning). A new item that
+    changes an earlier answer (the output of an earlier call, a compaction item), or a history of
+    system items only, is parsed whole."""
+    n = len(before.entries) if before is not None else 0
+    new = [classify(it, i) for i, it in enumerate(items[n:], start=n)]
+    if before is None or n == before.start or any(
+            e.type == COMPACTION or (e.kind == TOOL_RESULT and e.call_id is not None
+                                     and (OUTPUTS[e.type][0], e.call_id) in before.names) for e in new):
+        entries = [classify(it, i) for i, it in enumerate(items[:n])] + new
+        _pair_names(entries)
+        _turns(entries)
+        barred = _cuts(entries)
+        names = {(e.type, e.call_id): e.name for e in entries if e.kind == TOOL_CALL and e.call_id is not None}
+        return Grown(entries, [e.cut_before for e in entries], barred, system_count(entries), names, *_ends(entries))
+    names, turn, prev_user = dict(before.names), before.turn, before.prev_user
+    last_output = {(OUTPUTS[e.type][0], e.call_id): e.index for e in new if e.kind == TOOL_RESULT and e.call_id is not None}
+    open_until, inside = before.open_until, []
+    for e in new:
+        if e.kind == TOOL_CALL and e.call_id is not None:
+            names[(e.type, e.call_id)] = e.name
+        elif e.kind == TOOL_RESULT and e.call_id is not None:
+            e.name = names.get((OUTPUTS[e.type][0], e.call_id))
+        if e.kind == USER and not prev_user:
+            turn += 1
+        prev_user, e.turn = e.kind == USER, turn
+        inside.append(open_until >= e.index)
+        if e.kind == TOOL_CALL and e.call_id is not None:
+            open_until = max(open_until, last_output.get((e.type, e.call_id), -1))
+    entries = before.entries + new
+    r = n
+    while r > before.start and entries[r - 1].type == "reasoning":
+        r -= 1  # a trailing reasoning run: the new items give its positions an anchor
+    barred = before.barred + inside  # (no new compaction item: none of the new positions is before one)
+    cuts = before.cuts[:r] + [_cut_at(entries, i, before.start, barred[i]) for i in range(r, len(entries))]
+    return Grown(entries, cuts, barred, before.start, names, turn, prev_user, open_until, n)
+
+
+def _ends(entries: list[Entry]) -> tuple[int, bool, int]:
+    """The turn, whether the last item is a user message, and open_until after `entries`."""
+    last_output = {(OUTPUTS[e.type][0], e.call_id): e.index for e in entries if e.kind == TOOL_RESULT and e.call_id is not None}
+    open_until = -1
+    for e in entries:
+        if e.kind == TOOL_CALL and e.call_id is not None:
+            open_until = max(open_until, last_output.get((e.type, e.call_id), -1))
+    return (entries[-1].turn if entries else 0), bool(entries) and entries[-1].kind == USER, open_until
 
 
 def stateful(body: dict[str, Any]) -> str | None:

@@ -6,6 +6,8 @@ allow leaves a kept part that OpenAI would accept."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.fakes.common import Invalid
 from proxy.fakes.responses.validate import Context, check_request
@@ -120,3 +122,25 @@ def test_every_allowed_cut_of_the_codex_session_is_accepted_by_the_strict_fake(k
             check_request({**body, "input": items[:start] + [summary] + items[cut:]}, ctx)
     # a reasoning item is never left without what follows it: the cut falls before it
     assert all(items[i - 1].get("type") != "reasoning" for i in allowed)
+
+
+_ITEMS = [msg("user", "u"), msg("assistant", "a"), msg("system", "s"), REASONING, call("c1"), out("c1"), call("c2"),
+          out("c2"), call("c1"), out("c1", "again"), {"type": "compaction", "encrypted_content": "x"},
+          {"type": "web_search_call", "id": "ws", "status": "completed", "action": {"type": "search"}}]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, len(_ITEMS) - 1), max_size=14), st.lists(st.integers(1, 4), max_size=6))
+def test_items_parsed_as_they_grow_are_parsed_as_a_whole(picks: list[int], steps: list[int]) -> None:
+    """grown() over a history that grows a few items at a time (each step from the previous
+    step's answer) gives what parse_items gives over the whole: kinds, names, turns and cuts."""
+    items = [_ITEMS[i] for i in picks]
+    before, n = None, 0
+    for step in [*steps, len(items)]:
+        n = min(len(items), n + step)
+        now = ri.grown(items[:n], before)
+        whole = ri.parse_items(items[:n])
+        assert [(e.kind, e.name, e.turn, e.call_id) for e in now.entries] == \
+            [(e.kind, e.name, e.turn, e.call_id) for e in whole]
+        assert now.cuts == [e.cut_before for e in whole]
+        before = now

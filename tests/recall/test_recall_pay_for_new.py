@@ -1,0 +1,52 @@
+"""Recall reads what is new in a request (issue 39): finding the originals a compacted request
+stands in for does not read the whole history again on every request of the conversation.
+
+Counted, not timed, through the real proxy (the openai client, the strict fake upstream): the
+envelopes whose parts are made and the client envelopes read into the maps of calls and results."""
+
+from __future__ import annotations
+
+from proxy.fakes.chat import FakeUpstream
+from proxy.recall import keep, layer
+from support.client import until_twice
+from support.coding_session import coding_session
+
+MODEL = "gpt-4"
+WINDOW = 12000
+
+
+async def test_a_compacted_conversation_is_read_for_its_new_envelopes_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    upstream.window = WINDOW
+    made: list[int] = []  # envelope_parts calls of the request
+    read: list[int] = []  # client envelopes read into the maps
+    found: list[int] = []  # originals the request stands in for
+    real_parts, real_extended, real_save = keep.envelope_parts, keep.ClientMaps.extended, layer.Recall._save
+
+    def parts(env):
+        made.append(1)
+        return real_parts(env)
+
+    def extended(self, messages):
+        read.append(len(messages) - self.covered)
+        return real_extended(self, messages)
+
+    async def save(self, scope, originals):
+        found.append(len(originals))
+        return await real_save(self, scope, originals)
+
+    monkeypatch.setattr(keep, "envelope_parts", parts)
+    monkeypatch.setattr(keep.ClientMaps, "extended", extended)
+    monkeypatch.setattr(layer.Recall, "_save", save)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL,
+                                 reset=lambda: (made.clear(), read.clear(), found.clear()))
+    new = sizes[-1] - sizes[-2]  # the turn this request adds (the system message is the same)
+    assert found  # the summary's span (and any stubs): the request carries replacements
+    # Its new envelopes, and the forwarded ones the client did not send (stubs, the summary), at most:
+    # not every envelope of the history, as each request did before.
+    assert read == [new]
+    assert len(made) <= new + found[0] + 2 < sizes[-1] // 2, (len(made), new, found, sizes[-1])
