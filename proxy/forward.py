@@ -319,8 +319,8 @@ async def relay_events(
             # The events after the first ones relayed by a task of their own, this one waiting for
             # its end: each event's read resumes that task's frame alone, not every frame between
             # aiohttp's handler task and here (the middleware, the route, the pipeline, the send
-            # layers), a stream's ~3k instructions an event. (The first events go out before it
-            # starts: a new task's first step waits a loop iteration.) Cancelling this task
+            # layers; docs/performance.md). The first events go out before it starts: a new task's
+            # first step waits a loop iteration. Cancelling this task
             # cancels the one it waits for; what that one raises comes out here.
             await asyncio.get_running_loop().create_task(_relay_rest(resp, upstream, checker))
         good, why = checker.finish()
