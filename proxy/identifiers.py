@@ -62,10 +62,16 @@ def scanned(text: str) -> str:
     """`text`, or over SCAN_CHARS its head and tail cut at line ends: what extraction reads."""
     if len(text) <= SCAN_CHARS:
         return text
+    head, tail = line_cuts(text)
     half = SCAN_CHARS // 2
-    head = text.rfind("\n", 0, half) + 1 or half
-    tail = text.find("\n", len(text) - half) + 1 or len(text) - half
-    return text[:head] + text[tail:]
+    return text[:head or half] + text[tail or len(text) - half:]
+
+
+def line_cuts(text: str) -> tuple[int, int]:
+    """Where `scanned` cuts a text over SCAN_CHARS: the end of its head and the start of its tail
+    at line ends (0 for a cut with no line end before it: there it cuts mid-line)."""
+    half = SCAN_CHARS // 2
+    return text.rfind("\n", 0, half) + 1, text.find("\n", len(text) - half) + 1
 
 
 def _pieces(text: str) -> Iterable[tuple[int, int]]:

@@ -133,9 +133,7 @@ def _kept(text: str) -> list[tuple[int, int]] | None:
     """The (start, end) regions of `text` that identifiers.scanned keeps; None when it cuts mid-line."""
     if len(text) <= identifiers.SCAN_CHARS:
         return [(0, len(text))]
-    half = identifiers.SCAN_CHARS // 2
-    head = text.rfind("\n", 0, half) + 1
-    tail = text.find("\n", len(text) - half) + 1
+    head, tail = identifiers.line_cuts(text)
     return [(0, head), (tail, len(text))] if head and tail else None
 
 
