@@ -64,10 +64,15 @@ class Request:
     previous: "Request | None" = field(default=None, repr=False, compare=False)
     shared: int = 0
 
+    def before(self, name: str, default: Any = None) -> Any:
+        """What the previous request of the conversation worked out and kept under `name` (in its
+        __dict__, as `per_envelope` keeps it), or `default`."""
+        prev = self.previous
+        return prev.__dict__.get(name, default) if prev is not None else default
+
     def _known(self, name: str) -> list[Any]:
         """The previous request's lazily computed `name` for the shared envelopes ([] when it has none)."""
-        prev = self.previous
-        done = prev.__dict__.get(name) if prev is not None else None
+        done = self.before(name)
         return done[:self.shared] if done is not None and len(done) >= self.shared else []
 
     @cached_property
@@ -95,8 +100,7 @@ class Request:
         """Bytes of the envelopes whose digests (and chain links) this request has to make: those
         it does not share with the previous one, when that one made its digests; else the whole
         body (a cache may hold some: counted as work all the same)."""
-        prev = self.previous
-        if prev is None or "digests" not in prev.__dict__:
+        if self.before("digests") is None:
             return len(self.raw)
         return sum(len(w) for w in self.written[self.shared:])
 
@@ -106,8 +110,8 @@ class Request:
         done = self.__dict__.get("_chain")
         if done is not None and done[0] == n_system:
             return done[1]
-        prev, known = self.previous, None
-        if prev is not None and (theirs := prev.__dict__.get("_chain")) is not None and theirs[0] == n_system:
+        known = None
+        if (theirs := self.before("_chain")) is not None and theirs[0] == n_system:
             known = theirs[1][:max(1, self.shared - n_system + 1)]
         chain = hash_chain(self.digests[n_system:], known)
         self.__dict__["_chain"] = (n_system, chain)

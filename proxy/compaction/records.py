@@ -34,8 +34,7 @@ class Looked:
 
 def _looked(request: Any) -> Looked | None:
     """The previous request's lookup when this request starts with all of its envelopes."""
-    prev = request.previous
-    looked = prev.__dict__.get(LOOKED) if prev is not None else None
+    looked = request.before(LOOKED)
     return looked if looked is not None and request.shared >= looked.top + 1 + request.conversation.n_system else None
 
 

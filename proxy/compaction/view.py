@@ -130,8 +130,7 @@ def _stubbed_counted(view: View, i: int, env: Envelope, masks: dict[str, str]) -
     stubs and counts its new outputs only), else made and kept for the next request."""
     request = view.flow.request
     mine = request.__dict__.setdefault(STUBS, {})
-    prev = request.previous
-    known = prev.__dict__.get(STUBS, {}).get(i) if prev is not None and i < request.shared else None
+    known = request.before(STUBS, {}).get(i) if i < request.shared else None
     if known is not None and known[0] is env and known[1] is masks and known[2] == request.encoding:
         mine[i] = known
         return known[3]

@@ -125,29 +125,28 @@ NO_MAPS = ClientMaps(0, {}, {}, set())
 MAPS = "recall.maps"  # a request's ClientMaps, under this name in its __dict__ (as per_envelope's)
 
 
+def _maps_before(request: Any) -> ClientMaps | None:
+    """The previous request's maps when they cover only envelopes this request shares."""
+    known = request.before(MAPS)
+    return known if known is not None and known.covered <= request.shared else None
+
+
 def request_maps(request: Any) -> ClientMaps:
     """The ClientMaps of a request's own conversation, extended from the previous request's when
     it covered only envelopes this one shares (a history grown by a turn reads that turn)."""
     done = request.__dict__.get(MAPS)
     if done is None:
-        prev = request.previous
-        known = prev.__dict__.get(MAPS) if prev is not None else None
-        if known is None or known.covered > request.shared:
-            known = NO_MAPS
-        done = request.__dict__[MAPS] = known.extended(request_parts(request))
+        done = request.__dict__[MAPS] = (_maps_before(request) or NO_MAPS).extended(request_parts(request))
     return done
 
 
 def unread_bytes(request: Any) -> int:
     """Bytes of the envelopes `request_maps` has still to read: the new turn's when the previous
     request's maps cover the rest, else the whole body."""
-    prev = request.previous
-    known = prev.__dict__.get(MAPS) if prev is not None else None
     if MAPS in request.__dict__:
         return 0
-    if known is None or known.covered > request.shared:
-        return len(request.raw)
-    return sum(len(w) for w in request.written[known.covered:])
+    known = _maps_before(request)
+    return len(request.raw) if known is None else sum(len(w) for w in request.written[known.covered:])
 
 
 FORWARDED = "recall.forwarded"  # the parts of a request's changed forwarded envelopes, by id, in its __dict__
@@ -159,8 +158,7 @@ def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
     request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
     own = request_parts(request)
     at = {id(e): i for i, e in enumerate(request.conversation.envelopes)}
-    prev = request.previous
-    known = prev.__dict__.get(FORWARDED, {}) if prev is not None else {}
+    known = request.before(FORWARDED, {})
     mine: dict[int, tuple[Any, list[Part]]] = {}
     out = []
     for e in forwarded.envelopes:
