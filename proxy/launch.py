@@ -5,7 +5,7 @@ It starts a proxy on a free loopback port (or uses a running one, `--proxy URL`)
 with its base URL pointed there the way that agent reads it (environment variables, or Codex's
 `-c` overrides: nothing in the user's files is edited), passes the agent's exit status through and
 stops the proxy it started. `wrap -- CMD ARGS` runs any command with OPENAI_BASE_URL,
-ANTHROPIC_BASE_URL and GOOGLE_GEMINI_BASE_URL set.
+ANTHROPIC_BASE_URL, GOOGLE_GEMINI_BASE_URL and CODE_ASSIST_ENDPOINT set.
 
 The proxy runs in this process while the agent runs as a child in the terminal's foreground
 process group: Ctrl-C reaches the agent as it would without `wrap` (Claude Code and Codex cancel a
@@ -43,7 +43,7 @@ class Pointing:
 
 
 def _generic(origin: str, environ: dict[str, str]) -> Pointing:
-    return Pointing({"OPENAI_BASE_URL": f"{origin}/v1", "ANTHROPIC_BASE_URL": origin, "GOOGLE_GEMINI_BASE_URL": origin})
+    return Pointing({"OPENAI_BASE_URL": f"{origin}/v1", "ANTHROPIC_BASE_URL": origin, **_gemini(origin, environ).env})
 
 
 def _claude(origin: str, environ: dict[str, str]) -> Pointing:
@@ -61,7 +61,9 @@ def _codex(origin: str, environ: dict[str, str]) -> Pointing:
 
 
 def _gemini(origin: str, environ: dict[str, str]) -> Pointing:
-    return Pointing({"GOOGLE_GEMINI_BASE_URL": origin})  # the @google/genai SDK's base (API-key mode)
+    # With an API key Gemini CLI reads the @google/genai SDK's base; signed in with Google, the
+    # Code Assist endpoint (the proxy started by wrap sends those calls where they were going)
+    return Pointing({"GOOGLE_GEMINI_BASE_URL": origin, "CODE_ASSIST_ENDPOINT": origin})
 
 
 def _opencode(origin: str, environ: dict[str, str]) -> Pointing:
@@ -198,6 +200,16 @@ def with_running_proxy(inv: Invocation, environ: dict[str, str]) -> int:
     return asyncio.run(run_child(argv, env))
 
 
+def own_defaults(cache: Path, environ: dict[str, str]) -> dict[str, Any]:
+    """The started proxy's defaults, below any config: its store in the user's cache directory;
+    Code Assist compacted and sent where the agent would have sent it (the user's own
+    CODE_ASSIST_ENDPOINT, else Google's), since wrap points the agent's at the proxy."""
+    from proxy.protocols.gemini.code_assist import CODE_ASSIST_URL
+
+    return {"store": {"url": f"sqlite:///{cache / 'wrap.db'}"},
+            "gemini": {"code_assist_base_url": environ.get("CODE_ASSIST_ENDPOINT") or CODE_ASSIST_URL}}
+
+
 def with_own_proxy(inv: Invocation, environ: dict[str, str]) -> int:
     from proxy import heap
     from proxy.cmdline import SWITCH_INTERVAL_S, flag_overrides, install_uvloop
@@ -205,7 +217,7 @@ def with_own_proxy(inv: Invocation, environ: dict[str, str]) -> int:
     from proxy.ops.logs import setup_logging
 
     cache = cache_dir(environ)
-    defaults = {"store": {"url": f"sqlite:///{cache / 'wrap.db'}"}}
+    defaults = own_defaults(cache, environ)
     # Loopback and a free port always: the agent is the one client, and two wraps run side by side.
     overrides = {**flag_overrides(inv.options), "server": {"host": "127.0.0.1", "port": 0, "workers": 1}}
     try:

@@ -24,7 +24,9 @@ from proxy.cmdline import flag_overrides
 from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
-from proxy.launch import AGENTS, exit_status, parse, pointing, proxy_origin
+from proxy.config import load_config
+from proxy.launch import AGENTS, exit_status, own_defaults, parse, pointing, proxy_origin
+from proxy.protocols.gemini.code_assist import CODE_ASSIST_URL
 from support.loopback import accepts, serving
 from support.replicas import Replica
 from support.waiting import until
@@ -60,7 +62,7 @@ async def upstreams():
 
     async def gemini_echo(request: web.Request) -> web.Response:  # stands for Google's API: records, answers
         seen.append({"path": request.path_qs, "key": request.headers.get("x-goog-api-key"),
-                     "body": await request.json()})
+                     "bearer": request.headers.get("authorization"), "body": await request.json()})
         return web.json_response({"text": "gemini answered"})
 
     app = web.Application()
@@ -72,7 +74,8 @@ async def upstreams():
 
 def wrap_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_") and k not in (
-        "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENCODE_CONFIG_CONTENT")}
+        "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENCODE_CONFIG_CONTENT", "GOOGLE_GEMINI_BASE_URL",
+        "CODE_ASSIST_ENDPOINT")}
     env.update(PATH=f"{shim_dir(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}", XDG_CACHE_HOME=str(tmp_path / "cache"),
                FAKE_AGENT_REPORT=str(tmp_path / "report.json"), PYTHONPATH=str(ROOT))
     env.update(extra)
@@ -96,14 +99,23 @@ def upstream_flags(u: Upstreams, agent: str) -> list[str]:
 
 
 EXPECTED = {  # the requests each agent's stand-in sends, by what it reads
-    "claude": {"messages"}, "codex": {"responses"}, "gemini": {"gemini"}, "opencode": {"chat", "messages"},
-    "aider": {"chat", "messages"}, "goose": {"chat", "messages"}, None: {"chat", "messages", "gemini"},
+    "claude": {"messages"}, "codex": {"responses"}, "gemini": {"gemini", "code_assist"},
+    "opencode": {"chat", "messages"}, "aider": {"chat", "messages"}, "goose": {"chat", "messages"},
+    None: {"chat", "messages", "gemini", "code_assist"},
 }
+GEMINI_SEEN = [  # relayed as they came: path, the client's key or token, the body
+    {"path": "/v1beta/models/gemini-2.5-pro:generateContent", "key": "gemini-key", "bearer": None,
+     "body": {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}},
+    # signed in with Google: to the user's own CODE_ASSIST_ENDPOINT (the echo), which wrap pointed at the proxy
+    {"path": "/v1internal:loadCodeAssist", "key": None, "bearer": "Bearer ya29.fake-agent",
+     "body": {"metadata": {"ideType": "IDE_UNSPECIFIED", "pluginType": "GEMINI"}}},
+]
 
 
 @pytest.mark.parametrize("agent", [*AGENTS, None], ids=[*AGENTS, "any-command"])
 async def test_each_agent_reaches_its_upstream_through_the_proxy_wrap_started(tmp_path, upstreams, agent):
-    env = wrap_env(tmp_path, FAKE_AGENT_EXIT="3", COMPACTION_PROXY_GEMINI__BASE_URL=upstreams.gemini)
+    env = wrap_env(tmp_path, FAKE_AGENT_EXIT="3", COMPACTION_PROXY_GEMINI__BASE_URL=upstreams.gemini,
+                   CODE_ASSIST_ENDPOINT=upstreams.gemini)
     args = [*upstream_flags(upstreams, agent or ""), *([agent, "--", "--flag", "x y"] if agent
                                                        else ["--", "any-agent", "--flag", "x y"])]
     code, err = await finish(await run_wrap(tmp_path, args, env))
@@ -116,13 +128,13 @@ async def test_each_agent_reaches_its_upstream_through_the_proxy_wrap_started(tm
     assert set(report["requests"]) == EXPECTED[agent]
     for kind, answer in report["requests"].items():
         assert answer["status"] == 200 and answer["text"], (kind, answer)
-        if kind != "gemini":  # the proxy's own report on each protocol it serves
+        if kind not in ("gemini", "code_assist"):  # the proxy's own report on each protocol it serves
             assert answer["compaction"] == "none", (kind, answer)
     urls = [*report["env"].values(), *report["args"]]
     assert any(origin in u for u in urls) and not any("api.openai.com" in u or "anthropic.com" in u for u in urls)
-    if "gemini" in report["requests"]:  # relayed as it came: path, the client's key, the body
-        assert upstreams.gemini_seen == [{"path": "/v1beta/models/gemini-2.5-pro:generateContent", "key": "gemini-key",
-                                          "body": {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}}]
+    if "gemini" in report["requests"]:
+        assert upstreams.gemini_seen == GEMINI_SEEN
+        assert report["env"]["CODE_ASSIST_ENDPOINT"] == origin
     assert not accepts(port)  # the proxy wrap started is stopped
     log = Path(m.group(4)).read_text()
     assert "Traceback" not in log and "drained" in log
@@ -135,7 +147,8 @@ async def test_ctrl_c_is_the_agents_and_the_proxy_serves_on(tmp_path, upstreams)
     (wrap passes nothing more on), decides for itself (here: one more request, then exit 130),
     and the proxy still answers that request."""
     ready = tmp_path / "ready"
-    env = wrap_env(tmp_path, FAKE_AGENT_READY=str(ready), COMPACTION_PROXY_GEMINI__BASE_URL=upstreams.gemini)
+    env = wrap_env(tmp_path, FAKE_AGENT_READY=str(ready), COMPACTION_PROXY_GEMINI__BASE_URL=upstreams.gemini,
+                   CODE_ASSIST_ENDPOINT=upstreams.gemini)
     proc = await run_wrap(tmp_path, [*upstream_flags(upstreams, ""), "--", "any-agent"], env, start_new_session=True)
     await until(ready.exists, "the agent to start", timeout=BOUND_S)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: wrap, and the agent in its group
@@ -192,6 +205,19 @@ async def test_no_proxy_at_the_url_and_no_such_agent_are_one_line(tmp_path):
 
 
 # ---- the pure parts --------------------------------------------------------------------------
+
+
+def test_the_started_proxy_compacts_code_assist_where_the_agent_was_sending_it(tmp_path):
+    """wrap points Gemini CLI's CODE_ASSIST_ENDPOINT at the proxy, so the proxy it starts sends
+    those calls where they were going (compacted as the Gemini API's): the user's own endpoint,
+    else Google's; a config that names one wins (defaults are below the file)."""
+    assert own_defaults(tmp_path, {})["gemini"] == {"code_assist_base_url": CODE_ASSIST_URL}
+    mine = own_defaults(tmp_path, {"CODE_ASSIST_ENDPOINT": "http://127.0.0.1:1/"})
+    assert mine["gemini"] == {"code_assist_base_url": "http://127.0.0.1:1/"}
+    assert load_config(None, environ={}, defaults=mine).gemini.code_assist_base_url == "http://127.0.0.1:1"
+    named = {"COMPACTION_PROXY_GEMINI__CODE_ASSIST_BASE_URL": "http://127.0.0.1:2"}
+    assert load_config(None, environ=named, defaults=mine).gemini.code_assist_base_url == "http://127.0.0.1:2"
+    assert pointing("gemini", "http://o", {}).env == {"GOOGLE_GEMINI_BASE_URL": "http://o", "CODE_ASSIST_ENDPOINT": "http://o"}
 
 
 def test_wraps_flags_name_each_upstream_as_compaction_proxys_do():

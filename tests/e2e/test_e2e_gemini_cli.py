@@ -164,6 +164,10 @@ CODE_ASSIST_MODEL = "gemini-2.5-pro"
 CODE_ASSIST_SETTINGS = {**QUIET, "security": {"auth": {"selectedType": "oauth-personal"}}}
 
 
+CODE_ASSIST_ENV = {"GOOGLE_GENAI_USE_GCA": "true", "GOOGLE_CLOUD_ACCESS_TOKEN": TOKEN,
+                   "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"}
+
+
 def test_signed_in_with_google_its_code_assist_turns_are_compacted_too(gemini_cli: Path, start_proxy, tmp_path: Path):
     """The same task over Code Assist (`CODE_ASSIST_ENDPOINT`: `/v1internal:streamGenerateContent`,
     the request wrapped with the project its account setup named): compacted as the Gemini API,
@@ -175,11 +179,18 @@ def test_signed_in_with_google_its_code_assist_turns_are_compacted_too(gemini_cl
                             upstream={"base_url": fake.base_url}, models={CODE_ASSIST_MODEL: {"context_window": WINDOW}},
                             compaction={"prepare_percent": 0})
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODE_ASSIST_ENDPOINT": proxy.url,
-               "GOOGLE_GENAI_USE_GCA": "true", "GOOGLE_CLOUD_ACCESS_TOKEN": TOKEN,
-               "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"}
+               **CODE_ASSIST_ENV}
         run = subprocess.run([str(gemini_cli), *cli_args()], cwd=work, env=env, capture_output=True, text=True,
                              timeout=300)
         requests = list(fake.requests)
+    code_assist_finished(run, requests)
+    log = proxy.log_text()
+    assert "Traceback" not in log and TOKEN not in log
+
+
+def code_assist_finished(run: subprocess.CompletedProcess[str], requests: list[Any]) -> None:
+    """Gemini CLI finished the task over Code Assist: its account calls relayed, its turns wrapped
+    with its project and token and compacted twice, the proxy's summaries Code Assist calls."""
     account = [r for r in requests if r.kind == "other"]
     assert account and all(r.path.startswith("/v1internal:") and r.status == 200 for r in account)
     model = [r for r in requests if r.kind != "other"]
@@ -190,5 +201,3 @@ def test_signed_in_with_google_its_code_assist_turns_are_compacted_too(gemini_cl
     assert all(r.headers["authorization"] == f"Bearer {TOKEN}" for r in model)
     assert all(r.path == "/v1internal:generateContent" for r in model if r.kind == "summarizer")
     compacted_twice(model, calls, forwarded_summary)
-    log = proxy.log_text()
-    assert "Traceback" not in log and TOKEN not in log

@@ -118,3 +118,21 @@ def test_wrap_runs_gemini_cli_through_its_own_proxy(gemini_cli: Path, tmp_path: 
     assert not accepts(announced_port(run))  # its proxy is gone
     log = (tmp_path / "wrap.log").read_text()
     assert ":streamGenerateContent" in log and "Traceback" not in log and gemini_test.KEY not in log
+
+
+def test_wrap_gemini_signed_in_with_google_compacts_its_code_assist_turns(gemini_cli: Path, tmp_path: Path):
+    """Signed in with Google, Gemini CLI reads CODE_ASSIST_ENDPOINT: wrap points it at its proxy, and
+    the proxy (no Code Assist upstream in its config) sends those calls where they were going, the
+    user's own CODE_ASSIST_ENDPOINT (the fake, standing for Google's), compacted."""
+    logs, work, home = gemini_test.setup(tmp_path, gemini_test.CODE_ASSIST_SETTINGS)
+    with FakeGemini() as fake:
+        fake.reply = gemini_test.agent(logs)
+        run = wrap(tmp_path, gemini_cli, {"gemini": {"base_url": fake.base_url}, "upstream": {"base_url": fake.base_url},
+                                          "models": {gemini_test.CODE_ASSIST_MODEL: {"context_window": WINDOW}}},
+                   gemini_test.cli_args(), work, HOME=str(home), CODE_ASSIST_ENDPOINT=fake.base_url,
+                   **gemini_test.CODE_ASSIST_ENV)
+        requests = list(fake.requests)
+    gemini_test.code_assist_finished(run, requests)
+    assert not accepts(announced_port(run))
+    log = (tmp_path / "wrap.log").read_text()
+    assert "/v1internal:streamGenerateContent" in log and "Traceback" not in log and gemini_test.TOKEN not in log

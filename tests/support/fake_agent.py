@@ -17,8 +17,8 @@ import threading
 import urllib.request
 from typing import Any
 
-VARS = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_BASE",
-        "OPENAI_HOST", "ANTHROPIC_HOST", "OPENCODE_CONFIG_CONTENT")
+VARS = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL", "CODE_ASSIST_ENDPOINT", "OPENAI_API_BASE",
+        "ANTHROPIC_API_BASE", "OPENAI_HOST", "ANTHROPIC_HOST", "OPENCODE_CONFIG_CONTENT")
 KEY = "sk-fake-agent"
 
 
@@ -56,9 +56,19 @@ def anthropic_messages(base: str) -> dict[str, Any]:
 
 
 def gemini(base: str) -> dict[str, Any]:
-    body = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}).encode()
-    req = urllib.request.Request(f"{base}/v1beta/models/gemini-2.5-pro:generateContent", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "x-goog-api-key": "gemini-key"})
+    body = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+    return _post(f"{base}/v1beta/models/gemini-2.5-pro:generateContent", body, {"x-goog-api-key": "gemini-key"})
+
+
+def code_assist(endpoint: str) -> dict[str, Any]:
+    """Gemini CLI signed in with Google: its first call, an account call, to CODE_ASSIST_ENDPOINT."""
+    body = {"metadata": {"ideType": "IDE_UNSPECIFIED", "pluginType": "GEMINI"}}
+    return _post(f"{endpoint}/v1internal:loadCodeAssist", body, {"Authorization": "Bearer ya29.fake-agent"})
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **headers})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return {"status": resp.status, "text": json.loads(resp.read())["text"]}
 
@@ -72,7 +82,7 @@ def requests_for(name: str, args: list[str], env: dict[str, str]) -> dict[str, A
     if name == "codex":
         return {"responses": openai_responses(codex_base(args))}
     if name == "gemini":
-        return {"gemini": gemini(env["GOOGLE_GEMINI_BASE_URL"])}
+        return {"gemini": gemini(env["GOOGLE_GEMINI_BASE_URL"]), "code_assist": code_assist(env["CODE_ASSIST_ENDPOINT"])}
     if name == "opencode":
         providers = json.loads(env["OPENCODE_CONFIG_CONTENT"])["provider"]
         return {"chat": openai_chat(providers["openai"]["options"]["baseURL"]),
@@ -86,7 +96,7 @@ def requests_for(name: str, args: list[str], env: dict[str, str]) -> dict[str, A
 
     return {"chat": openai_chat(str(openai.OpenAI(api_key=KEY).base_url)),  # OPENAI_BASE_URL, as the SDK reads it
             "messages": anthropic_messages(str(anthropic.Anthropic(api_key=KEY).base_url)),
-            "gemini": gemini(env["GOOGLE_GEMINI_BASE_URL"])}
+            "gemini": gemini(env["GOOGLE_GEMINI_BASE_URL"]), "code_assist": code_assist(env["CODE_ASSIST_ENDPOINT"])}
 
 
 def main() -> int:
