@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field as _field
 from typing import Any, Callable
 
 from proxy import jsonbody, offload
@@ -154,6 +154,16 @@ class _Entry:
     request: Any = None
     field: str = ""  # the array's key
     key_at: int | None = None  # where that key begins in `raw` (key_at)
+    # needle -> whether the envelopes' bytes (up to the last one's end) lack it (`contains`)
+    searched: dict[bytes, bool] = _field(default_factory=dict)
+
+    def lacks(self, needle: bytes) -> bool:
+        """Whether this body's envelopes lack `needle`: searched once an entry, and a body kept
+        as grown from an entry that lacked it searches only its new envelopes (`_inherited`)."""
+        known = self.searched.get(needle)
+        if known is None:
+            known = self.searched[needle] = _find(self.raw, needle, 0, self.ends[-1]) < 0
+        return known
 
     def matched(self, raw: bytes) -> int:
         """How many of this body's envelopes `raw` starts with, byte for byte."""
@@ -280,7 +290,7 @@ class RecentBodies:
         if request is not None and request.written is written:
             written[lead:] = kept  # the same bytes, in the kept request too
         entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
-                       _estimate(raw, n), request, field, at)
+                       _estimate(raw, n), request, field, at, _inherited(prior, raw, ends))
         with self._lock:
             if prior is not None and len(prior) == len(prior.entry.ends):
                 self._drop(prior.entry)  # it grew from that body; another that shares only a start is another conversation
@@ -294,6 +304,19 @@ class RecentBodies:
                 self._drop(same[-1])
             while self._bytes > self._max_bytes:
                 self._drop(next(iter(self._lru.values())))
+
+    def unsearched(self, scope: str | None, raw: bytes, needle: bytes) -> int:
+        """Where the bytes of `raw` not known to lack `needle` begin: after the envelopes it
+        shares with the newest kept body of the scope whose envelopes lack it."""
+        if scope is None or len(raw) < MIN_BYTES:
+            return 0
+        with self._lock:
+            candidates = list(self._scopes.get(scope, ()))
+        for e in candidates:
+            k = e.matched(raw)
+            if k and e.lacks(needle):
+                return max(0, e.ends[k - 1] - len(needle) + 1)
+        return 0
 
     def _drop(self, entry: _Entry) -> None:
         if self._lru.pop(id(entry), None) is None:
@@ -313,6 +336,32 @@ class RecentBodies:
 
 
 RECENT = RecentBodies()
+
+
+def _find(buf: bytes, needle: bytes, start: int, end: int) -> int:
+    """`buf.find` (one place, so that a test can see which bytes were searched)."""
+    return buf.find(needle, start, end)
+
+
+def _inherited(prior: Prior | None, raw: bytes, ends: list[int]) -> dict[bytes, bool]:
+    """The needles the previous body's envelopes lacked that this body's lacks too: only the
+    envelopes after the shared ones are searched (a needle across the seam starts in them)."""
+    if prior is None or not prior.entry.searched:
+        return {}
+    shared = prior.entry.ends[len(prior) - 1]
+    return {n: _find(raw, n, max(0, shared - len(n) + 1), ends[-1]) < 0
+            for n, lacked in prior.entry.searched.items() if lacked}
+
+
+def contains(protocol: str, scope: str | None, raw: bytes, needle: bytes) -> bool:
+    """`needle in raw`, without searching again the envelopes `raw` shares with a kept body of
+    the scope that lacked it: a hook that looks for its marker before the parse (an agent's own
+    compaction) then searches what is new in the body, not the history it resends every turn."""
+    return _find(raw, needle, RECENT.unsearched(_scoped(protocol, scope), raw, needle), len(raw)) >= 0
+
+
+def _scoped(protocol: str, scope: str | None) -> str | None:
+    return f"{protocol}:{scope}" if scope is not None else None
 
 
 def parse_seen(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, prior: Prior | None,
@@ -357,7 +406,7 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
     field = getattr(adapter, "envelope_field", None)
     if field is None:  # a protocol that does not say where its envelopes are: parsed whole
         return await offload.sized(len(raw), adapter.parse, raw, counter, cfg, ratio=ratio)
-    scope = f"{adapter.protocol}:{scope}" if scope is not None else None
+    scope = _scoped(adapter.protocol, scope)
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)
