@@ -209,10 +209,8 @@ class RecentBodies:
     def bytes(self) -> int:
         return self._bytes
 
-    def prior(self, scope: str | None, raw: bytes) -> Prior | None:
-        """What an earlier body of this scope shares with `raw`, or None."""
-        if scope is None:
-            return None
+    def _longest(self, scope: str, raw: bytes) -> tuple[_Entry | None, int]:
+        """The kept body of the scope `raw` shares most envelopes with, and how many."""
         with self._lock:
             candidates = list(self._scopes.get(scope, ()))
         best, n = None, 0
@@ -222,6 +220,13 @@ class RecentBodies:
                 best, n = e, k
                 if k == len(e.ends):
                     break
+        return best, n
+
+    def prior(self, scope: str | None, raw: bytes) -> Prior | None:
+        """What an earlier body of this scope shares with `raw`, or None."""
+        if scope is None:
+            return None
+        best, n = self._longest(scope, raw)
         if best is None:
             return None
         end = best.ends[n - 1]
@@ -307,16 +312,14 @@ class RecentBodies:
 
     def unsearched(self, scope: str | None, raw: bytes, needle: bytes) -> int:
         """Where the bytes of `raw` not known to lack `needle` begin: after the envelopes it
-        shares with the newest kept body of the scope whose envelopes lack it."""
+        shares with the kept body of the scope it shares most with (`prior`'s), when that one's
+        envelopes lack it."""
         if scope is None or len(raw) < MIN_BYTES:
             return 0
-        with self._lock:
-            candidates = list(self._scopes.get(scope, ()))
-        for e in candidates:
-            k = e.matched(raw)
-            if k and e.lacks(needle):
-                return max(0, e.ends[k - 1] - len(needle) + 1)
-        return 0
+        best, n = self._longest(scope, raw)
+        if best is None or not best.lacks(needle):
+            return 0
+        return max(0, best.ends[n - 1] - len(needle) + 1)
 
     def _drop(self, entry: _Entry) -> None:
         if self._lru.pop(id(entry), None) is None:
