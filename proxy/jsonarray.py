@@ -76,6 +76,23 @@ def elements(buf: bytes, start: int) -> list[int] | None:
     return None
 
 
+def written_ends(buf: bytes, start: int, written: list[bytes]) -> list[int] | None:
+    """`elements(buf, start)` when the array's elements are `written` byte for byte (a client
+    that writes compact JSON as orjson does, as the SDKs do): compared, not scanned; else None. A
+    complete JSON value's bytes end where it ends, so equal bytes are the element's whole extent."""
+    ends: list[int] = []
+    pos = skip_ws(buf, start)
+    for w in written:
+        if not buf.startswith(w, pos):
+            return None
+        pos += len(w)
+        ends.append(pos)
+        pos = skip_ws(buf, pos)
+        if buf[pos:pos + 1] == b",":
+            pos = skip_ws(buf, pos + 1)
+    return ends if buf[pos:pos + 1] == b"]" else None
+
+
 def key_at(raw: bytes, start: int, field: str) -> int | None:
     """Where the key of the array opened just before `start` begins (`"field"`: array_start
     matched it written as is, and only whitespace and the colon lie between it and the `[`)."""

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from proxy import jsonbody, offload
 from proxy.errors import ProxyError
-from proxy.jsonarray import array_start, elements, key_at, skip_ws
+from proxy.jsonarray import array_start, elements, key_at, skip_ws, written_ends
 
 
 MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept (and is never offloaded)
@@ -270,7 +270,7 @@ class RecentBodies:
                     if id(prior.entry) in self._lru:
                         self._lru.move_to_end(id(prior.entry))
                 return
-            tail = elements(prior.rest, prior.start)
+            tail = _new_ends(prior, values, written)
             if tail is None:
                 return
             shift = prior.resume - prior.start
@@ -339,6 +339,14 @@ class RecentBodies:
 
 
 RECENT = RecentBodies()
+
+
+def _new_ends(prior: Prior, values: list[Any], written: list[bytes]) -> list[int] | None:
+    """Where the array's elements after the shared ones end in `prior.rest`: their written JSON
+    compared with the bytes when that is how the client wrote them, else the bytes scanned."""
+    lead = _lead(values, prior.values[0])
+    ends = written_ends(prior.rest, prior.start, written[lead + len(prior):]) if lead is not None else None
+    return ends if ends is not None else elements(prior.rest, prior.start)
 
 
 def _find(buf: bytes, needle: bytes, start: int, end: int) -> int:

@@ -1,11 +1,14 @@
-"""The agent's own compaction is looked for by a byte search before the parse (Messages:
-`"compaction"`, Responses: `compaction_trigger"`). An agent resends its whole history each turn,
-so the search reads only what the body does not share with the conversation's previous body that
-lacked the marker (proxy/reuse.py `contains`), not the ~0.5 MB of history again (issue 39).
+"""What a grown body is scanned for reads its new bytes, not the history it resends (issue 39).
 
-Counted, not timed: the bytes searched per request, through the real SDK clients and the strict
-fakes; and the answer checked against `needle in raw` for bodies that grow, change and end with
-the marker in every place it can be."""
+- The agent's own compaction is looked for by a byte search before the parse (Messages:
+  `"compaction"`, Responses: `compaction_trigger"`): only what the body does not share with the
+  conversation's previous body that lacked the marker is searched (proxy/reuse.py `contains`).
+- Where the new elements end (for the next request's prefix match) is read off their written JSON
+  when the client's bytes are it, not scanned token by token (`jsonarray.written_ends`).
+
+Counted, not timed: the bytes searched and the scans per request, through the real SDK clients
+and the strict fakes; and each answer checked against the plain computation.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import reuse
+from proxy import jsonarray, jsonbody, reuse
 from proxy.config import Config
 from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.messages.ondemand import MARK
 from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.tokens import TokenCounter
-from support.bodies import body_with
-from support.protocols import MESSAGES, RESPONSES
+from support.bodies import body_with, write
+from support.protocols import CHAT, MESSAGES, RESPONSES
 
 NEEDLES = {"messages": MARK, "responses": b'compaction_trigger"'}
 DRIVERS = {"messages": MESSAGES, "responses": RESPONSES}
@@ -130,3 +133,50 @@ def test_the_marker_is_found_wherever_a_body_of_the_conversation_carries_it(prot
         found = raw.find(needle, recent.unsearched("s", raw, needle)) >= 0
         assert found == (needle in raw), (kind, at)
         keep(protocol, recent, raw)
+
+
+# -- the element ends of a grown body ------------------------------------------------------------
+
+DRIVERS3 = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
+
+
+@pytest.mark.parametrize("protocol", sorted(DRIVERS3))
+async def test_a_grown_body_written_as_the_sdk_writes_it_is_not_scanned_for_its_elements(protocol, make_proxy, monkeypatch):
+    """Where the new elements of a grown body end (for the next request's prefix match) is read
+    off their written JSON when the client's bytes are it (the SDKs write compact JSON), not found
+    by scanning the new bytes with a regular expression token by token."""
+    scans: list[int] = []
+    real = reuse.elements
+    monkeypatch.setattr(reuse, "elements", lambda buf, start: scans.append(len(buf) - start) or real(buf, start))
+    reuse.RECENT.clear()
+    driver = DRIVERS3[protocol]
+    fake = await driver.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, driver.settings(fake, 1_000_000))
+        history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} caf\u00e9 \"q\"\n" * 300}
+                   for i in range(30)]
+        for n in (20, 22, 24):
+            assert (await driver.send(proxy, history[:n + 1])).status == "none"
+        assert len(reuse.RECENT) == 1  # each body kept, as grown from the one before
+    finally:
+        await fake.stop()
+        reuse.RECENT.clear()
+    assert len(scans) == 1  # the first body's, which had nothing to grow from
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(elements=st.lists(st.dictionaries(st.text(max_size=4), json_values, max_size=3), max_size=5),
+       style=st.integers(0, 2), drop=st.integers(0, 2))
+def test_written_ends_are_the_scanned_ends_or_none(elements, style, drop):
+    raw = body_with("messages", ['"model":"m"'], [write(e, style) for e in elements], ['"stream":true'])
+    start = jsonarray.array_start(raw, "messages")
+    written = [jsonbody.dumps(e) for e in elements][:len(elements) - drop if drop else None]
+    got = jsonarray.written_ends(raw, start, written)
+    if style == 0 and not drop:  # compact, non-ASCII as is: how orjson writes them
+        assert got is not None
+    assert got is None or got == jsonarray.elements(raw, start)
