@@ -83,8 +83,8 @@ def written_ends(buf: bytes, start: int, written: list[bytes]) -> list[int] | No
     ends: list[int] = []
     pos = skip_ws(buf, start)
     for w in written:
-        if not buf.startswith(w, pos):
-            return None
+        if w[:1] not in (b"{", b"[") or not buf.startswith(w, pos):
+            return None  # (a scalar element: elements() says None to it)
         pos += len(w)
         ends.append(pos)
         pos = skip_ws(buf, pos)

@@ -170,13 +170,13 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6
 
 
 @settings(max_examples=200, deadline=None)
-@given(elements=st.lists(st.dictionaries(st.text(max_size=4), json_values, max_size=3), max_size=5),
+@given(elements=st.lists(st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_values, max_size=5),
        style=st.integers(0, 2), drop=st.integers(0, 2))
 def test_written_ends_are_the_scanned_ends_or_none(elements, style, drop):
     raw = body_with("messages", ['"model":"m"'], [write(e, style) for e in elements], ['"stream":true'])
     start = jsonarray.array_start(raw, "messages")
     written = [jsonbody.dumps(e) for e in elements][:len(elements) - drop if drop else None]
     got = jsonarray.written_ends(raw, start, written)
-    if style == 0 and not drop:  # compact, non-ASCII as is: how orjson writes them
+    if style == 0 and not drop and all(isinstance(e, (dict, list)) for e in elements):  # as orjson writes them
         assert got is not None
     assert got is None or got == jsonarray.elements(raw, start)
