@@ -30,19 +30,15 @@ scope, bounded in total by an estimate of the bytes they hold (tests/reliability
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field as _field
 from typing import Any, Callable
 
 from proxy import jsonbody, offload
 from proxy.errors import ProxyError
+from proxy.jsonarray import array_start, elements, key_at, skip_ws, written_ends
 
-# A JSON string (escapes skipped) or a bracket: enough to find where the array's elements end in
-# a body that is valid JSON (a bracket inside a string is part of the string's match).
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-_WS = b" \t\r\n"
 
 MIN_BYTES = 16 << 10  # a smaller body parses faster than it is compared and kept (and is never offloaded)
 PER_SCOPE = 16  # bodies kept per scope: conversations one client runs at once
@@ -143,22 +139,6 @@ def fields_before(body: Any, field: str) -> dict[str, Any] | None:
     return None
 
 
-def key_at(raw: bytes, start: int, field: str) -> int | None:
-    """Where the key of the array opened just before `start` begins (`"field"`: array_start
-    matched it written as is, and only whitespace and the colon lie between it and the `[`)."""
-    i = start - 1  # the `[`
-    while i > 0 and raw[i - 1] in _WS:
-        i -= 1
-    if raw[i - 1:i] != b":":
-        return None
-    i -= 1
-    while i > 0 and raw[i - 1] in _WS:
-        i -= 1
-    key = ('"' + field + '"').encode()
-    at = i - len(key)
-    return at if at > 0 and raw.startswith(key, at) else None
-
-
 @dataclass(slots=True)
 class _Entry:
     scope: str
@@ -174,6 +154,16 @@ class _Entry:
     request: Any = None
     field: str = ""  # the array's key
     key_at: int | None = None  # where that key begins in `raw` (key_at)
+    # needle -> whether the envelopes' bytes (up to the last one's end) lack it (`contains`)
+    searched: dict[bytes, bool] = _field(default_factory=dict)
+
+    def lacks(self, needle: bytes) -> bool:
+        """Whether this body's envelopes lack `needle`: searched once an entry, and a body kept
+        as grown from an entry that lacked it searches only its new envelopes (`_inherited`)."""
+        known = self.searched.get(needle)
+        if known is None:
+            known = self.searched[needle] = _find(self.raw, needle, 0, self.ends[-1]) < 0
+        return known
 
     def matched(self, raw: bytes) -> int:
         """How many of this body's envelopes `raw` starts with, byte for byte."""
@@ -191,71 +181,6 @@ class _Entry:
             else:
                 hi = mid - 1
         return lo
-
-
-def _skip_ws(buf: bytes, i: int) -> int:
-    n = len(buf)
-    while i < n and buf[i] in _WS:
-        i += 1
-    return i
-
-
-def array_start(raw: bytes, field: str) -> int | None:
-    """The offset just after the `[` of the top-level `"field": [...]` of a valid JSON object."""
-    i = _skip_ws(raw, 0)
-    if raw[i:i + 1] != b"{":
-        return None
-    key = ('"' + field + '"').encode()
-    depth = 0
-    for m in _TOKEN.finditer(raw, i):
-        s = m.start()
-        c = raw[s]
-        if c == 0x22:  # a string
-            if depth == 1 and m.end() - s == len(key) and raw.startswith(key, s):
-                j = _skip_ws(raw, m.end())
-                if raw[j:j + 1] == b":":
-                    j = _skip_ws(raw, j + 1)
-                    return j + 1 if raw[j:j + 1] == b"[" else None
-        elif c == 0x7B or c == 0x5B:  # { [
-            depth += 1
-        else:
-            depth -= 1
-            if depth == 0:
-                return None
-    return None
-
-
-def elements(buf: bytes, start: int) -> list[int] | None:
-    """Where each element of the array opened just before `start` ends (valid JSON); None when
-    an element is not an object or an array."""
-    ends: list[int] = []
-    i = _skip_ws(buf, start)
-    if buf[i:i + 1] == b"]":
-        return ends
-    depth = 0
-    pos = i
-    for m in _TOKEN.finditer(buf, i):
-        s = m.start()
-        c = buf[s]
-        if depth == 0:
-            if _skip_ws(buf, pos) != s:
-                return None  # a scalar element before this
-            if c == 0x5D:  # ] the array's own end
-                return ends
-            if c != 0x7B and c != 0x5B:
-                return None  # a string element
-        if c == 0x22:
-            continue
-        if c == 0x7B or c == 0x5B:
-            depth += 1
-        else:
-            depth -= 1
-            if depth == 0:
-                ends.append(m.end())
-                pos = _skip_ws(buf, m.end())
-                if buf[pos:pos + 1] == b",":
-                    pos += 1
-    return None
 
 
 def _estimate(raw: bytes, n: int) -> int:
@@ -284,10 +209,8 @@ class RecentBodies:
     def bytes(self) -> int:
         return self._bytes
 
-    def prior(self, scope: str | None, raw: bytes) -> Prior | None:
-        """What an earlier body of this scope shares with `raw`, or None."""
-        if scope is None:
-            return None
+    def _longest(self, scope: str, raw: bytes) -> tuple[_Entry | None, int]:
+        """The kept body of the scope `raw` shares most envelopes with, and how many."""
         with self._lock:
             candidates = list(self._scopes.get(scope, ()))
         best, n = None, 0
@@ -297,13 +220,20 @@ class RecentBodies:
                 best, n = e, k
                 if k == len(e.ends):
                     break
+        return best, n
+
+    def prior(self, scope: str | None, raw: bytes) -> Prior | None:
+        """What an earlier body of this scope shares with `raw`, or None."""
+        if scope is None:
+            return None
+        best, n = self._longest(scope, raw)
         if best is None:
             return None
         end = best.ends[n - 1]
-        i = _skip_ws(raw, end)
+        i = skip_ws(raw, end)
         c = raw[i:i + 1]
         if c == b",":
-            resume = _skip_ws(raw, i + 1)
+            resume = skip_ws(raw, i + 1)
             if raw[resume:resume + 1] == b"]":
                 return None  # a trailing comma: the full parse says why it is not JSON
         elif c == b"]":
@@ -340,7 +270,7 @@ class RecentBodies:
                     if id(prior.entry) in self._lru:
                         self._lru.move_to_end(id(prior.entry))
                 return
-            tail = elements(prior.rest, prior.start)
+            tail = _new_ends(prior, values, written)
             if tail is None:
                 return
             shift = prior.resume - prior.start
@@ -365,7 +295,7 @@ class RecentBodies:
         if request is not None and request.written is written:
             written[lead:] = kept  # the same bytes, in the kept request too
         entry = _Entry(scope, raw, start, ends, values[lead:], kept, keys[lead:], tokens[lead:], encoding,
-                       _estimate(raw, n), request, field, at)
+                       _estimate(raw, n), request, field, at, _inherited(prior, raw, ends))
         with self._lock:
             if prior is not None and len(prior) == len(prior.entry.ends):
                 self._drop(prior.entry)  # it grew from that body; another that shares only a start is another conversation
@@ -379,6 +309,17 @@ class RecentBodies:
                 self._drop(same[-1])
             while self._bytes > self._max_bytes:
                 self._drop(next(iter(self._lru.values())))
+
+    def unsearched(self, scope: str | None, raw: bytes, needle: bytes) -> int:
+        """Where the bytes of `raw` not known to lack `needle` begin: after the envelopes it
+        shares with the kept body of the scope it shares most with (`prior`'s), when that one's
+        envelopes lack it."""
+        if scope is None or len(raw) < MIN_BYTES:
+            return 0
+        best, n = self._longest(scope, raw)
+        if best is None or not best.lacks(needle):
+            return 0
+        return max(0, best.ends[n - 1] - len(needle) + 1)
 
     def _drop(self, entry: _Entry) -> None:
         if self._lru.pop(id(entry), None) is None:
@@ -398,6 +339,40 @@ class RecentBodies:
 
 
 RECENT = RecentBodies()
+
+
+def _new_ends(prior: Prior, values: list[Any], written: list[bytes]) -> list[int] | None:
+    """Where the array's elements after the shared ones end in `prior.rest`: their written JSON
+    compared with the bytes when that is how the client wrote them, else the bytes scanned."""
+    lead = _lead(values, prior.values[0])
+    ends = written_ends(prior.rest, prior.start, written[lead + len(prior):]) if lead is not None else None
+    return ends if ends is not None else elements(prior.rest, prior.start)
+
+
+def _find(buf: bytes, needle: bytes, start: int, end: int) -> int:
+    """`buf.find` (one place, so that a test can see which bytes were searched)."""
+    return buf.find(needle, start, end)
+
+
+def _inherited(prior: Prior | None, raw: bytes, ends: list[int]) -> dict[bytes, bool]:
+    """The needles the previous body's envelopes lacked that this body's lacks too: only the
+    envelopes after the shared ones are searched (a needle across the seam starts in them)."""
+    if prior is None or not prior.entry.searched:
+        return {}
+    shared = prior.entry.ends[len(prior) - 1]
+    return {n: _find(raw, n, max(0, shared - len(n) + 1), ends[-1]) < 0
+            for n, lacked in prior.entry.searched.items() if lacked}
+
+
+def contains(protocol: str, scope: str | None, raw: bytes, needle: bytes) -> bool:
+    """`needle in raw`, without searching again the envelopes `raw` shares with a kept body of
+    the scope that lacked it: a hook that looks for its marker before the parse (an agent's own
+    compaction) then searches what is new in the body, not the history it resends every turn."""
+    return _find(raw, needle, RECENT.unsearched(_scoped(protocol, scope), raw, needle), len(raw)) >= 0
+
+
+def _scoped(protocol: str, scope: str | None) -> str | None:
+    return f"{protocol}:{scope}" if scope is not None else None
 
 
 def parse_seen(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, prior: Prior | None,
@@ -442,7 +417,7 @@ async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | N
     field = getattr(adapter, "envelope_field", None)
     if field is None:  # a protocol that does not say where its envelopes are: parsed whole
         return await offload.sized(len(raw), adapter.parse, raw, counter, cfg, ratio=ratio)
-    scope = f"{adapter.protocol}:{scope}" if scope is not None else None
+    scope = _scoped(adapter.protocol, scope)
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
     return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from proxy import errors, jsonbody, native, offload
+from proxy import errors, jsonbody, native, offload, reuse
 from proxy.byheaders import Caller
 from proxy.exchange import EXCHANGE
 from proxy.compaction.inject import summary_message_text
@@ -29,6 +29,7 @@ from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
+from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.responses import compact
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
@@ -37,6 +38,7 @@ BETA = "compact-2026-09-04"
 REFUSALS = (400, 422)
 LEARNED = web.AppKey("messages_native_compaction", dict)  # (upstream URL, model) -> whether it serves it
 Position = tuple[int, int]  # (message, block)
+MARK = b'"compaction"'  # in every body this hook handles: the field, or a block's type
 
 
 def asks(body: Any) -> bool:
@@ -210,7 +212,7 @@ def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
     upstream say; our blocks expanded in whatever goes upstream (a count: `counted`); any other
     request forwarded as it came (`forward`'s own coroutine: a frame awaiting it would be resumed
     by every event of its stream)."""
-    if not count_only and raw.find(b'"compaction"') < 0:
+    if not count_only and not reuse.contains(MessagesAdapter.protocol, caller.credentials.scope, raw, MARK):
         return forward(raw)
     return _handled(request, raw, caller, count_only, forward)
 

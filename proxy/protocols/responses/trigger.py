@@ -21,9 +21,10 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from proxy import errors, native, offload
+from proxy import errors, native, offload, reuse
 from proxy.byheaders import Caller
 from proxy.exchange import EXCHANGE
+from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.protocols.responses.body import parse_responses_body
 from proxy.protocols.responses.runtime import RESPONSES
 from proxy.protocols.responses.websocket import NativeAnswer
@@ -33,9 +34,10 @@ TRIGGER = "compaction_trigger"
 REFUSALS = (400, 422)  # how a server that does not know an item type answers (422: pydantic servers)
 
 
-def maybe_trigger(raw: bytes) -> bool:
-    """A byte search that every trigger request passes (and nearly every other fails)."""
-    return raw.find(b'compaction_trigger"') >= 0
+def maybe_trigger(raw: bytes, scope: str | None = None) -> bool:
+    """A byte search that every trigger request passes (and nearly every other fails); what the
+    body shares with the scope's previous one that lacked it is not searched again."""
+    return reuse.contains(ResponsesAdapter.protocol, scope, raw, b'compaction_trigger"')
 
 
 def is_trigger(body: Any) -> bool:
@@ -149,7 +151,7 @@ def handled(request: web.Request, raw: bytes, caller: Caller, count_only: bool,
     forwarded (`forward`: the pipeline's own path) as the setting and what the upstream has shown
     say; any other request forwarded (`forward`'s own coroutine: a frame awaiting it would be
     resumed by every event of its stream)."""
-    if not maybe_trigger(raw):
+    if not maybe_trigger(raw, caller.credentials.scope):
         return forward(raw)
     return _handled(request, raw, caller, forward)
 
