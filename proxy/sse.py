@@ -216,6 +216,13 @@ class NamedEventChecker(EventChecker):
     read as its name and data (`event_fields`; the usual `event:` + `data:` chunk in place,
     `named_fields`), judged by the protocol's `check`."""
 
+    # Set by the protocol's `check` once the stream is past its start: from then on an event whose
+    # name is not MARKED asks of `check` only that its data be a JSON object of that type, before
+    # the end (and, SEQUENCED, its sequence number kept).
+    flowing = False
+    MARKED: frozenset[str] = frozenset()
+    SEQUENCED = False
+
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         if not self._pending and CR not in chunk:
             # (named_fields and `simple` written out for an event whose name was seen before, as
@@ -224,6 +231,17 @@ class NamedEventChecker(EventChecker):
             line, sep, data = chunk.partition(_DATA_LINE)
             if sep and LF not in line and data.find(LF) == len(data) - 2 and data[-1] == LF \
                     and (name := _NAMES.get(line)) is not None:
+                if self.flowing and name not in self.MARKED:
+                    # The usual event (a delta) judged here: `check`'s verdict without its call and
+                    # its tests of the names it marks; anything else it does not pass goes to it.
+                    try:
+                        payload = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        payload = None
+                    if type(payload) is dict and payload.get("type") == name and not self.done:
+                        if self.SEQUENCED and isinstance(sequence := payload.get("sequence_number"), int):
+                            self.sequence = sequence
+                        return chunk, None
                 why = self.check(name, data)
                 return (chunk, None) if why is None else (b"", why)
         return EventChecker.feed(self, chunk)

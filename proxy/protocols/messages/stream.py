@@ -17,6 +17,8 @@ from proxy.exchange import Usage
 
 
 class MessagesEventChecker(NamedEventChecker):
+    MARKED = frozenset({"message_start", "message_delta", "message_stop", "error"})  # (what `check` reads)
+
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         super().__init__(max_event_bytes)
         self.started = False  # message_start went by
@@ -40,7 +42,7 @@ class MessagesEventChecker(NamedEventChecker):
         if kind == "message_start":
             message = payload.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
-            self.started = True
+            self.started = self.flowing = True
             if isinstance(usage, dict):
                 self.usage.update(usage)
         elif kind == "message_delta":

@@ -46,6 +46,9 @@ class ResponsesEventChecker(NamedEventChecker):
     sequence number (the proxy's error event follows it), whether output began, and whether the
     stream failed for the context window before that."""
 
+    MARKED = END_EVENTS | PREAMBLE | {"error"}  # (what `check` does more for than read the type)
+    SEQUENCED = True
+
     def __init__(self, max_event_bytes: int | None = None) -> None:
         super().__init__(*(() if max_event_bytes is None else (max_event_bytes,)))
         self.sequence = -1
@@ -83,7 +86,7 @@ class ResponsesEventChecker(NamedEventChecker):
             self.done = True  # nothing follows an error event
             self.end = etype
         elif etype not in PREAMBLE:
-            self.output_started = True
+            self.output_started = self.flowing = True
         return None
 
     def ended(self) -> str | None:

@@ -224,3 +224,25 @@ def test_the_usual_event_is_judged_in_feed_without_the_general_readings(monkeypa
     assert named.feed(delta) == (delta, None) and named.sequence == 1
     assert named.feed(b"event: response.output_text.delta\ndata: {\n\n") == (b"", "an event's data is not valid JSON")
     assert calls == []
+
+
+@pytest.mark.parametrize("cls, start, delta", [
+    (ResponsesEventChecker, _named(b"response.output_text.delta", {"type": "response.output_text.delta",
+                                                                   "sequence_number": 1, "delta": "x"}),
+     _named(b"response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 2,
+                                            "delta": "y"})),
+    (MessagesEventChecker, _named(b"message_start", {"type": "message_start", "message": {}}),
+     _named(b"content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"text": "y"}})),
+])
+def test_a_delta_past_the_stream_start_is_judged_without_the_protocols_check(monkeypatch, cls, start, delta):
+    # Once the stream flows, the usual delta costs its parse alone: no call of `check` (a stream's
+    # events are mostly deltas). What it does not pass (here: after the end) is `check`'s to judge.
+    checker = cls()
+    assert checker.feed(start + b"\n\n") == (start + b"\n\n", None) and checker.flowing
+    calls: list[str] = []
+    check = cls.check
+    monkeypatch.setattr(cls, "check", lambda self, name, data: calls.append(name) or check(self, name, data))
+    assert checker.feed(delta + b"\n\n") == (delta + b"\n\n", None)
+    assert calls == [] and getattr(checker, "sequence", 2) == 2
+    checker.done = True
+    assert checker.feed(delta + b"\n\n")[1] is not None and len(calls) == 1
