@@ -30,10 +30,13 @@ from proxy.sse import EventChecker
 
 log = logging.getLogger("proxy.forward")
 
-# RFC 9110 7.6.1 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
+# RFC 9110 7.6.1 hop-by-hop headers, plus those aiohttp recomputes for the new connection, and
+# Expect: the proxy answered the client's 100-continue and holds the whole body; passed on, it has
+# aiohttp's client wait for a 100 Continue that an upstream need not send.
 HOP_BY_HOP = frozenset(
     {
         "connection",
+        "expect",
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",

@@ -3,6 +3,9 @@ hop-by-hop headers (RFC 9110 7.6.1), on the chat route and on pass-through route
 
 from __future__ import annotations
 
+import asyncio
+import re
+
 import orjson
 import pytest
 from aiohttp import web
@@ -110,3 +113,34 @@ def test_the_answers_headers_are_the_upstreams_minus_hop_by_hop_in_order(pairs):
     listed = {t.strip().lower() for v in upstream.getall("connection", []) for t in v.split(",") if t.strip()}
     kept = [(k, v) for k, v in pairs if k.lower() not in HOP_BY_HOP and k.lower() not in listed]
     assert list(client_response_headers(upstream).items()) == kept
+
+
+async def test_a_clients_expect_100_continue_is_answered_by_the_proxy_not_passed_on(make_proxy):
+    """curl sends `Expect: 100-continue` with a large body. The proxy answers it and has the whole
+    body before it forwards: an upstream that sends no 100 Continue (it need not) still gets the
+    request at once, with no Expect in it, and the client its answer."""
+    seen: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")  # never a 100 Continue: straight to the answer
+        length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
+        seen.append(head + await reader.readexactly(length))
+        answer = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+                               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                            "finish_reason": "stop"}]})
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(answer), answer))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        p = await make_proxy(f"http://127.0.0.1:{port}/v1")
+        body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x " * 600_000}]})
+        r = await http("POST", p.base_url + "/chat/completions", body,
+                       {"Expect": "100-continue", "Authorization": "Bearer k"}, timeout=20)
+    finally:
+        server.close()
+    assert r.status == 200 and orjson.loads(r.body)["choices"][0]["message"]["content"] == "ok"
+    assert len(seen) == 1 and b"\r\nexpect:" not in seen[0].lower() and seen[0].endswith(body)
