@@ -112,7 +112,7 @@ class Server:
     port: int
     popen: subprocess.Popen[bytes]
     log: Path
-    with_children: bool = False  # count the children's CPU and memory too (nginx workers)
+    with_children: bool = False  # count the children's CPU and memory too (nginx's workers, the proxy's)
 
     @property
     def pids(self) -> list[int]:
@@ -226,6 +226,7 @@ def start_proxy(
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     env.update(extra_env or {})
     server = spawn(name, (command or proxy_command()) + ["--config", str(cfg)], port, workdir, env)
+    server.with_children = True  # its worker process for huge texts (and a supervisor's workers) is its CPU too
     wait_ready(server, path="/healthz", timeout_s=60)
     return server
 

@@ -338,7 +338,6 @@ async def throughput(bench: Bench) -> dict[str, Any]:
             server = procs.start_proxy(bench.workdir, bench.upstream.port, models={SMALL_MODEL: 128_000}, store=bench.store,
                                        extra_env={**bench.proxy_env, "COMPACTION_PROXY_SERVER__WORKERS": str(n)},
                                        name=f"proxy-{n}w")
-            server.with_children = True  # the workers are the supervisor's children
             targets.append(Target(f"{n} worker" + "s" * (n > 1), server.port, server))
         os.sched_setaffinity(0, pinned)
         os.sched_setaffinity(bench.upstream.popen.pid, pinned)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from statistics import median
 
@@ -31,6 +32,7 @@ from bench.stats import Tally, summarize
 from bench.workloads import agent_conversation, agent_tools, small_body
 from proxy.compaction.acceptance import missing_headings
 from proxy.compaction.summarizer import MAIN_HEADINGS
+from proxy.farm import FARM_CHARS
 from support.client import anthropic_client, openai_client
 from support.waiting import until
 
@@ -544,3 +546,29 @@ def test_issue_39_targets_are_checked_per_zone_and_protocol():
     assert checks["issue 39, messages: small, 1 client: CPU/req vs bare forwarder"]["met"] is None
     text = "\n".join(report.zones_lines(results["zones"]) + report.repeat_lines(results["prepare_repeat"]))
     assert "under" in text and "3.00" in text and "proxy 1.50 ms (1.50x)" in text
+
+
+def test_a_proxys_worker_process_is_charged_to_the_proxy(tmp_path):
+    """A proxy the benchmark starts counts its children's CPU: extraction over a text past
+    FARM_CHARS runs in the proxy's worker process, and a figure without it would leave that work out."""
+    from tests.test_farm import huge_log
+
+    upstream = procs.start_fake_upstream(tmp_path, chunks=1, chunk_delay_ms=0)
+    proxy = procs.start_proxy(tmp_path, upstream.port, models={"gpt-4o-mini": 128_000}, store="memory")
+    try:
+        messages = [{"role": "user", "content": "read the log"},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": huge_log(1)}]
+        body = orjson.dumps({"model": "gpt-4o-mini", "messages": messages})
+        assert len(messages[2]["content"]) > FARM_CHARS
+        req = urllib.request.Request(f"http://127.0.0.1:{proxy.port}/v1/chat/completions", data=body, method="POST",
+                                     headers={"content-type": "application/json", "authorization": "Bearer sk-bench"})
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            assert answer.status == 200
+        kids = procs.children(proxy.popen.pid)
+        assert kids and set(proxy.pids) == {proxy.popen.pid, *kids}
+        assert proxy.cpu() > procs.cpu_seconds(proxy.popen.pid) + 0.1  # the worker's start and work are in it
+    finally:
+        proxy.stop()
+        upstream.stop()
