@@ -1,5 +1,5 @@
 """A joined text's identifiers and counts from its parts' (proxy/textfacts.py), and the patterns'
-skip of a text without their required strings (proxy/identifiers.py): each exactly what the plain
+skip of a text without their required strings and of prose's words (proxy/identifiers.py): each exactly what the plain
 scan of the whole text gives (the ranking's order is part of the forwarded bytes)."""
 
 from __future__ import annotations
@@ -18,16 +18,32 @@ texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(min_size=0, max_size=6), m
 
 
 def plain_spans(text: str) -> list:
-    saved = identifiers._IDENT_NEEDS
-    identifiers._IDENT_NEEDS = [(pat, ()) for pat, _ in saved]  # every pattern over every text
-    try:
-        return identifiers._spans(text)
-    finally:
-        identifiers._IDENT_NEEDS = saved
+    """Every pattern over the whole text (what a scan was before it skipped anything)."""
+    text = identifiers.scanned(text)
+    spans = []
+    for pat in [pat for pat, _ in identifiers._IDENT_NEEDS] + [identifiers._TRACE_FUNC]:
+        for m in pat.finditer(text):
+            tok = m.group(0).rstrip(".,;:")
+            if len(tok) >= 4 and not identifiers._NOT_AN_ID.match(tok):
+                spans.append((m.start(), m.start() + len(tok), tok))
+    return sorted(spans, key=lambda s: (s[0], -s[1]))
+
+
+# prose's words (skipped) beside what is not one: capitals, file names, stops and white space of
+# every kind (a run ends at any of them)
+PROSE = ["fix", "Turn", "word.", "word,", "word;", "said:", "setup.py", "abc.md", "a.b", "Error", "IOError", "Xerror",
+         "wordError", "x.", "Word..", "é", "éa", "\t", "\u00a0", "\u2028", "\r\n", "Ab", "ab1", "A", "_x", "it's"]
+prose = st.lists(st.sampled_from(PROSE + FRAGMENTS) | st.text(min_size=0, max_size=4), max_size=60).map("".join)
 
 
 @given(texts)
 def test_skipping_a_pattern_whose_required_string_is_absent_finds_what_running_it_finds(text: str) -> None:
+    assert identifiers._spans(text) == plain_spans(text)
+
+
+@settings(max_examples=600)
+@given(prose)
+def test_skipping_prose_words_finds_what_every_pattern_over_the_whole_text_finds(text: str) -> None:
     assert identifiers._spans(text) == plain_spans(text)
 
 
