@@ -231,6 +231,8 @@ def occurrences(idents: list[str], text: str, cap: int,
     if not text or not idents:
         return dict.fromkeys(idents, 0)
     if len(idents) * len(text) <= EXACT_COUNT_CHARS:
+        if cap == 1 and len(idents) >= RUNS_FROM:
+            return _present(idents, text)
         return {i: min(text.count(i), cap) for i in idents}
     if counts is not None:
         known = counts()
@@ -238,6 +240,17 @@ def occurrences(idents: list[str], text: str, cap: int,
         part = scanned(text)  # (what the scan reads: a summary's span of megabytes goes to the worker process)
         known = farm.sized(len(part), token_counts, part)
     return {i: min(known.get(i, 0), cap) for i in idents}
+
+
+RUNS_FROM = 8  # identifiers asked at once, from which _present searches the text's distinct runs
+
+
+def _present(idents: list[str], text: str) -> dict[str, int]:
+    """occurrences(idents, text, 1): 1 for each identifier in `text`, else 0. One without white
+    space is in the text iff it is in one of its runs, so it is looked for in the distinct runs
+    joined (prose repeats its words: a summary's user texts are a few times their runs)."""
+    runs = "\n".join(dict.fromkeys(text.split()))
+    return {i: int(i in (runs if i.split() == [i] else text)) for i in idents}
 
 
 def absent(items: list[str], text: str) -> list[str]:

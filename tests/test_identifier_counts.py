@@ -94,3 +94,14 @@ def test_a_texts_counts_are_charged_to_the_cache_bound() -> None:
     assert len(cache) == 0 and cache.chars == 0  # its counts would hold more than the bound: not kept
     cache("plain words " * 30)
     assert len(cache) == 1 and cache.chars == textfacts.Facts((), (), {}).weight("plain words " * 30)
+
+
+@settings(max_examples=400)
+@given(prose, st.lists(st.sampled_from(PROSE + FRAGMENTS) | st.text(max_size=5), min_size=identifiers.RUNS_FROM,
+                       max_size=30))
+def test_which_identifiers_a_text_holds_is_what_counting_each_in_it_gives(text: str, asked: list[str]) -> None:
+    """occurrences with a cap of 1 looks in the text's distinct runs: what counting in the text
+    gives, for identifiers with white space or none, cut from the text or not."""
+    asked += [text[i:i + n] for i in range(0, len(text), 7) for n in (3, 9)][:20]
+    counted = {i: min(text.count(i), 1) for i in asked} if text else dict.fromkeys(asked, 0)  # (an empty text holds none)
+    assert identifiers.occurrences(asked, text, 1) == counted
