@@ -52,20 +52,22 @@ def test_skipping_prose_words_finds_what_every_pattern_over_the_whole_text_finds
 def test_a_joined_texts_counts_and_identifiers_are_its_parts_summed(parts: list[str], scan_chars: int) -> None:
     """Also when the joined text is over the scan's budget and only its head and tail are read
     (the budget made small here, so cuts fall inside parts, between them and mid-line)."""
-    saved = identifiers.SCAN_CHARS
+    saved, saved_facts = identifiers.SCAN_CHARS, textfacts.facts
     identifiers.SCAN_CHARS = scan_chars
+    textfacts.facts = textfacts.FactsCache()  # (a text's facts depend on SCAN_CHARS: none from another example)
     try:
         text = "\n".join(parts)
         assert textfacts.joined_counts(text, parts) == token_counts(text)
         assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
     finally:
-        identifiers.SCAN_CHARS = saved
+        identifiers.SCAN_CHARS, textfacts.facts = saved, saved_facts
 
 
 def test_the_parts_between_the_head_and_the_tail_are_not_read(monkeypatch) -> None:
     """One-line parts: the cuts fall between parts, and the short parts on either side of the
     middle left unread are not read as one piece across it."""
     monkeypatch.setattr(identifiers, "SCAN_CHARS", 800)
+    monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())
     parts = [f"see ABC{i:03d}x" for i in range(100)] + ["see LONG9x " + "word " * 60]  # the last one cached
     text = "\n".join(parts)
     assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
