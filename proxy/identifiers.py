@@ -6,6 +6,7 @@ them by salience (design.md § What code keeps). Pure functions, shared by the t
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from typing import Callable, Iterable
 
 from proxy.farm import farm
@@ -36,11 +37,18 @@ _IDENT_NEEDS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
     # IDs mixing letters and digits: OI5L9G, sofia_kim_7287, HAT001
     (re.compile(r"\b(?=[A-Za-z0-9_-]*[A-Za-z])(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9][A-Za-z0-9_-]{3,}[A-Za-z0-9]\b"), ()),
     (re.compile(r"(?<![\w.])\d{4,}(?:\.\d+)?\b"), ()),
-    # function names in Python tracebacks
-    (re.compile(r"(?<=, in )[A-Za-z_][\w.]*"), (", in ",)),
     (_FILE_NAME, (".",)),
     (_EXCEPTION, ("Error", "Exception", "Warning")),
 ]
+# function names in Python tracebacks: the one pattern that reads across a space (kept out of the
+# runs below, run over the whole text)
+_TRACE_FUNC = re.compile(r"(?<=, in )[A-Za-z_][\w.]*")
+# No other pattern matches across white space, and each sees white space beside a match as it sees
+# a text's start or end. So a text's matches are its runs' (of non-space characters); and a run of
+# prose (a letter, lower-case letters, at most one stop after them) has none: no digit, no capital
+# after the first letter, no "/", "@", "-" or extension. Only the other runs are scanned, joined
+# by newlines: prose's words are most of a user's or an answer's characters.
+_WORDY_RUN = re.compile(r"(?<!\S)(?![A-Za-z][a-z]*[.,;:]?(?!\S))\S+")
 _ERROR_LINE = re.compile(
     r"^.*\b(?:[A-Z]\w*(?:Error|Exception)|Traceback|error|failed|fatal|panic)\b.*$", re.MULTILINE
 )
@@ -88,17 +96,52 @@ def _pieces(text: str) -> Iterable[tuple[int, int]]:
 
 def _spans(text: str) -> list[tuple[int, int, str]]:
     """Every identifier match as (start, end, token), in order, longer first at a start."""
-    spans: list[tuple[int, int, str]] = []
     text = scanned(text)
+    starts, runs = _wordy_runs(text)
+    joined = "\n".join(runs)
+    found: list[tuple[int, int, str]] = []
     for pat, needs in _IDENT_NEEDS:
-        if needs and not any(n in text for n in needs):
+        if needs and not any(n in joined for n in needs):
             continue
-        for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
-            tok = m.group(0).rstrip(".,;:")
-            if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
-                spans.append((m.start(), m.start() + len(tok), tok))
+        _matches(found, joined, pat)
+    spans = _placed(found, starts, runs)
+    if ", in " in text:
+        _matches(spans, text, _TRACE_FUNC)
     spans.sort(key=lambda s: (s[0], -s[1]))
     return spans
+
+
+def _wordy_runs(text: str) -> tuple[list[int], list[str]]:
+    """The runs of `text` that are not prose's words, and where each starts."""
+    starts: list[int] = []
+    runs: list[str] = []
+    for m in _WORDY_RUN.finditer(text):
+        starts.append(m.start())
+        runs.append(m.group())
+    return starts, runs
+
+
+def _matches(out: list[tuple[int, int, str]], text: str, pat: re.Pattern[str]) -> None:
+    for m in (m for a, b in _pieces(text) for m in pat.finditer(text, a, b)):
+        tok = m.group(0).rstrip(".,;:")
+        if len(tok) >= 4 and not _NOT_AN_ID.match(tok):
+            out.append((m.start(), m.start() + len(tok), tok))
+
+
+def _placed(found: list[tuple[int, int, str]], starts: list[int], runs: list[str]) -> list[tuple[int, int, str]]:
+    """Matches in the runs joined by newlines, placed where their runs start in the text."""
+    if not found:
+        return []
+    joined_starts, at = [], 0
+    for run in runs:
+        joined_starts.append(at)
+        at += len(run) + 1
+    out = []
+    for a, b, tok in found:
+        k = bisect_right(joined_starts, a) - 1
+        shift = starts[k] - joined_starts[k]
+        out.append((a + shift, b + shift, tok))
+    return out
 
 
 def find_identifiers(text: str) -> list[str]:
@@ -188,6 +231,8 @@ def occurrences(idents: list[str], text: str, cap: int,
     if not text or not idents:
         return dict.fromkeys(idents, 0)
     if len(idents) * len(text) <= EXACT_COUNT_CHARS:
+        if cap == 1 and len(idents) >= RUNS_FROM:
+            return _present(idents, text)
         return {i: min(text.count(i), cap) for i in idents}
     if counts is not None:
         known = counts()
@@ -195,6 +240,17 @@ def occurrences(idents: list[str], text: str, cap: int,
         part = scanned(text)  # (what the scan reads: a summary's span of megabytes goes to the worker process)
         known = farm.sized(len(part), token_counts, part)
     return {i: min(known.get(i, 0), cap) for i in idents}
+
+
+RUNS_FROM = 8  # identifiers asked at once, from which _present searches the text's distinct runs
+
+
+def _present(idents: list[str], text: str) -> dict[str, int]:
+    """occurrences(idents, text, 1): 1 for each identifier in `text`, else 0. One without white
+    space is in the text iff it is in one of its runs, so it is looked for in the distinct runs
+    joined (prose repeats its words: a summary's user texts are a few times their runs)."""
+    runs = "\n".join(dict.fromkeys(text.split()))
+    return {i: int(i in (runs if i.split() == [i] else text)) for i in idents}
 
 
 def absent(items: list[str], text: str) -> list[str]:

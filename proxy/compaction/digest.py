@@ -51,9 +51,9 @@ def write_digest(span: Sequence[Envelope], budget_tokens: int, count: Callable[[
     files = extract.files_touched(span)
     if files:
         add("### Files touched\n" + extract.render_files(files, max(0, room() * 2)))
-    text = extract.span_text(span)
+    text, _parts, found = extract.span_joined(span)
     errors = extract.find_error_lines(text)
-    idents = extract.rank_identifiers(extract.find_identifiers(text), errors=errors, user_text=extract.user_text(span))
+    idents = extract.rank_identifiers(found, errors=errors, user_text=extract.user_text(span))
     if errors or idents:
         lines = ["### Identifiers and errors"] + [f"- error: {e}" for e in errors] + [f"- {i}" for i in idents]
         add("\n".join(extract.capped_lines(lines, max(0, room() * 2))))

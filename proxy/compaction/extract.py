@@ -31,6 +31,14 @@ def span_text(envelopes: Iterable[Envelope]) -> str:
     return "\n".join(span_parts(envelopes))
 
 
+def span_joined(envelopes: Iterable[Envelope]) -> tuple[str, list[str], list[str]]:
+    """(span_text, the parts it joins, find_identifiers of it): the identifiers from the parts'
+    cached ones (textfacts.joined_identifiers), not a second scan of the span written out."""
+    parts = span_parts(envelopes)
+    text = "\n".join(parts)
+    return text, parts, textfacts.joined_identifiers(text, parts)
+
+
 def span_parts(envelopes: Iterable[Envelope]) -> list[str]:
     """The texts span_text joins, in its order (their facts are cached one by one: textfacts)."""
     texts: list[str] = []

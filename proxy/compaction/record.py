@@ -180,13 +180,15 @@ def render_summary(
 
 
 def identifier_lines(
-    candidates: list[str], errors: list[str], *, present: str, budget_chars: int, user_text: str, text: str
+    candidates: list[str], errors: list[str], *, present: str, budget_chars: int, user_text: str, text: str,
+    counts: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(lines for the identifier block, identifiers left for recall): what is not already verbatim
     in `present` (the model's summary, the kept messages, the files block), most salient first,
     within the budget. Error lines one a line; the other identifiers on one comma-separated line,
-    the densest form a model still reads (no identifier holds a space)."""
-    errors, ranked = ranked_for_block(candidates, errors, present=present, user_text=user_text, text=text)
+    the densest form a model still reads (no identifier holds a space). `counts`: rank_identifiers'."""
+    errors, ranked = ranked_for_block(candidates, errors, present=present, user_text=user_text, text=text,
+                                      counts=counts)
     return fit_lines(errors, ranked, budget_chars)
 
 

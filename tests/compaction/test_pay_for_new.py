@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from proxy import identifiers, textfacts
-from proxy.compaction import extract, making, view
+from proxy.compaction import digest, extract, making, view
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
 from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
+from proxy.model import Envelope, Item, Kind
+from proxy.protocols.responses import compact
 from proxy.recall import keep
 from support.client import chat, until_twice
 from support.coding_session import coding_session
@@ -212,3 +216,44 @@ async def test_a_kept_record_is_found_trying_the_new_prefixes_only(
     _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=tried.clear)
     assert tried  # the lookup ran
     assert len(tried) <= sizes[-1] - sizes[-2], (len(tried), sizes[-2:])  # the new turn's prefixes
+
+
+def _span_of_long_texts() -> list[Envelope]:
+    """A span whose texts are over textfacts.MIN_CHARS (each one's facts cached once scanned)."""
+    body = " and then".join(f" ran tests/test_mod_{i}.py, LEDGER-{4200 + i} failed with ValueError" for i in range(12))
+    return [Envelope([Item(Kind.USER, f"Fix src/pay_{t}.py (PAY-{t}1).{body}")], t, True, None) if t % 2 == 0 else
+            Envelope([Item(Kind.ASSISTANT, f"Looked at src/pay_{t}.py, commit 9f3c2ab{t}.{body}")], t, False, None)
+            for t in range(6)]
+
+
+def _digest(span: list[Envelope]) -> str:
+    return digest.write_digest(span, 4000, len)
+
+
+def _compacted(span: list[Envelope]) -> str:
+    return compact.finish("The model's text.", span, "", None, model=MODEL, created=0.0, files_chars=2000,
+                          identifier_chars=2000).summary
+
+
+@pytest.mark.parametrize("write", [_digest, _compacted])
+def test_a_digest_and_a_served_compaction_read_their_spans_identifiers_from_its_texts(write, monkeypatch) -> None:
+    """The digest written when the summarizer is unavailable and the record of a compaction served
+    here list the span's identifiers: those of its texts, found once per text, not a scan of the
+    span written out; what they write is what the scan of the span gives."""
+    span = _span_of_long_texts()
+    text = extract.span_text(span)
+    monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)  # counted by tokens, as a long span is
+    plain = write(span)  # (scans each text once, into the facts cache)
+    scanned: list[str] = []
+    real = identifiers._spans
+    monkeypatch.setattr(identifiers, "_spans", lambda t: scanned.append(t) or real(t))
+    assert write(span) == plain
+    assert text not in scanned and len(text) > 4 * textfacts.MIN_CHARS
+
+    def joined_by_a_scan(envelopes):
+        found = extract.span_text(envelopes)
+        return found, extract.span_parts(envelopes), identifiers.find_identifiers(found)
+
+    monkeypatch.setattr(extract, "span_joined", joined_by_a_scan)
+    monkeypatch.setattr(textfacts, "joined_counts", lambda t, parts: identifiers.token_counts(t))
+    assert write(span) == plain

@@ -8,7 +8,7 @@ import re
 
 from hypothesis import given, settings, strategies as st
 
-from proxy import identifiers as ids
+from proxy import identifiers as ids, textfacts
 from proxy.recall import keep, originals, symbols
 from proxy.recall.keep import Part
 from proxy.store import base
@@ -58,8 +58,9 @@ def test_names_and_words_read_once_each_are_what_every_occurrence_gives(text: st
 @given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool_result", "tool_call"]), texts), max_size=10),
        st.integers(min_value=40, max_value=2000))
 def test_a_spans_index_from_its_parts_is_the_index_of_its_text(messages, scan_chars: int) -> None:
-    saved = ids.SCAN_CHARS
+    saved, saved_facts = ids.SCAN_CHARS, textfacts.facts
     ids.SCAN_CHARS = scan_chars  # small: the span's head and tail read, cut inside and between parts
+    textfacts.facts = textfacts.FactsCache()  # (a text's facts depend on SCAN_CHARS: none from another example)
     try:
         msgs = [[Part(role, "" if role == "tool_call" else t, call_id="c", name="run", args=t if role == "tool_call" else "")]
                 for role, t in messages]
@@ -68,4 +69,4 @@ def test_a_spans_index_from_its_parts_is_the_index_of_its_text(messages, scan_ch
         assert "\n".join(parts) == text
         assert originals.identifiers(text, tuple(parts)) == originals.identifiers(text)
     finally:
-        ids.SCAN_CHARS = saved
+        ids.SCAN_CHARS, textfacts.facts = saved, saved_facts

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from proxy import errors
+from proxy import errors, textfacts
 from proxy.compaction import extract
 from proxy.compaction.inject import summary_message_text
 from proxy.compaction.making import MAX_KNOWN_IDENTIFIERS
@@ -188,13 +188,13 @@ def finish(model_text: str, span: list[Envelope], kept_text: str, previous: Comp
     that neither the model's text nor the returned user messages (`kept_text`) carry verbatim,
     within `identifier_chars`; each carried over from the previous compaction. The user's requests
     and constraints need no block: the compacted output returns every user message as it was."""
-    text = extract.span_text(span)
+    text, parts, found = extract.span_joined(span)
     files = extract.merge_files(previous.files if previous else {}, extract.files_touched(span))
-    identifiers = union(previous.identifiers if previous else [], extract.find_identifiers(text))
+    identifiers = union(previous.identifiers if previous else [], found)
     errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
     present = "\n".join([model_text, kept_text, extract.render_files(files, files_chars)])
     lines, _ = identifier_lines(identifiers, errors, present=present, budget_chars=identifier_chars,
-                                user_text=kept_text, text=text)
+                                user_text=kept_text, text=text, counts=lambda: textfacts.joined_counts(text, parts))
     summary = render_summary(model_text, turn_prefix=None, files=files, files_chars=files_chars,
                              identifier_lines=lines, constraints=[], latest_requests=[])
     return CompactRecord(summary=summary, model=model, created=created, files=files,
