@@ -11,13 +11,12 @@ from collections import Counter
 import pytest
 
 from proxy import identifiers, textfacts
-from proxy.compaction import digest, extract, making, view
+from proxy.compaction import digest, extract, making, served, view
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.prepare import Settled
 from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
 from proxy.model import Envelope, Item, Kind
-from proxy.protocols.responses import compact
 from proxy.recall import keep
 from support.client import chat, until_twice
 from support.coding_session import coding_session
@@ -231,7 +230,7 @@ def _digest(span: list[Envelope]) -> str:
 
 
 def _compacted(span: list[Envelope]) -> str:
-    return compact.finish("The model's text.", span, "", None, model=MODEL, created=0.0, files_chars=2000,
+    return served.finish("The model's text.", span, "", None, model=MODEL, created=0.0, files_chars=2000,
                           identifier_chars=2000).summary
 
 

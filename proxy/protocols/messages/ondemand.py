@@ -6,7 +6,7 @@ later requests send first in an assistant message in place of the messages it su
 An upstream that serves it gets the request (and its blocks) as any other. For one that does not
 (LiteLLM before a local model, any Messages-compatible server) the proxy answers it, whole or
 streamed, with a block whose `signature` is the proxy's token for a stored summary record (the
-`cpx1.` token of proxy/protocols/responses/compact.py: an HMAC with the scope secret, so credential scoped);
+`cpx1.` token of proxy/compaction/served.py: an HMAC with the scope secret, so credential scoped);
 a later request carrying such a block has it replaced by the summary's text before it goes
 upstream. Blocks signed by the upstream go on unchanged. `anthropic.native_compaction` says
 which: `upstream`, `proxy`, or `auto` (sent up until an upstream and model refuse it once).
@@ -26,11 +26,11 @@ from proxy.byheaders import Caller
 from proxy.exchange import EXCHANGE
 from proxy.compaction.inject import summary_message_text
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
+from proxy.compaction import served
 from proxy.compaction.serialize import serialize_envelopes
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
 from proxy.protocols.messages.adapter import MessagesAdapter
-from proxy.protocols.responses import compact
 from proxy.state import STATE
 from proxy.upstream import SummarizerError
 
@@ -49,7 +49,7 @@ def asks(body: Any) -> bool:
 
 def is_own(block: Any) -> bool:
     return (isinstance(block, dict) and block.get("type") == "compaction"
-            and isinstance(block.get("signature"), str) and block["signature"].startswith(compact.TOKEN_PREFIX))
+            and isinstance(block.get("signature"), str) and block["signature"].startswith(served.TOKEN_PREFIX))
 
 
 def own_blocks(messages: Any) -> list[Position]:
@@ -75,11 +75,11 @@ async def records(messages: list[Any], at: list[Position], state: Any, scope: st
     this credential, altered, or whose record is gone."""
     out = {}
     for i, j in at:
-        record = await compact.record_of(messages[i]["content"][j]["signature"], state.store, state.scope_secret,
+        record = await served.record_of(messages[i]["content"][j]["signature"], state.store, state.scope_secret,
                                          scope)
-        if record is compact.BAD:
+        if record is served.BAD:
             raise errors.ProxyError(400, f"messages.{i}.content.{j}: Invalid `signature` in `compaction` block")
-        if record is compact.GONE:
+        if record is served.GONE:
             raise errors.ProxyError(400, f"messages.{i}.content.{j}: the compaction block's summary is no longer "
                                          "stored (expired or evicted); compact again from the full history")
         out[(i, j)] = record
@@ -142,12 +142,12 @@ async def summarize(request: web.Request, body: dict[str, Any], caller: Caller, 
         model_text = await summarizer.summarize(job, blocks, previous.summary if previous else None)
     except SummarizerError as e:
         raise errors.ProxyError(502, f"Compaction failed: {e}") from None
-    record = await offload.sized(size, compact.finish, model_text, span, "", previous, model=model,
+    record = await offload.sized(size, served.finish, model_text, span, "", previous, model=model,
                                  created=time.time(), files_chars=files_chars(budget),
                                  identifier_chars=CHARS_PER_IDENTIFIER_TOKEN * identifier_budget(
                                      budget.target, cfg.compaction.identifiers_share, counted))
     rid = record_id(scope, body)
-    await state.store.put(compact.record_key(scope, rid), record.to_bytes())
+    await state.store.put(served.record_key(scope, rid), record.to_bytes())
     return record, rid, counted
 
 
@@ -181,7 +181,7 @@ async def answer(request: web.Request, body: dict[str, Any], caller: Caller, siz
     record, rid, counted = await summarize(request, body, caller, size)
     scope = caller.credentials.scope
     block = {"type": "compaction", "content": record.summary,
-             "signature": compact.sign(state.scope_secret, scope, rid)}  # type: ignore[arg-type]
+             "signature": served.sign(state.scope_secret, scope, rid)}  # type: ignore[arg-type]
     usage = {"input_tokens": counted, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
              "output_tokens": state.compaction.summarizer.count(record.summary)}
     final = message(body, rid, block, usage)

@@ -12,6 +12,7 @@ from yarl import URL
 
 from proxy.config import secret
 from proxy import credentials, errors, jsonbody, offload
+from proxy.compaction import served
 from proxy.compaction.making import CHARS_PER_IDENTIFIER_TOKEN
 from proxy.compaction.summarizer import SummaryJob, summarizer_headers
 from proxy.compaction.view import files_chars, identifier_budget
@@ -128,11 +129,11 @@ def _span(items: list[Any], last: int, count: Any) -> tuple[int, list[str], list
     return start, blocks, users, sum(count(b) for b in blocks)
 
 
-def _record(items: list[Any], start: int, users: list[Any], model_text: str, before: compact.CompactRecord | None,
-            **finish: Any) -> compact.CompactRecord:
+def _record(items: list[Any], start: int, users: list[Any], model_text: str, before: served.CompactRecord | None,
+            **finish: Any) -> served.CompactRecord:
     span = [e for e in ADAPTER.envelopes(items)[start:] if not compact.is_own(e.value)]
     kept = "\n".join(e.text for e in parse_items(users))  # returned to the client as they are
-    return compact.finish(model_text, span, kept, before, created=time.time(), **finish)
+    return served.finish(model_text, span, kept, before, created=time.time(), **finish)
 
 
 async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Credentials,
@@ -180,8 +181,8 @@ async def serve_compact(state: Any, body: dict[str, Any], creds: credentials.Cre
             files_chars=files_chars(budget), identifier_chars=CHARS_PER_IDENTIFIER_TOKEN * identifier_budget(
                 budget.target, cfg.compaction.identifiers_share, counted))
     rid = await offload.sized(size, compact.record_id, creds.scope, body)
-    await state.store.put(compact.record_key(creds.scope, rid), record.to_bytes())
+    await state.store.put(served.record_key(creds.scope, rid), record.to_bytes())
     out_tokens = summarizer.count(record.summary)
     usage = {"input_tokens": counted, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": counted + out_tokens}
-    return compact.compacted_response(rid, compact.sign(state.scope_secret, creds.scope, rid), users, usage)
+    return compact.compacted_response(rid, served.sign(state.scope_secret, creds.scope, rid), users, usage)

@@ -9,8 +9,8 @@ import base64
 import pytest
 from openai import BadRequestError
 
+from proxy.compaction import served
 from proxy.fakes.responses import FakeResponses
-from proxy.protocols.responses import compact
 from support.compaction_helpers import main_summary
 from support.protocols import compaction_input
 
@@ -37,16 +37,16 @@ HISTORY = [
 
 def test_tokens_are_bound_to_their_scope_and_unforgeable() -> None:
     secret, rid = b"s" * 32, bytes(range(16))
-    token = compact.sign(secret, "scope-a", rid)
+    token = served.sign(secret, "scope-a", rid)
     assert token.startswith("cpx1.") and "=" not in token
-    assert compact.verify(secret, "scope-a", token) == rid
-    assert compact.verify(secret, "scope-b", token) is None  # another credential
-    assert compact.verify(b"t" * 32, "scope-a", token) is None  # another proxy's secret
+    assert served.verify(secret, "scope-a", token) == rid
+    assert served.verify(secret, "scope-b", token) is None  # another credential
+    assert served.verify(b"t" * 32, "scope-a", token) is None  # another proxy's secret
     raw = bytearray(base64.urlsafe_b64decode(token[5:] + "=="))
     raw[3] ^= 1  # point it at another record
-    assert compact.verify(secret, "scope-a", "cpx1." + base64.urlsafe_b64encode(bytes(raw)).decode()) is None
-    assert compact.verify(secret, "scope-a", "cpx1.not-base64!!") is None
-    assert compact.verify(secret, "scope-a", "gAAAAABo-openai-token") is None
+    assert served.verify(secret, "scope-a", "cpx1." + base64.urlsafe_b64encode(bytes(raw)).decode()) is None
+    assert served.verify(secret, "scope-a", "cpx1.not-base64!!") is None
+    assert served.verify(secret, "scope-a", "gAAAAABo-openai-token") is None
 
 
 ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -65,16 +65,16 @@ def test_only_the_canonical_token_text_is_accepted() -> None:
     the alphabet), each outside character inserted at each position, padding added, and the spare
     bits of the last character set (the lax decoder dropped or ignored all of those but the first)."""
     secret, rid = b"s" * 32, bytes(range(16))
-    token = compact.sign(secret, "scope-a", rid)
-    body = token[len(compact.TOKEN_PREFIX):]
-    assert len(body) == 43 and compact.verify(secret, "scope-a", token) == rid
+    token = served.sign(secret, "scope-a", rid)
+    body = token[len(served.TOKEN_PREFIX):]
+    assert len(body) == 43 and served.verify(secret, "scope-a", token) == rid
     altered = [token + "=", token + "==", token + "\n", *spare_bit_twins(token)]
     for i in range(len(body) + 1):
         altered += ["cpx1." + body[:i] + c + body[i:] for c in OUTSIDE]
         if i < len(body):
             altered += ["cpx1." + body[:i] + c + body[i + 1:] for c in ALPHABET + OUTSIDE if c != body[i]]
     assert len(altered) > 3500
-    assert [t for t in altered if compact.verify(secret, "scope-a", t) is not None] == []
+    assert [t for t in altered if served.verify(secret, "scope-a", t) is not None] == []
 
 
 async def test_served_here_when_the_upstream_has_no_compact(make_proxy, client_for):
