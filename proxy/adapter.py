@@ -18,6 +18,8 @@ import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress, count
+from operator import is_not
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -96,6 +98,21 @@ class Request:
             done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
         return done
 
+    def position(self, obj: Any, values: bool = False) -> int | None:
+        """Where `obj` is among the client's envelopes (or their `values`), by identity, or None:
+        a forwarded envelope the proxy did not change is the client's, rendered from its bytes.
+        (A request's items are distinct objects: each value parsed, each envelope made, once.)"""
+        name = _VALUE_POSITIONS if values else _POSITIONS
+        items = self.conversation.values if values else self.conversation.envelopes
+        done = self.__dict__.get(name)
+        if done is None:
+            done = self.__dict__[name] = (items, positions(items, self.before(name)))
+        i = done[1].get(id(obj))
+        if i is None or (i < len(items) and items[i] is obj):
+            return i
+        # (a request of another branch of the conversation put the same object elsewhere)
+        return next((k for k, x in enumerate(items) if x is obj), None)
+
     def fresh_bytes(self) -> int:
         """Bytes of the envelopes whose digests (and chain links) this request has to make: those
         it does not share with the previous one, when that one made its digests; else the whole
@@ -140,6 +157,31 @@ class Request:
 
     def scaled(self, n: int) -> int:
         return n if self.ratio == 1.0 else int(n * self.ratio)
+
+
+_POSITIONS, _VALUE_POSITIONS = "_positions", "_value_positions"  # Request.position's, in its __dict__
+MAX_STALE_POSITIONS = 256  # ids of other requests' items a kept index may hold beyond twice its own
+
+
+def positions(items: list[Any], before: tuple[list[Any], dict[int, int]] | None) -> dict[int, int]:
+    """id -> index of `items`: the previous request's index (`before`: its items and index), which
+    the leading items it shares by identity are already in, extended in place by the rest (O(new),
+    not a dict of the whole history per request). Another request's ids stay in it: a lookup checks
+    the item there (Request.position); past the bound it is made afresh."""
+    if before is None or len(before[1]) > 2 * len(items) + MAX_STALE_POSITIONS:
+        at, start = {}, 0
+    else:
+        theirs, at = before
+        n = min(len(items), len(theirs))
+        start = next(compress(count(), map(is_not, items[:n], theirs[:n])), n)  # (C-level: no Python loop)
+    return _indexed(at, items, start)
+
+
+def _indexed(at: dict[int, int], items: list[Any], start: int) -> dict[int, int]:
+    """`at` with the items from `start` on put at their index."""
+    for i in range(start, len(items)):
+        at[id(items[i])] = i
+    return at
 
 
 BUILT = "envelopes"  # Request.extra: {"state": ...} the envelopes its adapter made and where the making stopped

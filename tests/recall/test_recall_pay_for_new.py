@@ -6,6 +6,7 @@ envelopes whose parts are made and the client envelopes read into the maps of ca
 
 from __future__ import annotations
 
+from proxy import adapter
 from proxy.fakes.chat import FakeUpstream
 from proxy.recall import keep, layer
 from support.client import until_twice
@@ -50,3 +51,27 @@ async def test_a_compacted_conversation_is_read_for_its_new_envelopes_only(
     # not every envelope of the history, as each request did before.
     assert read == [new]
     assert len(made) <= new + found[0] + 2 < sizes[-1] // 2, (len(made), new, found, sizes[-1])
+
+
+async def test_where_the_clients_envelopes_are_is_indexed_for_the_new_ones_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Rendering the forwarded body, recall's parts and the prefix alarm ask where a forwarded
+    envelope is among the client's (Request.position): a compacted request of a conversation
+    indexes its new envelopes, not the whole history again (once per reader, as each did before)."""
+    upstream.window = WINDOW
+    indexed: list[int] = []  # envelopes put in an index by the request
+    real = adapter._indexed
+
+    def counted(at, items, start):
+        indexed.append(len(items) - start)
+        return real(at, items, start)
+
+    monkeypatch.setattr(adapter, "_indexed", counted)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=indexed.clear)
+    new = sizes[-1] - sizes[-2]
+    # (the request recall reads and the one rendered after the tool-result stage: one index each)
+    assert 1 <= len(indexed) <= 2 and set(indexed) == {new}, (indexed, new, sizes[-1])

@@ -133,8 +133,8 @@ class GeminiAdapter(Adapter):
             envs = envs[1:]
         else:
             body.pop(_SYSTEM, None)
-        at = {id(v): i for i, v in enumerate(request.conversation.values)}
-        written = [request.written[at[id(e.value)]] if id(e.value) in at else jsonbody.dumps(e.value) for e in envs]
+        written = [request.written[i] if (i := request.position(e.value, values=True)) is not None
+                   else jsonbody.dumps(e.value) for e in envs]
         return splice(body, "contents", written)
 
     # -- edits ---------------------------------------------------------------------------------
