@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import compress, count
 from operator import is_not
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
@@ -98,20 +98,15 @@ class Request:
             done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
         return done
 
-    def position(self, obj: Any, values: bool = False) -> int | None:
-        """Where `obj` is among the client's envelopes (or their `values`), by identity, or None:
-        a forwarded envelope the proxy did not change is the client's, rendered from its bytes.
-        (A request's items are distinct objects: each value parsed, each envelope made, once.)"""
+    def positions(self, values: bool = False) -> "Positions":
+        """Where an object is among the client's envelopes (or their `values`), by identity: a
+        forwarded envelope the proxy did not change is the client's, rendered from its bytes."""
         name = _VALUE_POSITIONS if values else _POSITIONS
-        items = self.conversation.values if values else self.conversation.envelopes
         done = self.__dict__.get(name)
         if done is None:
-            done = self.__dict__[name] = (items, positions(items, self.before(name)))
-        i = done[1].get(id(obj))
-        if i is None or (i < len(items) and items[i] is obj):
-            return i
-        # (a request of another branch of the conversation put the same object elsewhere)
-        return next((k for k, x in enumerate(items) if x is obj), None)
+            items = self.conversation.values if values else self.conversation.envelopes
+            done = self.__dict__[name] = Positions(items, self.before(name))
+        return done
 
     def fresh_bytes(self) -> int:
         """Bytes of the envelopes whose digests (and chain links) this request has to make: those
@@ -159,27 +154,40 @@ class Request:
         return n if self.ratio == 1.0 else int(n * self.ratio)
 
 
-_POSITIONS, _VALUE_POSITIONS = "_positions", "_value_positions"  # Request.position's, in its __dict__
+_POSITIONS, _VALUE_POSITIONS = "_positions", "_value_positions"  # Request.positions', in its __dict__
 MAX_STALE_POSITIONS = 256  # ids of other requests' items a kept index may hold beyond twice its own
 
 
-def positions(items: list[Any], before: tuple[list[Any], dict[int, int]] | None) -> dict[int, int]:
-    """id -> index of `items`: the previous request's index (`before`: its items and index), which
-    the leading items it shares by identity are already in, extended in place by the rest (O(new),
-    not a dict of the whole history per request). Another request's ids stay in it: a lookup checks
-    the item there (Request.position); past the bound it is made afresh."""
-    if before is None or len(before[1]) > 2 * len(items) + MAX_STALE_POSITIONS:
-        at, start = {}, 0
-    else:
-        theirs, at = before
-        n = min(len(items), len(theirs))
-        start = next(compress(count(), map(is_not, items[:n], theirs[:n])), n)  # (C-level: no Python loop)
-    return _indexed(at, items, start)
+class Positions:
+    """id -> index of a request's items, called with an item: its index, or None. (A request's
+    items are distinct objects: each value parsed, each envelope made, once.) The previous
+    request's index (`before`) is read on in place: the items at the same place in both are in it
+    already, the others are put in (O(new), not a dict of the whole history per request). Another
+    request's ids stay in it, so a lookup checks the item there; past the bound it is made afresh."""
+
+    __slots__ = ("items", "at")
+
+    def __init__(self, items: list[Any], before: "Positions | None") -> None:
+        self.items = items
+        if before is None or len(before.at) > 2 * len(items) + MAX_STALE_POSITIONS:
+            self.at: dict[int, int] = _indexed({}, items, range(len(items)))
+            return
+        theirs, n = before.items, min(len(items), len(before.items))
+        moved = compress(count(), map(is_not, items[:n], theirs[:n]))  # (C-level: no Python loop)
+        self.at = _indexed(_indexed(before.at, items, moved), items, range(n, len(items)))
+
+    def __call__(self, obj: Any) -> int | None:
+        i = self.at.get(id(obj))
+        items = self.items
+        if i is None or (i < len(items) and items[i] is obj):
+            return i
+        # (a request of another branch of the conversation put the same object elsewhere)
+        return next((k for k, x in enumerate(items) if x is obj), None)
 
 
-def _indexed(at: dict[int, int], items: list[Any], start: int) -> dict[int, int]:
-    """`at` with the items from `start` on put at their index."""
-    for i in range(start, len(items)):
+def _indexed(at: dict[int, int], items: list[Any], where: Iterable[int]) -> dict[int, int]:
+    """`at` with the items `where` says put at their index."""
+    for i in where:
         at[id(items[i])] = i
     return at
 

@@ -34,10 +34,11 @@ def fingerprints(request: Any, conv: Conversation) -> list[Any]:
     own = request.keys if request.digest_cache is DIGESTS else request.digests
     if conv is request.conversation:
         return own
+    at = request.positions()
     cache = request.digest_cache
     out: list[Any] = []
     for e in conv.envelopes:
-        i = request.position(e)
+        i = at(e)
         if i is None:
             value = e.value
             out.append(cache.digest(value, hash(jsonbody.dumps(value))))

@@ -208,11 +208,12 @@ def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
     request's own (made once per conversation), a changed one (a stub, a summary) the previous
     request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
     own = request_parts(request)
+    at = request.positions()
     known = request.before(FORWARDED, {})
     mine: dict[int, tuple[Any, list[Part]]] = {}
     out = []
     for e in forwarded.envelopes:
-        if (i := request.position(e)) is not None:
+        if (i := at(e)) is not None:
             out.append(own[i])
             continue
         k = known.get(id(e))  # (the envelope is kept with its parts: its id is not another's)

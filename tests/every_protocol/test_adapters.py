@@ -165,13 +165,13 @@ async def test_a_compacting_request_writes_each_message_once_when_seen_before(mo
 
 
 class _Held:
-    """A request's share of what Request.position reads: its items, its previous request, `shared`."""
+    """A request's share of what Request.positions reads: its items, its previous request, `shared`."""
 
     def __init__(self, items: list[object], previous: "_Held | None") -> None:
         self.conversation = type("C", (), {"envelopes": items, "values": items})()
         self.previous, self.shared = previous, 0
 
-    position = Request.position
+    positions = Request.positions
     before = Request.before
 
 
@@ -196,4 +196,4 @@ def test_a_position_extended_from_the_previous_requests_is_the_plain_lookup(step
     for req in made:
         plain = {id(x): i for i, x in enumerate(req.conversation.envelopes)}
         for x in pool + [y for r in made for y in r.conversation.envelopes]:
-            assert req.position(x) == plain.get(id(x))
+            assert req.positions()(x) == plain.get(id(x))

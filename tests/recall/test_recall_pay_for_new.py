@@ -69,15 +69,16 @@ async def test_where_the_clients_envelopes_are_is_indexed_for_the_new_ones_only(
     upstream: FakeUpstream, make_proxy, client_for, monkeypatch
 ) -> None:
     """Rendering the forwarded body, recall's parts and the prefix alarm ask where a forwarded
-    envelope is among the client's (Request.position): a compacted request of a conversation
+    envelope is among the client's (Request.positions): a compacted request of a conversation
     indexes its new envelopes, not the whole history again (once per reader, as each did before)."""
     upstream.window = WINDOW
     indexed: list[int] = []  # envelopes put in an index by the request
     real = adapter._indexed
 
-    def counted(at, items, start):
-        indexed.append(len(items) - start)
-        return real(at, items, start)
+    def counted(at, items, where):
+        where = list(where)
+        indexed.append(len(where))
+        return real(at, items, where)
 
     monkeypatch.setattr(adapter, "_indexed", counted)
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
@@ -85,8 +86,9 @@ async def test_where_the_clients_envelopes_are_is_indexed_for_the_new_ones_only(
     c = client_for(proxy)
     _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=indexed.clear)
     new = sizes[-1] - sizes[-2]
-    # (the request recall reads and the one rendered after the tool-result stage: one index each)
-    assert 1 <= len(indexed) <= 2 and set(indexed) == {new}, (indexed, new, sizes[-1])
+    # (the request recall reads and the one rendered after the tool-result stage: one index each,
+    # each put in two parts: the places whose item changed, then the new ones)
+    assert 2 <= len(indexed) <= 4 and sum(indexed) <= 2 * new, (indexed, new, sizes[-1])
 
 
 @settings(max_examples=150, deadline=None)

@@ -133,7 +133,8 @@ class GeminiAdapter(Adapter):
             envs = envs[1:]
         else:
             body.pop(_SYSTEM, None)
-        written = [request.written[i] if (i := request.position(e.value, values=True)) is not None
+        at = request.positions(values=True)
+        written = [request.written[i] if (i := at(e.value)) is not None
                    else jsonbody.dumps(e.value) for e in envs]
         return splice(body, "contents", written)
 
