@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import compress, count
 from operator import is_not
@@ -102,11 +102,20 @@ class Request:
         """Where an object is among the client's envelopes (or their `values`), by identity: a
         forwarded envelope the proxy did not change is the client's, rendered from its bytes."""
         name = _VALUE_POSITIONS if values else _POSITIONS
-        done = self.__dict__.get(name)
+        owner = self.__dict__.get(_COPY_OF, self)  # (kept where the next request reads it: `before`)
+        done = owner.__dict__.get(name)
         if done is None:
             items = self.conversation.values if values else self.conversation.envelopes
-            done = self.__dict__[name] = Positions(items, self.before(name))
+            done = owner.__dict__[name] = Positions(items, owner.before(name))
         return done
+
+    def copied(self, **changes: Any) -> "Request":
+        """This request with other fields but the same conversation (the recall tool declared):
+        where its items are is asked of this one, which the next request reads on from."""
+        copy = replace(self, **changes)
+        if copy.conversation is self.conversation:
+            copy.__dict__[_COPY_OF] = self.__dict__.get(_COPY_OF, self)
+        return copy
 
     def fresh_bytes(self) -> int:
         """Bytes of the envelopes whose digests (and chain links) this request has to make: those
@@ -155,6 +164,7 @@ class Request:
 
 
 _POSITIONS, _VALUE_POSITIONS = "_positions", "_value_positions"  # Request.positions', in its __dict__
+_COPY_OF = "_copy_of"  # Request.copied: the request a copy was made of
 MAX_STALE_POSITIONS = 256  # ids of other requests' items a kept index may hold beyond twice its own
 
 
