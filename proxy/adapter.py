@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from itertools import compress, count
+from operator import is_not
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
@@ -96,6 +98,25 @@ class Request:
             done = self.__dict__[name] = known + [fn(e) for e in envelopes[len(known):]]
         return done
 
+    def positions(self, values: bool = False) -> "Positions":
+        """Where an object is among the client's envelopes (or their `values`), by identity: a
+        forwarded envelope the proxy did not change is the client's, rendered from its bytes."""
+        name = _VALUE_POSITIONS if values else _POSITIONS
+        owner = self.__dict__.get(_COPY_OF, self)  # (kept where the next request reads it: `before`)
+        done = owner.__dict__.get(name)
+        if done is None:
+            items = self.conversation.values if values else self.conversation.envelopes
+            done = owner.__dict__[name] = Positions(items, owner.before(name))
+        return done
+
+    def copied(self, **changes: Any) -> "Request":
+        """This request with other fields but the same conversation (the recall tool declared):
+        where its items are is asked of this one, which the next request reads on from."""
+        copy = replace(self, **changes)
+        if copy.conversation is self.conversation:
+            copy.__dict__[_COPY_OF] = self.__dict__.get(_COPY_OF, self)
+        return copy
+
     def fresh_bytes(self) -> int:
         """Bytes of the envelopes whose digests (and chain links) this request has to make: those
         it does not share with the previous one, when that one made its digests; else the whole
@@ -140,6 +161,45 @@ class Request:
 
     def scaled(self, n: int) -> int:
         return n if self.ratio == 1.0 else int(n * self.ratio)
+
+
+_POSITIONS, _VALUE_POSITIONS = "_positions", "_value_positions"  # Request.positions', in its __dict__
+_COPY_OF = "_copy_of"  # Request.copied: the request a copy was made of
+MAX_STALE_POSITIONS = 256  # ids of other requests' items a kept index may hold beyond twice its own
+
+
+class Positions:
+    """id -> index of a request's items, called with an item: its index, or None. (A request's
+    items are distinct objects: each value parsed, each envelope made, once.) The previous
+    request's index (`before`) is read on in place: the items at the same place in both are in it
+    already, the others are put in (O(new), not a dict of the whole history per request). Another
+    request's ids stay in it, so a lookup checks the item there; past the bound it is made afresh."""
+
+    __slots__ = ("items", "at")
+
+    def __init__(self, items: list[Any], before: "Positions | None") -> None:
+        self.items = items
+        if before is None or len(before.at) > 2 * len(items) + MAX_STALE_POSITIONS:
+            self.at: dict[int, int] = _indexed({}, items, range(len(items)))
+            return
+        theirs, n = before.items, min(len(items), len(before.items))
+        moved = compress(count(), map(is_not, items[:n], theirs[:n]))  # (C-level: no Python loop)
+        self.at = _indexed(_indexed(before.at, items, moved), items, range(n, len(items)))
+
+    def __call__(self, obj: Any) -> int | None:
+        i = self.at.get(id(obj))
+        items = self.items
+        if i is None or (i < len(items) and items[i] is obj):
+            return i
+        # (a request of another branch of the conversation put the same object elsewhere)
+        return next((k for k, x in enumerate(items) if x is obj), None)
+
+
+def _indexed(at: dict[int, int], items: list[Any], where: Iterable[int]) -> dict[int, int]:
+    """`at` with the items `where` says put at their index."""
+    for i in where:
+        at[id(items[i])] = i
+    return at
 
 
 BUILT = "envelopes"  # Request.extra: {"state": ...} the envelopes its adapter made and where the making stopped

@@ -365,9 +365,14 @@ class CompactionEngine:
 
     async def stored_record(self, view: View, longer_than: SummaryRecord | None) -> SummaryRecord | None:
         """The longest record the store holds for this conversation, longer than `longer_than`."""
-        keys = view.candidate_keys()
-        if longer_than is not None:
-            keys = keys[: keys.index(key(view.scope, longer_than.chain))]
+        last = longer_than
+        if last is not None and view.keys is None and last.covered < len(view.chain) \
+                and view.chain_hex(last.covered) == last.chain:
+            keys = list(view.lazy_keys(longer_than=last.covered))  # (not every prefix's key, to slice)
+        else:
+            keys = view.candidate_keys()
+            if longer_than is not None:
+                keys = keys[: keys.index(key(view.scope, longer_than.chain))]
         return await self.records.stored(keys)
 
     async def summary_for(
@@ -398,9 +403,11 @@ class CompactionEngine:
         """Reuse of the summary the conversation carries now, while it keeps the request at or under
         the threshold: a prepared summary waits for the request that crosses, so between two
         compactions the forwarded prefix only grows (design.md § Made once, reused). None once it no longer fits."""
-        keys = view.candidate_keys()
-        shorter = keys[keys.index(key(view.scope, prepared.chain)) + 1 :]
-        current = await self.records.first_of(shorter)
+        current = self.records.carried_before(view, prepared)  # (the keys of every prefix not made)
+        if current is None:
+            keys = view.candidate_keys()
+            current = await self.records.first_of(keys[keys.index(key(view.scope, prepared.chain)) + 1 :])
+        self.records.carried(view, prepared, current)
         if current is None or current.prepared:
             return None
         out = self.apply(view, current)

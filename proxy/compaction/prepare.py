@@ -170,9 +170,10 @@ class Preparer:
             log.debug("conversation idle for over prepare_idle_s; its summary is not prepared")
             return
         view = await offload.sized(job.flow.request.fresh_bytes(), engine.view, job.flow, job.conv)
-        if any(engine.flight.running(k) for k in view.candidate_keys()):
+        # (the keys of every prefix are made only when some summary is being made at all)
+        if engine.flight.in_flight and any(engine.flight.running(k) for k in view.candidate_keys()):
             return  # a summary of this conversation is being made already
-        local = engine.records.local(view.lazy_keys())
+        local = engine.records.local_for(view)  # (the new prefixes' keys, then the one found before)
         record = await engine.stored_record(view, longer_than=local) or local
         if record is not None and record.prepared:
             return  # one prepared summary per compaction event; the crossing request updates it

@@ -19,6 +19,7 @@ def key(scope: str, chain_hex: str) -> str:
 
 
 LOOKED = "records.looked"  # a request's record lookup (Looked), in its __dict__
+CARRIED = "records.carried"  # a request's carried record (Records.carried), in its __dict__
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,27 @@ class Records:
             request.__dict__[LOOKED] = Looked(self._cache.puts, view.scope, len(view.conv) - view.n_system - 1,
                                               found[0] if found is not None else None)
         return found[1] if found is not None else None
+
+    def carried_before(self, view: Any, prepared: SummaryRecord) -> SummaryRecord | None:
+        """The record shorter than `prepared` the previous request of the conversation found in this
+        process's cache (`first_of` the shorter prefixes' keys), when this request shares those
+        prefixes, nothing was put since and the cache still holds it: the first of those keys in
+        the cache then is the first now (a key comes into the cache only by a put)."""
+        request = view.flow.request
+        known = request.before(CARRIED)
+        if known is None or view.keys is not None or len(view.conv) != len(request.conversation) \
+                or request.shared < view.n_system + prepared.covered + 1:
+            return None
+        puts, scope, chain, current = known
+        if puts != self._cache.puts or scope != view.scope or chain != prepared.chain \
+                or self._cache.get(key(scope, current.chain)) is not current:
+            return None
+        return current
+
+    def carried(self, view: Any, prepared: SummaryRecord, current: SummaryRecord | None) -> None:
+        """Keep what `first_of` found shorter than `prepared` for the next request (carried_before)."""
+        if current is not None and self._cache.get(key(view.scope, current.chain)) is current:
+            view.flow.request.__dict__[CARRIED] = (self._cache.puts, view.scope, prepared.chain, current)
 
     def known(self) -> list[SummaryRecord]:
         """Every record this process holds (metrics, tests)."""

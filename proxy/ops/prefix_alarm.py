@@ -34,11 +34,11 @@ def fingerprints(request: Any, conv: Conversation) -> list[Any]:
     own = request.keys if request.digest_cache is DIGESTS else request.digests
     if conv is request.conversation:
         return own
-    index = {id(e): i for i, e in enumerate(request.conversation.envelopes)}
+    at = request.positions()
     cache = request.digest_cache
     out: list[Any] = []
     for e in conv.envelopes:
-        i = index.get(id(e))
+        i = at(e)
         if i is None:
             value = e.value
             out.append(cache.digest(value, hash(jsonbody.dumps(value))))

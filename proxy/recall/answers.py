@@ -17,7 +17,7 @@ the protocol's "no tool" choice; a model that still calls gets its calls dropped
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -129,8 +129,8 @@ def with_declaration(dialect: Dialect, recall: Any, prompts: Any, request: Any, 
     """`request` (adapter.Request) declaring the recall tool, and the tool's name."""
     tools = declared_tools(dialect, recall.cfg, request.tools, prompts)
     # (a compacted request's count has the declaration already: Identity.recall_tokens)
-    declared = replace(request, body={**request.body, "tools": tools}, tools=tools,
-                       tools_tokens=request.tools_tokens + tokens)
+    declared = request.copied(body={**request.body, "tools": tools}, tools=tools,
+                              tools_tokens=request.tools_tokens + tokens)
     return declared, tool_name(recall.cfg.tool_name, dialect.tool_names(request.tools))
 
 

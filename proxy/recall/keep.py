@@ -9,6 +9,7 @@ client's messages by number, written out verbatim.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -95,33 +96,83 @@ def span_parts(messages: Sequence[Message], first: int, apart: dict[str, Origina
     return out
 
 
-@dataclass
-class ClientMaps:
-    """What the client sent, as `replacements` looks it up: each call id's result and call (the
-    last one sent), and the user texts. Made for the envelopes the previous request of the
-    conversation had not covered only (`request_maps`)."""
+class _Sent:
+    """What the client sent in one conversation's requests, each entry under the index of the
+    envelope it came from: shared by the requests' ClientMaps, each reading the envelopes it covers."""
 
-    covered: int  # envelopes read
-    results: dict[str, Part]
-    calls: dict[str, Part]
-    user_texts: set[str]
+    def __init__(self) -> None:
+        self.covered = 0  # envelopes read: only the maps that cover as many may read more into it
+        self.results: dict[str, list[tuple[int, Part]]] = {}
+        self.calls: dict[str, list[tuple[int, Part]]] = {}
+        self.users: dict[str, int] = {}  # text -> the first envelope that sent it
+        self.lock = threading.Lock()  # (maps are read and extended in worker threads)
 
-    def extended(self, messages: Sequence[Message]) -> "ClientMaps":
-        """A copy that has read `messages` too (those after the ones covered)."""
-        out = ClientMaps(self.covered, dict(self.results), dict(self.calls), set(self.user_texts))
-        for msg in messages[self.covered:]:
-            for p in msg:
-                if p.role == "tool_result" and p.call_id:
-                    out.results[p.call_id] = p
-                elif p.role == "tool_call" and p.call_id:
-                    out.calls[p.call_id] = p
-                elif p.role == "user":
-                    out.user_texts.add(p.text)
-        out.covered = len(messages)
+    def upto(self, covered: int) -> "_Sent":
+        """A store of the entries of the first `covered` envelopes (another branch's maps read on)."""
+        out = _Sent()
+        out.covered = covered
+        for mine, theirs in ((out.results, self.results), (out.calls, self.calls)):
+            for k, v in theirs.items():
+                if kept := [e for e in v if e[0] < covered]:
+                    mine[k] = kept
+        out.users = {t: i for t, i in self.users.items() if i < covered}
         return out
 
+    def read(self, messages: Sequence[Message], start: int) -> None:
+        for i in range(start, len(messages)):
+            for p in messages[i]:
+                if p.role == "tool_result" and p.call_id:
+                    self.results.setdefault(p.call_id, []).append((i, p))
+                elif p.role == "tool_call" and p.call_id:
+                    self.calls.setdefault(p.call_id, []).append((i, p))
+                elif p.role == "user":
+                    self.users.setdefault(p.text, i)
+        self.covered = len(messages)
 
-NO_MAPS = ClientMaps(0, {}, {}, set())
+
+def _last(entries: list[tuple[int, Part]] | None, covered: int) -> Part | None:
+    for i, p in reversed(entries or ()):
+        if i < covered:
+            return p
+    return None
+
+
+@dataclass(frozen=True)
+class ClientMaps:
+    """What the client sent, as `replacements` looks it up: each call id's result and call (the
+    last one sent), and the user texts, in the first `covered` envelopes. Made for the envelopes
+    the previous request of the conversation had not covered only (`request_maps`): its store,
+    read on in place when no other request has read on from it (else a copy of what it covers)."""
+
+    covered: int  # envelopes read
+    sent: _Sent | None
+
+    def result(self, call_id: str) -> Part | None:
+        return _last(self.sent.results.get(call_id), self.covered) if self.sent else None
+
+    def call(self, call_id: str) -> Part | None:
+        return _last(self.sent.calls.get(call_id), self.covered) if self.sent else None
+
+    def user_sent(self, text: str) -> bool:
+        i = self.sent.users.get(text, self.covered) if self.sent else self.covered
+        return i < self.covered
+
+    def extended(self, messages: Sequence[Message]) -> "ClientMaps":
+        """The maps that have read `messages` too (those after the ones covered)."""
+        if self.sent is None:
+            sent = _Sent()
+        else:
+            with self.sent.lock:
+                mine = self.sent.covered == self.covered
+                sent = self.sent if mine else self.sent.upto(self.covered)
+                if mine:  # claimed: another request reading on from these maps copies them
+                    self.sent.covered = -1
+        with sent.lock:
+            sent.read(messages, self.covered)
+        return ClientMaps(len(messages), sent)
+
+
+NO_MAPS = ClientMaps(0, None)
 MAPS = "recall.maps"  # a request's ClientMaps, under this name in its __dict__ (as per_envelope's)
 
 
@@ -157,12 +208,12 @@ def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
     request's own (made once per conversation), a changed one (a stub, a summary) the previous
     request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
     own = request_parts(request)
-    at = {id(e): i for i, e in enumerate(request.conversation.envelopes)}
+    at = request.positions()
     known = request.before(FORWARDED, {})
     mine: dict[int, tuple[Any, list[Part]]] = {}
     out = []
     for e in forwarded.envelopes:
-        if (i := at.get(id(e))) is not None:
+        if (i := at(e)) is not None:
             out.append(own[i])
             continue
         k = known.get(id(e))  # (the envelope is kept with its parts: its id is not another's)
@@ -184,17 +235,16 @@ def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_origin
     spans: list[Span] = []
     for msg in forwarded:
         for p in msg:
-            if p.role == "tool_result" and p.call_id in maps.results:
-                orig = maps.results[p.call_id]
+            if p.role == "tool_result" and p.call_id and (orig := maps.result(p.call_id)) is not None:
                 if orig.text == p.text:  # as the client sent it (compared first: most are, and a scan costs)
                     continue
                 named = handles.in_text(p.text)
                 if named and named[-1] not in found:
-                    call = maps.calls.get(p.call_id)
+                    call = maps.call(p.call_id)
                     found[named[-1]] = Original(named[-1], "tool output",
                                                 _label(orig.name or (call.name if call else None), call.args if call else ""),
                                                 orig.text)
-            elif p.role == "user" and handles.RECALL_HEADING in p.text and p.text not in maps.user_texts:
+            elif p.role == "user" and handles.RECALL_HEADING in p.text and not maps.user_sent(p.text):
                 for h, a, b in handles.spans_in(p.text):
                     if h in found or a < 1 or b < a or n_system + b > n_original:
                         continue

@@ -6,14 +6,18 @@ through the real proxy (the openai client, the strict fake upstream)."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import pytest
 
 from proxy import identifiers, textfacts
 from proxy.compaction import digest, extract, making, served, view
+from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.making import RecordMaker
-from proxy.compaction.prepare import Settled
+from proxy.compaction.records import Records
+from proxy.compaction.prepare import Preparer, Settled
+from proxy.compaction.view import View
 from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
 from proxy.model import Envelope, Item, Kind
@@ -86,9 +90,9 @@ def test_a_remembered_answer_holds_while_the_history_grew_by_at_most_its_room() 
     assert not settled.holds("b", 10) and settled.holds("d", 10)  # bounded: the oldest go first
 
 
-async def walk_session(upstream: FakeUpstream, make_proxy, client_for) -> list[str]:
+async def walk_session(upstream: FakeUpstream, make_proxy, client_for, **compaction: object) -> list[str]:
     """coding_session(14) through the prepare zone, masking and a summary: each request's status."""
-    proxy = await make_proxy(upstream.base_url, settings())
+    proxy = await make_proxy(upstream.base_url, settings(**compaction))
     c = client_for(proxy)
     s = coding_session(14)
     statuses = []
@@ -256,3 +260,70 @@ def test_a_digest_and_a_served_compaction_read_their_spans_identifiers_from_its_
     monkeypatch.setattr(extract, "span_joined", joined_by_a_scan)
     monkeypatch.setattr(textfacts, "joined_counts", lambda t, parts: identifiers.token_counts(t))
     assert write(span) == plain
+
+
+async def test_the_summary_carried_while_a_prepared_one_waits_is_looked_up_once(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Past the prepare line after a summary, a request finds the prepared record first and carries
+    the current one, found among the shorter prefixes' keys (`_carried`): the next request of the
+    conversation, nothing put since, takes the one the previous request found, without making
+    the key of every prefix the summary leaves kept."""
+    upstream.window = WINDOW
+    carried: list[int] = []
+    walked: list[int] = []  # first_of over the shorter prefixes' keys
+    real_carried, real_first = CompactionEngine._carried, Records.first_of
+
+    async def counted_carried(self, *a):
+        carried.append(1)
+        return await real_carried(self, *a)
+
+    async def counted_first(self, keys):
+        walked.append(len(keys))
+        return await real_first(self, keys)
+
+    monkeypatch.setattr(CompactionEngine, "_carried", counted_carried)
+    monkeypatch.setattr(Records, "first_of", counted_first)
+    statuses = await walk_session(upstream, make_proxy, client_for, prepare_percent=10)
+    assert "summarized" in statuses and len(carried) >= 4, (statuses, carried)
+    # Once for each prepared record that waits (the first request that finds it), not once a request.
+    assert 1 <= len(walked) <= len(carried) // 2, (walked, len(carried))
+
+
+async def test_a_preparation_looks_its_record_up_as_the_request_path_does(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A preparation queued past the prepare line looks its record up as the request path does
+    (`local_for`: after a turn, the new prefixes' keys, then the key found before), makes the key
+    of every prefix to ask whether a summary is being made only while one is, and asks the store
+    for the prefixes longer than its record without making the shorter ones' keys."""
+    upstream.window = WINDOW
+    walked: list[str] = []  # every prefix's key made, or walked, by a preparation itself
+    real_all, real_local = View.candidate_keys, Records.local
+
+    def candidate_keys(self):
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_prepare":
+            walked.append("candidate_keys")
+        elif caller.f_code.co_name == "stored_record" and getattr(caller.f_locals["longer_than"], "tier", "") == "summary":
+            walked.append("stored_record")  # (only the prefixes longer than the summary are asked for)
+        return real_all(self)
+
+    def local(self, keys):
+        if sys._getframe(1).f_code.co_name == "_prepare":
+            walked.append("local")
+        return real_local(self, keys)
+
+    monkeypatch.setattr(View, "candidate_keys", candidate_keys)
+    monkeypatch.setattr(Records, "local", local)
+    prepared: list[int] = []
+    real_prepare = Preparer._prepare
+
+    async def counted(self, job):
+        prepared.append(1)
+        return await real_prepare(self, job)
+
+    monkeypatch.setattr(Preparer, "_prepare", counted)
+    statuses = await walk_session(upstream, make_proxy, client_for, prepare_percent=10)
+    assert "summarized" in statuses and len(prepared) >= 10
+    assert walked == []

@@ -10,8 +10,11 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy import jsonbody
+from proxy.adapter import Request
 from proxy.model import Conversation, Kind
 from support.coding_session import coding_session
 from support.conversations import tau_conversations
@@ -159,3 +162,38 @@ async def test_a_compacting_request_writes_each_message_once_when_seen_before(mo
         assert flow.report.status == ("summarized" if n == 0 else "reused")
         seen = flow.request.body["messages"][: len(history)]
         assert max(written[id(m)] for m in seen) == most, n
+
+
+class _Held:
+    """A request's share of what Request.positions reads: its items, its previous request, `shared`."""
+
+    def __init__(self, items: list[object], previous: "_Held | None") -> None:
+        self.conversation = type("C", (), {"envelopes": items, "values": items})()
+        self.previous, self.shared = previous, 0
+
+    positions = Request.positions
+    before = Request.before
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=12))
+def test_a_position_extended_from_the_previous_requests_is_the_plain_lookup(steps):
+    """Each request grows, rewrites or branches from an earlier one (sharing a prefix of its
+    objects, one moved or replaced); every lookup, of the request's own objects and of others', is the
+    plain index of the request's own items, whichever requests extended the index before."""
+    pool = [object() for _ in range(40)]
+    made: list[_Held] = []
+    for back, moved, grown in steps:
+        base = made[-1 - back % len(made)] if made else None
+        items = list(base.conversation.envelopes) if base else []
+        if moved % 2 and items:  # an item of the shared part put elsewhere (another branch's layout)
+            items.append(items.pop(moved % len(items)))
+        elif moved and items:  # one rewritten (the client edited its history)
+            items[moved % len(items)] = object()
+        drawn = [pool[(len(made) * 7 + k) % len(pool)] for k in range(grown)]
+        items += [x for x in drawn if x not in items] + [object()]  # (a request's items: distinct objects)
+        made.append(_Held(items, base))
+    for req in made:
+        plain = {id(x): i for i, x in enumerate(req.conversation.envelopes)}
+        for x in pool + [y for r in made for y in r.conversation.envelopes]:
+            assert req.positions()(x) == plain.get(id(x))

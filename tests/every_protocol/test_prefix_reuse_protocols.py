@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy import adapter as adapter_module
 from proxy import jsonbody
 from proxy import reuse as prefix
 from proxy.protocols.messages import adapter as messages_adapter
@@ -239,6 +240,33 @@ def test_the_shared_items_are_not_parsed_again(protocol, monkeypatch):
     assert all(a is b for a, b in zip(request_parts(two)[:5], request_parts(one)))
     assert two.stream is True and len(two.body[field]) == 5
     assert_same(protocol, two, full(protocol, grown))
+
+
+@pytest.mark.parametrize("protocol", sorted(ADAPTERS))
+@pytest.mark.parametrize("values", [False, True], ids=["envelopes", "values"])
+def test_where_an_item_is_is_indexed_for_the_new_items(protocol, values, monkeypatch):
+    """Request.positions (render, recall's forwarded parts, the prefix alarm) reads on from the
+    previous request's index: the grown body puts in its new item, and an envelope made again (a
+    Messages system envelope), not the whole history."""
+    recent = prefix.RecentBodies()
+    items = _conversation(protocol, 5)
+    head = [MODEL[protocol], '"instructions":"be brief"' if protocol == "responses" else '"system":"be brief"']
+    one, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items[:4]], []))
+    one.positions(values)
+    put: list[int] = []
+    real = adapter_module._indexed
+
+    def spy(at, objs, where):
+        where = list(where)
+        put.extend(where)
+        return real(at, objs, where)
+
+    monkeypatch.setattr(adapter_module, "_indexed", spy)
+    two, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items], []))
+    at = two.positions(values)
+    objs = two.conversation.values if values else two.conversation.envelopes
+    assert len(put) <= 2 and len(objs) - 1 in put, put  # the new one (and a system envelope made again)
+    assert [at(x) for x in objs] == list(range(len(objs))) and at(object()) is None
 
 
 @pytest.mark.parametrize("protocol", sorted(ADAPTERS))

@@ -6,6 +6,10 @@ envelopes whose parts are made and the client envelopes read into the maps of ca
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy import adapter
 from proxy.fakes.chat import FakeUpstream
 from proxy.recall import keep, layer
 from support.client import until_twice
@@ -22,6 +26,14 @@ async def test_a_compacted_conversation_is_read_for_its_new_envelopes_only(
     made: list[int] = []  # envelope_parts calls of the request
     read: list[int] = []  # client envelopes read into the maps
     found: list[int] = []  # originals the request stands in for
+    stores: list[int] = []  # maps stores made (a new one, or a copy of the history's)
+
+    class Sent(keep._Sent):
+        def __init__(self):
+            stores.append(1)
+            super().__init__()
+
+    monkeypatch.setattr(keep, "_Sent", Sent)
     real_parts, real_extended, real_save = keep.envelope_parts, keep.ClientMaps.extended, layer.Recall._save
 
     def parts(env):
@@ -43,10 +55,68 @@ async def test_a_compacted_conversation_is_read_for_its_new_envelopes_only(
                                                  "compaction": {"learn_token_ratio": False}})
     c = client_for(proxy)
     _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL,
-                                 reset=lambda: (made.clear(), read.clear(), found.clear()))
+                                 reset=lambda: (made.clear(), read.clear(), found.clear(), stores.clear()))
     new = sizes[-1] - sizes[-2]  # the turn this request adds (the system message is the same)
     assert found  # the summary's span (and any stubs): the request carries replacements
     # Its new envelopes, and the forwarded ones the client did not send (stubs, the summary), at most:
     # not every envelope of the history, as each request did before.
     assert read == [new]
+    assert stores == []  # the previous request's maps read on in place, not copied
     assert len(made) <= new + found[0] + 2 < sizes[-1] // 2, (len(made), new, found, sizes[-1])
+
+
+async def test_where_the_clients_envelopes_are_is_indexed_for_the_new_ones_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Rendering the forwarded body, recall's parts and the prefix alarm ask where a forwarded
+    envelope is among the client's (Request.positions): a compacted request of a conversation
+    indexes its new envelopes, not the whole history again (once per reader, as each did before)."""
+    upstream.window = WINDOW
+    indexed: list[int] = []  # envelopes put in an index by the request
+    real = adapter._indexed
+
+    def counted(at, items, where):
+        where = list(where)
+        indexed.append(len(where))
+        return real(at, items, where)
+
+    monkeypatch.setattr(adapter, "_indexed", counted)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=indexed.clear)
+    new = sizes[-1] - sizes[-2]
+    # One index for the request and its copy declaring the recall tool (the one rendered), put in
+    # two parts: the places whose envelope changed (none), then the new ones.
+    assert indexed == [0, new], (indexed, new, sizes[-1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.lists(st.tuples(
+    st.sampled_from(["tool_result", "tool_call", "user", "assistant"]), st.sampled_from("abc"),
+    st.sampled_from(["x", "y", ""])), max_size=3)), min_size=1, max_size=10))
+def test_maps_read_on_from_a_shared_store_are_the_maps_of_their_own_envelopes(steps):
+    """Requests that grow, or branch from an earlier one (dropping its last envelopes): each one's
+    maps, read on from another's store in place or copied, look up what its own envelopes say."""
+    made: list[tuple[list, keep.ClientMaps]] = []
+    for back, dropped, message in steps:
+        base_msgs, base = made[-1 - back % len(made)] if made else ([], keep.NO_MAPS)
+        shared = max(0, len(base_msgs) - dropped)
+        if shared < base.covered:
+            base_msgs, base = [], keep.NO_MAPS  # (request_maps reads on only from maps of shared envelopes)
+            shared = 0
+        msgs = base_msgs[:shared] + [[keep.Part(role, text, call_id=cid or None) for role, cid, text in message]]
+        made.append((msgs, base.extended(msgs)))
+    for msgs, maps in made:
+        results, calls, users = {}, {}, set()
+        for m in msgs:
+            for p in m:
+                if p.role == "tool_result" and p.call_id:
+                    results[p.call_id] = p
+                elif p.role == "tool_call" and p.call_id:
+                    calls[p.call_id] = p
+                elif p.role == "user":
+                    users.add(p.text)
+        for cid in "abc":
+            assert maps.result(cid) is results.get(cid) and maps.call(cid) is calls.get(cid)
+        assert {t for t in ("x", "y", "") if maps.user_sent(t)} == users

@@ -140,10 +140,10 @@ class ChatAdapter(Adapter):
         original = request.conversation
         if forwarded is original:
             return request.raw
-        at = {id(e): i for i, e in enumerate(original.envelopes)}
+        at = request.positions()
         parts = []
         for e in forwarded.envelopes:
-            i = at.get(id(e))
+            i = at(e)
             parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
         out = dict(request.body)
         return splice(out, "messages", parts)

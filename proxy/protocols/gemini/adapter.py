@@ -133,8 +133,9 @@ class GeminiAdapter(Adapter):
             envs = envs[1:]
         else:
             body.pop(_SYSTEM, None)
-        at = {id(v): i for i, v in enumerate(request.conversation.values)}
-        written = [request.written[at[id(e.value)]] if id(e.value) in at else jsonbody.dumps(e.value) for e in envs]
+        at = request.positions(values=True)
+        written = [request.written[i] if (i := at(e.value)) is not None
+                   else jsonbody.dumps(e.value) for e in envs]
         return splice(body, "contents", written)
 
     # -- edits ---------------------------------------------------------------------------------

@@ -170,10 +170,9 @@ class MessagesAdapter(Adapter):
         if dropped:
             log.info("cache breakpoints: %d of the client's gave way to stay within %d (%s)", len(dropped),
                      breakpoints.MAX_BREAKPOINTS, ", ".join(".".join(map(str, s.path)) for s in dropped))
-        at = {id(v): i for i, v in enumerate(request.conversation.values)}
-        parts = []
+        at, parts = request.positions(values=True), []
         for m in body["messages"]:
-            i = at.get(id(m))
+            i = at(m)
             parts.append(request.written[i] if i is not None else jsonbody.dumps(m))
         return splice(body, "messages", parts)
 

@@ -156,14 +156,14 @@ class ResponsesAdapter(Adapter):
         original = request.conversation
         if forwarded is original:
             return request.raw
-        at = {id(e): i for i, e in enumerate(original.envelopes)}
+        at = request.positions()
         parts: list[bytes] = []
         instructions: str | None = None
         for e in forwarded.envelopes:
             if _is_instructions(e.value):
                 instructions = e.value["instructions"]
                 continue
-            i = at.get(id(e))
+            i = at(e)
             parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
         out = dict(request.body)
         if instructions is not None:
