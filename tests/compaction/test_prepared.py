@@ -23,8 +23,11 @@ from support.conversations import (
     synthetic,
     tau_conversations,
 )
+from proxy.compaction.budget import Budget
 from proxy.fakes.chat import FakeUpstream
+from support.client import chat
 from support.clock import FakeClock
+from support.coding_session import coding_session
 from support.invariants import check_forwarded
 from support.redis_server import RedisServer
 
@@ -249,3 +252,38 @@ async def test_a_summary_prepared_by_one_replica_serves_another(
     again = await send(client_for(a), messages)
     assert again.status == "reused"
     assert upstream.records("chat")[-1].body == upstream.records("chat")[-2].body
+
+
+async def test_with_masking_the_prepared_summary_waits_for_the_request_masking_no_longer_fits(
+    upstream: FakeUpstream, make_proxy, client_for
+) -> None:
+    """Masked (tier 1) and past the prepare line, the next summary is made ahead and waits: every
+    request the masking still keeps at or under the threshold goes masked (the forwarded prefix only
+    grows, the upstream's cache keeps it); the summary comes with the first request the masking
+    would take over the threshold, made before it came."""
+    window = 12_000
+    upstream.window = window
+    proxy = await make_proxy(upstream.base_url, {"models": {"gpt-4": {"context_window": window}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = proxy.state.cfg.compaction
+    threshold = Budget.for_model(window, threshold_tokens=c.threshold_tokens, threshold_percent=c.threshold_percent,
+                                 reserve_tokens=c.reserve_tokens, keep_recent_tokens=c.keep_recent_tokens).threshold
+    client, s = client_for(proxy), coding_session(14)
+    rows: list[tuple[str, int, int, int]] = []  # status, tokens before, after, summaries made before it
+    for history in s.request_points():
+        made = len(upstream.summarizer_requests)
+        r = await chat(client, history, model="gpt-4", tools=s.tools)
+        rows.append((r.status, int(r.headers["x-compaction-tokens-before"]),
+                     int(r.headers["x-compaction-tokens-after"]), made))
+        if r.status == "summarized":
+            break
+        await proxy.state.compaction.idle()
+    statuses = [row[0] for row in rows]
+    assert statuses[-1] == "summarized" and "masked" in statuses, statuses
+    first_masked = statuses.index("masked")
+    masked = rows[first_masked:-1]
+    assert masked and all(row[0] == "masked" and row[2] <= threshold for row in masked), rows
+    assert any(row[3] > rows[first_masked][3] for row in masked), rows  # a summary was made while masking served
+    (_, before_prev, after_prev, _), (_, before, _, made) = masked[-1], rows[-1]
+    assert after_prev + (before - before_prev) > threshold, rows  # masking would no longer fit
+    assert made == len(upstream.summarizer_requests), rows  # the crossing request called no summarizer
