@@ -327,3 +327,38 @@ async def test_a_preparation_looks_its_record_up_as_the_request_path_does(
     statuses = await walk_session(upstream, make_proxy, client_for, prepare_percent=10)
     assert "summarized" in statuses and len(prepared) >= 10
     assert walked == []
+
+
+async def test_a_record_applied_again_reads_only_the_new_envelopes(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Past the prepare line after a summary, a request applies the prepared record (to learn
+    whether it fits) and then the one it carries; the next request of the conversation, the same
+    two records found, reads on from the previous request's applies: only its new envelopes are
+    read, not every kept one twice."""
+    upstream.window = WINDOW
+    read: list[int] = []
+    seen: list[tuple] = []  # (prepared, carried) of each request that carried the current record
+    real_change, real_carried = view._kept_change, CompactionEngine._carried
+
+    async def carried(self, v, prepared, budget):
+        out = await real_carried(self, v, prepared, budget)
+        seen.append((prepared, out.record if out is not None else None))
+        return out
+
+    monkeypatch.setattr(view, "_kept_change", lambda *a: read.append(1) or real_change(*a))
+    monkeypatch.setattr(CompactionEngine, "_carried", carried)
+    proxy = await make_proxy(upstream.base_url, settings(prepare_percent=10))
+    c, s = client_for(proxy), coding_session(14)
+    rows = []
+    for history in s.request_points():
+        read.clear(), seen.clear()
+        status = (await chat(c, history, model=MODEL, tools=s.tools)).status
+        rows.append((len(history), status, len(read), seen[0] if seen else None))
+        await proxy.state.compaction.idle()
+    again = [(a, b) for a, b in zip(rows, rows[1:])
+             if b[1] == "reused" and a[3] and b[3] and b[3][1] and all(x is y for x, y in zip(a[3], b[3]))]
+    assert len(again) >= 2, rows
+    for a, b in again:
+        assert b[2] <= 2 * (b[0] - a[0]), (a[:3], b[:3])  # each record's apply: the new envelopes
+
