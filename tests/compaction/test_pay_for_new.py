@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from proxy import identifiers, textfacts
-from proxy.compaction import digest, extract, making, served, view
+from proxy.compaction import digest, extract, making, mask, served, view
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.records import Records
@@ -362,3 +362,28 @@ async def test_a_record_applied_again_reads_only_the_new_envelopes(
     for a, b in again:
         assert b[2] <= 2 * (b[0] - a[0]), (a[:3], b[:3])  # each record's apply: the new envelopes
 
+
+async def test_the_crossing_request_makes_no_stub_its_preparation_made(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A preparation past the prepare line finds that masking will serve the crossing request (its
+    stubs made for the history then); the crossing request masks the longer history and takes
+    the stubs of the outputs the preparation masked, making only the others'."""
+    upstream.window = WINDOW
+    made: list[str] = []
+    real = mask.stub_text
+    monkeypatch.setattr(mask, "stub_text", lambda *a: made.append(a[3]) or real(*a))
+    proxy = await make_proxy(upstream.base_url, settings())
+    engine = proxy.state.compaction
+    c, s = client_for(proxy), coding_session(12)
+    prepared: set[str] = set()
+    for history in s.request_points():
+        made.clear()
+        r = await chat(c, history, model=MODEL, tools=s.tools)
+        await engine.idle()
+        if r.status != "none":
+            break
+        prepared |= set(made)
+    masking = [rec for rec in engine.records.known() if rec.tier == "mask"]
+    assert r.status == "masked" and len(prepared) >= 3 and len(masking[0].masks) >= len(prepared)
+    assert not prepared & set(made), (len(made), len(prepared & set(made)))
