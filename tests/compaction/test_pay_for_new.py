@@ -387,3 +387,24 @@ async def test_the_crossing_request_makes_no_stub_its_preparation_made(
     masking = [rec for rec in engine.records.known() if rec.tier == "mask"]
     assert r.status == "masked" and len(prepared) >= 3 and len(masking[0].masks) >= len(prepared)
     assert not prepared & set(made), (len(made), len(prepared & set(made)))
+
+
+def test_the_stubs_made_are_bounded_by_count_and_characters(monkeypatch) -> None:
+    """mask.Stubs keeps at most its count and characters (the outputs counted), the least recently
+    used going first; a stub asked again while kept is not made again."""
+    made: list[str] = []
+    real = mask.stub_text
+    monkeypatch.setattr(mask, "stub_text", lambda *a: made.append(a[3]) or real(*a))
+    outputs = [f"src/mod_{i}.py:{i}: ok\n" * 40 for i in range(6)]
+    stubs = mask.Stubs(max_entries=4, max_chars=10**6)
+    for out in outputs:
+        stubs(out, "abc", "read_file", "{}", 300)
+    assert len(stubs) == 4 and len(made) == 6
+    assert stubs(outputs[-1], "abc", "read_file", "{}", 300) == stubs(outputs[-1], "abc", "read_file", "{}", 300)
+    assert len(made) == 6  # kept: not made again
+    stubs(outputs[0], "abc", "read_file", "{}", 300)
+    assert len(made) == 7  # evicted: made again
+    small = mask.Stubs(max_entries=100, max_chars=3 * (len(outputs[0]) + 600))
+    for out in outputs:
+        small(out, "abc", "read_file", "{}", 300)
+    assert small.chars <= small.max_chars and 1 <= len(small) < len(outputs)
