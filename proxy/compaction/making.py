@@ -115,6 +115,7 @@ class RecordMaker:
         self.summarizer = summarizer
         self.clock = clock
         self.stats = stats
+        self.stubs = mask.Stubs()  # (a preparation's masking made again by the crossing request)
 
     # -- a summary -----------------------------------------------------------------------------
     async def summary(
@@ -300,16 +301,14 @@ class RecordMaker:
         listed = set(recall)
         calls = calls_by_id(work.items())
         for m in new:
-            d = view.digests[m.index].hex()
-            found = textfacts.facts(m.result.text)
+            k = mask.key(view.digests[m.index].hex(), m.item)
             name, args = calls.get(m.result.call_id or "", (m.result.name or "tool", ""))
             # the stub's recall handle: the envelope's digest, or of its key for a later result of it
-            handle = d[:12] if m.item == 0 else handles.of_text(mask.key(d, m.item))
-            base[mask.key(d, m.item)] = stub = mask.stub_text(name, args, request.scaled(m.tokens), m.result.text,
-                                                              handle, found)
+            handle = k[:12] if m.item == 0 else handles.of_text(k)
+            base[k], lacks = self.stubs(m.result.text, handle, name, args, request.scaled(m.tokens))
             # what the stub had no room for is listed for recall, never silently gone
-            for x in found.identifiers + found.errors:
-                if x not in listed and x not in stub:
+            for x in lacks:
+                if x not in listed:
                     listed.add(x)
                     recall.append(x)
         extent = keep.cut - n_sys

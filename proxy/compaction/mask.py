@@ -1,4 +1,5 @@
-"""Tier 1 of compaction (design.md § Tiers): old tool outputs become stubs written by code. Pure functions.
+"""Tier 1 of compaction (design.md § Tiers): old tool outputs become stubs written by code. Pure functions,
+and the stubs made (`Stubs`, bounded).
 
 No model call and no wait: the outputs of tool calls older than the kept recent part are replaced
 by one line naming the call, its size, and the identifiers and error lines found in it. User and
@@ -8,6 +9,8 @@ message's digest), so every later request forwards the same bytes.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,6 +23,9 @@ ARGS_CHARS = 160  # the call's arguments in a stub, at most
 STUB_IDENTIFIERS_CHARS = 600
 STUB_ERRORS = 3
 MIN_MASKED_TOKENS = 120  # outputs smaller than this are left alone: a stub would save little
+MAX_STUBS = 8192  # stubs kept made (a long session masks a few hundred outputs)
+MAX_STUB_CHARS = 32 << 20  # characters they hold (outputs, stubs, what each had no room for)
+STUB_OVERHEAD = 256  # a kept stub's tuples and strings, in characters
 
 
 def key(digest: str, item: int) -> str:
@@ -81,3 +87,41 @@ def stub_text(name: str, args: str, tokens: int, output: str, recall_id: str, fo
         parts.append("errors: " + " | ".join(errors))
     parts.append(f"recall id {recall_id}]")
     return " · ".join(parts)
+
+
+class Stubs:
+    """Stubs made, by what makes one (the output, its recall id, the call's name and arguments,
+    its count): a preparation works out the masking that the request crossing the threshold then
+    makes again for a longer history, so each stub is made once.
+    With it, the identifiers and error lines of the output the stub has no room for. Least
+    recently used evicted first; bounded by count and characters held (the outputs too: a kept
+    key keeps its output alive). Thread-safe: masking runs in worker threads for large requests."""
+
+    def __init__(self, max_entries: int = MAX_STUBS, max_chars: int = MAX_STUB_CHARS) -> None:
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self.chars = 0
+        self._d: OrderedDict[tuple[str, str, str, str, int], tuple[str, tuple[str, ...], int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, output: str, handle: str, name: str, args: str, tokens: int) -> tuple[str, tuple[str, ...]]:
+        """stub_text of these, and what it lacks of the output's identifiers and error lines."""
+        key = (output, handle, name, args, tokens)
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+                return hit[0], hit[1]
+        found = textfacts.facts(output)
+        stub = stub_text(name, args, tokens, output, handle, found)
+        lacks = tuple(x for x in found.identifiers + found.errors if x not in stub)
+        weight = STUB_OVERHEAD + len(output) + len(handle) + len(name) + len(args) + len(stub) + sum(map(len, lacks))
+        with self._lock:
+            if key not in self._d and weight <= self.max_chars:
+                self._d[key] = (stub, lacks, weight)
+                self.chars += weight
+                while len(self._d) > self.max_entries or self.chars > self.max_chars:
+                    self.chars -= self._d.popitem(last=False)[1][2]
+        return stub, lacks
+
+    def __len__(self) -> int:
+        return len(self._d)

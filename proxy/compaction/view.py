@@ -10,6 +10,7 @@ the forwarded conversation a record gives (stubs, clamps, the summary injected b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import is_
 from typing import Iterator
 
 from proxy.compaction import extract, mask
@@ -158,20 +159,14 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     summarizes anything) the summary in place of what it covers."""
     conv = view.conv
     cut = view.n_system + record.covered
-    changed: dict[int, tuple[Envelope, int]] = {}
-    for i in range(cut, len(conv)):
+    how = _how(view)
+    changed, start = _applied_before(view, record, cut, how)
+    for i in range(start, len(conv)):
         env = conv.envelopes[i]
-        if env.kind is not Kind.TOOL_RESULT:
-            continue
-        made = _stubbed_counted(view, i, env, record.masks) if record.masks else None
-        if made is not None:
+        if env.kind is Kind.TOOL_RESULT and (made := _kept_change(view, record, i, env)) is not None:
             changed[i] = made
-            continue
-        d = view.digests[i].hex()
-        new = clamped(view, env, record.clamped[d], conv.tokens[i]) if d in record.clamped else None
-        if new is not None:
-            changed[i] = (new, view.count(new))
-    _unbind(view, record, cut, changed)
+    _unbind(view, record, cut, changed, start)
+    _keep_applied(view, record, changed, how)
     fwd = conv.with_envelopes(changed) if changed else conv
     status = _STATUS_OF_TIER[record.tier]
     if record.covered == 0:  # masking only: nothing summarized, nothing injected
@@ -184,26 +179,77 @@ def apply(view: View, record: SummaryRecord, prompts: Prompts) -> Outcome:
     return Outcome(status, conversation=out, tokens_after=_total(view, out), record=record)
 
 
+def _kept_change(view: View, record: SummaryRecord, i: int, env: Envelope) -> tuple[Envelope, int] | None:
+    """Kept tool-result envelope i as `record` forwards it (stubbed, or clamped) and its count, or None."""
+    made = _stubbed_counted(view, i, env, record.masks) if record.masks else None
+    if made is not None:
+        return made
+    d = view.digests[i].hex()
+    new = clamped(view, env, record.clamped[d], view.conv.tokens[i]) if d in record.clamped else None
+    return (new, view.count(new)) if new is not None else None
+
+
+APPLIED = "view.applied"  # a request's applies: [(record, envelopes, changes, how)], in its __dict__
+MAX_APPLIED = 4  # applies a request keeps for the next one (it applies two or three records)
+
+
+def _how(view: View) -> tuple[str, bool, bool]:
+    """What an apply's changes depend on besides the record and the envelopes."""
+    flow = view.flow
+    return flow.request.encoding, flow.identity.recall, flow.adapter.binds_reasoning(flow.request)
+
+
+def _applied_before(view: View, record: SummaryRecord, cut: int,
+                    how: tuple[str, bool, bool]) -> tuple[dict[int, tuple[Envelope, int]], int]:
+    """The changes the previous request of the conversation made applying this very record (a
+    copy), and where they end: its kept envelopes are this request's (the same objects, and the
+    client's shared), so only the new ones are read; or this request's own, applying it again. ({},
+    cut): none to read on from."""
+    request = view.flow.request
+    envs = view.conv.envelopes
+    for rec, seen, mine, h in request.__dict__.get(APPLIED, ()):
+        if rec is record and seen is envs and h == how:  # (applied again once published)
+            return dict(mine), len(envs)
+    for rec, seen, theirs, h in request.before(APPLIED, ()):
+        n = len(seen)
+        if rec is record and cut <= n <= min(len(envs), request.shared) and h == how \
+                and all(map(is_, envs[cut:n], seen[cut:])):
+            mine = request.__dict__.setdefault(STUBS, {})
+            request.__dict__[STUBS] = {**request.before(STUBS, {}), **mine}  # (the next request reads on from these)
+            return dict(theirs), n
+    return {}, cut
+
+
+def _keep_applied(view: View, record: SummaryRecord, changed: dict[int, tuple[Envelope, int]],
+                  how: tuple[str, bool, bool]) -> None:
+    """Keep this apply for the next request of the conversation (`_applied_before`)."""
+    kept, envs = view.flow.request.__dict__.setdefault(APPLIED, []), view.conv.envelopes
+    if not any(rec is record and seen is envs for rec, seen, _, _ in kept):
+        kept.append((record, envs, changed, how))
+        del kept[:-MAX_APPLIED]
+
+
 def live_from(view: View, record: SummaryRecord) -> int | None:
     """Where the turns made under `record`'s prefix begin (non-system messages): a record made
     ahead and not yet carried goes live with this request."""
     return len(view.conv) - view.n_system if record.prepared else record.live_from
 
 
-def _unbind(view: View, record: SummaryRecord, cut: int, changed: dict[int, tuple[Envelope, int]]) -> None:
+def _unbind(view: View, record: SummaryRecord, cut: int, changed: dict[int, tuple[Envelope, int]],
+            start: int) -> None:
     """On a model that binds its reasoning to its prefix, the kept turns made before the record
     went live lose their reasoning (made under the prefix the record changed; design.md § Messages API): from
     the cut when a summary is injected (the annotation changes the system part) or the recall
     tool is declared (the tools change), else from the first stub. The turns made since keep
-    theirs: the record forwards the same prefix to them."""
-    start = live_from(view, record)
-    if start is None or not view.flow.adapter.binds_reasoning(view.flow.request):
+    theirs: the record forwards the same prefix to them. (`start`: the envelopes before it are done.)"""
+    live = live_from(view, record)
+    if live is None or not view.flow.adapter.binds_reasoning(view.flow.request):
         return
     first = cut if record.covered or view.flow.identity.recall else min(changed, default=None)
     if first is None:
         return
     adapter = view.flow.adapter
-    for i in range(first, min(view.n_system + start, len(view.conv))):
+    for i in range(max(first, start), min(view.n_system + live, len(view.conv))):
         env = changed[i][0] if i in changed else view.conv.envelopes[i]
         if (new := adapter.unbound(env)) is not None:
             changed[i] = (new, view.count(new))

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from proxy import identifiers, textfacts
-from proxy.compaction import digest, extract, making, served, view
+from proxy.compaction import digest, extract, making, mask, served, view
 from proxy.compaction.engine import CompactionEngine
 from proxy.compaction.making import RecordMaker
 from proxy.compaction.records import Records
@@ -327,3 +327,84 @@ async def test_a_preparation_looks_its_record_up_as_the_request_path_does(
     statuses = await walk_session(upstream, make_proxy, client_for, prepare_percent=10)
     assert "summarized" in statuses and len(prepared) >= 10
     assert walked == []
+
+
+async def test_a_record_applied_again_reads_only_the_new_envelopes(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Past the prepare line after a summary, a request applies the prepared record (to learn
+    whether it fits) and then the one it carries; the next request of the conversation, the same
+    two records found, reads on from the previous request's applies: only its new envelopes are
+    read, not every kept one twice."""
+    upstream.window = WINDOW
+    read: list[int] = []
+    seen: list[tuple] = []  # (prepared, carried) of each request that carried the current record
+    real_change, real_carried = view._kept_change, CompactionEngine._carried
+
+    async def carried(self, v, prepared, budget):
+        out = await real_carried(self, v, prepared, budget)
+        seen.append((prepared, out.record if out is not None else None))
+        return out
+
+    monkeypatch.setattr(view, "_kept_change", lambda *a: read.append(1) or real_change(*a))
+    monkeypatch.setattr(CompactionEngine, "_carried", carried)
+    proxy = await make_proxy(upstream.base_url, settings(prepare_percent=10))
+    c, s = client_for(proxy), coding_session(14)
+    rows = []
+    for history in s.request_points():
+        read.clear(), seen.clear()
+        status = (await chat(c, history, model=MODEL, tools=s.tools)).status
+        rows.append((len(history), status, len(read), seen[0] if seen else None))
+        await proxy.state.compaction.idle()
+    again = [(a, b) for a, b in zip(rows, rows[1:])
+             if b[1] == "reused" and a[3] and b[3] and b[3][1] and all(x is y for x, y in zip(a[3], b[3]))]
+    assert len(again) >= 2, rows
+    for a, b in again:
+        assert b[2] <= 2 * (b[0] - a[0]), (a[:3], b[:3])  # each record's apply: the new envelopes
+
+
+async def test_the_crossing_request_makes_no_stub_its_preparation_made(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A preparation past the prepare line finds that masking will serve the crossing request (its
+    stubs made for the history then); the crossing request masks the longer history and takes
+    the stubs of the outputs the preparation masked, making only the others'."""
+    upstream.window = WINDOW
+    made: list[str] = []
+    real = mask.stub_text
+    monkeypatch.setattr(mask, "stub_text", lambda *a: made.append(a[3]) or real(*a))
+    proxy = await make_proxy(upstream.base_url, settings())
+    engine = proxy.state.compaction
+    c, s = client_for(proxy), coding_session(12)
+    prepared: set[str] = set()
+    for history in s.request_points():
+        made.clear()
+        r = await chat(c, history, model=MODEL, tools=s.tools)
+        await engine.idle()
+        if r.status != "none":
+            break
+        prepared |= set(made)
+    masking = [rec for rec in engine.records.known() if rec.tier == "mask"]
+    assert r.status == "masked" and len(prepared) >= 3 and len(masking[0].masks) >= len(prepared)
+    assert not prepared & set(made), (len(made), len(prepared & set(made)))
+
+
+def test_the_stubs_made_are_bounded_by_count_and_characters(monkeypatch) -> None:
+    """mask.Stubs keeps at most its count and characters (the outputs counted), the least recently
+    used going first; a stub asked again while kept is not made again."""
+    made: list[str] = []
+    real = mask.stub_text
+    monkeypatch.setattr(mask, "stub_text", lambda *a: made.append(a[3]) or real(*a))
+    outputs = [f"src/mod_{i}.py:{i}: ok\n" * 40 for i in range(6)]
+    stubs = mask.Stubs(max_entries=4, max_chars=10**6)
+    for out in outputs:
+        stubs(out, "abc", "read_file", "{}", 300)
+    assert len(stubs) == 4 and len(made) == 6
+    assert stubs(outputs[-1], "abc", "read_file", "{}", 300) == stubs(outputs[-1], "abc", "read_file", "{}", 300)
+    assert len(made) == 6  # kept: not made again
+    stubs(outputs[0], "abc", "read_file", "{}", 300)
+    assert len(made) == 7  # evicted: made again
+    small = mask.Stubs(max_entries=100, max_chars=3 * (len(outputs[0]) + 600))
+    for out in outputs:
+        small(out, "abc", "read_file", "{}", 300)
+    assert small.chars <= small.max_chars and 1 <= len(small) < len(outputs)
