@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import re
 import unicodedata
-from functools import lru_cache
+from array import array
 
 BOUNDARY_TAGS = ("conversation", "previous-summary", "summary", "focus", "turn-prefix", "files")
 MAX_TOOL_NAME_CHARS = 64  # OpenAI's own limit on a function name
@@ -46,46 +46,79 @@ _CLIENT_PATTERNS = (_LABEL, _ANGLE, _INST)
 _ENTITY = {"<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;"}
 
 
-@lru_cache(maxsize=1)
-def _fold_table() -> tuple[dict[int, str | None], re.Pattern[str]]:
-    """Each character that NFKC changes into text holding ASCII (fullwidth letters and brackets,
-    ligatures, small forms), with what it becomes; invisible characters map to None (removed).
-    Also a pattern finding any of them, so text without any skips the folding."""
-    table: dict[int, str | None] = {}
-    for cp in range(0x80, 0x10000):
-        c = chr(cp)
-        if 0xD800 <= cp < 0xE000:
-            continue
-        if unicodedata.is_normalized("NFKC", c):  # most characters: a quick check, not a normalization
-            continue
+# How each character of the Basic Multilingual Plane the comparison has met folds, worked out when
+# first met: the whole plane's table cost ~25 ms of the first summary of a process, where a text
+# holds a few dozen distinct non-ASCII characters. Bounded: one byte a character of the plane
+# (0 not met, 1 as is, 2 folds: `_FOLDS`), the ~1,000 that fold, and those met as is in order (two
+# bytes each). Past the plane and surrogates nothing folds, as before.
+_BMP = 0x10000
+_MET = bytearray(_BMP)
+_FOLDS: dict[int, str | None] = {}
+_AS_IS = array("H")
+_NEVER = r"\x00-\x7f\ud800-\udfff\U00010000-\U0010ffff"  # (characters that never fold)
+_NOTHING = re.compile("(?!)")
+# (characters met when the first was made, a pattern finding those not met; characters that fold
+# when the second was made, a pattern finding them): made again by _patterns
+_PATTERNS: list = [0, re.compile(f"[^{_NEVER}]"), 0, _NOTHING]
+
+
+def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """A pattern finding the characters not met (and those met since it was made: made again
+    once a quarter more were), and one finding those that fold (made again for each)."""
+    met, unknown, folds, folding = _PATTERNS
+    n, k = len(_AS_IS), len(_FOLDS)
+    fold = "".join(map(chr, list(_FOLDS))) if k != folds or n + k - met > met // 4 else ""
+    if n + k - met > met // 4:
+        unknown = re.compile(f"[^{_NEVER}{''.join(map(chr, _AS_IS[:n]))}{fold}]")
+        met = n + k
+    if k != folds:
+        folding, folds = re.compile(f"[{fold}]"), k
+    _PATTERNS[:] = [met, unknown, folds, folding]
+    return unknown, folding
+
+
+def _learn(cp: int) -> None:
+    """How one character folds: to what NFKC makes of it when that holds ASCII (fullwidth letters
+    and brackets, ligatures, small forms), to nothing when invisible; else it is compared as is."""
+    c = chr(cp)
+    fold: str | None | bool = False  # (False: as is)
+    if _INVISIBLE_RE.match(c):
+        fold = None
+    elif not unicodedata.is_normalized("NFKC", c):  # the quick check first: most characters pass it
         n = unicodedata.normalize("NFKC", c)
-        if any(ord(x) < 0x80 for x in n):
-            table[cp] = n
-    for m in re.finditer(f"[{_INVISIBLE}]", "".join(chr(c) for c in range(0x80, 0x10000) if not 0xD800 <= c < 0xE000)):
-        table[ord(m.group())] = None
-    chars = "".join(re.escape(chr(cp)) for cp in sorted(table))
-    return table, re.compile(f"[{chars}]")
+        fold = n if any(ord(x) < 0x80 for x in n) else False
+    if fold is False:
+        _AS_IS.append(cp)
+        _MET[cp] = 1
+        return
+    _FOLDS[cp] = fold
+    _MET[cp] = 2
 
 
-def _folded(text: str) -> str | None:
-    """The text as compared (None: the text itself)."""
-    table, needs = _fold_table()
-    return text.translate(table) if needs.search(text) is not None else None
+def _folds(text: str) -> bool:
+    """Whether the comparison changes `text` (it reads text.translate(_FOLDS)): its characters
+    not met yet worked out first."""
+    if text.isascii():
+        return False
+    unknown, _ = _patterns()
+    if unknown.search(text) is not None:
+        for c in set(unknown.findall(text)):
+            if not _MET[ord(c)]:
+                _learn(ord(c))
+    return _patterns()[1].search(text) is not None
 
 
 def _origins(text: str, positions: list[int]) -> list[int]:
     """For positions in the folded text, the index of the character each came from. Walks only
     the characters whose folding changes the length (reached only when something matched)."""
-    table, needs = _fold_table()
+    resized = "".join(chr(cp) for cp, r in list(_FOLDS.items()) if r is None or len(r) != 1)
     # Stretches of the folded text, in order: where each starts (folded, original), and whether
     # it is the expansion of one original character (else it is length-preserving text).
     seg_f, seg_o, seg_one = [0], [0], [False]
     shift = 0
-    for m in needs.finditer(text):
-        r = table[ord(m.group())]
+    for m in re.finditer(f"[{resized}]", text) if resized else ():
+        r = _FOLDS[ord(m.group())]
         n = len(r) if r else 0
-        if n == 1:
-            continue
         i = m.start()
         seg_f.append(i + shift)
         seg_o.append(i)
@@ -102,8 +135,8 @@ def _origins(text: str, positions: list[int]) -> list[int]:
 
 
 def _escape(text: str, patterns: tuple[re.Pattern[str], ...]) -> str:
-    folded = _folded(text)
-    view = text if folded is None else folded
+    folds = _folds(text)
+    view = text.translate(_FOLDS) if folds else text
     at: list[int] = []
     for pattern in patterns:
         for m in pattern.finditer(view):
@@ -111,7 +144,7 @@ def _escape(text: str, patterns: tuple[re.Pattern[str], ...]) -> str:
     if not at:
         return text
     chars = [view[p] for p in at]
-    if folded is not None:
+    if folds:
         at = _origins(text, at)
     replace = dict(zip(at, (_ENTITY[c] for c in chars)))
     out: list[str] = []

@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from proxy import identifiers
 from proxy.farm import farm
-from proxy.identifiers import find_error_lines, scan, scanned
+from proxy.identifiers import MAX_ERROR_LINE_CHARS, MAX_ERROR_LINES, find_error_lines, scan, scanned
 
 # Held as keys: the texts themselves. A long session's tool outputs are a few MB; the bound keeps
 # a busy process's memory flat whatever its conversations hold.
@@ -151,3 +151,24 @@ def joined_identifiers(text: str, parts: Sequence[str]) -> list[str]:
     """identifiers.find_identifiers(text) for text == "\n".join(parts), from the parts' cached ones."""
     return list(dict.fromkeys(i for piece, whole in _read(text, parts)
                               for i in (facts(piece).identifiers if whole else scan(piece)[0])))
+
+
+def joined_errors(text: str, parts: Sequence[str]) -> list[str]:
+    """identifiers.find_error_lines(text) for text == "\n".join(parts), from the parts' cached ones:
+    the first distinct lines of the parts' lists in order are the text's (a part's list stops at
+    its MAX_ERROR_LINES lines only where the text's is full). A line longer than the clip is listed
+    clipped each time it recurs (find_error_lines compares the whole line with the clipped ones);
+    a listed line of the clip's length was clipped or not, which decides only when it is listed
+    already: then the text is read as it is."""
+    out: list[str] = []
+    for piece, whole in _read(text, parts):
+        for line in facts(piece).errors if whole else farm.sized(len(piece), find_error_lines, piece):
+            if line in out:
+                if len(line) < MAX_ERROR_LINE_CHARS:
+                    continue
+                part = scanned(text)
+                return farm.sized(len(part), find_error_lines, part)
+            out.append(line)
+            if len(out) >= MAX_ERROR_LINES:
+                return out
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from proxy import identifiers, textfacts
-from proxy.identifiers import find_identifiers, token_counts
+from proxy.identifiers import find_error_lines, find_identifiers, token_counts
 
 # fragments rich in what the patterns read: paths, URLs, tickets, hashes, IDs, tracebacks, errors
 FRAGMENTS = ["src/app/mod.py", "/etc/hosts", "~/x/y", "https://ci.example.com/run/42", "LED-7112", "a@b.io",
@@ -59,6 +59,31 @@ def test_a_joined_texts_counts_and_identifiers_are_its_parts_summed(parts: list[
         text = "\n".join(parts)
         assert textfacts.joined_counts(text, parts) == token_counts(text)
         assert textfacts.joined_identifiers(text, parts) == find_identifiers(text)
+        assert textfacts.joined_errors(text, parts) == find_error_lines(text)
+    finally:
+        identifiers.SCAN_CHARS, textfacts.facts = saved, saved_facts
+
+
+# lines an error list reads: repeated ones, a bare exception name (skipped), lines around the clip's
+# length (one clipped repeats in the list), and enough of them to fill it
+ERROR_LINES = ["ValueError: bad input", "Traceback (most recent call last):", "build failed", "fatal: no repo",
+               "  KeyError  ", "ok", "", "error", "panic: oops", "the error of it"] + [
+    f"{i}: " + "x" * n + " failed" for i in range(3) for n in (280, 289, 290, 291, 320)] + [
+    f"step {i} failed" for i in range(30)]
+error_parts = st.lists(st.lists(st.sampled_from(ERROR_LINES), max_size=40).map("\n".join), max_size=8)
+
+
+@settings(max_examples=300)
+@given(error_parts, st.integers(min_value=200, max_value=20_000))
+def test_a_joined_texts_error_lines_are_its_parts_lines(parts: list[str], scan_chars: int) -> None:
+    """The first distinct error lines of the parts' lists, as a read of the joined text finds them;
+    also past the list's length, with lines clipped, and with only the head and tail read."""
+    saved, saved_facts = identifiers.SCAN_CHARS, textfacts.facts
+    identifiers.SCAN_CHARS = scan_chars
+    textfacts.facts = textfacts.FactsCache()
+    try:
+        text = "\n".join(parts)
+        assert textfacts.joined_errors(text, parts) == find_error_lines(text)
     finally:
         identifiers.SCAN_CHARS, textfacts.facts = saved, saved_facts
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from proxy import textfacts
 from proxy.compaction import extract
 from proxy.model import Envelope, Kind, calls_by_id
 from proxy.text import clamp_middle
@@ -51,8 +52,8 @@ def write_digest(span: Sequence[Envelope], budget_tokens: int, count: Callable[[
     files = extract.files_touched(span)
     if files:
         add("### Files touched\n" + extract.render_files(files, max(0, room() * 2)))
-    text, _parts, found = extract.span_joined(span)
-    errors = extract.find_error_lines(text)
+    text, texts, found = extract.span_joined(span)
+    errors = textfacts.joined_errors(text, texts)
     idents = extract.rank_identifiers(found, errors=errors, user_text=extract.user_text(span))
     if errors or idents:
         lines = ["### Identifiers and errors"] + [f"- error: {e}" for e in errors] + [f"- {i}" for i in idents]

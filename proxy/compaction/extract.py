@@ -187,10 +187,12 @@ def find_constraints(envelopes: Iterable[Envelope]) -> list[str]:
     return out
 
 
-def tool_text(envelopes: Iterable[Envelope]) -> str:
-    """The tool outputs among the envelopes: where error lines come from (prose that says
-    "failed" is not one)."""
-    return "\n".join(it.text for e in envelopes for _, it in e.results)
+def tool_errors(envelopes: Iterable[Envelope]) -> list[str]:
+    """find_error_lines of the tool outputs among the envelopes joined (where error lines come
+    from: prose that says "failed" is not one), from each output's lines, found once
+    (textfacts.joined_errors)."""
+    parts = [it.text for e in envelopes for _, it in e.results]
+    return textfacts.joined_errors("\n".join(parts), parts)
 
 
 def user_text(envelopes: Iterable[Envelope]) -> str:

@@ -80,7 +80,7 @@ def draft(view: View, plan: Plan, previous: SummaryRecord | None) -> Draft:
         text=text,
         parts=parts,
         candidates=union(previous.identifiers if previous else [], extract.span_identifiers(summarized)),
-        errors=union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(summarized))),
+        errors=union(previous.errors if previous else [], extract.tool_errors(summarized)),
         constraints=union(previous.constraints if previous else [], extract.find_constraints(summarized)),
         kept_text=extract.span_text(kept),
         span_tokens=view.flow.request.scaled(sum(conv.tokens[n_sys:plan.cut])),
@@ -335,7 +335,7 @@ class RecordMaker:
                                  constraints=constraints, latest_requests=latest, recall=handles.recall_block(spans))
         masks = dict(previous.masks) if previous else {}
         identifiers = union(previous.identifiers if previous else [], extract.span_identifiers(span))
-        errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+        errors = union(previous.errors if previous else [], extract.tool_errors(span))
         present = summary + "\n" + extract.span_text(work.envelopes[plan.cut:])
         recall = union(previous.recall_identifiers if previous else [], absent(identifiers + errors, present))
         self.stats["identifiers_to_recall"] += len(recall)

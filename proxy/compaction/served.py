@@ -108,7 +108,7 @@ def finish(model_text: str, span: list[Envelope], kept_text: str, previous: Comp
     text, parts, found = extract.span_joined(span)
     files = extract.merge_files(previous.files if previous else {}, extract.files_touched(span))
     identifiers = union(previous.identifiers if previous else [], found)
-    errors = union(previous.errors if previous else [], extract.find_error_lines(extract.tool_text(span)))
+    errors = union(previous.errors if previous else [], extract.tool_errors(span))
     present = "\n".join([model_text, kept_text, extract.render_files(files, files_chars)])
     lines, _ = identifier_lines(identifiers, errors, present=present, budget_chars=identifier_chars,
                                 user_text=kept_text, text=text, counts=lambda: textfacts.joined_counts(text, parts))

@@ -336,7 +336,7 @@ class Planner:
         room = identifier_budget(budget.target, self.identifiers_share,
                                  request.scaled(sum(conv.tokens[view.n_system:plan.cut])))
         span = conv.envelopes[plan.start:plan.cut]
-        found = extract.span_identifiers(span) + extract.find_error_lines(extract.tool_text(span))
+        found = extract.span_identifiers(span) + extract.tool_errors(span)
         known = (record.identifiers + record.errors) if record else []
         need = sum(len(x) + 10 for x in found + known) // 2
         return min(room, need)

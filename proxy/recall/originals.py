@@ -16,7 +16,7 @@ import orjson
 
 from proxy import offload, textfacts
 from proxy.farm import farm
-from proxy.identifiers import find_error_lines, find_identifiers, scanned
+from proxy.identifiers import find_identifiers, scanned
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -67,7 +67,7 @@ def identifiers(text: str, parts: tuple[str, ...] = ()) -> list[str]:
     the code symbols it defines and mentions. What it reads of a huge text goes to the worker process."""
     part = scanned(text)
     if parts:
-        found = (*textfacts.joined_identifiers(text, parts), *farm.sized(len(part), find_error_lines, part))
+        found = (*textfacts.joined_identifiers(text, parts), *textfacts.joined_errors(text, parts))
     else:
         facts = textfacts.facts(text)
         found = facts.identifiers + facts.errors

@@ -18,6 +18,7 @@ from proxy.compaction.making import RecordMaker
 from proxy.compaction.records import Records
 from proxy.compaction.prepare import Preparer, Settled
 from proxy.compaction.view import View
+from proxy.recall import originals
 from proxy.recall.originals import Originals
 from proxy.fakes.chat import FakeUpstream
 from proxy.model import Envelope, Item, Kind
@@ -184,6 +185,32 @@ async def test_a_summarized_spans_recall_index_is_made_from_its_messages_known_i
     assert long and not long & set(scanned)
 
 
+async def test_a_spans_error_lines_are_its_outputs_lines_not_a_read_of_the_outputs_joined(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """The error lines of a span (the cut's planning, asked up to five times a plan; the summary's
+    draft; the summarized span's recall index) are its tool outputs' own, found once per output
+    (textfacts.joined_errors), not a read of the outputs or of the span written out together."""
+    upstream.window = WINDOW
+    monkeypatch.setattr(textfacts, "facts", textfacts.FactsCache())
+    read: list[str] = []
+    real = identifiers.find_error_lines
+
+    def counted(text: str) -> list[str]:
+        read.append(text)
+        return real(text)
+
+    for module in (textfacts, extract, originals):  # (originals read its spans' before)
+        monkeypatch.setattr(module, "find_error_lines", counted, raising=False)
+    statuses = await walk_session(upstream, make_proxy, client_for)
+    assert {"masked", "summarized"} <= set(statuses)
+    outputs = {m["content"] for m in coding_session(14).messages
+               if m["role"] == "tool" and len(m["content"]) >= textfacts.MIN_CHARS}
+    assert len({t for t in read if t in outputs}) >= 5  # each output's own lines were read
+    assert max(sum(o in t for o in outputs) for t in read) == 1  # never two outputs in one read
+    assert max(Counter(t for t in read if t in outputs).values()) == 1  # and each once
+
+
 async def test_a_stored_masking_stubs_only_what_it_had_not_stubbed(
     upstream: FakeUpstream, make_proxy, client_for, monkeypatch
 ) -> None:
@@ -241,8 +268,8 @@ def _compacted(span: list[Envelope]) -> str:
 @pytest.mark.parametrize("write", [_digest, _compacted])
 def test_a_digest_and_a_served_compaction_read_their_spans_identifiers_from_its_texts(write, monkeypatch) -> None:
     """The digest written when the summarizer is unavailable and the record of a compaction served
-    here list the span's identifiers: those of its texts, found once per text, not a scan of the
-    span written out; what they write is what the scan of the span gives."""
+    here list the span's identifiers and error lines: those of its texts, found once per text, not
+    a scan of the span written out; what they write is what the scan of the span gives."""
     span = _span_of_long_texts()
     text = extract.span_text(span)
     monkeypatch.setattr(identifiers, "EXACT_COUNT_CHARS", 0)  # counted by tokens, as a long span is
@@ -250,8 +277,13 @@ def test_a_digest_and_a_served_compaction_read_their_spans_identifiers_from_its_
     scanned: list[str] = []
     real = identifiers._spans
     monkeypatch.setattr(identifiers, "_spans", lambda t: scanned.append(t) or real(t))
+    read: list[str] = []  # (and its error lines are its texts' too)
+    real_errors = identifiers.find_error_lines
+    for module in (textfacts, extract):
+        monkeypatch.setattr(module, "find_error_lines", lambda t: read.append(t) or real_errors(t))
     assert write(span) == plain
     assert text not in scanned and len(text) > 4 * textfacts.MIN_CHARS
+    assert not [t for t in read if sum(e.text in t for e in span) > 1]
 
     def joined_by_a_scan(envelopes):
         found = extract.span_text(envelopes)
