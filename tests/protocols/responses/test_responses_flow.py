@@ -20,6 +20,7 @@ from proxy.fakes.responses import FakeResponses
 from proxy.ops import reasons
 from proxy.protocols.responses import items as responses_items
 from proxy.protocols.responses import protocol as responses_protocol
+from proxy.protocols.responses.stream import ResponsesEventChecker
 from support.client import sync_openai_client
 from support.protocols import compaction_input
 
@@ -192,6 +193,29 @@ async def test_whether_a_request_is_stateful_is_read_once(fake, make_proxy, clie
                 "Authorization": "Bearer sk-test", "Content-Type": "application/json"}) as resp:
             assert resp.status == 200 and resp.headers["x-compaction-reason"] == reasons.STATEFUL
     assert fake.responses_requests[-1]["previous_response_id"] == first.id
+
+
+async def test_a_held_streams_first_events_are_checked_once(fake, proxy, client_for, monkeypatch):
+    """A stream whose first events are held back (the request may be over its window, so an
+    overflow could still be retried) is relayed by the checker that read them: each is checked
+    once, not again by a new checker in the relay."""
+    checked: list[str | None] = []
+    real = ResponsesEventChecker.check
+
+    def counted(self: ResponsesEventChecker, name: str | None, data: bytes) -> str | None:
+        checked.append(name)
+        return real(self, name, data)
+
+    monkeypatch.setattr(ResponsesEventChecker, "check", counted)
+    fake.reply = "one two three four"
+    raw = await client_for(proxy, "sk-test").responses.with_raw_response.create(
+        model=MODEL, input=history(7), stream=True)
+    tokens = int(raw.headers["x-compaction-tokens-after"])
+    assert raw.headers["x-compaction-status"] == "none" and tokens * 2 >= WINDOW  # held: could overflow
+    events = [e async for e in raw.parse()]
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "one two three four"
+    assert checked.count("response.created") == checked.count("response.in_progress") == 1
 
 
 async def test_context_management_steps_history_compaction_aside_but_notes_apply(fake, make_proxy, client_for):
