@@ -221,8 +221,9 @@ class ResponsesAdapter(Adapter):
         if t == "message":
             return ITEM_OVERHEAD + counter.count_text(str(value.get("role", "")), encoding) + counter.count_content(
                 value.get("content"), encoding)
-        (entry,) = ri.parse_items([value])
-        return ITEM_OVERHEAD + counter.count_text(entry.text, encoding)
+        # (the item's text is its classification's: pairing, turns and cuts, which parse_items
+        # adds, do not change it, and each new call and output of every request is counted here)
+        return ITEM_OVERHEAD + counter.count_text(ri.classify(value, 0).text, encoding)
 
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
