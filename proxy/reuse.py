@@ -214,12 +214,15 @@ class RecentBodies:
     def bytes(self) -> int:
         return self._bytes
 
-    def _longest(self, scope: str, raw: bytes) -> tuple[_Entry | None, int]:
+    def _longest(self, scope: str, raw: bytes, *, remember: bool = True) -> tuple[_Entry | None, int]:
         """The kept body of the scope `raw` shares most envelopes with, and how many (asked again
-        of the same body while no body was kept or dropped: the answer given)."""
+        of the same body while no body was kept or dropped: the answer given). `remember` False:
+        the last to ask (the parse), which lets go of the answer and of the body it holds."""
         with self._lock:
             last, version = self._last, self._version
             if last is not None and last[0] is raw and last[1] == scope:
+                if not remember:
+                    self._last = None
                 return last[2], last[3]
             candidates = list(self._scopes.get(scope, ()))
         best, n = None, 0
@@ -229,6 +232,8 @@ class RecentBodies:
                 best, n = e, k
                 if k == len(e.ends):
                     break
+        if not remember:
+            return best, n
         with self._lock:
             if self._version == version:  # (else a body kept meanwhile may be the longer one)
                 self._last = (raw, scope, best, n)
@@ -243,7 +248,7 @@ class RecentBodies:
         """What an earlier body of this scope shares with `raw`, or None."""
         if scope is None:
             return None
-        best, n = self._longest(scope, raw)
+        best, n = self._longest(scope, raw, remember=False)
         if best is None:
             return None
         end = best.ends[n - 1]

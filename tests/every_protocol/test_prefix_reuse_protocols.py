@@ -454,3 +454,13 @@ async def test_the_kept_body_a_request_shares_most_with_is_looked_for_once(proto
         await fake.stop()
     assert [p is not None for p in priors] == [False, True, True]  # the grown bodies reused the kept one
     assert per_request == [0, 1, 1], per_request
+
+
+def test_the_answer_kept_for_the_parse_lets_go_of_the_body():
+    """The last `_longest` answer holds its body only until the parse has read it: a body no
+    kept one shares anything with (nothing kept or dropped after it) is not held on."""
+    recent = prefix.RecentBodies()
+    raw = b'{"model":"m","messages":[' + b",".join([b'{"role":"user","content":"' + b"x" * 1000 + b'"}'] * 20) + b"]}"
+    assert len(raw) >= prefix.MIN_BYTES
+    assert recent.unsearched("messages:sk", raw, b"compaction") == 0 and recent._last is not None
+    assert recent.prior("messages:sk", raw) is None and recent._last is None
