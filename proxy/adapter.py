@@ -27,7 +27,7 @@ import orjson
 from proxy import jsonbody
 from proxy.config import Config
 from proxy.errors import ProxyError
-from proxy.sse import EventChecker
+from proxy.sse import EventChecker, Read
 from proxy.hashing import DigestCache, hash_chain
 from proxy.model import Conversation, Envelope, Injected
 from proxy.exchange import Usage
@@ -330,12 +330,13 @@ class Adapter(ABC):
     empty_stream = "the event stream ended before its first event"
     empty_stream_overflows = False
 
-    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
-        """A stream's first bytes (held: nothing went to the client yet), and whether they say
-        the request was too long, so that it may still be retried compacted. `hold` False: no
-        retry can follow (none is possible, or the request cannot be over its window), so a
-        protocol that would wait for more events to tell passes the first bytes on at once."""
-        return await upstream.content.readany(), False
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool, Read | None]:
+        """A stream's first bytes (held: nothing went to the client yet), whether they say the
+        request was too long, so that it may still be retried compacted, and the checker that
+        read them with what it said (None: none did). `hold` False: no retry can follow (none is
+        possible, or the request cannot be over its window), so a protocol that would wait for
+        more events to tell passes the first bytes on at once."""
+        return await upstream.content.readany(), False, None
 
     def usage(self, answer: bytes) -> Usage | None:
         """The usage of a non-streaming answer (the bill and the token ratio read it)."""

@@ -26,7 +26,7 @@ from proxy.config import secret
 from proxy import errors
 from proxy.body import BodyPace, LimitedBody, read_raw_body
 from proxy.credentials import configured_credential, sent_credentials
-from proxy.sse import EventChecker
+from proxy.sse import EventChecker, Read
 
 log = logging.getLogger("proxy.forward")
 
@@ -296,17 +296,21 @@ class _BrokenStream(Exception):
 
 async def relay_events(
     request: web.Request, upstream: aiohttp.ClientResponse, extra_headers: dict[str, str], first: bytes,
-    checker: EventChecker | None = None,
+    checker: EventChecker | None = None, read: Read | None = None,
 ) -> web.StreamResponse:
     """A chat completion event stream whose first bytes (`first`) were read already. A broken event
     or a cut stream ends the client's stream with an `error` event instead of garbage. `checker`
-    (a new one by default) is left with what it saw (the usage)."""
+    (a new one by default) is left with what it saw (the usage); `read`: the checker that read
+    `first` already while it was held back, and what it said (they are not checked again)."""
     headers = client_response_headers(upstream.headers)
     headers.update(extra_headers)
     resp = web.StreamResponse(status=upstream.status, headers=headers)
-    checker = checker or EventChecker()
     chunk = first
-    good, why = checker.feed(chunk) if chunk else (b"", None)
+    if read is not None:
+        checker, good, why = read
+    else:
+        checker = checker or EventChecker()
+        good, why = checker.feed(chunk) if chunk else (b"", None)
     if good:
         # The first events are in hand: the headers go out in the same write as they do, one send
         # instead of two (aiohttp's switch, as its web.Response sets it; unknown to a later aiohttp,

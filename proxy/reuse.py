@@ -201,6 +201,11 @@ class RecentBodies:
         self._max_bytes = max_bytes
         self._per_scope = per_scope
         self._lock = threading.Lock()
+        # The last `_longest` answer, dropped when a body is kept or dropped (`_changed`): a native
+        # hook's marker search (`unsearched`) and the parse after it (`prior`) ask it of the same
+        # body, each a compare of the whole history.
+        self._last: tuple[bytes, str, _Entry | None, int] | None = None
+        self._version = 0
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -209,9 +214,16 @@ class RecentBodies:
     def bytes(self) -> int:
         return self._bytes
 
-    def _longest(self, scope: str, raw: bytes) -> tuple[_Entry | None, int]:
-        """The kept body of the scope `raw` shares most envelopes with, and how many."""
+    def _longest(self, scope: str, raw: bytes, *, remember: bool = True) -> tuple[_Entry | None, int]:
+        """The kept body of the scope `raw` shares most envelopes with, and how many (asked again
+        of the same body while no body was kept or dropped: the answer given). `remember` False:
+        the last to ask (the parse), which lets go of the answer and of the body it holds."""
         with self._lock:
+            last, version = self._last, self._version
+            if last is not None and last[0] is raw and last[1] == scope:
+                if not remember:
+                    self._last = None
+                return last[2], last[3]
             candidates = list(self._scopes.get(scope, ()))
         best, n = None, 0
         for e in candidates:
@@ -220,13 +232,23 @@ class RecentBodies:
                 best, n = e, k
                 if k == len(e.ends):
                     break
+        if not remember:
+            return best, n
+        with self._lock:
+            if self._version == version:  # (else a body kept meanwhile may be the longer one)
+                self._last = (raw, scope, best, n)
         return best, n
+
+    def _changed(self) -> None:
+        """The kept bodies changed (under the lock): the last `_longest` answer may not hold."""
+        self._version += 1
+        self._last = None
 
     def prior(self, scope: str | None, raw: bytes) -> Prior | None:
         """What an earlier body of this scope shares with `raw`, or None."""
         if scope is None:
             return None
-        best, n = self._longest(scope, raw)
+        best, n = self._longest(scope, raw, remember=False)
         if best is None:
             return None
         end = best.ends[n - 1]
@@ -303,6 +325,7 @@ class RecentBodies:
                 return
             same = self._scopes.setdefault(scope, [])
             same.insert(0, entry)
+            self._changed()
             self._lru[id(entry)] = entry
             self._bytes += entry.size
             while len(same) > self._per_scope:
@@ -324,6 +347,7 @@ class RecentBodies:
     def _drop(self, entry: _Entry) -> None:
         if self._lru.pop(id(entry), None) is None:
             return
+        self._changed()
         self._bytes -= entry.size
         same = self._scopes.get(entry.scope)
         if same is not None:
@@ -336,6 +360,7 @@ class RecentBodies:
             self._lru.clear()
             self._scopes.clear()
             self._bytes = 0
+            self._changed()
 
 
 RECENT = RecentBodies()

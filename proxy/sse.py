@@ -10,7 +10,7 @@ stream with an error event in the protocol's shape (proxy/forward.py `relay_even
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -166,6 +166,15 @@ class EventChecker:
         """The event that ends this stream with an error: the protocol's shape by default; a
         stream that numbers its events overrides it (proxy/protocols/responses/stream.py)."""
         return err.event()
+
+
+class Read(NamedTuple):
+    """A stream's first bytes as a checker read them while they were held back (`feed`'s answers
+    joined): the relay goes on with this checker instead of checking them a second time."""
+
+    checker: "EventChecker"
+    good: bytes
+    why: str | None
 
 
 NOT_SIMPLE: Any = object()  # EventChecker.simple: not the usual shape of one event

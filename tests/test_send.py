@@ -34,9 +34,9 @@ class Toy(ChatAdapter):
     def is_overflow(self, status: int, body: bytes) -> bool:
         return b"too long" in body
 
-    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool, None]:
         held = await upstream.content.readany()
-        return held, held.startswith(b"event: toy")
+        return held, held.startswith(b"event: toy"), None
 
     def stream_usage(self, checker: Any) -> Usage | None:
         return Usage(prompt=checker.seen_used, cached=0, completion=1)

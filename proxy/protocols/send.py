@@ -222,7 +222,7 @@ async def _relay_stream(request: web.Request, http: aiohttp.ClientSession, adapt
     tool is answered here."""
     ex = request[EXCHANGE]
     can_retry = a.first and layers.retry is not None
-    held, overflow = await adapter.stream_preamble(upstream, hold=can_retry and layers.not_an_overflow is None)
+    held, overflow, read = await adapter.stream_preamble(upstream, hold=can_retry and layers.not_an_overflow is None)
     ex.upstream_ttfb_s = time.perf_counter() - t0
     if not held and a.first and layers.not_an_overflow is not None:
         log.warning("upstream sent an empty event stream for a request well under its window")
@@ -237,8 +237,9 @@ async def _relay_stream(request: web.Request, http: aiohttp.ClientSession, adapt
         return errors.upstream_bad_response(adapter.empty_stream).response(a.extra)
     if layers.recall is not None:
         return await _recall_rounds(request, http, adapter, a, upstream, held, layers, t0)
-    checker = adapter.event_checker()
-    resp = await relay_events(request, upstream, a.extra, held, checker)
+    # (the checker that held the first events back goes on: they are not checked twice)
+    checker = read.checker if read is not None else adapter.event_checker()
+    resp = await relay_events(request, upstream, a.extra, held, checker, read)
     ex.upstream_s = time.perf_counter() - t0
     ex.usage = adapter.stream_usage(checker)
     return resp

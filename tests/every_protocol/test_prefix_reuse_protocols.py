@@ -424,3 +424,43 @@ async def test_websocket_turns_that_resend_the_history_reuse_the_previous_turns_
     assert len(sent[0]) > prefix.MIN_BYTES
     assert [None if p is None else len(p) for p in priors] == [None, 37]
     assert [r.json["input"] for r in got] == [json.loads(m)["input"] for m in sent]
+
+
+@pytest.mark.parametrize("protocol", sorted(DRIVERS))
+async def test_the_kept_body_a_request_shares_most_with_is_looked_for_once(protocol, make_proxy, priors, monkeypatch):
+    """The native hook's marker search and the parse after it ask which kept body the request
+    shares most with: the history is compared with the kept bodies once a request, not twice."""
+    import aiohttp
+
+    compared: list[int] = []
+    real = prefix._Entry.matched
+    monkeypatch.setattr(prefix._Entry, "matched", lambda self, raw: compared.append(1) or real(self, raw))
+    driver = DRIVERS[protocol]
+    fake = await driver.start_fake()
+    try:
+        proxy = await make_proxy(fake.base_url, driver.settings(fake, 200_000))
+        history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 400} for i in range(11)]
+        bodies = [json.dumps(driver.body(history[:n])).encode() for n in (7, 9, 11)]
+        per_request = []
+        async with aiohttp.ClientSession() as s:
+            for raw in bodies:
+                before = len(compared)
+                async with s.post(proxy.base_url + driver.path, data=raw, headers=HEADERS[protocol]("sk-a")) as r:
+                    await r.read()
+                    assert r.status == 200 and r.headers["x-compaction-status"] == "none"
+                per_request.append(len(compared) - before)
+                assert driver.model_calls(fake)[-1].body == raw
+    finally:
+        await fake.stop()
+    assert [p is not None for p in priors] == [False, True, True]  # the grown bodies reused the kept one
+    assert per_request == [0, 1, 1], per_request
+
+
+def test_the_answer_kept_for_the_parse_lets_go_of_the_body():
+    """The last `_longest` answer holds its body only until the parse has read it: a body no
+    kept one shares anything with (nothing kept or dropped after it) is not held on."""
+    recent = prefix.RecentBodies()
+    raw = b'{"model":"m","messages":[' + b",".join([b'{"role":"user","content":"' + b"x" * 1000 + b'"}'] * 20) + b"]}"
+    assert len(raw) >= prefix.MIN_BYTES
+    assert recent.unsearched("messages:sk", raw, b"compaction") == 0 and recent._last is not None
+    assert recent.prior("messages:sk", raw) is None and recent._last is None

@@ -29,7 +29,7 @@ from proxy import reuse as prefix
 from proxy.reuse import Prior
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
-from proxy.sse import EventChecker
+from proxy.sse import EventChecker, Read
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
@@ -221,8 +221,9 @@ class ResponsesAdapter(Adapter):
         if t == "message":
             return ITEM_OVERHEAD + counter.count_text(str(value.get("role", "")), encoding) + counter.count_content(
                 value.get("content"), encoding)
-        (entry,) = ri.parse_items([value])
-        return ITEM_OVERHEAD + counter.count_text(entry.text, encoding)
+        # (the item's text is its classification's: pairing, turns and cuts, which parse_items
+        # adds, do not change it, and each new call and output of every request is counted here)
+        return ITEM_OVERHEAD + counter.count_text(ri.classify(value, 0).text, encoding)
 
     # -- the wire ------------------------------------------------------------------------------
     def is_overflow(self, status: int, body: bytes) -> bool:
@@ -231,14 +232,14 @@ class ResponsesAdapter(Adapter):
     def event_checker(self) -> EventChecker:
         return ResponsesEventChecker()
 
-    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool]:
+    async def stream_preamble(self, upstream: Any, *, hold: bool = True) -> tuple[bytes, bool, Read | None]:
         """Up to the first event past the preamble: a stream that fails for length before any
         output may still be retried. Without `hold` the first bytes go on as they came (holding
         `response.created` until the model's first output would only delay it)."""
         if not hold:
-            return await upstream.content.readany(), False
-        held, seen = await read_preamble(upstream)
-        return held, seen.overflow
+            return await upstream.content.readany(), False, None
+        held, read = await read_preamble(upstream)
+        return held, read.checker.overflow, read
 
     def answer_usage(self, answer: Any) -> Usage | None:
         return responses_usage(answer.get("usage")) if isinstance(answer, dict) else None

@@ -70,7 +70,8 @@ async def read(state: Any, incoming: Any, scope: str | None) -> Request | AsSent
         body = {**body, "input": await compact.expand(items, state.store, state.scope_secret, scope, state.prompts)}
         raw = jsonbody.dumps(body)
         parsed = None
-    if stateful(body) is not None:
+    # (the Request's own verdict when parsed: request_of read it from this body already)
+    if (parsed.stateful if parsed is not None else stateful(body) is not None):
         body, raw = await recall_chains.resolved(state.store, scope, body, raw, state.prompts.text("recall-unanswered"))
         return AsSent(raw, body["model"], bool(body.get("stream")), reasons.STATEFUL)
     if parsed is None:

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from proxy import errors
-from proxy.sse import NamedEventChecker
+from proxy.sse import NamedEventChecker, Read
 from proxy.exchange import Usage
 from proxy.upstream import is_context_overflow
 
@@ -104,21 +104,22 @@ def error_event(err: errors.ProxyError, sequence: int) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def read_preamble(upstream: aiohttp.ClientResponse) -> tuple[bytes, ResponsesEventChecker]:
+async def read_preamble(upstream: aiohttp.ClientResponse) -> tuple[bytes, Read]:
     """The stream's first bytes up to (and with) its first event past the preamble, or all of it
-    when it ends sooner; with the checker that read them. `checker.overflow` tells the caller to
-    retry compacted (nothing of this stream has gone to the client). A broken event stops the
-    read: the relay that re-checks these bytes reports it."""
+    when it ends sooner; with the checker that read them and what it said (the relay goes on from
+    there). `checker.overflow` tells the caller to retry compacted (nothing of this stream has
+    gone to the client). A broken event stops the read: the relay reports it."""
     checker = ResponsesEventChecker()
-    held = bytearray()
+    held, good = bytearray(), bytearray()
     while True:
         chunk = await upstream.content.readany()
         if not chunk:
-            return bytes(held), checker
+            return bytes(held), Read(checker, bytes(good), None)
         held += chunk
-        _, why = checker.feed(chunk)
+        ok, why = checker.feed(chunk)
+        good += ok
         if why is not None or checker.output_started or checker.done:
-            return bytes(held), checker
+            return bytes(held), Read(checker, bytes(good), why)
 
 
 def responses_usage(usage: Any) -> Usage | None:

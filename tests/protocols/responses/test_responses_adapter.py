@@ -12,6 +12,7 @@ import json
 import orjson
 
 from proxy import jsonbody
+from proxy.protocols.responses import adapter as ra
 from proxy.protocols.responses.adapter import ResponsesAdapter
 from proxy.config import Config
 from proxy.fakes.responses.validate import Context, check_request
@@ -94,3 +95,21 @@ def test_without_instructions_the_annotation_makes_them():
     assert out["instructions"] == "A"
     assert out["input"] == [{"role": "user", "content": [{"type": "input_text", "text": "S"},
                                                          {"type": "input_text", "text": "c"}]}]
+
+
+def test_an_item_is_counted_from_its_classification_without_parsing_it_as_a_list(monkeypatch):
+    """Each new call, output or reasoning item of every request is counted: its text is its
+    classification's (ri.classify), the one parse_items gives it (pairing, turns and cuts do not
+    change it), without the list's parse around it."""
+    body = codex_requests()[-1]
+    kinds = {ri.item_type(v) for v in body["input"]}
+    assert {"function_call", "function_call_output", "reasoning"} <= kinds
+    parsed: list[int] = []
+    real = ri.parse_items
+    monkeypatch.setattr(ri, "parse_items", lambda items: parsed.append(1) or real(items))
+    req = ADAPTER.parse(orjson.dumps(body), TokenCounter(), CFG)  # a counter of its own: every item counted afresh
+    assert parsed == []
+    lead = 1 if "instructions" in body else 0
+    tokens = [n for v, n in zip(body["input"], req.conversation.tokens[lead:]) if ri.item_type(v) != "message"]
+    assert tokens == [ra.ITEM_OVERHEAD + COUNTER.count_text(real([v])[0].text, req.encoding)
+                      for v in body["input"] if ri.item_type(v) != "message"]

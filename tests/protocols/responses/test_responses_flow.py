@@ -17,6 +17,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.fakes.responses import FakeResponses
+from proxy.ops import reasons
+from proxy.protocols.responses import items as responses_items
+from proxy.protocols.responses import protocol as responses_protocol
+from proxy.protocols.responses.stream import ResponsesEventChecker
 from support.client import sync_openai_client
 from support.protocols import compaction_input
 
@@ -157,6 +161,61 @@ async def test_stateful_requests_are_forwarded_untouched(fake, proxy, client_for
     assert headers["x-compaction-status"] == "none"
     assert fake.responses_requests[-1]["input"] == items
     assert fake.records("summarizer") == []
+
+
+async def test_whether_a_request_is_stateful_is_read_once(fake, make_proxy, client_for, monkeypatch):
+    """`stateful(body)` once a request: `read` takes the parsed Request's verdict (request_of read
+    it) instead of asking the body again, small bodies and long ones through the reuse alike. The
+    byte search alone is not trusted: a key written with an escape still reads as stateful."""
+    calls: list[int] = []
+    real = responses_items.stateful
+
+    def counted(body: dict[str, Any]) -> str | None:
+        calls.append(1)
+        return real(body)
+
+    monkeypatch.setattr(responses_items, "stateful", counted)
+    monkeypatch.setattr(responses_protocol, "stateful", counted)
+    fake.window = 100_000
+    proxy = await make_proxy(fake.base_url, {**settings(), "models": {MODEL: {"context_window": 100_000}}})
+    c = client_for(proxy, "sk-test")
+    _, first = await create(c, input=[user("hello")])
+    items = history(12)
+    assert len(json.dumps(items)) > 16 << 10  # read through the reuse
+    for turn in (items, [*items, assistant("Done."), user("And module_1.py?")]):
+        headers, _ = await create(c, input=turn)
+        assert headers["x-compaction-status"] == "none"
+    assert len(calls) == 3
+    escaped = json.dumps({"model": MODEL, "input": [user("hi")], "previous_response_id": first.id}).replace(
+        "previous_response_id", "previous\\u005fresponse_id")
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.base_url + "/responses", data=escaped, headers={
+                "Authorization": "Bearer sk-test", "Content-Type": "application/json"}) as resp:
+            assert resp.status == 200 and resp.headers["x-compaction-reason"] == reasons.STATEFUL
+    assert fake.responses_requests[-1]["previous_response_id"] == first.id
+
+
+async def test_a_held_streams_first_events_are_checked_once(fake, proxy, client_for, monkeypatch):
+    """A stream whose first events are held back (the request may be over its window, so an
+    overflow could still be retried) is relayed by the checker that read them: each is checked
+    once, not again by a new checker in the relay."""
+    checked: list[str | None] = []
+    real = ResponsesEventChecker.check
+
+    def counted(self: ResponsesEventChecker, name: str | None, data: bytes) -> str | None:
+        checked.append(name)
+        return real(self, name, data)
+
+    monkeypatch.setattr(ResponsesEventChecker, "check", counted)
+    fake.reply = "one two three four"
+    raw = await client_for(proxy, "sk-test").responses.with_raw_response.create(
+        model=MODEL, input=history(7), stream=True)
+    tokens = int(raw.headers["x-compaction-tokens-after"])
+    assert raw.headers["x-compaction-status"] == "none" and tokens * 2 >= WINDOW  # held: could overflow
+    events = [e async for e in raw.parse()]
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "one two three four"
+    assert checked.count("response.created") == checked.count("response.in_progress") == 1
 
 
 async def test_context_management_steps_history_compaction_aside_but_notes_apply(fake, make_proxy, client_for):

@@ -116,12 +116,12 @@ async def test_read_preamble_holds_the_start_until_output_or_overflow() -> None:
         async with aiohttp.ClientSession() as s:
             async with s.post(fake.base_url + "/responses", json={**BODY, "input": "word " * 200, "stream": True},
                               headers={"Authorization": "Bearer sk-test"}) as resp:
-                held, checker = await read_preamble(resp)
-            assert checker.overflow and b"response.created" in held and b"response.failed" in held
+                held, (checker, good, why) = await read_preamble(resp)
+            assert checker.overflow and why is None and good == held and b"response.created" in held and b"response.failed" in held
             async with s.post(fake.base_url + "/responses", json={**BODY, "stream": True},
                               headers={"Authorization": "Bearer sk-test"}) as resp:
-                held, checker = await read_preamble(resp)
-                assert not checker.overflow and checker.output_started
+                held, (checker, good, why) = await read_preamble(resp)
+                assert not checker.overflow and checker.output_started and why is None
                 assert b"response.output_item.added" in held
                 rest = await resp.content.read()
     whole = ResponsesEventChecker()
