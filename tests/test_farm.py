@@ -120,3 +120,38 @@ def test_the_process_wide_farm_is_the_one_the_proxy_closes():
     from proxy import state
 
     assert state.farm is farm and textfacts.farm is farm and SCAN_CHARS > FARM_CHARS
+
+
+def _started(pool: Farm) -> bool:
+    return bool(pool._pool is not None and getattr(pool._pool, "_processes", None))
+
+
+@pytest.mark.parametrize("huge_span", [True, False], ids=["span-past-FARM_CHARS", "small-span"])
+async def test_a_summary_made_ahead_starts_the_worker_process_before_the_request_that_carries_it(
+        pool: Farm, monkeypatch: pytest.MonkeyPatch, upstream, make_proxy, client_for, huge_span: bool):
+    """Recall indexes the span a summary replaces on the request that first carries it, in the
+    worker process when the span is past FARM_CHARS: the preparation that makes the summary ahead
+    starts that process, so its start (~0.5 s) is nobody's wait. A span under it starts none."""
+    from proxy.compaction.prepare import CHARS_PER_TOKEN
+    from support.client import chat
+    from support.coding_session import coding_session
+
+    monkeypatch.setattr(farm_module, "farm", pool)
+    if huge_span:  # (the session's spans are ~30-40k characters)
+        monkeypatch.setattr(farm_module, "FARM_CHARS", 20_000)
+    upstream.window = 12_000
+    proxy = await make_proxy(upstream.base_url, {"models": {"gpt-4": {"context_window": 12_000}},
+                                                 "compaction": {"learn_token_ratio": False, "mask_tool_outputs": False}})
+    client, s = client_for(proxy), coding_session(14)
+    status, before = "", False
+    for history in s.request_points():
+        before = _started(pool)
+        status = (await chat(client, history, model="gpt-4", tools=s.tools)).status
+        if status == "summarized":
+            break
+        await proxy.state.compaction.idle()
+    assert status == "summarized" and proxy.state.compaction.preparer.jobs >= 1
+    if huge_span:
+        assert before and pool.calls >= 1  # started before that request came, and used by it
+    else:
+        assert pool._pool is None and CHARS_PER_TOKEN * 12_000 < FARM_CHARS
