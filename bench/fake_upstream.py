@@ -19,6 +19,9 @@ head and answers from precomputed bytes:
   `"stream": true` Anthropic's event stream (message_start ... message_stop, `event:` names).
 - `POST .../responses` (OpenAI Responses): one precomputed response object, or with
   `"stream": true` its event stream (response.created ... response.completed, no `[DONE]`).
+- `POST /v1beta/models/{model}:generateContent` (Google Gemini): one precomputed
+  GenerateContentResponse; `:streamGenerateContent?alt=sse` its `data:` events (text pieces, the
+  last with its finishReason and usageMetadata), as the API and Gemini CLI stream them.
 - `GET /bench/stats`: counters as JSON (requests, summarizer requests, streams open).
 - anything else: 404.
 
@@ -43,6 +46,7 @@ SUMMARIZER_PROMPTS = ("summarization-system.md", "tool-result-summarizer.md")
 MARKER_CHARS = 40
 HEAD_SCAN = 4096  # bytes at each end of a body searched for markers
 MAX_HEAD = 64 * 1024
+GEMINI_MODELS = ("/v1beta/models/", "/v1/models/")
 CREATED = 1_700_000_000
 
 SUMMARY_TEXT = """## Active Task
@@ -115,6 +119,25 @@ def response_json(text: str, model: str = "bench-model") -> dict[str, Any]:
             "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
             "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 8,
                       "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 20}}
+
+
+def gemini_json(text: str, finish: str | None = "STOP", usage: bool = True) -> bytes:
+    """A GenerateContentResponse (the Gemini API's) with a fixed usageMetadata."""
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+    if finish is not None:
+        candidate["finishReason"] = finish
+    meta = {"promptTokenCount": 12, "totalTokenCount": 20}
+    if usage:
+        meta["candidatesTokenCount"] = 8
+    return orjson.dumps({"candidates": [candidate], "usageMetadata": meta, "modelVersion": "bench-model",
+                         "responseId": "bench-response"})
+
+
+def gemini_events(count: int) -> list[bytes]:
+    """`count` Gemini stream events (at least 1): text pieces, the last with its finishReason."""
+    count = max(1, count)
+    return [b"data: " + gemini_json(f"tok{i} ", "STOP" if i == count - 1 else None, i == count - 1) + b"\r\n\r\n"
+            for i in range(count)]
 
 
 def _named(name: str, payload: dict[str, Any]) -> bytes:
@@ -230,12 +253,17 @@ def _system_text(doc: dict[str, Any]) -> str:
     msgs = doc.get("messages")
     if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
         return content_text(msgs[0].get("content"))
-    return content_text(doc.get("system")) or content_text(doc.get("instructions"))
+    gemini = doc.get("systemInstruction")
+    return (content_text(doc.get("system")) or content_text(doc.get("instructions"))
+            or (content_text(gemini.get("parts")) if isinstance(gemini, dict) else ""))
 
 
 def _last_text(doc: dict[str, Any]) -> str:
-    items = doc.get("messages") or doc.get("input")
-    return content_text(items[-1].get("content")) if isinstance(items, list) and items and isinstance(items[-1], dict) else ""
+    items = doc.get("messages") or doc.get("input") or doc.get("contents")
+    if not (isinstance(items, list) and items and isinstance(items[-1], dict)):
+        return ""
+    last = items[-1]
+    return content_text(last["parts"] if "contents" in doc else last.get("content"))
 
 
 def wants_stream(body: bytes | memoryview) -> bool:
@@ -291,6 +319,8 @@ class Server:
         self.riding = riding_marker()
         self.message = fixed_response(message_json("Hello from the bench upstream."))
         self.response = fixed_response(orjson.dumps(response_json("Hello from the bench upstream.")))
+        self.gemini = fixed_response(gemini_json("Hello from the bench upstream."))
+        self.gemini_summary = fixed_response(gemini_json(SUMMARY_TEXT))
         self.not_found = fixed_response(b'{"error":{"message":"not found","type":"invalid_request_error"}}', status="404 Not Found")
         self._events: dict[tuple[str, int], list[bytes]] = {}
 
@@ -448,6 +478,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._answer(req, s.message, messages_events, s.message_summary)
         elif req.method == "POST" and req.path.endswith("/responses"):
             self._answer(req, s.response, responses_events, s.response_summary)
+        elif req.method == "POST" and req.path.startswith(GEMINI_MODELS) and ":" in req.path:
+            self._gemini(req)
         else:
             self._send(s.not_found, req)
 
@@ -455,7 +487,18 @@ class HttpProtocol(asyncio.BufferedProtocol):
         s = self.server
         self._answer(req, s.reply, sse_events, s.summary)
 
-    def _answer(self, req: Request, whole: bytes, events: Any, summary: bytes) -> None:
+    def _gemini(self, req: Request) -> None:
+        """generateContent, or streamGenerateContent with alt=sse (a stream by its path, not its body)."""
+        s = self.server
+        method, _, query = req.path.partition(":")[2].partition("?")
+        if method == "generateContent":
+            self._answer(req, s.gemini, gemini_events, s.gemini_summary, stream=False)
+        elif method == "streamGenerateContent" and "alt=sse" in query.split("&"):
+            self._answer(req, s.gemini, gemini_events, s.gemini_summary, stream=True)
+        else:
+            self._send(s.not_found, req)
+
+    def _answer(self, req: Request, whole: bytes, events: Any, summary: bytes, stream: bool | None = None) -> None:
         """The precomputed answer, or the event stream `events(count)` makes when streaming; a
         summary (in the route's shape) to the proxy's summary calls."""
         s = self.server
@@ -464,7 +507,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._send(summary, req)
             return
         s.stats.chat += 1
-        if not wants_stream(req.body):
+        if not (wants_stream(req.body) if stream is None else stream):
             self._send(whole, req)
             return
         s.stats.streams += 1

@@ -41,14 +41,14 @@ sys.path.insert(0, str(BENCH_DIR.parent))
 from bench import procs  # noqa: E402
 from bench.loadgen import DEFAULT_HEADERS, Request  # noqa: E402
 from bench.phase_probe import PHASES  # noqa: E402
-from bench.workloads import small_protocol_body  # noqa: E402
+from bench.workloads import GEMINI_KEY, protocol_path, small_protocol_body  # noqa: E402
 
 HELPER_C = """#include <valgrind/callgrind.h>
 void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
 void cg_instrument(void) { CALLGRIND_START_INSTRUMENTATION; }
 """
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
-PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}}
+PROTOCOLS = ("chat", "messages", "responses", "gemini")
+PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "gemini": GEMINI_KEY}
 MODEL = "bench-small"
 
 
@@ -105,7 +105,7 @@ def total_instructions(path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--target", choices=("proxy", "bare"), default="proxy")
-    p.add_argument("--protocol", choices=tuple(PATHS), default="chat")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="chat")
     p.add_argument("--phase", choices=PHASES, default="first")
     p.add_argument("--requests", type=int, default=600, help="measured requests (>= 600 for stable figures)")
     p.add_argument("--warmup", type=int, default=100)
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         config = {"server": {"host": procs.LOOPBACK, "port": port, "shutdown_grace_s": 1},
                   "upstream": {"base_url": f"http://{procs.LOOPBACK}:{upstream.port}/v1"},
                   "anthropic": {"base_url": f"http://{procs.LOOPBACK}:{upstream.port}"},
+                  "gemini": {"base_url": f"http://{procs.LOOPBACK}:{upstream.port}"},
                   "models": {MODEL: {"context_window": 128_000}},
                   "store": {"url": f"sqlite:///{work / 'proxy.db'}"},
                   "compaction": {"learn_token_ratio": False, "mask_tool_outputs": False}}  # as bench/run.py's
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         headers = dict(PROTOCOL_HEADERS.get(args.protocol, {}))
         if stream:
             headers |= {"x-bench-chunks": str(args.chunks), "x-bench-chunk-delay-ms": str(args.chunk_delay_ms)}
-        req = Request(small_protocol_body(args.protocol, MODEL, stream=stream), headers, path=PATHS[args.protocol])
+        req = Request(small_protocol_body(args.protocol, MODEL, stream=stream), headers, path=protocol_path(args.protocol, MODEL, stream=stream))
         think = args.think_ms / 1000
         asyncio.run(one_by_one(port, req, args.warmup, think))
         answers = asyncio.run(one_by_one(port, req, args.requests, think))

@@ -214,6 +214,7 @@ def start_proxy(
         "server": {"host": LOOPBACK, "port": port, "shutdown_grace_s": 1},
         "upstream": {"base_url": f"http://{LOOPBACK}:{upstream_port}/v1", "max_connections": 2000},
         "anthropic": {"base_url": f"http://{LOOPBACK}:{upstream_port}"},  # the same fake answers Messages
+        "gemini": {"base_url": f"http://{LOOPBACK}:{upstream_port}"},  # and Gemini
         "models": {name: {"context_window": window} for name, window in models.items()},
         "store": {"url": "memory://" if store == "memory" else f"sqlite:///{workdir / (name + '.db')}"},
         # The fast fake answers a fixed `usage` (it counts nothing): no ratio to learn from it. The

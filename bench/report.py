@@ -186,7 +186,8 @@ def issue39_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_check(f"{protocol}: ~97k-token body repeated in the prepare zone: CPU/req vs bare forwarder",
                           rows.get(PROXY, {}).get("cpu_vs_baseline"), 2.0, "x"))
     for protocol, small, stream in (("chat", "small_1", "stream_8"), ("messages", "messages_small", "messages_stream"),
-                                    ("responses", "responses_small", "responses_stream")):
+                                    ("responses", "responses_small", "responses_stream"),
+                                    ("gemini", "gemini_small", "gemini_stream")):
         out.append(_check(f"{protocol}: small, 1 client: CPU/req vs bare forwarder", _row(results, small, PROXY).get("cpu_vs_baseline"), 1.5, "x"))
         out.append(_check(f"{protocol}: streaming: CPU/req vs bare forwarder", _row(results, stream, PROXY).get("cpu_vs_baseline"), 1.3, "x"))
     for name, row in results.get("big_body", {}).get("targets", {}).items():
@@ -208,7 +209,8 @@ def issue18_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for protocol, small, stream, large in (("chat", "small_1", "stream_8", "large_4"),
                                            ("messages", "messages_small", "messages_stream", "messages_large"),
-                                           ("responses", "responses_small", "responses_stream", "responses_large")):
+                                           ("responses", "responses_small", "responses_stream", "responses_large"),
+                                           ("gemini", "gemini_small", "gemini_stream", "gemini_large")):
         cpu = lambda w: _row(results, w, PROXY).get("cpu_vs_baseline")  # noqa: E731
         out += [
             _check(f"{protocol}: small, 1 client: CPU/req vs bare forwarder", cpu(small), 1.3, "x"),

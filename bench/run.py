@@ -39,7 +39,8 @@ from bench.fake_upstream import install_uvloop  # noqa: E402
 from bench.profile import Profiler, top_functions  # noqa: E402
 from bench.loadgen import LoadError, LoadResult, Request, hold_streams, percentile, run_load  # noqa: E402
 from bench.stats import BASELINE, DIRECT, NGINX, NO_METRICS, NO_OPS, PROXY, Tally, summarize  # noqa: E402
-from bench.workloads import agent_conversation, agent_protocol_body, small_body, small_protocol_body  # noqa: E402
+from bench.workloads import (GEMINI_KEY, agent_conversation, agent_protocol_body, protocol_path, small_body,  # noqa: E402
+                             small_protocol_body)
 
 RESULTS_DIR = procs.BENCH_DIR / "results"
 SMALL_MODEL, LONG_MODEL, REUSED_MODEL, CROSS_MODEL = "bench-small", "bench-long", "bench-reused", "bench-cross"
@@ -85,12 +86,11 @@ QUICK = Sizes(rounds=2, warmup=20, small_1=150, small_16=300, long_convs=2, long
               throughput=400, stream_chunks=8, stream_delay_ms=2.0, idle_streams=100, zone_per_window=24,
               zone_settle_s=0.02, big_bodies=1)
 
-PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses") for w in ("small", "stream", "large"))
+PROTOCOL_WORKLOADS = tuple(f"{p}_{w}" for p in ("messages", "responses", "gemini") for w in ("small", "stream", "large"))
 WORKLOADS = ("small_1", "small_16", "long_conv", "large_4", "reused", "crossing", "stream_8", "stream_8_spread", "memory",
              "throughput", *PROTOCOL_WORKLOADS, "zones", "prepare_repeat", "big_body")
 SLOW = ("big_body",)  # not in --quick's default set: tens of seconds of 40 MB bodies
-PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
-PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}}
+PROTOCOL_HEADERS = {"messages": {"anthropic-version": "2023-06-01"}, "responses": {}, "gemini": GEMINI_KEY}
 THROUGHPUT_CLIENTS = 32
 WORKER_COUNTS = (1, 2)
 
@@ -363,7 +363,7 @@ async def throughput(bench: Bench) -> dict[str, Any]:
 
 
 async def protocol_workload(bench: Bench, protocol: str, kind: str) -> dict[str, Any]:
-    """small_1, stream_8 and large_4 as Messages or Responses requests, on the same targets."""
+    """small_1, stream_8 and large_4 as Messages, Responses or Gemini requests, on the same targets."""
     s = bench.sizes
     headers = dict(PROTOCOL_HEADERS[protocol])
     stream = kind == "stream"
@@ -377,7 +377,8 @@ async def protocol_workload(bench: Bench, protocol: str, kind: str) -> dict[str,
         clients, count = (8, s.stream_8) if stream else (1, s.small_1)
         what = (f"streaming, {s.stream_chunks} events {s.stream_delay_ms:g} ms apart, 8 clients (figures: time to "
                 "first event)") if stream else "small non-streaming request, 1 client"
-    req = Request(body, headers, path=PATHS[protocol])
+    model = LONG_MODEL if kind == "large" else SMALL_MODEL
+    req = Request(body, headers, path=protocol_path(protocol, model, stream=stream))
     await bench.warm(req, clients)
     tallies = await bench.interleaved(s.rounds, lambda t, r: run_load(t.port, [req], count=count, clients=clients))
     rows = summarize(tallies, metric="ttfb" if stream else "latency")
@@ -391,7 +392,7 @@ async def protocol_workload(bench: Bench, protocol: str, kind: str) -> dict[str,
                 bench.problems.append(f"{protocol}_{kind}: {short} {name} streams lost events")
     # "-": no x-compaction-status, the route is relayed as a pass-through on this proxy
     bench.expect_status(f"{protocol}_{kind}", tallies.get(PROXY), {"none", "-"})
-    return {"description": f"{protocol.capitalize()} {PATHS[protocol]}: {what}", "metric": "ttfb" if stream else "latency",
+    return {"description": f"{protocol.capitalize()} {req.path}: {what}", "metric": "ttfb" if stream else "latency",
             "targets": rows, "protocol": protocol}
 
 

@@ -152,10 +152,42 @@ SMALL_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 SMALL_QUESTION = "What is the capital of France, and what river runs through it?"
 
 
+GEMINI_KEY = {"x-goog-api-key": "bench-key"}  # the client's own key: the proxy adds none
+
+
+def protocol_path(protocol: str, model: str, *, stream: bool = False) -> str:
+    """Where a protocol's request goes: Gemini names its model and whether it streams in the path."""
+    if protocol == "gemini":
+        return f"/v1beta/models/{model}:" + ("streamGenerateContent?alt=sse" if stream else "generateContent")
+    return {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}[protocol]
+
+
+def gemini_tools(tools: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Chat's function schemas as one Gemini Tool of functionDeclarations."""
+    return [{"functionDeclarations": [{k: f["function"][k] for k in ("name", "description", "parameters")}  # type: ignore[index]
+                                      for f in tools]}]
+
+
+def gemini_turn(name: str, args: str, output: str, answer: str) -> list[dict[str, object]]:
+    """An agent's call, its result and the answer as Gemini contents (the API's functionCall carries
+    no id; the response names its call)."""
+    return [{"role": "model", "parts": [{"functionCall": {"name": name, "args": orjson.loads(args)}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": name, "response": {"output": output}}}]},
+            {"role": "model", "parts": [{"text": answer}]}]
+
+
+def gemini_user(text: str) -> dict[str, object]:
+    return {"role": "user", "parts": [{"text": text}]}
+
+
 def small_protocol_body(protocol: str, model: str, *, stream: bool = False) -> bytes:
-    """small_body's request as `chat`, `messages` (Anthropic) or `responses` (OpenAI Responses)."""
+    """small_body's request as `chat`, `messages` (Anthropic), `responses` (OpenAI Responses) or
+    `gemini` (its streaming is in the path: protocol_path)."""
     if protocol == "chat":
         return small_body(model, stream=stream)
+    if protocol == "gemini":
+        return orjson.dumps({"systemInstruction": {"parts": [{"text": SMALL_SYSTEM}]},
+                             "contents": [gemini_user(SMALL_QUESTION)], "generationConfig": {"maxOutputTokens": 64}})
     head = {"stream": True} if stream else {}
     if protocol == "messages":
         return orjson.dumps({**head, "model": model, "max_tokens": 64, "system": SMALL_SYSTEM,
@@ -167,20 +199,23 @@ def small_protocol_body(protocol: str, model: str, *, stream: bool = False) -> b
 def agent_protocol_body(protocol: str, model: str, *, seed: int, turns: int, turn_tokens: int,
                         stream: bool = False) -> bytes:
     """agent_conversation's request after `turns` turns, as Messages (tool_use / tool_result
-    blocks) or Responses (function_call / function_call_output items): the same text and tools."""
+    blocks), Responses (function_call / function_call_output items) or Gemini (functionCall /
+    functionResponse parts): the same text and tools."""
     rng = random.Random(seed)
     tools = agent_tools()
     head = {"stream": True} if stream else {}
     items: list[dict[str, object]] = []
     for t in range(turns + 1):
         user, rest = agent_turn(rng, t, turn_tokens)
-        items.append({"role": "user", "content": user})
+        items.append(gemini_user(user) if protocol == "gemini" else {"role": "user", "content": user})
         if t == turns:
             break
         call = rest[0]["tool_calls"][0]  # type: ignore[index]
         result, answer = rest[1]["content"], rest[2]["content"]
         fn = call["function"]
-        if protocol == "messages":
+        if protocol == "gemini":
+            items += gemini_turn(fn["name"], fn["arguments"], result, answer)  # type: ignore[arg-type]
+        elif protocol == "messages":
             items += [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_" + call["id"][5:],
                                                          "name": fn["name"], "input": orjson.loads(fn["arguments"])}]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_" + call["id"][5:],
@@ -195,5 +230,8 @@ def agent_protocol_body(protocol: str, model: str, *, seed: int, turns: int, tur
                     "input_schema": f["function"]["parameters"]} for f in tools]  # type: ignore[index]
         return orjson.dumps({**head, "model": model, "max_tokens": 1024, "system": SYSTEM_PROMPT, "tools": schemas,
                              "messages": items})
+    if protocol == "gemini":
+        return orjson.dumps({"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "tools": gemini_tools(tools),
+                             "contents": items})
     schemas = [{"type": "function", **f["function"]} for f in tools]  # type: ignore[dict-item]
     return orjson.dumps({**head, "model": model, "instructions": SYSTEM_PROMPT, "tools": schemas, "input": items})

@@ -33,16 +33,16 @@ import orjson
 from bench import procs
 from bench.loadgen import Request, run_load
 from bench.stats import BASELINE, PROXY, summarize
-from bench.workloads import SYSTEM_PROMPT, agent_tools, words
+from bench.workloads import (GEMINI_KEY, SYSTEM_PROMPT, agent_tools, gemini_tools, gemini_turn, gemini_user,
+                             protocol_path, words)
 from proxy.compaction.budget import Budget
 from proxy.config import CompactionConfig
 from proxy.tokens import TokenCounter
 from proxy.windows import known_window
 
-PROTOCOLS = ("chat", "responses", "messages")
-MODELS = {"chat": "gpt-4o-mini", "responses": "gpt-4o-mini", "messages": "claude-haiku-4-5"}
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
-HEADERS = {"chat": {}, "responses": {}, "messages": {"anthropic-version": "2023-06-01"}}
+PROTOCOLS = ("chat", "responses", "messages", "gemini")
+MODELS = {"chat": "gpt-4o-mini", "responses": "gpt-4o-mini", "messages": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+HEADERS = {"chat": {}, "responses": {}, "messages": {"anthropic-version": "2023-06-01"}, "gemini": GEMINI_KEY}
 ZONES = ("under", "prepare", "masked", "summarized", "reused", "prepare2")
 TURNS_PER_WINDOW = 64  # a turn is this share of the window: every protocol's walk takes as many turns
 MAX_TURNS = 200
@@ -116,7 +116,7 @@ class Session:
     request, spliced from bytes serialized once per message."""
 
     def __init__(self, protocol: str, model: str, turns: list[Turn]) -> None:
-        self.protocol, self.turns = protocol, turns
+        self.protocol, self.model, self.turns = protocol, model, turns
         tools = agent_tools()
         if protocol == "chat":
             head = {"model": model, "tools": tools}
@@ -124,13 +124,17 @@ class Session:
         elif protocol == "responses":
             head = {"model": model, "instructions": SYSTEM_PROMPT, "tools": [{"type": "function", **f["function"]} for f in tools]}
             key, first = "input", []
+        elif protocol == "gemini":  # (the model is in the path)
+            head = {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "tools": gemini_tools(tools)}
+            key, first = "contents", []
         else:
             head = {"model": model, "max_tokens": 1024, "system": SYSTEM_PROMPT,
                     "tools": [{"name": f["function"]["name"], "description": f["function"]["description"],
                                "input_schema": f["function"]["parameters"]} for f in tools]}
             key, first = "messages", []
         self.head = orjson.dumps(head)[:-1] + b',"' + key.encode() + b'":[' + b"".join(orjson.dumps(m) + b"," for m in first)
-        self.users = [orjson.dumps({"role": "user", "content": t.user}) for t in turns]
+        self.users = [orjson.dumps(gemini_user(t.user) if protocol == "gemini" else {"role": "user", "content": t.user})
+                      for t in turns]
         self.rests = [b",".join(orjson.dumps(m) for m in self._rest(t)) for t in turns]
 
     def _rest(self, t: Turn) -> list[dict[str, Any]]:
@@ -139,6 +143,8 @@ class Session:
                         {"id": t.call_id, "type": "function", "function": {"name": t.tool, "arguments": t.args}}]},
                     {"role": "tool", "tool_call_id": t.call_id, "content": t.output},
                     {"role": "assistant", "content": t.answer}]
+        if self.protocol == "gemini":
+            return gemini_turn(t.tool, t.args, t.output, t.answer)
         if self.protocol == "responses":
             return [{"type": "function_call", "call_id": t.call_id, "name": t.tool, "arguments": t.args},
                     {"type": "function_call_output", "call_id": t.call_id, "output": t.output},
@@ -155,7 +161,7 @@ class Session:
         return b"".join(parts + [self.users[k], b"]}"])
 
     def request(self, k: int) -> Request:
-        return Request(self.body(k), dict(HEADERS[self.protocol]), path=PATHS[self.protocol])
+        return Request(self.body(k), dict(HEADERS[self.protocol]), path=protocol_path(self.protocol, self.model))
 
 
 def session(protocol: str, seed: int, turns: int = MAX_TURNS, per_window: int = TURNS_PER_WINDOW) -> Session:

@@ -499,20 +499,55 @@ def test_zone_rows_charge_each_target_per_zone_and_divide_by_the_baseline():
 
 @pytest.mark.parametrize("protocol", zones.PROTOCOLS)
 def test_a_zones_session_grows_a_turn_a_request_and_passes_the_strict_fakes_checks(protocol):
+    from proxy.fakes.gemini import validate as gv
     from proxy.fakes.messages import validate as mv
     from proxy.fakes.responses import validate as rv
     from proxy.fakes.signing import Signer
 
     sess = zones.session(protocol, seed=1, turns=4)
     bodies = [orjson.loads(sess.body(k)) for k in range(4)]
-    field = "messages" if protocol != "responses" else "input"
+    field = {"responses": "input", "gemini": "contents"}.get(protocol, "messages")
     assert [len(b[field]) for b in bodies] == [k * 4 + 1 + (protocol == "chat") for k in range(4)]
     assert all(b[field][:len(a[field]) - 1] == a[field][:-1] for a, b in zip(bodies, bodies[1:]))
     if protocol == "messages":
         mv.check_request(bodies[-1], mv.Context(Signer()))
     elif protocol == "responses":
         rv.check_request(bodies[-1], rv.Context(Signer()))
-    assert sess.request(3).path == zones.PATHS[protocol]
+    elif protocol == "gemini":
+        gv.check_request(bodies[-1], zones.MODELS[protocol])
+    assert sess.request(3).path == {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
+                                    "gemini": "/v1beta/models/gemini-2.5-flash:generateContent"}[protocol]
+
+
+async def test_fake_answers_and_streams_the_gemini_client_and_its_summary_calls(fake):
+    from google.genai import types as gt
+
+    from bench.workloads import GEMINI_KEY, agent_protocol_body, protocol_path, small_protocol_body
+    from proxy.fakes.gemini import validate as gv
+    from support.gemini_driver import gemini_client
+
+    client = gemini_client(f"http://127.0.0.1:{fake.port}", GEMINI_KEY["x-goog-api-key"])
+    r = await client.aio.models.generate_content(model="gemini-2.5-flash", contents="hi")
+    assert r.text == "Hello from the bench upstream." and r.usage_metadata.total_token_count == 20
+    pieces = [c async for c in await client.aio.models.generate_content_stream(
+        model="gemini-2.5-flash", contents="hi", config=gt.GenerateContentConfig(http_options=gt.HttpOptions(
+            headers={"x-bench-chunks": "4"})))]
+    assert "".join(p.text for p in pieces) == "tok0 tok1 tok2 tok3 " and pieces[-1].candidates[0].finish_reason == "STOP"
+    assert fake.server.stats.streams == 1 and fake.server.stats.summarizer == 0
+    # the proxy's summary call: the prompt as systemInstruction, or riding the conversation's cache
+    # (the ask in the last content's parts)
+    s = await client.aio.models.generate_content(model="gemini-2.5-flash", contents="<conversation>x</conversation>",
+                                                 config=gt.GenerateContentConfig(system_instruction=SUMMARIZER_SYSTEM))
+    riding = (REPO / "prompts" / "compaction-cached-summary.md").read_text(encoding="utf-8")
+    ride = await client.aio.models.generate_content(model="gemini-2.5-flash", contents=[
+        gt.Content(role="user", parts=[gt.Part(text="hi")]), gt.Content(role="model", parts=[gt.Part(text="hello")]),
+        gt.Content(role="user", parts=[gt.Part(text="go on"), gt.Part(text=riding)])])
+    assert missing_headings(s.text, MAIN_HEADINGS) == missing_headings(ride.text, MAIN_HEADINGS) == []
+    assert fake.server.stats.summarizer == 2
+    # the workloads' bodies pass the strict fake's checks, and go where a client sends them
+    for body in (small_protocol_body("gemini", "m"), agent_protocol_body("gemini", "m", seed=1, turns=3, turn_tokens=100)):
+        gv.check_request(orjson.loads(body), "gemini-2.5-flash")
+    assert protocol_path("gemini", "m", stream=True) == "/v1beta/models/m:streamGenerateContent?alt=sse"
 
 
 async def test_fake_answers_every_protocol_summary_call_and_the_one_riding_the_cache(fake, oai):
