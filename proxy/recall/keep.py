@@ -227,7 +227,8 @@ def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
 Span = tuple[str, int, int]  # a summary's span not written out yet: (handle, first, last)
 
 
-Replaced = dict[int, tuple[Part, Part, "Part | None", "Original | None"]]  # id(part) -> (part, original, call, its Original)
+# id(a replaced tool result's part) -> (that part, the client's original, its call, the Original found)
+Replaced = dict[int, tuple[Part, Part, "Part | None", "Original | None"]]
 
 
 def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_original: int,

@@ -287,14 +287,8 @@ async def test_the_forwarded_body_is_parsed_only_when_a_recall_round_continues_i
     the recall tool needs the forwarded body (the whole history) as a dict to continue it. Over a
     compacted session whose answers call no recall, nothing is parsed; a question answered through
     recall parses its request's body once, whole or streamed."""
-    parses: list[int] = []
-    real = answers.sent_loads
-
-    def loads(data):
-        parses.append(len(data))
-        return real(data)
-
-    monkeypatch.setattr(answers, "sent_loads", loads)
+    parses: list[int] = []  # the forwarded bodies parsed, by their size
+    monkeypatch.setattr(answers, "sent_loads", lambda data, real=answers.sent_loads: parses.append(len(data)) or real(data))
     proxy = await start_proxy(fake.base_url, SETTINGS)
     client = openai_client(proxy, "sk-recall")
     try:
