@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
@@ -203,7 +202,7 @@ async def _relay_whole(request: web.Request, http: aiohttp.ClientSession, adapte
         answer = NOT_PARSED  # the recall layer may answer with other bytes
         resp = await recall_answers.answer_whole(
             recall.dialect, http, a.up.url, a.up.headers, a.up.timeout, resp, recall.session,
-            await offload.sized(len(a.data), orjson.loads, a.data))
+            recall_answers.parsed_later(a.data))
         if recall.whole is not None and recall.session.unanswered and isinstance(resp, web.Response):
             await recall.whole(bytes(resp.body))
     ex.upstream_s = time.perf_counter() - t0
@@ -251,7 +250,7 @@ async def _recall_rounds(request: web.Request, http: aiohttp.ClientSession, adap
     """A stream relayed through the recall layer: rounds of lookups answered here."""
     ex, recall, up = request[EXCHANGE], layers.recall, a.up
     assert recall is not None
-    sent = await offload.sized(len(a.data), orjson.loads, a.data)
+    sent = recall_answers.parsed_later(a.data)
     post = lambda b: _round(ex, http.post(up.url, data=jsonbody.dumps(b),  # noqa: E731
                                           headers=up.headers, timeout=up.timeout, allow_redirects=False))
     rounds = recall.rounds(recall.session.name)

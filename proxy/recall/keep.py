@@ -227,23 +227,26 @@ def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
 Span = tuple[str, int, int]  # a summary's span not written out yet: (handle, first, last)
 
 
+# id(a replaced tool result's part) -> (that part, the client's original, its call, the Original found)
+Replaced = dict[int, tuple[Part, Part, "Part | None", "Original | None"]]
+
+
 def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_original: int,
-         known: Callable[[str], bool] = lambda handle: False) -> tuple[dict[str, Original], list[Span]]:
+         known: Callable[[str], bool] = lambda handle: False,
+         replaced: tuple[Replaced, Replaced] | None = None) -> tuple[dict[str, Original], list[Span]]:
     """The originals of every replacement the forwarded request carries, by handle, and the spans
-    among them whose text is still to be written (`written`): those not `known` (stored already)."""
+    among them whose text is still to be written (`written`): those not `known` (stored already).
+    `replaced`: the previous request's stubs read (the same parts, kept with the envelopes they
+    forward) and where this request's go (`_replaced`)."""
     found: dict[str, Original] = {}
     spans: list[Span] = []
+    replaced = replaced or ({}, {})
     for msg in forwarded:
         for p in msg:
             if p.role == "tool_result" and p.call_id and (orig := maps.result(p.call_id)) is not None:
-                if orig.text == p.text:  # as the client sent it (compared first: most are, and a scan costs)
-                    continue
-                named = handles.in_text(p.text)
-                if named and named[-1] not in found:
-                    call = maps.call(p.call_id)
-                    found[named[-1]] = Original(named[-1], "tool output",
-                                                _label(orig.name or (call.name if call else None), call.args if call else ""),
-                                                orig.text)
+                if orig.text != p.text and (o := _replaced(maps, p, orig, replaced)) is not None \
+                        and o.handle not in found:  # (as the client sent it: compared first, most are)
+                    found[o.handle] = o
             elif p.role == "user" and handles.RECALL_HEADING in p.text and not maps.user_sent(p.text):
                 for h, a, b in handles.spans_in(p.text):
                     if h in found or a < 1 or b < a or n_system + b > n_original:
@@ -252,6 +255,23 @@ def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_origin
                     if not known(h):
                         spans.append((h, a, b))
     return found, spans
+
+
+def _replaced(maps: ClientMaps, p: Part, orig: Part, replaced: tuple[Replaced, Replaced]) -> Original | None:
+    """The original a replaced tool result names (its last handle), or None: the previous request's
+    answer when it read this very part against the same original and call (a masked history
+    resent with a turn more names the same stubs), else read (a scan of the text for handles)."""
+    before, mine = replaced
+    call = maps.call(p.call_id or "")
+    k = before.get(id(p))
+    if k is not None and k[0] is p and k[1] is orig and k[2] is call:
+        mine[id(p)] = k
+        return k[3]
+    named = handles.in_text(p.text)
+    o = Original(named[-1], "tool output", _label(orig.name or (call.name if call else None), call.args if call else ""),
+                 orig.text) if named else None
+    mine[id(p)] = (p, orig, call, o)
+    return o
 
 
 def written(original: Sequence[Message], n_system: int, found: dict[str, Original], spans: list[Span]) -> list[Original]:

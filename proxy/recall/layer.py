@@ -83,7 +83,11 @@ class Recall:
                              protocol=protocol)
 
 
+REPLACED = "recall.replaced"  # a request's replaced tool results read (keep.find), in its __dict__
+
+
 def _find(request: Any, forwarded: Any, n_system: int,
           known: Callable[[str], bool]) -> tuple[dict[str, Original], list[Span]]:
+    mine = request.__dict__[REPLACED] = {}
     return find(request_maps(request), forwarded_parts(request, forwarded), n_system,
-                len(request.conversation.envelopes), known)
+                len(request.conversation.envelopes), known, (request.before(REPLACED, {}), mine))

@@ -28,7 +28,7 @@ from aiohttp import web
 from proxy import errors
 from proxy.forward import CLIENT_GONE, UPSTREAM_ERRORS, client_response_headers, is_event_stream, map_client_error
 from proxy.sse import EventChecker
-from proxy.recall.answers import Call
+from proxy.recall.answers import Call, Sent, sent_body
 from proxy.recall.session import RecallSession
 
 log = logging.getLogger("proxy.recall")
@@ -151,14 +151,14 @@ async def _round(current: aiohttp.ClientResponse, chunk: bytes | None, check: Ev
             return broken
 
 
-async def _continuation(body: dict[str, Any], session: RecallSession, rounds: Rounds) -> dict[str, Any]:
+async def _continuation(body: Sent, session: RecallSession, rounds: Rounds) -> dict[str, Any]:
     """The request that continues with the round's recall calls answered."""
     last = session.exhausted
     results = await session.answer_calls([c.arguments for c in rounds.recall_calls()])
-    return rounds.continuation(body, results, last=last)
+    return rounds.continuation(await sent_body(body), results, last=last)
 
 
-async def _rounds(out: _ClientStream, upstream: aiohttp.ClientResponse, first: bytes, body: dict[str, Any],
+async def _rounds(out: _ClientStream, upstream: aiohttp.ClientResponse, first: bytes, body: Sent,
                   post: Post, rounds: Rounds, checker: Callable[[], EventChecker], hooks: Any) -> StreamResult:
     """Round after round until one goes to the client whole; the upstream's streams are closed."""
     session = out.session
@@ -199,7 +199,7 @@ async def _rounds(out: _ClientStream, upstream: aiohttp.ClientResponse, first: b
 
 
 async def relay(request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, extra: dict[str, str],
-                body: dict[str, Any], post: Post, session: RecallSession, rounds: Rounds,
+                body: Sent, post: Post, session: RecallSession, rounds: Rounds,
                 checker: Callable[[], EventChecker] = EventChecker, hooks: Any = None) -> StreamResult:
     """Relay an event stream whose first bytes were read, answering recall rounds inside it
     (`post` sends a continuation upstream; `checker` makes the protocol's event checker)."""

@@ -14,6 +14,7 @@ import pytest
 from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.chat.replies import content_text
 from proxy.prompts import Prompts
+from proxy.recall import answers
 from proxy.recall.handles import in_text
 from support.client import openai_client
 from support.proxy_server import start_proxy
@@ -275,6 +276,31 @@ async def test_a_turn_with_recall_and_a_client_call_gives_the_client_its_calls_o
         assert r2.choices[0].message.content == "read it: print('a')"
         assert not any(tc["function"]["name"].startswith("context_recall")
                        for m in fake.chat_requests[-1]["messages"] for tc in m.get("tool_calls") or ())
+    finally:
+        await client.close()
+        await proxy.close()
+
+
+async def test_the_forwarded_body_is_parsed_only_when_a_recall_round_continues_it(fake: FakeUpstream,
+                                                                                  monkeypatch) -> None:
+    """Every compacted request's answer goes through the recall layer; only an answer that calls
+    the recall tool needs the forwarded body (the whole history) as a dict to continue it. Over a
+    compacted session whose answers call no recall, nothing is parsed; a question answered through
+    recall parses its request's body once, whole or streamed."""
+    parses: list[int] = []  # the forwarded bodies parsed, by their size
+    monkeypatch.setattr(answers, "sent_loads", lambda data, real=answers.sent_loads: parses.append(len(data)) or real(data))
+    proxy = await start_proxy(fake.base_url, SETTINGS)
+    client = openai_client(proxy, "sk-recall")
+    try:
+        history, facts = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
+        await play(client, history)
+        assert proxy.state.compaction.stats["events_summarized"] >= 1
+        assert parses == []  # dozens of compacted requests, each relayed through the recall layer
+        for stream in (False, True):
+            before = len(fake.chat_requests)
+            answer = await ask(client, history, facts[0].question(), stream=stream)
+            assert "recalled original" in answer and len(fake.chat_requests) - before == 2
+            assert len(parses) == 1 + stream
     finally:
         await client.close()
         await proxy.close()

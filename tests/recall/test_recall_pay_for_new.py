@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from proxy import adapter
 from proxy.fakes.chat import FakeUpstream
-from proxy.recall import keep, layer
+from proxy.recall import handles, keep, layer
 from support.client import until_twice
 from support.coding_session import coding_session
 
@@ -89,6 +89,31 @@ async def test_where_the_clients_envelopes_are_is_indexed_for_the_new_ones_only(
     # One index for the request and its copy declaring the recall tool (the one rendered), put in
     # two parts: the places whose envelope changed (none), then the new ones.
     assert indexed == [0, new], (indexed, new, sizes[-1])
+
+
+async def test_a_masked_request_reads_the_stubs_it_forwards_anew_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """A masked request finds the original of each stub it forwards (the handle its text names,
+    the call's label): a masked history resent with a turn more forwards the same stubs, read by
+    the previous request, so it reads none again (each request read every stub before)."""
+    upstream.window = WINDOW
+    scanned: list[str] = []  # stub texts scanned for the handle they name
+    real = handles.in_text
+
+    def counted(text):
+        scanned.append(text)
+        return real(text)
+
+    monkeypatch.setattr(handles, "in_text", counted)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = client_for(proxy)
+    await until_twice(c, proxy, coding_session(14), "masked", model=MODEL, reset=scanned.clear)
+    *_, before, last = [sum(bool(real(m.get("content") or "")) for m in body["messages"] if m["role"] == "tool")
+                        for body in upstream.chat_requests]  # the stubs each request forwarded
+    assert last > 2 and last == before  # the same stubs forwarded again
+    assert scanned == []
 
 
 @settings(max_examples=150, deadline=None)
