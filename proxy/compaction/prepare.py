@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from proxy import farm, offload
+from proxy import offload
 from proxy.compaction.budget import Budget
 from proxy.compaction.records import key
 from proxy.compaction.view import masked
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from proxy.compaction.engine import CompactionEngine
 
 log = logging.getLogger("proxy.compaction")
-# Characters a token of a span is taken to be, to tell whether recall's index of it will need the
-# worker process (proxy/farm.py); only when to start that process depends on it.
-CHARS_PER_TOKEN = 4
 
 
 @dataclass
@@ -208,8 +205,5 @@ class Preparer:
         if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.jobs += 1
-        if CHARS_PER_TOKEN * (job.total - plan.kept_tokens) > farm.FARM_CHARS:
-            # recall indexes the span the summary replaces on the request that first carries it
-            await asyncio.to_thread(farm.farm.warm)
         await engine.summary_for(view, plan, base, job.budget, prepared=True, work=work, carried=record)
         engine.hooks.prepared("made")

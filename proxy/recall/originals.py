@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import orjson
 
@@ -64,14 +65,47 @@ def identifiers(text: str, parts: tuple[str, ...] = ()) -> list[str]:
     """What an original is found by exactly: its identifiers and error lines (a masked output's
     were found for its stub already, a span's messages' for its summary: `parts`, the texts `text`
     joins), and (with a cap of their own, so a long span's paths and hashes never crowd them out)
-    the code symbols it defines and mentions. What it reads of a huge text goes to the worker process."""
-    part = scanned(text)
+    the code symbols it defines and mentions: a span's message by message (symbols.composed), each
+    text's found once (`symbols_of`, so a masked output's are a span's later). Only a text itself
+    over FARM_CHARS goes to the worker process, not a span of ordinary messages joined."""
     if parts:
         found = (*textfacts.joined_identifiers(text, parts), *textfacts.joined_errors(text, parts))
+        code = symbols.composed(symbols_of(t) if whole else _symbols(t) for t, whole in _read(text, parts))
     else:
         facts = textfacts.facts(text)
-        found = facts.identifiers + facts.errors
-    return list(dict.fromkeys(list(found[:MAX_IDENTIFIERS]) + farm.sized(len(part), symbols.index_terms, part)))
+        found, code = facts.identifiers + facts.errors, symbols.composed([symbols_of(text)])
+    return list(dict.fromkeys([*found[:MAX_IDENTIFIERS], *code]))
+
+
+def span_words(text: str, parts: tuple[str, ...], head: bytes) -> list[str]:
+    """store.base.index_words of a span's stored value (`head`, its first line, and `text`), from
+    its messages one by one (no word crosses the newline between two): none goes to the worker
+    process but a text itself over FARM_CHARS (the store would read the value whole)."""
+    read = [head.decode(), *(t for t, _ in _read(text, parts))]
+    return list(dict.fromkeys(w for t in read for w in farm.sized(len(t), index_words, t)))
+
+
+def index(original: Original) -> tuple[bytes, list[str], list[str] | None]:
+    """An original's stored value, its identifiers and, for a span, its words (else the store reads them)."""
+    value = encode(original)
+    words = span_words(original.text, original.parts, value[:value.index(b"\n")]) if original.parts else None
+    return value, identifiers(original.text, original.parts), words
+
+
+def _read(text: str, parts: tuple[str, ...]) -> Iterator[tuple[str, bool]]:
+    """What scanned(text) reads of a span, message by message: (a whole part, True), or (a piece
+    of one cut by the span's head and tail, False)."""
+    for lo, hi, whole in textfacts.pieces(text, parts):
+        yield (whole, True) if whole is not None else (scanned(text[lo:hi]), False)
+
+
+def _symbols(text: str) -> symbols.Found:
+    part = scanned(text)  # (a huge text's head and tail: only that goes to the worker process)
+    return farm.sized(len(part), symbols.found, part)
+
+
+# One per process, as textfacts.facts: what a text defines does not depend on who asks.
+symbols_of = textfacts.TextCache(_symbols, lambda text, found: found.weight(text))
 
 
 def valid_handle(handle: str) -> bool:
@@ -108,9 +142,8 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text,  # large spans: off the loop
-                                     original.parts)
-        await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
+        value, idents, words = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, index, original)  # off the loop
+        await self.store.put_original(self.prefix(scope) + original.handle, value, idents, words)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:
         """Which of these handles are stored already (their originals need no second write)."""

@@ -12,6 +12,7 @@ prefers the place where a name is defined.
 from __future__ import annotations
 
 import re
+from typing import Iterable, NamedTuple
 
 MAX_SYMBOLS = 2000  # indexed per original, at most (definitions first, then mentions)
 DEFINES = "def:"  # the index term of a definition (no identifier starts so: it holds no space or slash)
@@ -89,13 +90,46 @@ def mentioned(text: str, limit: int) -> list[str]:
     return list(found)[:limit]
 
 
+class Found(NamedTuple):
+    """What one text defines and mentions, as far as an index of it or of a span holding it reads."""
+
+    defined: tuple[str, ...]  # defined(text), at most MAX_SYMBOLS // 2
+    mentioned: tuple[str, ...]  # mentioned(text, MAX_SYMBOLS)
+
+    def weight(self, text: str) -> int:
+        return len(text) + TERM_CHARS * (len(self.defined) + len(self.mentioned))
+
+
+TERM_CHARS = 64  # what a found name is charged against a cache's characters (a short str and its slot)
+
+
+def found(text: str) -> Found:
+    return Found(tuple(defined(text)[:MAX_SYMBOLS // 2]), tuple(mentioned(text, MAX_SYMBOLS)))
+
+
+def composed(texts: Iterable[Found]) -> list[str]:
+    """The index terms of texts read one by one, at most MAX_SYMBOLS: `def:<name>` for each name
+    they define (in order, at most MAX_SYMBOLS // 2 names), then those names, then what they
+    mention, each text's in its order. A summarized span is indexed so, message by message
+    (docs/design.md § Recall): a definition or key does not run from one message into the next,
+    and a method is qualified by a class of its own message only, as when each was indexed alone.
+    (Each text's lists are long enough: a text whose own list was cut at its cap brings that many
+    distinct terms, which fill the index.)"""
+    texts = list(texts)
+    names = list(dict.fromkeys(n for t in texts for n in t.defined))[:MAX_SYMBOLS // 2]
+    terms = dict.fromkeys([DEFINES + n for n in names] + names)
+    for t in texts:
+        if len(terms) >= MAX_SYMBOLS:
+            break
+        terms.update(dict.fromkeys(t.mentioned))
+    return list(terms)[:MAX_SYMBOLS]
+
+
 def index_terms(text: str) -> list[str]:
     """What an original is indexed by for its code, at most MAX_SYMBOLS: `def:<name>` for each
     name it defines (a query for a name ranks the definition above the mentions), then every
     symbol it defines or mentions."""
-    names = defined(text)[:MAX_SYMBOLS // 2]
-    terms = [DEFINES + n for n in names] + names
-    return list(dict.fromkeys(terms + mentioned(text, MAX_SYMBOLS - len(terms))))[:MAX_SYMBOLS]
+    return composed([found(text)])
 
 
 def query_symbols(query: str) -> list[str]:

@@ -76,9 +76,11 @@ class Store(ABC):
         return {}
 
     @abstractmethod
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
         """Store an original (an expiring key with the store's TTL) and index it: `identifiers`
-        exactly, the words of `value` (UTF-8 text) for search."""
+        exactly, the words of `value` (UTF-8 text) for search: `words` when the caller knows them
+        already (index_words of the value; a backend that indexes its text itself ignores them)."""
 
     @abstractmethod
     async def find_originals(

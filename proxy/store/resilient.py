@@ -93,8 +93,9 @@ class ResilientStore(Store):
     async def scan(self, prefix: str) -> dict[str, bytes]:
         return await self._guard(lambda: self.inner.scan(prefix), {})
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
-        await self._guard(lambda: self.inner.put_original(key, value, identifiers), None)
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
+        await self._guard(lambda: self.inner.put_original(key, value, identifiers, words), None)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int

@@ -1,5 +1,5 @@
-"""A summarized span's recall index made from what is known of its messages (proxy/recall/
-originals.py `identifiers` with the span's parts) and the index's passes that read each distinct
+"""A summarized span's recall index made from what is known of its messages, message by message
+(proxy/recall/originals.py `identifiers` and `span_words` with the span's parts) and the index's passes that read each distinct
 word once (symbols.mentioned, store.base.index_words): each exactly what the plain pass gives."""
 
 from __future__ import annotations
@@ -54,19 +54,81 @@ def test_names_and_words_read_once_each_are_what_every_occurrence_gives(text: st
     assert base.index_words(text) == plain_index_words(text)
 
 
+def plain_span_terms(text: str, parts: list[str]) -> list[str]:
+    """The per-message rule plainly: each message (or piece of one the span's head and tail cut)
+    read on its own, the names they define first, then what they mention, capped."""
+    pieces = [ids.scanned(text[lo:hi]) for lo, hi, _ in textfacts.pieces(text, parts)]
+    names = list(dict.fromkeys(n for p in pieces for n in symbols.defined(p)))[:symbols.MAX_SYMBOLS // 2]
+    mentions = [m for p in pieces for m in plain_mentioned(p, 10**9)]
+    return list(dict.fromkeys([symbols.DEFINES + n for n in names] + names + mentions))[:symbols.MAX_SYMBOLS]
+
+
+span_messages = st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool_result", "tool_call"]), texts), max_size=10)
+
+
+def span_of(messages) -> tuple[str, list[str]]:
+    msgs = [[Part(role, "" if role == "tool_call" else t, call_id="c", name="run", args=t if role == "tool_call" else "")]
+            for role, t in messages]
+    parts = keep.span_parts(msgs, 1)
+    text = keep.span_text(msgs, 1)
+    assert "\n".join(parts) == text
+    return text, parts
+
+
 @settings(max_examples=200)
-@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool_result", "tool_call"]), texts), max_size=10),
-       st.integers(min_value=40, max_value=2000))
-def test_a_spans_index_from_its_parts_is_the_index_of_its_text(messages, scan_chars: int) -> None:
-    saved, saved_facts = ids.SCAN_CHARS, textfacts.facts
-    ids.SCAN_CHARS = scan_chars  # small: the span's head and tail read, cut inside and between parts
+@given(span_messages, st.integers(min_value=40, max_value=2000), st.integers(min_value=2, max_value=40))
+def test_a_spans_index_is_its_messages_indexes_composed(messages, scan_chars: int, max_symbols: int) -> None:
+    """A span's identifiers and error lines are its joined text's (no identifier crosses a line);
+    its code symbols are its messages' read one by one (symbols.composed: nothing runs from one
+    message into the next), within the index's cap and order; its words are the stored value's."""
+    saved = ids.SCAN_CHARS, textfacts.facts, originals.symbols_of, symbols.MAX_SYMBOLS
+    ids.SCAN_CHARS, symbols.MAX_SYMBOLS = scan_chars, max_symbols  # small: cut inside and between parts, caps met
     textfacts.facts = textfacts.FactsCache()  # (a text's facts depend on SCAN_CHARS: none from another example)
+    originals.symbols_of = textfacts.TextCache(originals._symbols, lambda t, f: f.weight(t))
     try:
-        msgs = [[Part(role, "" if role == "tool_call" else t, call_id="c", name="run", args=t if role == "tool_call" else "")]
-                for role, t in messages]
-        parts = keep.span_parts(msgs, 1)
-        text = keep.span_text(msgs, 1)
-        assert "\n".join(parts) == text
-        assert originals.identifiers(text, tuple(parts)) == originals.identifiers(text)
+        text, parts = span_of(messages)
+        joined = textfacts._facts(ids.scanned(text))
+        expected = list(dict.fromkeys([*(joined.identifiers + joined.errors)[:originals.MAX_IDENTIFIERS],
+                                       *plain_span_terms(text, parts)]))
+        assert originals.identifiers(text, tuple(parts)) == expected
+        assert originals.identifiers(text, tuple(parts)) == expected  # (from the caches)
+        head = b'{"kind":"messages","label":"messages 1-2"}'
+        words = originals.span_words(text, tuple(parts), head)
+        if len(text) + len(head) < scan_chars:  # (the store reads the value whole: no cut to differ by)
+            assert words == base.index_words(head.decode() + "\n" + text)
+        else:  # the span's head and tail, message by message
+            pieces = [head.decode(), *(ids.scanned(text[lo:hi]) for lo, hi, _ in textfacts.pieces(text, parts))]
+            assert words == list(dict.fromkeys(w for p in pieces for w in plain_index_words(p)))
     finally:
-        ids.SCAN_CHARS, textfacts.facts = saved, saved_facts
+        ids.SCAN_CHARS, textfacts.facts, originals.symbols_of, symbols.MAX_SYMBOLS = saved
+
+
+@settings(max_examples=200)
+@given(span_messages)
+def test_a_spans_code_symbols_are_the_joined_texts_less_what_joining_makes(messages) -> None:
+    """Under the cap, message by message finds every symbol the joined text has but the artefacts
+    of joining (a key or definition whose white space runs across two messages, a method under a
+    class of an earlier message), and nothing the joined text lacks; one message is indexed as
+    itself."""
+    text, parts = span_of(messages)
+    composed = symbols.composed(symbols.found(p) for p in parts)
+    assert set(composed) <= set(symbols.index_terms(text))
+    if len(parts) == 1:
+        assert composed == symbols.index_terms(text) and originals.identifiers(text, (text,)) == originals.identifiers(text)
+
+
+def test_a_texts_code_symbols_are_found_once_for_its_masked_output_and_the_span_holding_it(monkeypatch) -> None:
+    """A tool output indexed when it was masked is not read again for the span that summarizes it
+    later, nor is the span's index made twice read again (originals.symbols_of, bounded as textfacts')."""
+    cache = textfacts.TextCache(originals._symbols, lambda t, f: f.weight(t))
+    monkeypatch.setattr(originals, "symbols_of", cache)
+    calls: list[str] = []
+    monkeypatch.setattr(symbols, "found", lambda t: calls.append(t) or symbols.Found((), ()))
+    output = "class LedgerWorker:\n    def flush(self):\n        return settle_charge()\n" * 20
+    parts = ("please fix the ledger flush " * 20, output, "Fixed LedgerWorker.flush: " + "it settles now " * 30)
+    originals.identifiers(output)  # (masked: its original saved)
+    assert calls == [output]
+    originals.identifiers("\n".join(parts), parts)
+    assert calls == [output, parts[0], parts[2]]
+    originals.identifiers("\n".join(parts), parts)  # (the same span indexed again)
+    assert len(calls) == 3 and cache.scans == 3
