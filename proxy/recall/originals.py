@@ -85,10 +85,12 @@ def span_words(text: str, parts: tuple[str, ...], head: bytes) -> list[str]:
     return list(dict.fromkeys(w for t in read for w in farm.sized(len(t), index_words, t)))
 
 
-def index(original: Original) -> tuple[bytes, list[str], list[str] | None]:
-    """An original's stored value, its identifiers and, for a span, its words (else the store reads them)."""
+def index(original: Original, words: bool = True) -> tuple[bytes, list[str], list[str] | None]:
+    """An original's stored value, its identifiers and, for a span when `words`, its words (else
+    the store reads them: a store that indexes them itself is given none)."""
     value = encode(original)
-    words = span_words(original.text, original.parts, value[:value.index(b"\n")]) if original.parts else None
+    words = words and bool(original.parts)
+    words = span_words(original.text, original.parts, value[:value.index(b"\n")]) if words else None
     return value, identifiers(original.text, original.parts), words
 
 
@@ -142,7 +144,8 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        value, idents, words = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, index, original)  # off the loop
+        value, idents, words = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, index, original,  # off the loop
+                                                   not self.store.indexes_words)
         await self.store.put_original(self.prefix(scope) + original.handle, value, idents, words)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:

@@ -42,6 +42,9 @@ class StoreUnavailable(Exception):
 
 
 class Store(ABC):
+    # The backend finds an original's words in its value itself (SQLite's FTS5): a caller need not
+    # work them out for put_original.
+    indexes_words = False
     def __init__(self, *, ttl_s: float, max_records: int, clock: Clock = time.time) -> None:
         self.ttl_s = ttl_s
         self.max_records = max_records

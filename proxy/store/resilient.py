@@ -42,6 +42,10 @@ class ResilientStore(Store):
         self._kind = type(inner).__name__
         self.errors = 0  # failed backend calls since start (the metrics read it)
 
+    @property
+    def indexes_words(self) -> bool:  # type: ignore[override]
+        return self.inner.indexes_words
+
     async def _guard(self, call: Callable[[], Awaitable[T]], fallback: T, *, probe: bool = False) -> T:
         """`call()`, or `fallback` when it fails or when backing off (`probe` calls always go out)."""
         trial = False

@@ -100,6 +100,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 class SqliteStore(Store):
+    indexes_words = True  # (FTS5)
     def __init__(
         self, path: str, *, ttl_s: float, max_records: int, clock: Clock = time.time
     ) -> None:

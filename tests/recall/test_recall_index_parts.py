@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from proxy import identifiers as ids, textfacts
@@ -132,3 +133,22 @@ def test_a_texts_code_symbols_are_found_once_for_its_masked_output_and_the_span_
     assert calls == [output, parts[0], parts[2]]
     originals.identifiers("\n".join(parts), parts)  # (the same span indexed again)
     assert len(calls) == 3 and cache.scans == 3
+
+
+@pytest.mark.parametrize("url", ["sqlite", "memory://"])
+async def test_a_spans_words_are_worked_out_only_for_a_store_that_does_not_index_them_itself(url, tmp_path, monkeypatch):
+    """SQLite's FTS5 reads an original's words itself: a span saved there has none worked out
+    beside it (each a pass over the span's messages); the memory store is given them. Either
+    finds the span by a word only one of its messages holds."""
+    from proxy.store import open_store
+    from proxy.store.resilient import ResilientStore
+
+    store = ResilientStore(open_store(f"sqlite:///{tmp_path / 's.db'}" if url == "sqlite" else url, ttl_s=60, max_records=100))
+    calls: list[tuple] = []
+    monkeypatch.setattr(originals, "span_words", lambda *a: calls.append(a) or base.index_words("\n".join(a[1])))
+    parts = ("--- message 1, user:", "please look at the quokka ledger", "--- message 2, assistant:", "done " * 80)
+    span = originals.Original("0123abcd", "messages", "messages 1-2", "\n".join(parts), parts)
+    await originals.Originals(store).save("s", span)
+    assert len(calls) == (url != "sqlite")
+    assert [o.handle for o in await originals.Originals(store).search("s", "quokka")] == ["0123abcd"]
+    await store.close()
