@@ -11,8 +11,11 @@ prefers the place where a name is defined.
 
 from __future__ import annotations
 
+import heapq
 import re
 from typing import Iterable, NamedTuple
+
+from proxy.identifiers import unworded
 
 MAX_SYMBOLS = 2000  # indexed per original, at most (definitions first, then mentions)
 DEFINES = "def:"  # the index term of a definition (no identifier starts so: it holds no space or slash)
@@ -22,8 +25,12 @@ _DEFINERS = r"(?:async[ \t]+)?(?:def|class|function|fn|func|struct|interface|enu
 _AFTER = r"(?=[ \t]*[(:{<\[=]|[ \t]+(?:struct|interface|extends|implements|where)\b|[ \t]*$)"
 _DEFINITION = re.compile(rf"(?<![\w.]){_DEFINERS}[ \t]+([A-Za-z_]\w*){_AFTER}", re.MULTILINE)
 _PY_BLOCK = re.compile(r"^([ \t]*)(?:async\s+)?(def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
-# keys: quoted ones before a colon (JSON, dicts), and code-shaped ones starting a YAML/INI line
-_KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:|^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
+# keys: quoted ones before a colon (JSON, dicts), and code-shaped ones starting a YAML/INI line.
+# Two patterns, not one alternation: a pattern starting with a quote is looked for at quotes only
+# (one starting at `^` is tried at every character). No match of one starts inside the other's,
+# nor do both match at one place, so their matches in order of start are the alternation's.
+_QUOTED_KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:""")
+_LINE_KEY = re.compile(r"""^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
 # Names shaped like code: snake_case, CamelCase (an inner capital after a lower-case letter),
 # dotted chains of them (Foo.bar, self.ledger.settle).
 _CODE_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -70,14 +77,16 @@ def defined(text: str) -> list[str]:
 def mentioned(text: str, limit: int) -> list[str]:
     """Keys, then code-shaped names, in `text`: at most `limit`."""
     found: dict[str, None] = {}
-    for m in _KEY.finditer(text):
+    for m in heapq.merge(_QUOTED_KEY.finditer(text), _LINE_KEY.finditer(text), key=lambda m: m.start()):
         if len(found) >= limit:  # (a large JSON output has keys without end: read no further)
             break
-        if m.group(1) or code_shaped(m.group(2)):
-            found.setdefault(m.group(1) or m.group(2), None)
+        if m.re is _QUOTED_KEY or code_shaped(m.group(1)):
+            found.setdefault(m.group(1), None)
     # each distinct name once, in order of first appearance: a name seen again adds nothing (a
-    # long span's hundred thousand words are a few thousand names)
-    for name in dict.fromkeys(_CODE_NAME.findall(text)):
+    # long span's hundred thousand words are a few thousand names). Read in the text's runs that
+    # are not prose's words: a code-shaped name holds no white space, a prose word's one name is
+    # plain, and a run's edge is white space to the name's pattern as a newline is.
+    for name in dict.fromkeys(_CODE_NAME.findall(unworded(text))):
         if len(found) >= limit:
             break
         if _plain(name):

@@ -16,13 +16,18 @@ from proxy.store import base
 
 WORDS = ["settle_charge", "LedgerWorker", "self.ledger.flush", "Foo.bar", "notes.txt", "the", "The", "word", "x_1",
          "a.b", "ÉtéDone", "ǅx", "def settle(", "class Ledger:", '"key": 1', "max_conn = 3", "src/app.py:12",
-         "LED-7112", "ValueError: boom", "9f3c2ab1", "\n", "\n    def run(self):", " ", ".", "_", "ORD-42", "Error"]
+         "LED-7112", "ValueError: boom", "9f3c2ab1", "\n", "\n    def run(self):", " ", ".", "_", "ORD-42", "Error",
+         "'k_1' :", "\n  a_b =", "\tkey_c:", ":", "=", '"', "'", "x.", "é_b"]
 texts = st.lists(st.sampled_from(WORDS) | st.text(max_size=5), max_size=50).map(" ".join)
 
 
+KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:|^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
+
+
 def plain_mentioned(text: str, limit: int) -> list[str]:
+    """Every key (one pattern), then every name in the whole text, each judged where it occurs."""
     found: dict[str, None] = {}
-    for m in symbols._KEY.finditer(text):
+    for m in KEY.finditer(text):
         if len(found) >= limit:
             break
         if m.group(1) or symbols.code_shaped(m.group(2)):
