@@ -14,11 +14,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from proxy import offload
+from proxy.compaction import extract
 from proxy.compaction.budget import Budget
 from proxy.compaction.records import key
 from proxy.compaction.view import masked
 from proxy.flow import Flow
 from proxy.model import Conversation
+from proxy.recall import originals
 from proxy.exchange import CONVERSATION
 from proxy.singleflight import Busy
 from proxy.upstream import SummarizerError
@@ -206,4 +208,7 @@ class Preparer:
             return
         self.jobs += 1
         await engine.summary_for(view, plan, base, job.budget, prepared=True, work=work, carried=record)
+        if view.flow.identity.recall:  # recall indexes the span on the request that first carries the summary
+            texts = extract.span_parts(view.conv.envelopes[plan.start:plan.cut])
+            await offload.sized(sum(map(len, texts)) * offload.SCAN_WEIGHT, originals.warm, texts)
         engine.hooks.prepared("made")

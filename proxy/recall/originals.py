@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import orjson
 
@@ -108,6 +108,14 @@ def _symbols(text: str) -> symbols.Found:
 
 # One per process, as textfacts.facts: what a text defines does not depend on who asks.
 symbols_of = textfacts.TextCache(_symbols, lambda text, found: found.weight(text))
+
+
+def warm(texts: Iterable[str]) -> None:
+    """Find the code symbols of the texts a span to be indexed holds, ahead (a summary made ahead's
+    messages, in its preparation): the request that first carries the summary, which indexes the
+    span, finds them (symbols_of) instead of reading every message before it is forwarded."""
+    for text in texts:
+        symbols_of(text)
 
 
 def valid_handle(handle: str) -> bool:
