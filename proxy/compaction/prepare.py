@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from proxy import offload
-from proxy.compaction import extract
 from proxy.compaction.budget import Budget
 from proxy.compaction.records import key
 from proxy.compaction.view import masked
@@ -209,6 +208,6 @@ class Preparer:
         self.jobs += 1
         await engine.summary_for(view, plan, base, job.budget, prepared=True, work=work, carried=record)
         if view.flow.identity.recall:  # recall indexes the span on the request that first carries the summary
-            texts = extract.span_parts(view.conv.envelopes[plan.start:plan.cut])
-            await offload.sized(sum(map(len, texts)) * offload.SCAN_WEIGHT, originals.warm, texts)
+            span = view.conv.envelopes[plan.start:plan.cut]
+            await offload.sized(4 * job.total, originals.warm, span)
         engine.hooks.prepared("made")

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator, Sequence
 
 import orjson
 
-from proxy import offload, textfacts
+from proxy import identifiers as identifiers_, offload, textfacts
 from proxy.farm import farm
 from proxy.identifiers import find_identifiers, scanned
+from proxy.model import Envelope
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -110,12 +111,28 @@ def _symbols(text: str) -> symbols.Found:
 symbols_of = textfacts.TextCache(_symbols, lambda text, found: found.weight(text))
 
 
-def warm(texts: Iterable[str]) -> None:
+def warm(envelopes: Sequence[Envelope]) -> None:
     """Find the code symbols of the texts a span to be indexed holds, ahead (a summary made ahead's
     messages, in its preparation): the request that first carries the summary, which indexes the
-    span, finds them (symbols_of) instead of reading every message before it is forwarded."""
+    span, finds them (symbols_of) instead of reading every message before it is forwarded. Only
+    the texts it will read whole: a span past SCAN_CHARS is read in its head and tail (about: the
+    span written out has a line before each text)."""
+    texts = [t for e in envelopes for t in (e.text, *(call.args for call in e.calls))]
+    if sum(map(len, texts)) > identifiers_.SCAN_CHARS:
+        texts = _within(texts) + _within(texts[::-1])
     for text in texts:
         symbols_of(text)
+
+
+def _within(texts: list[str]) -> list[str]:
+    """The first texts that fit in half of SCAN_CHARS."""
+    out, room = [], identifiers_.SCAN_CHARS // 2
+    for text in texts:
+        room -= len(text) + 1
+        if room < 0:
+            break
+        out.append(text)
+    return out
 
 
 def valid_handle(handle: str) -> bool:

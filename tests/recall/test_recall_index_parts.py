@@ -157,3 +157,22 @@ async def test_a_spans_words_are_worked_out_only_for_a_store_that_does_not_index
     assert len(calls) == (url != "sqlite")
     assert [o.handle for o in await originals.Originals(store).search("s", "quokka")] == ["0123abcd"]
     await store.close()
+
+
+def test_a_spans_symbols_found_ahead_are_those_of_the_texts_its_index_reads_whole(monkeypatch) -> None:
+    """originals.warm (a summary made ahead's preparation) finds the symbols of every text of a
+    span under SCAN_CHARS; past it, only of those in its head and tail, which the index reads."""
+    from proxy.model import Envelope, Item, Kind
+
+    monkeypatch.setattr(originals, "symbols_of", textfacts.TextCache(originals._symbols, lambda t, f: f.weight(t)))
+    calls: list[str] = []
+    monkeypatch.setattr(symbols, "found", lambda t: calls.append(t) or symbols.Found((), ()))
+    texts = [f"step_{i} " * 100 for i in range(60)]  # ~0.5-0.6 KB each
+    span = [Envelope([Item(Kind.ASSISTANT, t)], i, True, None) for i, t in enumerate(texts)]
+    originals.warm(span)
+    assert calls == texts
+    calls.clear()
+    monkeypatch.setattr(ids, "SCAN_CHARS", 8_000)
+    originals.warm([Envelope([Item(Kind.ASSISTANT, t + "x")], i, True, None) for i, t in enumerate(texts)])
+    assert 4 < len(calls) < 15 and calls[0] == texts[0] + "x" and texts[-1] + "x" in calls
+    assert texts[30] + "x" not in calls
