@@ -11,8 +11,8 @@ of its tokens) runs here instead, in a process of its own with its own interpret
 text read goes there (at most its head and tail, identifiers.SCAN_CHARS) and only the small
 result comes back (docs/reliability.md § Bounded work on the event loop).
 
-The pool is started by the first such text (none for ordinary traffic), or just before one is
-expected (`warm`: a summary being made ahead whose span recall will index), holds at most
+The pool is started by the first such text (none for ordinary traffic: a summarized span of many
+messages is read message by message, each in this process), holds at most
 MAX_WORKERS processes, and is killed by `close()` at shutdown. A pool that cannot start, that
 broke, or that keeps a call past TIMEOUT_S answers with the work done here, as before it existed.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 from concurrent.futures import CancelledError, ProcessPoolExecutor, TimeoutError
@@ -54,7 +53,6 @@ class Farm:
         self.max_workers = max_workers
         self.calls = 0  # calls sent to a process (the tests count them)
         self._pool: ProcessPoolExecutor | None = None
-        self._warmed: ProcessPoolExecutor | None = None  # the pool `warm` started its process in
         self._lock = threading.Lock()
 
     def _get(self) -> ProcessPoolExecutor | None:
@@ -81,18 +79,6 @@ class Farm:
                 log.warning("the worker process for huge texts failed (%r): this one is done here", e)
                 self._drop(pool)
         return fn(*args)
-
-    def warm(self) -> None:
-        """Start the process now, not waiting for it, for a huge text expected soon: its start (a
-        spawned interpreter importing the proxy, ~0.5 s) then delays no request. (Called from a
-        worker thread: a process's spawn writes to pipes.)"""
-        pool = self._get()
-        if pool is not None and self._warmed is not pool:
-            self._warmed = pool
-            try:
-                pool.submit(os.getpid)  # (a pool starts its process with its first task)
-            except (BrokenProcessPool, RuntimeError):
-                pass  # the next call finds it broken and drops it
 
     def sized(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args): in the worker process when it reads more than FARM_CHARS characters."""

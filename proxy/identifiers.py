@@ -111,6 +111,12 @@ def _spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
+def unworded(text: str) -> str:
+    """`text`'s runs that are not prose's words, joined by newlines: all that a pattern matching
+    no prose word and crossing no white space (seeing it as a text's edge) needs to read."""
+    return "\n".join(_WORDY_RUN.findall(text))
+
+
 def _wordy_runs(text: str) -> tuple[list[int], list[str]]:
     """The runs of `text` that are not prose's words, and where each starts."""
     starts: list[int] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Iterator, NamedTuple, Sequence
+from typing import Callable, Generic, Iterator, NamedTuple, Sequence, TypeVar
 
 from proxy import identifiers
 from proxy.farm import farm
@@ -26,6 +26,8 @@ MAX_CHARS = 64 << 20
 # Texts shorter than this are scanned each time: the scan costs less than keeping them.
 MIN_CHARS = 256
 
+
+V = TypeVar("V")
 
 # What a text's token counts are charged against MAX_CHARS, a token (a dict entry and its key).
 COUNT_CHARS = 96
@@ -40,37 +42,48 @@ class Facts(NamedTuple):
         return len(text) + COUNT_CHARS * len(self.counts)
 
 
-class FactsCache:
-    """text -> Facts, least recently used evicted first, bounded by count and by characters held."""
+class TextCache(Generic[V]):
+    """text -> what `compute` finds in it, least recently used evicted first, bounded by count and
+    by characters held (`weigh(text, value)`: the text and what its value holds)."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+    def __init__(self, compute: Callable[[str], V], weigh: Callable[[str, V], int],
+                 max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+        self.compute, self.weigh = compute, weigh
         self.max_entries, self.max_chars = max_entries, max_chars
         self.chars = 0
         self.scans = 0  # texts scanned (misses): what the tests count
-        self._d: OrderedDict[str, Facts] = OrderedDict()
+        self._d: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __call__(self, text: str) -> Facts:
+    def __call__(self, text: str) -> V:
         if len(text) < MIN_CHARS:
-            return _scan(text)
+            return self.compute(text)
         with self._lock:
             hit = self._d.get(text)
             if hit is not None:
                 self._d.move_to_end(text)
                 return hit
-        facts = _scan(text)  # outside the lock: two threads may scan one text, both get equal facts
+        value = self.compute(text)  # outside the lock: two threads may scan one text, both get equal values
         with self._lock:
             self.scans += 1
-            if text not in self._d and facts.weight(text) <= self.max_chars:
-                self._d[text] = facts
-                self.chars += facts.weight(text)
+            weight = self.weigh(text, value)
+            if text not in self._d and weight <= self.max_chars:
+                self._d[text] = value
+                self.chars += weight
                 while len(self._d) > self.max_entries or self.chars > self.max_chars:
                     old, gone = self._d.popitem(last=False)
-                    self.chars -= gone.weight(old)
-        return facts
+                    self.chars -= self.weigh(old, gone)
+        return value
 
     def __len__(self) -> int:
         return len(self._d)
+
+
+class FactsCache(TextCache[Facts]):
+    """text -> Facts."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+        super().__init__(_scan, lambda text, facts: facts.weight(text), max_entries, max_chars)
 
 
 def _scan(text: str) -> Facts:
@@ -99,7 +112,7 @@ def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
     (piece, True) for a whole part (its facts are cached), (piece, False) for anything else: a
     part's cut piece, or short parts next to each other (read as one: one scan, not one each)."""
     run: list[int] = []  # [start, end) of the short parts read as one piece
-    for lo, hi, whole in _pieces(text, parts):
+    for lo, hi, whole in pieces(text, parts):
         if whole is not None and hi - lo < MIN_CHARS and (not run or run[1] + 1 == lo):
             run = [run[0] if run else lo, hi]
             continue
@@ -113,7 +126,7 @@ def _read(text: str, parts: Sequence[str]) -> Iterator[tuple[str, bool]]:
         yield text[run[0]:run[1]], False
 
 
-def _pieces(text: str, parts: Sequence[str]) -> Iterator[tuple[int, int, str | None]]:
+def pieces(text: str, parts: Sequence[str]) -> Iterator[tuple[int, int, str | None]]:
     """(start, end, the part when it is read whole) of what scanned(text) reads, part by part."""
     regions = _kept(text)
     if regions is None:  # a cut inside a line (no line end near it): the joined text read as it is

@@ -122,36 +122,42 @@ def test_the_process_wide_farm_is_the_one_the_proxy_closes():
     assert state.farm is farm and textfacts.farm is farm and SCAN_CHARS > FARM_CHARS
 
 
-def _started(pool: Farm) -> bool:
-    return bool(pool._pool is not None and getattr(pool._pool, "_processes", None))
+def test_a_span_is_sent_to_the_worker_process_only_for_a_message_itself_past_farm_chars(pool: Farm):
+    """Recall's index of a summarized span reads it message by message: a span of ordinary
+    messages, however long joined, is read here; a message itself past FARM_CHARS goes there."""
+    parts = tuple(f"def step_{i}(ledger):\n    return ledger.settle_charge(JOB-{i})\n" * 40 for i in range(200))
+    text = "\n".join(parts)
+    assert len(text) > FARM_CHARS > max(map(len, parts))
+    terms = originals.identifiers(text, parts)
+    assert "def:step_199" in terms and "ledger.settle_charge" in terms
+    assert originals.span_words(text, parts, b"{}") and pool.calls == 0 and pool._pool is None
+    huge = huge_log(1)[:300_000]  # (a span under SCAN_CHARS is read whole: a longer one's pieces are each under FARM_CHARS)
+    span = (*parts[:3], huge)
+    assert FARM_CHARS < len(huge) and len("\n".join(span)) <= SCAN_CHARS
+    originals.identifiers("\n".join(span), span)
+    assert pool.calls == 2  # that message's facts and code symbols, each once
 
 
-@pytest.mark.parametrize("huge_span", [True, False], ids=["span-past-FARM_CHARS", "small-span"])
-async def test_a_summary_made_ahead_starts_the_worker_process_before_the_request_that_carries_it(
-        pool: Farm, monkeypatch: pytest.MonkeyPatch, upstream, make_proxy, client_for, huge_span: bool):
-    """Recall indexes the span a summary replaces on the request that first carries it, in the
-    worker process when the span is past FARM_CHARS: the preparation that makes the summary ahead
-    starts that process, so its start (~0.5 s) is nobody's wait. A span under it starts none."""
-    from proxy.compaction.prepare import CHARS_PER_TOKEN
+async def test_a_summarized_span_past_farm_chars_of_ordinary_messages_starts_no_worker_process(
+        pool: Farm, monkeypatch: pytest.MonkeyPatch, upstream, make_proxy, client_for):
+    """The request that first carries a summary made ahead indexes the span it replaced for recall
+    (its code symbols and its words: the memory store's index) from its messages, each in this
+    process: a span whose joined text is past FARM_CHARS starts no worker process (its start was
+    ~0.5 s of CPU, and each call a copy of the span)."""
     from support.client import chat
     from support.coding_session import coding_session
 
     monkeypatch.setattr(farm_module, "farm", pool)
-    if huge_span:  # (the session's spans are ~30-40k characters)
-        monkeypatch.setattr(farm_module, "FARM_CHARS", 20_000)
+    monkeypatch.setattr(farm_module, "FARM_CHARS", 20_000)  # (the session's spans are ~30-40k characters)
     upstream.window = 12_000
     proxy = await make_proxy(upstream.base_url, {"models": {"gpt-4": {"context_window": 12_000}},
                                                  "compaction": {"learn_token_ratio": False, "mask_tool_outputs": False}})
     client, s = client_for(proxy), coding_session(14)
-    status, before = "", False
+    status = ""
     for history in s.request_points():
-        before = _started(pool)
         status = (await chat(client, history, model="gpt-4", tools=s.tools)).status
         if status == "summarized":
             break
         await proxy.state.compaction.idle()
     assert status == "summarized" and proxy.state.compaction.preparer.jobs >= 1
-    if huge_span:
-        assert before and pool.calls >= 1  # started before that request came, and used by it
-    else:
-        assert pool._pool is None and CHARS_PER_TOKEN * 12_000 < FARM_CHARS
+    assert pool.calls == 0 and pool._pool is None

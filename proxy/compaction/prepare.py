@@ -13,12 +13,13 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from proxy import farm, offload
+from proxy import offload
 from proxy.compaction.budget import Budget
 from proxy.compaction.records import key
 from proxy.compaction.view import masked
 from proxy.flow import Flow
 from proxy.model import Conversation
+from proxy.recall import originals
 from proxy.exchange import CONVERSATION
 from proxy.singleflight import Busy
 from proxy.upstream import SummarizerError
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
     from proxy.compaction.engine import CompactionEngine
 
 log = logging.getLogger("proxy.compaction")
-# Characters a token of a span is taken to be, to tell whether recall's index of it will need the
-# worker process (proxy/farm.py); only when to start that process depends on it.
-CHARS_PER_TOKEN = 4
 
 
 @dataclass
@@ -208,8 +206,8 @@ class Preparer:
         if self._went_quiet(job):  # the store lookups above may have taken a while
             return
         self.jobs += 1
-        if CHARS_PER_TOKEN * (job.total - plan.kept_tokens) > farm.FARM_CHARS:
-            # recall indexes the span the summary replaces on the request that first carries it
-            await asyncio.to_thread(farm.farm.warm)
         await engine.summary_for(view, plan, base, job.budget, prepared=True, work=work, carried=record)
+        if view.flow.identity.recall:  # recall indexes the span on the request that first carries the summary
+            span = view.conv.envelopes[plan.start:plan.cut]
+            await offload.sized(4 * job.total, originals.warm, span)
         engine.hooks.prepared("made")

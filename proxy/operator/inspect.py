@@ -100,8 +100,9 @@ class DryRunStore(Store):
     async def append(self, name: str, value: bytes, max_len: int) -> None:
         await self.overlay.append(name, value, max_len)
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
-        await self.overlay.put_original(key, value, identifiers)
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
+        await self.overlay.put_original(key, value, identifiers, words)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int

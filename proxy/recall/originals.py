@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterator, Sequence
 
 import orjson
 
-from proxy import offload, textfacts
+from proxy import identifiers as identifiers_, offload, textfacts
 from proxy.farm import farm
 from proxy.identifiers import find_identifiers, scanned
+from proxy.model import Envelope
 from proxy.recall import symbols
 from proxy.store.base import Store, index_words
 
@@ -64,14 +66,73 @@ def identifiers(text: str, parts: tuple[str, ...] = ()) -> list[str]:
     """What an original is found by exactly: its identifiers and error lines (a masked output's
     were found for its stub already, a span's messages' for its summary: `parts`, the texts `text`
     joins), and (with a cap of their own, so a long span's paths and hashes never crowd them out)
-    the code symbols it defines and mentions. What it reads of a huge text goes to the worker process."""
-    part = scanned(text)
+    the code symbols it defines and mentions: a span's message by message (symbols.composed), each
+    text's found once (`symbols_of`, so a masked output's are a span's later). Only a text itself
+    over FARM_CHARS goes to the worker process, not a span of ordinary messages joined."""
     if parts:
         found = (*textfacts.joined_identifiers(text, parts), *textfacts.joined_errors(text, parts))
+        code = symbols.composed(symbols_of(t) if whole else _symbols(t) for t, whole in _read(text, parts))
     else:
         facts = textfacts.facts(text)
-        found = facts.identifiers + facts.errors
-    return list(dict.fromkeys(list(found[:MAX_IDENTIFIERS]) + farm.sized(len(part), symbols.index_terms, part)))
+        found, code = facts.identifiers + facts.errors, symbols.composed([symbols_of(text)])
+    return list(dict.fromkeys([*found[:MAX_IDENTIFIERS], *code]))
+
+
+def span_words(text: str, parts: tuple[str, ...], head: bytes) -> list[str]:
+    """store.base.index_words of a span's stored value (`head`, its first line, and `text`), from
+    its messages one by one (no word crosses the newline between two): none goes to the worker
+    process but a text itself over FARM_CHARS (the store would read the value whole)."""
+    read = [head.decode(), *(t for t, _ in _read(text, parts))]
+    return list(dict.fromkeys(w for t in read for w in farm.sized(len(t), index_words, t)))
+
+
+def index(original: Original, words: bool = True) -> tuple[bytes, list[str], list[str] | None]:
+    """An original's stored value, its identifiers and, for a span when `words`, its words (else
+    the store reads them: a store that indexes them itself is given none)."""
+    value = encode(original)
+    words = words and bool(original.parts)
+    words = span_words(original.text, original.parts, value[:value.index(b"\n")]) if words else None
+    return value, identifiers(original.text, original.parts), words
+
+
+def _read(text: str, parts: tuple[str, ...]) -> Iterator[tuple[str, bool]]:
+    """What scanned(text) reads of a span, message by message: (a whole part, True), or (a piece
+    of one cut by the span's head and tail, False)."""
+    for lo, hi, whole in textfacts.pieces(text, parts):
+        yield (whole, True) if whole is not None else (scanned(text[lo:hi]), False)
+
+
+def _symbols(text: str) -> symbols.Found:
+    part = scanned(text)  # (a huge text's head and tail: only that goes to the worker process)
+    return farm.sized(len(part), symbols.found, part)
+
+
+# One per process, as textfacts.facts: what a text defines does not depend on who asks.
+symbols_of = textfacts.TextCache(_symbols, lambda text, found: found.weight(text))
+
+
+def warm(envelopes: Sequence[Envelope]) -> None:
+    """Find the code symbols of the texts a span to be indexed holds, ahead (a summary made ahead's
+    messages, in its preparation): the request that first carries the summary, which indexes the
+    span, finds them (symbols_of) instead of reading every message before it is forwarded. Only
+    the texts it will read whole: a span past SCAN_CHARS is read in its head and tail (about: the
+    span written out has a line before each text)."""
+    texts = [t for e in envelopes for t in (e.text, *(call.args for call in e.calls))]
+    if sum(map(len, texts)) > identifiers_.SCAN_CHARS:
+        texts = _within(texts) + _within(texts[::-1])
+    for text in texts:
+        symbols_of(text)
+
+
+def _within(texts: list[str]) -> list[str]:
+    """The first texts that fit in half of SCAN_CHARS."""
+    out, room = [], identifiers_.SCAN_CHARS // 2
+    for text in texts:
+        room -= len(text) + 1
+        if room < 0:
+            break
+        out.append(text)
+    return out
 
 
 def valid_handle(handle: str) -> bool:
@@ -108,9 +169,9 @@ class Originals:
 
     async def save(self, scope: str, original: Original) -> None:
         """Store (or refresh) an original with its index. Never raises on a store outage."""
-        idents = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, identifiers, original.text,  # large spans: off the loop
-                                     original.parts)
-        await self.store.put_original(self.prefix(scope) + original.handle, encode(original), idents)
+        value, idents, words = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, index, original,  # off the loop
+                                                   not self.store.indexes_words)
+        await self.store.put_original(self.prefix(scope) + original.handle, value, idents, words)
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:
         """Which of these handles are stored already (their originals need no second write)."""

@@ -11,7 +11,11 @@ prefers the place where a name is defined.
 
 from __future__ import annotations
 
+import heapq
 import re
+from typing import Iterable, NamedTuple
+
+from proxy.identifiers import unworded
 
 MAX_SYMBOLS = 2000  # indexed per original, at most (definitions first, then mentions)
 DEFINES = "def:"  # the index term of a definition (no identifier starts so: it holds no space or slash)
@@ -21,8 +25,12 @@ _DEFINERS = r"(?:async[ \t]+)?(?:def|class|function|fn|func|struct|interface|enu
 _AFTER = r"(?=[ \t]*[(:{<\[=]|[ \t]+(?:struct|interface|extends|implements|where)\b|[ \t]*$)"
 _DEFINITION = re.compile(rf"(?<![\w.]){_DEFINERS}[ \t]+([A-Za-z_]\w*){_AFTER}", re.MULTILINE)
 _PY_BLOCK = re.compile(r"^([ \t]*)(?:async\s+)?(def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
-# keys: quoted ones before a colon (JSON, dicts), and code-shaped ones starting a YAML/INI line
-_KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:|^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
+# keys: quoted ones before a colon (JSON, dicts), and code-shaped ones starting a YAML/INI line.
+# Two patterns, not one alternation: a pattern starting with a quote is looked for at quotes only
+# (one starting at `^` is tried at every character). No match of one starts inside the other's,
+# nor do both match at one place, so their matches in order of start are the alternation's.
+_QUOTED_KEY = re.compile(r"""["']([A-Za-z_][\w.-]{1,63})["']\s*:""")
+_LINE_KEY = re.compile(r"""^[ \t]*([A-Za-z_][\w-]{1,63})\s*[:=](?![:=])""", re.MULTILINE)
 # Names shaped like code: snake_case, CamelCase (an inner capital after a lower-case letter),
 # dotted chains of them (Foo.bar, self.ledger.settle).
 _CODE_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -69,14 +77,16 @@ def defined(text: str) -> list[str]:
 def mentioned(text: str, limit: int) -> list[str]:
     """Keys, then code-shaped names, in `text`: at most `limit`."""
     found: dict[str, None] = {}
-    for m in _KEY.finditer(text):
+    for m in heapq.merge(_QUOTED_KEY.finditer(text), _LINE_KEY.finditer(text), key=lambda m: m.start()):
         if len(found) >= limit:  # (a large JSON output has keys without end: read no further)
             break
-        if m.group(1) or code_shaped(m.group(2)):
-            found.setdefault(m.group(1) or m.group(2), None)
+        if m.re is _QUOTED_KEY or code_shaped(m.group(1)):
+            found.setdefault(m.group(1), None)
     # each distinct name once, in order of first appearance: a name seen again adds nothing (a
-    # long span's hundred thousand words are a few thousand names)
-    for name in dict.fromkeys(_CODE_NAME.findall(text)):
+    # long span's hundred thousand words are a few thousand names). Read in the text's runs that
+    # are not prose's words: a code-shaped name holds no white space, a prose word's one name is
+    # plain, and a run's edge is white space to the name's pattern as a newline is.
+    for name in dict.fromkeys(_CODE_NAME.findall(unworded(text))):
         if len(found) >= limit:
             break
         if _plain(name):
@@ -89,13 +99,46 @@ def mentioned(text: str, limit: int) -> list[str]:
     return list(found)[:limit]
 
 
+class Found(NamedTuple):
+    """What one text defines and mentions, as far as an index of it or of a span holding it reads."""
+
+    defined: tuple[str, ...]  # defined(text), at most MAX_SYMBOLS // 2
+    mentioned: tuple[str, ...]  # mentioned(text, MAX_SYMBOLS)
+
+    def weight(self, text: str) -> int:
+        return len(text) + TERM_CHARS * (len(self.defined) + len(self.mentioned))
+
+
+TERM_CHARS = 64  # what a found name is charged against a cache's characters (a short str and its slot)
+
+
+def found(text: str) -> Found:
+    return Found(tuple(defined(text)[:MAX_SYMBOLS // 2]), tuple(mentioned(text, MAX_SYMBOLS)))
+
+
+def composed(texts: Iterable[Found]) -> list[str]:
+    """The index terms of texts read one by one, at most MAX_SYMBOLS: `def:<name>` for each name
+    they define (in order, at most MAX_SYMBOLS // 2 names), then those names, then what they
+    mention, each text's in its order. A summarized span is indexed so, message by message
+    (docs/design.md § Recall): a definition or key does not run from one message into the next,
+    and a method is qualified by a class of its own message only, as when each was indexed alone.
+    (Each text's lists are long enough: a text whose own list was cut at its cap brings that many
+    distinct terms, which fill the index.)"""
+    texts = list(texts)
+    names = list(dict.fromkeys(n for t in texts for n in t.defined))[:MAX_SYMBOLS // 2]
+    terms = dict.fromkeys([DEFINES + n for n in names] + names)
+    for t in texts:
+        if len(terms) >= MAX_SYMBOLS:
+            break
+        terms.update(dict.fromkeys(t.mentioned))
+    return list(terms)[:MAX_SYMBOLS]
+
+
 def index_terms(text: str) -> list[str]:
     """What an original is indexed by for its code, at most MAX_SYMBOLS: `def:<name>` for each
     name it defines (a query for a name ranks the definition above the mentions), then every
     symbol it defines or mentions."""
-    names = defined(text)[:MAX_SYMBOLS // 2]
-    terms = [DEFINES + n for n in names] + names
-    return list(dict.fromkeys(terms + mentioned(text, MAX_SYMBOLS - len(terms))))[:MAX_SYMBOLS]
+    return composed([found(text)])
 
 
 def query_symbols(query: str) -> list[str]:

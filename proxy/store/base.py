@@ -42,6 +42,9 @@ class StoreUnavailable(Exception):
 
 
 class Store(ABC):
+    # The backend finds an original's words in its value itself (SQLite's FTS5): a caller need not
+    # work them out for put_original.
+    indexes_words = False
     def __init__(self, *, ttl_s: float, max_records: int, clock: Clock = time.time) -> None:
         self.ttl_s = ttl_s
         self.max_records = max_records
@@ -76,9 +79,11 @@ class Store(ABC):
         return {}
 
     @abstractmethod
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
         """Store an original (an expiring key with the store's TTL) and index it: `identifiers`
-        exactly, the words of `value` (UTF-8 text) for search."""
+        exactly, the words of `value` (UTF-8 text) for search: `words` when the caller knows them
+        already (index_words of the value; a backend that indexes its text itself ignores them)."""
 
     @abstractmethod
     async def find_originals(

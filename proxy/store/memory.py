@@ -84,8 +84,10 @@ class MemoryStore(Store):
                 if not keys:
                     del self._index[t]
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
-        terms = (*(f"i:{i}" for i in dict.fromkeys(identifiers)), *(f"w:{w}" for w in await value_words(value)))
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
+        words = await value_words(value) if words is None else words
+        terms = (*(f"i:{i}" for i in dict.fromkeys(identifiers)), *(f"w:{w}" for w in words))
         self._set(key, value, self.ttl_s, self.clock(), terms)
 
     async def find_originals(

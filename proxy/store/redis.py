@@ -277,12 +277,13 @@ class RedisStore(Store):
     def _index_key(self, prefix: str, kind: str, term: str) -> str:
         return f"{self._space(prefix)}ix:{prefix}{kind}:{term}"
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
         if not key.startswith("orig:"):
             raise ValueError("an original's key starts with 'orig:'")
         prefix = key[: key.rfind(":") + 1]  # orig:<scope>: the index is per scope
         sets = [self._index_key(prefix, "i", i) for i in dict.fromkeys(identifiers)]
-        sets += [self._index_key(prefix, "w", w) for w in await value_words(value)]
+        sets += [self._index_key(prefix, "w", w) for w in (await value_words(value) if words is None else words)]
         args = [value, repr(self.clock()), self._ttl_ms(...), self.max_records, *sets]
         await self._call_one(self._put_original, key, args)
 

@@ -42,6 +42,10 @@ class ResilientStore(Store):
         self._kind = type(inner).__name__
         self.errors = 0  # failed backend calls since start (the metrics read it)
 
+    @property
+    def indexes_words(self) -> bool:  # type: ignore[override]
+        return self.inner.indexes_words
+
     async def _guard(self, call: Callable[[], Awaitable[T]], fallback: T, *, probe: bool = False) -> T:
         """`call()`, or `fallback` when it fails or when backing off (`probe` calls always go out)."""
         trial = False
@@ -93,8 +97,9 @@ class ResilientStore(Store):
     async def scan(self, prefix: str) -> dict[str, bytes]:
         return await self._guard(lambda: self.inner.scan(prefix), {})
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
-        await self._guard(lambda: self.inner.put_original(key, value, identifiers), None)
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:
+        await self._guard(lambda: self.inner.put_original(key, value, identifiers, words), None)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int

@@ -100,6 +100,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 class SqliteStore(Store):
+    indexes_words = True  # (FTS5)
     def __init__(
         self, path: str, *, ttl_s: float, max_records: int, clock: Clock = time.time
     ) -> None:
@@ -299,7 +300,8 @@ class SqliteStore(Store):
 
         return await self._run(rows, self.clock())
 
-    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str]) -> None:
+    async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
+                           words: Sequence[str] | None = None) -> None:  # (FTS5 reads its words)
         if not key.startswith("orig:"):
             raise ValueError("an original's key starts with 'orig:'")
         await self._run(self._put_original, key, value, list(dict.fromkeys(identifiers)), self.clock())

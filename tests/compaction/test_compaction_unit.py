@@ -483,3 +483,23 @@ def test_a_record_with_fields_of_a_newer_version_is_still_read() -> None:
     read = SummaryRecord.from_bytes(orjson.dumps({**data, "added_later": [1]}))
     assert read is not None and (read.covered, read.summary, read.calls) == (3, "s", 2)
     assert SummaryRecord.from_bytes(b"[1]") is None and SummaryRecord.from_bytes(b'{"covered": 1}') is None
+
+
+def test_a_record_is_written_as_its_fields_without_copying_them(monkeypatch):
+    """A record's bytes are its fields in order (what dataclasses.asdict gave), written by orjson
+    from the record itself: asdict deep-copied each of a long session's thousands of strings."""
+    import copy
+    from dataclasses import asdict
+
+    import orjson
+
+    from proxy.compaction.record import SummaryRecord
+
+    rec = SummaryRecord(covered=3, chain="ab", summary="s\u00e9", files={"a.py": "read"}, identifiers=["x", "y"],
+                        clamped={"d": 3}, masks={"k": "stub"}, recall_spans=[["h", 1, 2]], live_from=4, calls=2)
+    copies = []
+    monkeypatch.setattr(copy, "deepcopy", lambda x, memo=None: copies.append(x) or x)
+    raw = rec.to_bytes()
+    assert copies == []
+    monkeypatch.undo()
+    assert raw == orjson.dumps(asdict(rec)) and SummaryRecord.from_bytes(raw) == rec

@@ -145,3 +145,33 @@ def test_maps_read_on_from_a_shared_store_are_the_maps_of_their_own_envelopes(st
         for cid in "abc":
             assert maps.result(cid) is results.get(cid) and maps.call(cid) is calls.get(cid)
         assert {t for t in ("x", "y", "") if maps.user_sent(t)} == users
+
+
+async def test_the_request_that_first_carries_a_summary_made_ahead_reads_no_message_of_its_span(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Recall indexes a summarized span's code symbols on the request that first carries the
+    summary, before forwarding it; the preparation that made the summary ahead found its messages'
+    (originals.warm), so that request reads none of them again (a message's line, under
+    textfacts.MIN_CHARS, is read each time: it costs less than keeping it)."""
+    from proxy import textfacts
+    from proxy.recall import originals, symbols
+    from support.client import chat
+
+    upstream.window = WINDOW
+    found: list[str] = []
+    real = symbols.found
+    monkeypatch.setattr(symbols, "found", lambda text: found.append(text) or real(text))
+    monkeypatch.setattr(originals, "symbols_of", textfacts.TextCache(originals._symbols, lambda t, f: f.weight(t)))
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c, s = client_for(proxy), coding_session(14)
+    status = ""
+    for history in s.request_points():
+        found.clear()
+        status = (await chat(c, history, model=MODEL, tools=s.tools)).status
+        if status == "summarized":
+            break
+        await proxy.state.compaction.idle()
+    assert status == "summarized" and proxy.state.compaction.preparer.jobs >= 1
+    assert found and [t for t in found if len(t) >= textfacts.MIN_CHARS] == []
