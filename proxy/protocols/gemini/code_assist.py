@@ -56,6 +56,7 @@ class CodeAssistAdapter(GeminiAdapter):
     protocol = "code_assist"
     dialect = None  # recall's stream filter reads the Gemini API's events, not these wrapped ones
     credential_headers = ("authorization",)
+    envelope_field = None  # its contents are inside the wrapper's `request`: parsed whole, not through reuse
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Any = None, model: str | None = None) -> Request:

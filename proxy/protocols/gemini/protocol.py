@@ -10,7 +10,7 @@ from typing import Any
 
 from multidict import CIMultiDict
 
-from proxy import credentials, offload
+from proxy import credentials, offload, reuse
 from proxy.adapter import Request
 from proxy.byheaders import Caller
 from proxy.forward import upstream_request_headers
@@ -42,6 +42,7 @@ def caller_of(request: Any, state: Any) -> Caller:
 
 
 async def parse(state: Any, incoming: Any) -> Request:
+    """The body by itself (a count of one that goes as it came)."""
     model, method = model_and_method(incoming.path)
     req = await offload.sized(len(incoming.raw), functools.partial(GEMINI.parse, model=model), incoming.raw,
                               state.counter, state.cfg)
@@ -49,4 +50,13 @@ async def parse(state: Any, incoming: Any) -> Request:
     return req
 
 
-PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, parse=parse, caller_of=caller_of)
+async def read(state: Any, incoming: Any, scope: Any) -> Request:
+    """The body parsed with what the conversation's previous body shared (reuse.parse, as the
+    other protocols' are), the model and the method from the path."""
+    model, method = model_and_method(incoming.path)
+    req = await reuse.parse(GEMINI, incoming.raw, state.counter, state.cfg, scope, model=model)
+    req.stream = method == STREAMED
+    return req
+
+
+PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, read=read, parse=parse, caller_of=caller_of)
