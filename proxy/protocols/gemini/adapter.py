@@ -18,7 +18,8 @@ import orjson
 
 from proxy import jsonbody
 from proxy import reuse as prefix
-from proxy.adapter import BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, splice
+from proxy.adapter import (
+    BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, counted_after, splice)
 from proxy.config import Config
 from proxy.errors import Uncompactable
 from proxy.hashing import message_digest
@@ -104,10 +105,8 @@ class GeminiAdapter(Adapter):
             written, keys = prefix.written_and_keys(system, body[CONTENTS], prior)
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        counted = prior.tokens_for(encoding) if prior is not None else None
-        tokens = [self._count_value(v, encoding, counter, k) for v, k in zip(system, keys)]
-        tokens += counted if counted is not None else []
-        tokens += [count_content(counter, values[i], encoding, keys[i]) for i in range(len(tokens), len(values))]
+        tokens = counted_after([self._count_value(v, encoding, counter, k) for v, k in zip(system, keys)], prior,
+                               encoding, len(values), lambda i: count_content(counter, values[i], encoding, keys[i]))
         tools = body.get("tools")
         has_system = bool(system)
         built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from proxy.protocols.gemini.code_assist import CodeAssistEventChecker
 from proxy.protocols.gemini.stream import GeminiEventChecker
 from proxy.sse import EventChecker
+from test_event_checker import feed_checker  # (fed in the pieces given: bytes out, verdict, state)
 
 
 def _data(payload: object) -> bytes:
@@ -28,18 +29,6 @@ PARTS = st.sampled_from([
 ])
 
 
-def feed(cls: type, data: bytes, cuts: list[int]) -> tuple[bytes, str | None, bool, object]:
-    checker = cls()
-    out = b""
-    for a, b in zip([0, *cuts], [*cuts, len(data)]):
-        good, why = checker.feed(data[a:b])
-        out += good
-        if why is not None:
-            return out, why, checker.done, checker.usage
-    good, why = checker.finish()
-    return out + good, why, checker.done, checker.usage
-
-
 @settings(max_examples=400, deadline=None)
 @given(parts=st.lists(PARTS, max_size=8), seps=st.data(),
        cls=st.sampled_from([GeminiEventChecker, CodeAssistEventChecker]))
@@ -47,7 +36,7 @@ def test_whole_crlf_event_chunks_are_judged_as_byte_by_byte_feeding_judges_them(
     chunks = [p + seps.draw(st.sampled_from([b"\r\n\r\n", b"\n\n", b"\r\n\r\n\r\n", b"\r\n"])) for p in parts]
     raw = b"".join(chunks)
     at = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
-    assert feed(cls, raw, at) == feed(cls, raw, list(range(1, len(raw))))
+    assert feed_checker(cls, raw, at) == feed_checker(cls, raw, list(range(1, len(raw))))
 
 
 def test_googles_usual_event_is_judged_without_the_general_reading(monkeypatch):
