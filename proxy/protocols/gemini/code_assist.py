@@ -17,7 +17,7 @@ import orjson
 
 from proxy import credentials, jsonbody, offload, reuse
 from proxy.adapter import Request, SummaryCall, SummaryRequest, splice_value
-from proxy.byheaders import Caller
+from proxy.byheaders import ByHeaders, Caller
 from proxy.config import Config
 from proxy.errors import Uncompactable
 from proxy.exchange import Usage
@@ -131,9 +131,16 @@ def _upstream(section: Any) -> Any:
 CODE_ASSIST = CodeAssistAdapter()
 
 
+def _caller(headers: Any, scope_secret: bytes) -> Caller:
+    creds = credentials.resolve(headers, scope_secret, None, CODE_ASSIST.credential_headers)
+    return Caller.of(headers, creds, upstream_request_headers(headers, None, identity_encoding=True))
+
+
+CALLERS = ByHeaders(_caller)  # what the headers say (the OAuth token's scope ...), once per header list
+
+
 def caller_of(request: Any, state: Any) -> Caller:
-    creds = credentials.resolve(request.headers, state.scope_secret, None, CODE_ASSIST.credential_headers)
-    return Caller.of(request.headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
+    return CALLERS.of(request, (state.scope_secret,))
 
 
 async def parse(state: Any, incoming: Any) -> Request:

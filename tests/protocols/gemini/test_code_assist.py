@@ -216,3 +216,22 @@ async def test_a_conversations_next_wrapped_body_reuses_the_previous_ones_parse(
     assert len(bodies[0]) > reuse.MIN_BYTES
     assert [None if p is None else len(p) for p in priors] == [None, 7, 9]
     assert [r.body for r in fake.requests] == bodies  # forwarded as they came
+
+
+async def test_what_a_callers_headers_say_is_worked_out_once(fake, make_proxy, monkeypatch):
+    """The OAuth token's scope (an HMAC) and the upstream headers, once per header list
+    (code_assist.CALLERS): a client's next request with the same headers works out none."""
+    from proxy import credentials
+
+    resolved: list[str] = []
+    real = credentials.resolve
+    monkeypatch.setattr(credentials, "resolve",
+                        lambda headers, *a, **kw: resolved.append(headers["Authorization"]) or real(headers, *a, **kw))
+    code_assist.CALLERS.clear()
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake, 1_000_000))
+    other = {"Authorization": "Bearer ya29.another-token"}
+    for headers in (TOKEN, TOKEN, other, TOKEN):
+        answer = await post(proxy.root, wrapped(_history(3)), headers, path="/v1internal:generateContent", expect=200)
+        assert answer.headers["x-compaction-status"] == "none"
+    assert resolved == [TOKEN["Authorization"], other["Authorization"]]
+    assert [r.headers["authorization"] for r in fake.requests] == [h["Authorization"] for h in (TOKEN, TOKEN, other, TOKEN)]
