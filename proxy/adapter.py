@@ -214,6 +214,16 @@ def built_before(prior: Any) -> Any:
     return state if state is not None and len(state[0]) == len(prior) else None
 
 
+def counted_after(tokens: list[int], prior: Any, encoding: str, n: int, count: Callable[[int], int]) -> list[int]:
+    """`tokens` (the counts of the envelopes before the array: a system prompt made one) then the
+    array's: the prior's for those it shared (a reuse.Prior, counted with the same tokenizer),
+    `count(i)` for the others, up to `n` envelopes in all."""
+    known = prior.tokens_for(encoding) if prior is not None else None
+    tokens += known if known is not None else []
+    tokens += [count(i) for i in range(len(tokens), n)]
+    return tokens
+
+
 @dataclass(frozen=True)
 class SummaryCall:
     """One of the proxy's own summarizer calls, said without a protocol. Transcript form: `system`

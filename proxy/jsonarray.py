@@ -19,21 +19,28 @@ def skip_ws(buf: bytes, i: int) -> int:
 
 
 def array_start(raw: bytes, field: str) -> int | None:
-    """The offset just after the `[` of the top-level `"field": [...]` of a valid JSON object."""
+    """The offset just after the `[` of the top-level `"field": [...]` of a valid JSON object; a
+    dotted `field` (`request.contents`) names an array in an object that is a field of it."""
     i = skip_ws(raw, 0)
     if raw[i:i + 1] != b"{":
         return None
-    key = ('"' + field + '"').encode()
+    path = [('"' + k + '"').encode() for k in field.split(".")]
     depth = 0
     for m in _TOKEN.finditer(raw, i):
         s = m.start()
         c = raw[s]
         if c == 0x22:  # a string
+            key = path[0]
             if depth == 1 and m.end() - s == len(key) and raw.startswith(key, s):
                 j = skip_ws(raw, m.end())
                 if raw[j:j + 1] == b":":
                     j = skip_ws(raw, j + 1)
-                    return j + 1 if raw[j:j + 1] == b"[" else None
+                    if len(path) == 1:
+                        return j + 1 if raw[j:j + 1] == b"[" else None
+                    if raw[j:j + 1] != b"{":
+                        return None
+                    path.pop(0)
+                    depth = 0  # (its object's `{` comes next: the depth counts from inside it)
         elif c == 0x7B or c == 0x5B:  # { [
             depth += 1
         else:
@@ -104,6 +111,8 @@ def key_at(raw: bytes, start: int, field: str) -> int | None:
     i -= 1
     while i > 0 and raw[i - 1] in _WS:
         i -= 1
+    if "." in field:
+        return None  # an array in a nested object: the fields before it are not the body's head
     key = ('"' + field + '"').encode()
     at = i - len(key)
     return at if at > 0 and raw.startswith(key, at) else None

@@ -401,10 +401,11 @@ def _scoped(protocol: str, scope: str | None) -> str | None:
 
 
 def parse_seen(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, prior: Prior | None,
-               ratio: float | None = None, recent: RecentBodies | None = None) -> Any:
-    """`adapter.parse` given what the scope's earlier body shares with `raw`, and `raw` remembered
-    for the next request. Pure apart from the cache: may run in a worker thread."""
-    request = adapter.parse(raw, counter, cfg, ratio=ratio, prior=prior)
+               ratio: float | None = None, recent: RecentBodies | None = None, **kw: Any) -> Any:
+    """`adapter.parse` given what the scope's earlier body shares with `raw` (`kw`: what else it
+    takes, as Gemini's model from the path), and `raw` remembered for the next request. Pure apart
+    from the cache: may run in a worker thread."""
+    request = adapter.parse(raw, counter, cfg, ratio=ratio, prior=prior, **kw)
     if prior is not None and prior.request is not None:
         shared = _shared(request, prior.request, prior)
         if shared:
@@ -432,17 +433,17 @@ def _shared(request: Any, previous: Any, prior: Prior) -> int:
 
 
 async def parse(adapter: Any, raw: bytes, counter: Any, cfg: Any, scope: str | None, *,
-                ratio: float | None = None) -> Any:
+                ratio: float | None = None, **kw: Any) -> Any:
     """The route's parse: the earlier body found here (comparing bytes is cheap), the rest parsed
     off the event loop when what is left to parse is large (offload's rule)."""
     if len(raw) < MIN_BYTES and len(raw) <= offload.OFFLOAD_BYTES:
         # Nothing to reuse or keep (parse_seen would find and keep nothing), and under offload's
         # size: parsed here, without the calls that would say so.
-        return adapter.parse(raw, counter, cfg, ratio=ratio)
+        return adapter.parse(raw, counter, cfg, ratio=ratio, **kw)
     field = getattr(adapter, "envelope_field", None)
     if field is None:  # a protocol that does not say where its envelopes are: parsed whole
-        return await offload.sized(len(raw), adapter.parse, raw, counter, cfg, ratio=ratio)
+        return await offload.sized(len(raw), adapter.parse, raw, counter, cfg, ratio=ratio, **kw)
     scope = _scoped(adapter.protocol, scope)
     prior = RECENT.prior(scope, raw)
     size = len(prior.rest) if prior is not None else len(raw)
-    return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio)
+    return await offload.sized(size, parse_seen, adapter, raw, counter, cfg, scope, prior, ratio, **kw)

@@ -231,3 +231,26 @@ def test_a_request_with_our_compaction_item_has_every_item_looked_at_next_time(m
     second = _responses(recent, [OWN, *two, *two])
     assert second.previous is first and has_own_items(second, second.body["input"])
     assert has_own_items(None, second.body["input"])  # not parsed through the reuse: all looked at
+
+
+@pytest.mark.parametrize("raw, found", [
+    (b'{"model":"m","request":{"x":[1,{"contents":[]}],"contents" : [{"role":"user"}]},"y":[1]}', True),
+    (b'{"request" : {"contents":[]}}', True),
+    (b'{"contents":[{}],"request":{"a":1}}', False),  # the top-level one is not the request's
+    (b'{"a":{"request":{"contents":[]}}}', False),  # deeper
+    (b'{"request":{"b":{"contents":[]}}}', False),
+    (b'{"request":[{"contents":[]}]}', False),  # not an object
+    (b'{"request":{"contents":{}}}', False),
+    (b'{"m":"request","n":"contents","request":{"contents":[{}]}}', True),  # (values that read as the keys)
+])
+def test_a_dotted_field_is_an_array_in_a_field_of_the_top_level_object(raw, found):
+    """Code Assist's contents sit in its wrapper's `request` (`request.contents`); the fields
+    before them are not the body's head (no key is found for them)."""
+    start = prefix.array_start(raw, "request.contents")
+    if not found:
+        assert start is None
+        return
+    ends = prefix.elements(raw, start)
+    close = raw.index(b"]", ends[-1] if ends else start)
+    assert json.loads(raw[start - 1:close + 1]) == json.loads(raw)["request"]["contents"]  # that very array
+    assert prefix.key_at(raw, start, "request.contents") is None

@@ -1,4 +1,4 @@
-"""Bodies that grow on the Responses and Messages routes (proxy/reuse.py, the mechanism
+"""Bodies that grow on the Responses, Messages and Gemini routes (proxy/reuse.py, the mechanism
 the chat route uses): a body parsed with what the previous body of the conversation shared gives
 the same Request as a full parse (values, written JSON, keys, counts, envelopes, digests, recall's
 parts, rendered bytes), or the same error; an earlier item that changed is parsed again; and one
@@ -16,6 +16,8 @@ from proxy import adapter as adapter_module
 from proxy import jsonbody
 from proxy import reuse as prefix
 from proxy.protocols.messages import adapter as messages_adapter
+from proxy.protocols.gemini import adapter as gemini_adapter
+from proxy.protocols.gemini.adapter import GeminiAdapter
 from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.responses import items as responses_items
 from proxy.protocols.responses.adapter import ResponsesAdapter
@@ -25,9 +27,10 @@ from proxy.model import Conversation, Kind
 from proxy.recall.keep import parts_of, request_parts
 from proxy.tokens import TokenCounter
 from support.bodies import body_with, write
+from support.gemini_driver import GEMINI
 from support.protocols import MESSAGES, RESPONSES
 
-ADAPTERS = {"responses": ResponsesAdapter(), "messages": MessagesAdapter()}
+ADAPTERS = {"responses": ResponsesAdapter(), "messages": MessagesAdapter(), "gemini": GeminiAdapter()}
 CFG = Config()
 COUNTER = TokenCounter()
 COUNTER.load()
@@ -85,9 +88,42 @@ def messages_message(draw):
     return m
 
 
-ELEMENTS = {"responses": responses_item(), "messages": messages_message()}
-FIELD = {"responses": "input", "messages": "messages"}
-MODEL = {"responses": '"model":"gpt-4o"', "messages": '"model":"claude-sonnet-4-6"'}
+@st.composite
+def gemini_content(draw):
+    """A content as Gemini CLI and google-genai send them: texts, calls and responses paired by id
+    or by name and order, signed thoughts, media and parts the proxy does not read."""
+    kind = draw(st.sampled_from(["text", "call", "response", "thought", "media", "other", "no-role"]))
+    role = "model" if kind in ("call", "thought") else draw(st.sampled_from(["user", "model"]))
+    ident = draw(st.sampled_from([{}, {"id": "c1"}, {"id": "c\u00e9"}]))
+    if kind == "call":
+        parts = [{"functionCall": {"name": "f", "args": {"q": draw(text)}, **ident}, "thoughtSignature": "sig"}]
+    elif kind == "response":
+        role = "user"
+        out = draw(st.sampled_from(["output", "error"]))
+        parts = [{"functionResponse": {"name": "f", "response": {out: draw(text)}, **ident}}]
+    elif kind == "thought":
+        parts = [{"text": draw(text), "thought": True, "thoughtSignature": "sig"}, {"text": "ok"}]
+    elif kind == "media":
+        parts = [{"inlineData": {"mimeType": "image/png", "data": "iVBO"}}, {"text": draw(text)}]
+    elif kind == "other":
+        parts = [{"executableCode": {"language": "PYTHON", "code": draw(text)}}]
+    else:
+        parts = [{"text": draw(text)}]
+    c = {"parts": parts} if kind == "no-role" else {"role": role, "parts": parts}
+    if draw(st.integers(0, 6)) == 0:
+        c["n"] = draw(st.sampled_from([7, -9223372036854775809, 10**25]))
+    return c
+
+
+ELEMENTS = {"responses": responses_item(), "messages": messages_message(), "gemini": gemini_content()}
+FIELD = {"responses": "input", "messages": "messages", "gemini": "contents"}
+MODEL = {"responses": '"model":"gpt-4o"', "messages": '"model":"claude-sonnet-4-6"',
+         "gemini": '"model":"gemini-2.5-flash"'}  # (Gemini's model is in the path; a body may name it)
+SYSTEM = {"responses": '"instructions":"be brief"', "messages": '"system":"be brief"',
+          "gemini": '"systemInstruction":{"parts":[{"text":"be brief"}]}'}
+PARTS = {"responses": "content", "messages": "content", "gemini": "parts"}  # an element's list of texts
+# a field after the array (Gemini's stream is in the path)
+LAST = {"responses": '"stream":true', "messages": '"stream":true', "gemini": '"generationConfig":{"seed":1}'}
 BEFORE = {
     "responses": ['"instructions":"be brief"', '"instructions":"caf\\u00e9"', '"temperature":0.5',
                   '"seed":123456789012345678901234567890', '"model":"gpt-4"',
@@ -95,6 +131,10 @@ BEFORE = {
     "messages": ['"system":"be brief"', '"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]',
                  '"max_tokens":64', '"seed":123456789012345678901234567890', '"model":"gpt-4"',
                  '"tools":[{"name":"g","description":"日本語 café","input_schema":{}}]'],
+    "gemini": ['"systemInstruction":{"parts":[{"text":"be brief"}]}', '"systemInstruction":{"parts":[{"text":"caf\\u00e9"}]}',
+               '"generationConfig":{"temperature":0.5}', '"seed":123456789012345678901234567890',
+               '"model":"models/gemini-2.0-flash"',
+               '"tools":[{"functionDeclarations":[{"name":"g","description":"日本語 café","parameters":{}}]}]'],
 }
 AFTER = {
     "responses": ['"stream":true', '"tools":[{"type":"function","name":"f","parameters":{}}]', '"instructions":"late"',
@@ -103,11 +143,17 @@ AFTER = {
     "messages": ['"stream":true', '"tools":[{"name":"f","input_schema":{}}]', '"system":"late"', '"model":"gpt-4"',
                  '"metadata":{"a":1,"a":2}', '"n":99999999999999999999', '"stream":"yes"',
                  '"context_management":{"edits":[]}'],
+    "gemini": ['"generationConfig":{}', '"tools":[{"functionDeclarations":[{"name":"f"}]}]',
+               '"systemInstruction":{"parts":[{"text":"late"}]}', '"model":"gemini-2.0-flash"',
+               '"safetySettings":{"a":1,"a":2}', '"n":99999999999999999999', '"systemInstruction":{"parts":"x"}',
+               '"tools":{}'],
 }
 JUNK = {
     "responses": ["", ",", '{"type":"message","role":"user","content":"a","content":"b"}', "7", '{"content":"x"}'],
     "messages": ["", ",", '{"role":"user","content":"a","content":"b"}', "7", '{"role":"system","content":"x"}',
                  '{"role":"assistant","content":[{"type":"compaction","content":"s"}]}'],
+    "gemini": ["", ",", '{"role":"user","parts":[],"parts":[]}', "7", '{"role":"system","parts":[]}',
+               '{"role":"user","parts":[{"text":5}]}', '{"role":"model"}'],
 }
 
 
@@ -211,6 +257,8 @@ def _conversation(protocol: str, n: int) -> list[dict]:
         return [{"type": "message", "role": "user" if i % 2 == 0 else "assistant",
                  "content": [{"type": "input_text" if i % 2 == 0 else "output_text", "text": f"turn {i} " * 40}]}
                 for i in range(n)]
+    if protocol == "gemini":
+        return [{"role": "user" if i % 2 == 0 else "model", "parts": [{"text": f"turn {i} " * 40}]} for i in range(n)]
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": f"turn {i} " * 40}]}
             for i in range(n)]
 
@@ -221,11 +269,12 @@ def test_the_shared_items_are_not_parsed_again(protocol, monkeypatch):
     its envelopes too (only the new item's are made: one block or item read)."""
     recent = prefix.RecentBodies()
     items = _conversation(protocol, 5)
-    head = [MODEL[protocol], '"instructions":"be brief"' if protocol == "responses" else '"system":"be brief"']
+    head = [MODEL[protocol], SYSTEM[protocol]]
     one, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items[:4]], []))
-    grown = body(protocol, head, [write(m, 1) for m in items], ['"stream":true'])
+    grown = body(protocol, head, [write(m, 1) for m in items], [LAST[protocol]])
     read: list[int] = []
-    module, name = (responses_items, "classify") if protocol == "responses" else (messages_adapter, "_item")
+    module, name = {"responses": (responses_items, "classify"), "messages": (messages_adapter, "_item"),
+                    "gemini": (gemini_adapter, "_item")}[protocol]
     real = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a: read.append(1) or real(*a))
     two, prior = reused(protocol, recent, grown)
@@ -238,7 +287,7 @@ def test_the_shared_items_are_not_parsed_again(protocol, monkeypatch):
     assert two.written[1:5] == one.written[1:5] and all(a is b for a, b in zip(two.written[1:5], one.written[1:5]))
     assert two.digests[:5] == one.digests
     assert all(a is b for a, b in zip(request_parts(two)[:5], request_parts(one)))
-    assert two.stream is True and len(two.body[field]) == 5
+    assert two.body[LAST[protocol].split('"')[1]] and len(two.body[field]) == 5
     assert_same(protocol, two, full(protocol, grown))
 
 
@@ -250,7 +299,7 @@ def test_where_an_item_is_is_indexed_for_the_new_items(protocol, values, monkeyp
     Messages system envelope), not the whole history."""
     recent = prefix.RecentBodies()
     items = _conversation(protocol, 5)
-    head = [MODEL[protocol], '"instructions":"be brief"' if protocol == "responses" else '"system":"be brief"']
+    head = [MODEL[protocol], SYSTEM[protocol]]
     one, _ = reused(protocol, recent, body(protocol, head, [write(m, 1) for m in items[:4]], []))
     one.positions(values)
     put: list[int] = []
@@ -278,11 +327,12 @@ def test_an_earlier_item_that_changed_is_parsed_again(protocol, changed):
     items = _conversation(protocol, 6)
     reused(protocol, recent, body(protocol, [MODEL[protocol]], [write(m, 0) for m in items[:5]], []))
     edited = [dict(m) for m in items]
-    edited[changed] = {**edited[changed], "content": [{**edited[changed]["content"][0], "text": "rewritten"}]}
+    texts = PARTS[protocol]
+    edited[changed] = {**edited[changed], texts: [{**edited[changed][texts][0], "text": "rewritten"}]}
     raw = body(protocol, [MODEL[protocol]], [write(m, 0) for m in edited], [])
     got, prior = reused(protocol, recent, raw)
     assert (prior is None and changed == 0) or len(prior) == changed
-    assert got.body[FIELD[protocol]][changed]["content"][0]["text"] == "rewritten"
+    assert got.body[FIELD[protocol]][changed][texts][0]["text"] == "rewritten"
     assert_same(protocol, got, full(protocol, raw))
 
 
@@ -299,8 +349,14 @@ def test_scopes_do_not_share(protocol):
 HEADERS = {
     "responses": lambda key: {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     "messages": lambda key: {"x-api-key": key, "anthropic-version": "2023-06-01", "Content-Type": "application/json"},
+    "gemini": lambda key: {"x-goog-api-key": key, "Content-Type": "application/json"},
 }
-DRIVERS = {"responses": RESPONSES, "messages": MESSAGES}
+DRIVERS = {"responses": RESPONSES, "messages": MESSAGES, "gemini": GEMINI}
+
+
+def url(proxy, driver) -> str:
+    """The driver's route on the proxy (Gemini's path is under the root: /v1beta/models/...)."""
+    return (proxy.root if driver is GEMINI else proxy.base_url) + driver.path
 
 
 @pytest.fixture
@@ -333,7 +389,7 @@ async def test_a_route_reuses_a_body_only_for_the_same_credential(protocol, make
         sent = []
         async with aiohttp.ClientSession() as s:
             for key, raw in (("sk-a", first), ("sk-b", first), ("sk-b", grown), ("sk-a", grown), ("sk-c", grown)):
-                async with s.post(proxy.base_url + driver.path, data=raw, headers=HEADERS[protocol](key)) as r:
+                async with s.post(url(proxy, driver), data=raw, headers=HEADERS[protocol](key)) as r:
                     await r.read()
                     assert r.status == 200 and r.headers["x-compaction-status"] == "none"
                 sent.append(driver.model_calls(fake)[-1].body)
@@ -351,8 +407,9 @@ def test_an_item_too_deep_to_write_is_refused_as_a_field_too_deep_is(protocol):
     """The array's items are written (so checked) by the adapter, not by the body's write check:
     one too deep to write still gets the body check's 400, cold or grown from a kept body."""
     deep = "[" * 300 + "]" * 300
-    element = ('{"type":"message","role":"user","content":' + deep + "}" if protocol == "responses" else
-               '{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep + "}}]}")
+    element = {"responses": '{"type":"message","role":"user","content":' + deep + "}",
+               "messages": '{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep + "}}]}",
+               "gemini": '{"role":"model","parts":[{"functionCall":{"name":"f","args":{"a":' + deep + "}}}]}"}[protocol]
     items = [write(m, 0) for m in _conversation(protocol, 3)]
     recent = prefix.RecentBodies()
     reused(protocol, recent, body(protocol, [MODEL[protocol]], items, []))
@@ -445,7 +502,7 @@ async def test_the_kept_body_a_request_shares_most_with_is_looked_for_once(proto
         async with aiohttp.ClientSession() as s:
             for raw in bodies:
                 before = len(compared)
-                async with s.post(proxy.base_url + driver.path, data=raw, headers=HEADERS[protocol]("sk-a")) as r:
+                async with s.post(url(proxy, driver), data=raw, headers=HEADERS[protocol]("sk-a")) as r:
                     await r.read()
                     assert r.status == 200 and r.headers["x-compaction-status"] == "none"
                 per_request.append(len(compared) - before)

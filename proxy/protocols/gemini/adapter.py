@@ -17,14 +17,18 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.adapter import Adapter, Request, SummaryCall, SummaryRequest, splice
+from proxy import reuse as prefix
+from proxy.adapter import (
+    BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, counted_after, splice)
 from proxy.config import Config
 from proxy.errors import Uncompactable
 from proxy.hashing import message_digest
-from proxy.model import Conversation, Envelope, Injected, Item, Kind, name_results
+from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
+from proxy.reuse import Prior
 from proxy.protocols.gemini import summary, turns
-from proxy.protocols.gemini.body import CALL, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text
+from proxy.protocols.gemini.body import (
+    CALL, CONTENTS, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text, too_deep)
 from proxy.protocols.gemini.count import count_content
 from proxy.protocols.gemini.recall import GEMINI_RECALL
 from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage, is_overflow
@@ -61,9 +65,12 @@ def _kind(role_: str, items: tuple[Item, ...]) -> Kind:
     return Kind.ASSISTANT
 
 
-def _items(content: dict[str, Any], keys: list[str | None]) -> tuple[Item, ...]:
+def _items(content: dict[str, Any]) -> tuple[Item, ...]:
     r = role(content)
-    return tuple(_item(p, r, k) for p, k in zip(parts(content), keys))
+    return tuple(_item(p, r, k) for p, k in zip(parts(content), turns.call_ids(content)))
+
+
+_Built = tuple[list[Envelope], int, dict[str, Item]]  # envelopes, the turn and the calls after them
 
 
 class GeminiAdapter(Adapter):
@@ -73,14 +80,18 @@ class GeminiAdapter(Adapter):
     credential_headers = CREDENTIAL_HEADERS
 
     # -- the body ------------------------------------------------------------------------------
+    envelope_field: str | None = CONTENTS  # the array whose contents a body that grows shares (proxy/reuse.py)
+
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
-              prior: Any = None, model: str | None = None) -> Request:
+              prior: Prior | None = None, model: str | None = None) -> Request:
         """The body checked and counted; `model` from the path (a body that names its own, as
-        Code Assist's, may leave it out)."""
-        return self.request_of(raw, parse_gemini_body(raw), counter, cfg, ratio, model)
+        Code Assist's, may leave it out); the first contents as `prior` had them (parsed, checked,
+        written, keyed and counted there)."""
+        body, prior = prefix.parse_body(parse_gemini_body, raw, prior, whole=False)
+        return self.request_of(raw, body, counter, cfg, ratio, model, prior)
 
     def request_of(self, raw: bytes, body: dict[str, Any], counter: TokenCounter, cfg: Config, ratio: float | None,
-                   model: str | None) -> Request:
+                   model: str | None, prior: Prior | None = None) -> Request:
         """The Request of a checked `body` (`raw`: the bytes to forward when nothing changes)."""
         model = model or body.get("model")
         if not isinstance(model, str) or not model:
@@ -89,35 +100,43 @@ class GeminiAdapter(Adapter):
         settings = cfg.model_settings(model)
         encoding = settings.encoding or encoding_name_for(model)
         system = [{_SYSTEM: body[_SYSTEM]}] if body.get(_SYSTEM) is not None else []
-        values = [*system, *body["contents"]]
-        written = [jsonbody.dumps(v) for v in values]
-        keys = [hash(w) for w in written]
-        tokens = [self._count_value(v, encoding, counter, k) for v, k in zip(values, keys)]
+        values = [*system, *body[CONTENTS]]
+        try:
+            written, keys = prefix.written_and_keys(system, body[CONTENTS], prior)
+        except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
+            raise too_deep() from None
+        tokens = counted_after([self._count_value(v, encoding, counter, k) for v, k in zip(system, keys)], prior,
+                               encoding, len(values), lambda i: count_content(counter, values[i], encoding, keys[i]))
         tools = body.get("tools")
         has_system = bool(system)
-        stream = False  # the route says (the method in the path)
-        return Request(raw, body, model, stream,
-                       Conversation(None, tokens, lambda: self.envelopes(values, has_system), values, len(system)),
+        built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
+        after = built_before(prior)
+        # (stream: the route says, from the method in the path; positional, as Messages' parse)
+        return Request(raw, body, model, False,
+                       Conversation(None, tokens, lambda: self.envelopes(values, has_system, after=after, built=built),
+                                    values, len(system)),
                        keys, written, encoding, settings.token_ratio if ratio is None else ratio,
-                       counter.count_tools(tools, encoding), tools)
+                       prefix.tools_tokens(counter, tools, encoding, prior), tools, False, False, {BUILT: built})
 
-    def envelopes(self, values: list[Any], has_system: bool) -> list[Envelope]:
-        out: list[Envelope] = [self._system_envelope(values[0])] if has_system else []
+    def envelopes(self, values: list[Any], has_system: bool, *, after: _Built | None = None,
+                  built: dict[str, Any] | None = None) -> list[Envelope]:
+        """`values`: the system envelope's value first when `has_system`, then the contents. A
+        tool result is named after the latest call with its key before it (model.name_results).
+        `after`: the envelopes of the first contents and the turn and calls their making ended
+        with (the previous request's, for the contents it shared); `built` gets this making's."""
         contents = values[1:] if has_system else values
-        allowed = turns.cut_allowed(contents)
-        keys = turns.call_ids(contents)
-        turn = 0
-        made = []
-        for i, c in enumerate(contents):
-            items = _items(c, keys[i])
+        out: list[Envelope] = list(after[0]) if after is not None else []
+        turn = after[1] if after is not None else 0
+        calls: dict[str, Item] = dict(after[2]) if after is not None else {}
+        for i in range(len(out), len(contents)):
+            c = contents[i]
+            items = tuple(named(it, calls) for it in _items(c))
             if role(c) == "user" and not any(it.kind is Kind.TOOL_RESULT for it in items):
                 turn += 1
-            made.append((items, turn, allowed[i], c))
-        named = iter(name_results([it for m in made for it in m[0]]))
-        for items, turn, cut, c in made:
-            items = tuple(next(named) for _ in items)
-            out.append(Envelope(items, turn, cut, c, kind=_kind(role(c), items)))
-        return out
+            out.append(Envelope(items, turn, turns.cut_allowed_at(contents, i), c, kind=_kind(role(c), items)))
+        if built is not None:
+            built["state"] = (out, turn, calls)
+        return [self._system_envelope(values[0]), *out] if has_system else out
 
     @staticmethod
     def _system_envelope(value: dict[str, Any]) -> Envelope:
@@ -162,7 +181,7 @@ class GeminiAdapter(Adapter):
         return Injected([*head, first, *kept], 2, cut)
 
     def _envelope_like(self, value: dict[str, Any], turn: int) -> Envelope:
-        items = _items(value, turns.call_ids([value])[0])
+        items = _items(value)
         return Envelope(items, turn, True, value, kind=_kind(role(value), items))
 
     def binds_reasoning(self, request: Request) -> bool:
@@ -174,8 +193,7 @@ class GeminiAdapter(Adapter):
         value = turns.unsigned(envelope.value)
         if value is None:
             return None
-        keys = turns.call_ids([value])[0]
-        items = _items(value, keys)
+        items = _items(value)
         calls = iter(it for it in envelope.items if it.kind is Kind.TOOL_CALL)
         items = tuple(replace(it, call_id=next(calls).call_id) if it.kind is Kind.TOOL_CALL else it for it in items)
         return Envelope(items, envelope.turn, envelope.cut_before, value, kind=envelope.kind)

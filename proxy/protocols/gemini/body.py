@@ -17,6 +17,7 @@ _AT = "* GenerateContentRequest"
 # Parts the proxy reads; any other part (executableCode, codeExecutionResult, a kind added later)
 # is carried as it came.
 CALL, RESPONSE, TEXT = "functionCall", "functionResponse", "text"
+CONTENTS = "contents"  # the array of turns a body that grows shares with the previous one
 MEDIA = ("inlineData", "fileData")
 # Google's documented stand-in for a signature the client cannot give back (a call the model did
 # not make under this prefix); the API skips its check.
@@ -27,18 +28,35 @@ def unreadable(e: jsonbody.Unreadable) -> ProxyError:
     return invalid(f"Invalid JSON payload received. {e.reason}.")
 
 
-def parse_gemini_body(raw: bytes) -> dict[str, Any]:
-    """Parse and check a generateContent (or countTokens) body; raises ProxyError(400)."""
+def parse_gemini_body(raw: bytes, *, before: list[Any] | None = None, whole: bool = True,
+                      head: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Parse and check a generateContent (or countTokens) body; raises ProxyError(400).
+    `before`: contents parsed (and checked) already, cut out of the front of `raw`'s array;
+    `head`: the fields before the array, parsed and checked already, cut out of `raw`
+    (proxy/reuse.py). `whole`: check that the whole body writes back as JSON; else only what is
+    not `contents` (the adapter writes each content once, and checks it so: too_deep)."""
     try:
         body = jsonbody.load_request(raw)
-        validate_body(body)
-        jsonbody.check_fields_writable(raw, body)
+        if head is not None:
+            body = jsonbody.with_fields(head, body)
+        known = 0
+        if before is not None and isinstance(body, dict) and isinstance(body.get(CONTENTS), list):
+            body[CONTENTS] = [*before, *body[CONTENTS]]
+            known = len(before)
+        validate_body(body, start=known)
+        jsonbody.check_fields_writable(raw, body, None if whole else CONTENTS, head, spliced=whole and known > 0)
     except jsonbody.Unreadable as e:
         raise unreadable(e) from None
     return body
 
 
-def validate_body(body: Any) -> None:
+def too_deep() -> ProxyError:
+    """A content nested deeper than the proxy writes (the adapter writes each content itself)."""
+    return unreadable(jsonbody.too_deep())
+
+
+def validate_body(body: Any, start: int = 0) -> None:
+    """The body's structure; the contents from `start` on (those before were checked already)."""
     if not isinstance(body, dict):
         raise invalid("Invalid JSON payload received. Expected an object.")
     contents = body.get("contents")
@@ -49,8 +67,8 @@ def validate_body(body: Any) -> None:
         raise invalid(f"{_AT}.contents: contents is not specified")
     if not isinstance(contents, list):
         raise invalid(f"{_AT}.contents: Proto field is not repeating, cannot start list.")
-    for i, c in enumerate(contents):
-        _check_content(f"{_AT}.contents[{i}]", c)
+    for i in range(start, len(contents)):
+        _check_content(f"{_AT}.contents[{i}]", contents[i])
     system = body.get("systemInstruction")
     if system is not None:
         _check_content(f"{_AT}.system_instruction", system, role_free=True)

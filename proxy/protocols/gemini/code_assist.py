@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from proxy import credentials, jsonbody, offload
+from proxy import credentials, jsonbody, offload, reuse
 from proxy.adapter import Request, SummaryCall, SummaryRequest, splice_value
-from proxy.byheaders import Caller
+from proxy.byheaders import ByHeaders, Caller
 from proxy.config import Config
 from proxy.errors import Uncompactable
 from proxy.exchange import Usage
@@ -26,7 +26,7 @@ from proxy.model import Conversation
 from proxy.protocols.base import Protocol
 from proxy.protocols.gemini import summary
 from proxy.protocols.gemini.adapter import GeminiAdapter
-from proxy.protocols.gemini.body import unreadable, validate_body
+from proxy.protocols.gemini.body import CONTENTS, unreadable, validate_body
 from proxy.protocols.gemini.protocol import STREAMED
 from proxy.protocols.gemini.recall_stream import Rounds
 from proxy.protocols.gemini.stream import GeminiEventChecker, gemini_usage
@@ -56,22 +56,17 @@ class CodeAssistAdapter(GeminiAdapter):
     protocol = "code_assist"
     dialect = None  # recall's stream filter reads the Gemini API's events, not these wrapped ones
     credential_headers = ("authorization",)
+    envelope_field = f"{INNER}.{CONTENTS}"  # the array a body that grows shares, in its request (proxy/reuse.py)
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Any = None, model: str | None = None) -> Request:
-        """The inner request parsed as the Gemini API's; `raw` and the wrapper kept, to render
-        back. A body with no `request` object is the upstream's to judge: forwarded as it came."""
-        try:
-            outer = jsonbody.load_request(raw)
-            if not isinstance(outer, dict) or not isinstance(outer.get(INNER), dict):
-                raise Uncompactable(400, 'The Code Assist body has no "request" object.')
-            validate_body(outer[INNER])
-            jsonbody.check_fields_writable(raw, outer)
-        except jsonbody.Unreadable as e:
-            raise unreadable(e) from None
+        """The inner request parsed as the Gemini API's (its first contents as `prior` had them);
+        `raw` and the wrapper kept, to render back. A body with no `request` object is the
+        upstream's to judge: forwarded as it came."""
+        outer, prior = reuse.parse_body(parse_wrapper, raw, prior)
         inner = outer[INNER]
         named = outer.get("model") if isinstance(outer.get("model"), str) else None
-        req = self.request_of(raw, inner, counter, cfg, ratio, named or inner.get("model"))
+        req = self.request_of(raw, inner, counter, cfg, ratio, named or inner.get("model"), prior)
         req.extra["wrapper"] = outer
         return req
 
@@ -108,6 +103,26 @@ class CodeAssistAdapter(GeminiAdapter):
         return summary.answer_text(orjson.dumps(inner) if inner is not None else answer, usage)
 
 
+def parse_wrapper(raw: bytes, *, before: list[Any] | None = None) -> dict[str, Any]:
+    """The wrapper, its request checked as the Gemini API's. `before`: contents parsed (and
+    checked) already, cut out of the front of the request's array (proxy/reuse.py). The contents
+    are written, and so checked, by the adapter; the rest of the body here."""
+    try:
+        outer = jsonbody.load_request(raw)
+        inner = outer.get(INNER) if isinstance(outer, dict) else None
+        if not isinstance(inner, dict):
+            raise Uncompactable(400, 'The Code Assist body has no "request" object.')
+        known = 0
+        if before is not None and isinstance(inner.get(CONTENTS), list):
+            inner[CONTENTS] = [*before, *inner[CONTENTS]]
+            known = len(before)
+        validate_body(inner, start=known)
+        jsonbody.check_fields_writable(raw, {**outer, INNER: {k: v for k, v in inner.items() if k != CONTENTS}})
+    except jsonbody.Unreadable as e:
+        raise unreadable(e) from None
+    return outer
+
+
 def _upstream(section: Any) -> Any:
     """gemini's section with Code Assist's URL as its base."""
     return section.model_copy(update={"base_url": section.code_assist_base_url or CODE_ASSIST_URL})
@@ -116,16 +131,34 @@ def _upstream(section: Any) -> Any:
 CODE_ASSIST = CodeAssistAdapter()
 
 
+def _caller(headers: Any, scope_secret: bytes) -> Caller:
+    creds = credentials.resolve(headers, scope_secret, None, CODE_ASSIST.credential_headers)
+    return Caller.of(headers, creds, upstream_request_headers(headers, None, identity_encoding=True))
+
+
+CALLERS = ByHeaders(_caller)  # what the headers say (the OAuth token's scope ...), once per header list
+
+
 def caller_of(request: Any, state: Any) -> Caller:
-    creds = credentials.resolve(request.headers, state.scope_secret, None, CODE_ASSIST.credential_headers)
-    return Caller.of(request.headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
+    return CALLERS.of(request, (state.scope_secret,))
 
 
 async def parse(state: Any, incoming: Any) -> Request:
+    """The body by itself (a count of one that goes as it came)."""
     req = await offload.sized(len(incoming.raw), CODE_ASSIST.parse, incoming.raw, state.counter, state.cfg)
+    return _noted(req, incoming)
+
+
+async def read(state: Any, incoming: Any, scope: Any) -> Request:
+    """The body parsed with what the conversation's previous body shared (reuse.parse)."""
+    return _noted(await reuse.parse(CODE_ASSIST, incoming.raw, state.counter, state.cfg, scope), incoming)
+
+
+def _noted(req: Request, incoming: Any) -> Request:
+    """Whether it streams (the method in the path), and the caller's project for the proxy's own calls."""
     req.stream = incoming.path.endswith(STREAMED)
     PROJECT.set(req.extra["wrapper"].get("project"))
     return req
 
 
-PROTOCOL = Protocol(CODE_ASSIST, None, rounds=Rounds, parse=parse, caller_of=caller_of)
+PROTOCOL = Protocol(CODE_ASSIST, None, rounds=Rounds, read=read, parse=parse, caller_of=caller_of)

@@ -10,9 +10,9 @@ from typing import Any
 
 from multidict import CIMultiDict
 
-from proxy import credentials, offload
+from proxy import credentials, offload, reuse
 from proxy.adapter import Request
-from proxy.byheaders import Caller
+from proxy.byheaders import ByHeaders, Caller
 from proxy.forward import upstream_request_headers
 from proxy.protocols.base import Protocol
 from proxy.protocols.gemini.adapter import GEMINI
@@ -28,20 +28,29 @@ def model_and_method(path: str) -> tuple[str, str]:
     return model, method
 
 
-def caller_of(request: Any, state: Any) -> Caller:
-    """The credential from x-goog-api-key, Authorization, or `?key=`; the client's headers go
-    upstream unchanged (the query with them, in the URL). Not kept per header list: the key may
-    be in the query."""
-    headers = request.headers
-    key = request.query.get("key")
+def _caller(headers: Any, scope_secret: bytes, key: str | None) -> Caller:
+    """The credential from x-goog-api-key, Authorization, or `?key=` (`key`); the client's headers
+    go upstream unchanged (the query with them, in the URL)."""
+    sent = headers
     if key and KEY_HEADER not in headers:
-        headers = CIMultiDict(headers)
-        headers[KEY_HEADER] = key
-    creds = credentials.resolve(headers, state.scope_secret, None, GEMINI.credential_headers, key_header=KEY_HEADER)
-    return Caller.of(headers, creds, upstream_request_headers(request.headers, None, identity_encoding=True))
+        sent = CIMultiDict(headers)
+        sent[KEY_HEADER] = key
+    creds = credentials.resolve(sent, scope_secret, None, GEMINI.credential_headers, key_header=KEY_HEADER)
+    return Caller.of(sent, creds, upstream_request_headers(headers, None, identity_encoding=True))
+
+
+# What the headers and the query's key say, worked out once per header list and key (a client
+# sends the same ones every request): the HMAC of the scope and the upstream headers.
+CALLERS = ByHeaders(_caller)
+
+
+def caller_of(request: Any, state: Any) -> Caller:
+    key = request.query.get("key") if request.query_string else None
+    return CALLERS.of(request, (state.scope_secret, key))
 
 
 async def parse(state: Any, incoming: Any) -> Request:
+    """The body by itself (a count of one that goes as it came)."""
     model, method = model_and_method(incoming.path)
     req = await offload.sized(len(incoming.raw), functools.partial(GEMINI.parse, model=model), incoming.raw,
                               state.counter, state.cfg)
@@ -49,4 +58,13 @@ async def parse(state: Any, incoming: Any) -> Request:
     return req
 
 
-PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, parse=parse, caller_of=caller_of)
+async def read(state: Any, incoming: Any, scope: Any) -> Request:
+    """The body parsed with what the conversation's previous body shared (reuse.parse, as the
+    other protocols' are), the model and the method from the path."""
+    model, method = model_and_method(incoming.path)
+    req = await reuse.parse(GEMINI, incoming.raw, state.counter, state.cfg, scope, model=model)
+    req.stream = method == STREAMED
+    return req
+
+
+PROTOCOL = Protocol(GEMINI, None, rounds=Rounds, read=read, parse=parse, caller_of=caller_of)

@@ -15,6 +15,7 @@ from proxy.exchange import Usage
 from proxy.sse import EventChecker
 from proxy.upstream import is_context_overflow
 
+NOT_JSON = "an event's data is not valid JSON"
 _OVERFLOW = re.compile(r"input token count.*exceeds the maximum number of tokens allowed", re.IGNORECASE | re.DOTALL)
 
 
@@ -45,6 +46,19 @@ def gemini_usage(meta: Any) -> Usage | None:
 class GeminiEventChecker(EventChecker):
     """Whole `data:` events of JSON objects; the end is a finishReason or an error."""
 
+    def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
+        # Google ends each event with CRLF CRLF: one `data: ` line and its end is judged in place,
+        # as the base class judges its own usual shape (a CR sends any chunk to its general path,
+        # which buffers, searches and copies it: every event of a Gemini stream went there).
+        n = len(chunk) - 4
+        if chunk.find(b"\r") == n and chunk.find(b"\n") == n + 1 and chunk.endswith(b"\r\n\r\n") \
+                and chunk.startswith(b"data: ") and not self._pending:
+            why = self.judged(chunk[6:])  # (the line's end and the blank line are JSON whitespace)
+            if why is NOT_JSON:
+                why = self.event(chunk[:n])  # (spaces alone are a keep-alive: as event() reads them)
+            return (chunk, None) if why is None else (b"", why)
+        return super().feed(chunk)
+
     def simple(self, chunk: bytes) -> Any:
         n = len(chunk) - 2
         if chunk.find(b"\n") != n or not chunk.startswith(b"data: "):
@@ -55,10 +69,14 @@ class GeminiEventChecker(EventChecker):
         data = b"".join(line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:"))
         if not data:
             return None  # a comment or a keep-alive
+        return self.judged(data)
+
+    def judged(self, data: bytes) -> str | None:
+        """An event's data (not empty): why it is broken, or None; the usage and the end noted."""
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return "an event's data is not valid JSON"
+            return NOT_JSON
         if type(obj) is not dict:
             return "an event's data is not a JSON object"
         if self.done:

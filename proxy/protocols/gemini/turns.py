@@ -21,38 +21,35 @@ def has(content: Any, key: str) -> bool:
     return any(isinstance(p, dict) and key in p for p in parts(content))
 
 
-def cut_allowed(contents: list[dict[str, Any]]) -> list[bool]:
-    """For each index i: may contents[:i] be summarized and contents[i:] kept?"""
-    out = [False] * len(contents)
-    for i in range(1, len(contents)):
-        r = role(contents[i])
-        if r == role(contents[i - 1]):
-            continue
-        out[i] = r == "model" or not has(contents[i], RESPONSE)
-    return out
+def cut_allowed_at(contents: list[dict[str, Any]], i: int) -> bool:
+    """May contents[:i] be summarized and contents[i:] kept? (It reads contents i-1 and i only,
+    so a grown history asks it of its new contents alone.)"""
+    if i == 0:
+        return False
+    r = role(contents[i])
+    if r == role(contents[i - 1]):
+        return False
+    return r == "model" or not has(contents[i], RESPONSE)
 
 
-def call_ids(contents: list[dict[str, Any]]) -> list[list[str | None]]:
+def call_ids(content: dict[str, Any]) -> list[str | None]:
     """Each part's pairing key: a call's or a response's `id` when given, else its name and its
     rank among the parts of that name in its content (the API pairs them so, in order)."""
-    out: list[list[str | None]] = []
-    for c in contents:
-        seen: dict[tuple[str, str], int] = {}
-        keys: list[str | None] = []
-        for p in parts(c):
-            key = CALL if isinstance(p, dict) and CALL in p else RESPONSE if isinstance(p, dict) and RESPONSE in p else None
-            if key is None:
-                keys.append(None)
-                continue
-            obj = p[key]
-            if isinstance(obj.get("id"), str) and obj["id"]:
-                keys.append(obj["id"])
-                continue
-            name = str(obj.get("name"))
-            n = seen[(key, name)] = seen.get((key, name), -1) + 1
-            keys.append(f"{name}#{n}")
-        out.append(keys)
-    return out
+    seen: dict[tuple[str, str], int] = {}
+    keys: list[str | None] = []
+    for p in parts(content):
+        key = CALL if isinstance(p, dict) and CALL in p else RESPONSE if isinstance(p, dict) and RESPONSE in p else None
+        if key is None:
+            keys.append(None)
+            continue
+        obj = p[key]
+        if isinstance(obj.get("id"), str) and obj["id"]:
+            keys.append(obj["id"])
+            continue
+        name = str(obj.get("name"))
+        n = seen[(key, name)] = seen.get((key, name), -1) + 1
+        keys.append(f"{name}#{n}")
+    return keys
 
 
 def with_summary(kept: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:

@@ -21,7 +21,8 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.adapter import BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, splice
+from proxy.adapter import (
+    BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, counted_after, splice)
 from proxy import reuse as prefix
 from proxy.reuse import Prior
 from proxy.protocols.messages import binding, breakpoints
@@ -113,10 +114,8 @@ class MessagesAdapter(Adapter):
             written, keys = prefix.written_and_keys(system, messages, prior)
         except orjson.JSONEncodeError:  # parsed JSON fails to write for one reason only: nesting
             raise too_deep() from None
-        counted = prior.tokens_for(encoding) if prior is not None else None
-        tokens = [self._count_system(v, encoding, counter, k) for v, k in zip(system, keys)]
-        tokens += counted if counted is not None else []
-        tokens += [count_message(counter, values[i], encoding, keys[i]) for i in range(len(tokens), len(values))]
+        tokens = counted_after([self._count_system(v, encoding, counter, k) for v, k in zip(system, keys)], prior,
+                               encoding, len(values), lambda i: count_message(counter, values[i], encoding, keys[i]))
         has_system = bool(system)
         built: dict[str, Any] = {}  # the envelopes once made, and where their making stopped
         after = built_before(prior)

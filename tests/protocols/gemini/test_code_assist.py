@@ -158,3 +158,80 @@ async def test_a_bad_inner_request_gets_googles_error_naming_its_field(fake, mak
     answer = await post(proxy.root, body, TOKEN, path="/v1internal:generateContent", expect=400)
     error = answer.json()["error"]
     assert error["status"] == "INVALID_ARGUMENT" and "contents" in error["message"] and fake.requests == []
+
+
+def _history(n: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} caf\u00e9 " * 300} for i in range(n)]
+
+
+def test_a_wrapped_body_that_grows_parses_as_a_full_parse_does():
+    """The request's contents a body shares with the conversation's previous one are reused
+    (`request.contents`, proxy/reuse.py): the same Request as a full parse, only the new contents
+    written; an error in what is new is the full parse's."""
+    from proxy import reuse
+    from proxy.config import Config
+    from proxy.model import Conversation
+    from proxy.tokens import TokenCounter
+
+    counter, cfg, recent = TokenCounter(), Config(), reuse.RecentBodies()
+    counter.load()
+    adapter = code_assist.CODE_ASSIST
+    one, grown = wrapped(_history(7)), wrapped(_history(9))
+    reuse.parse_seen(adapter, one, counter, cfg, "s", recent.prior("s", one), recent=recent).conversation.envelopes
+    prior = recent.prior("s", grown)
+    assert prior is not None and len(prior) == 7
+    got, want = reuse.parse_seen(adapter, grown, counter, cfg, "s", prior, recent=recent), adapter.parse(grown, counter, cfg)
+    assert (got.body, got.extra["wrapper"], got.model, got.keys, got.written, got.conversation.tokens) == \
+        (want.body, want.extra["wrapper"], want.model, want.keys, want.written, want.conversation.tokens)
+    assert [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in got.conversation.envelopes] == \
+        [(e.kind, e.turn, e.cut_before, e.items, e.value) for e in want.conversation.envelopes]
+    shorter = [Conversation(list(r.conversation.envelopes[:-1]), r.conversation.tokens[:-1]) for r in (got, want)]
+    assert adapter.render(got, got.conversation) == grown and adapter.render(got, shorter[0]) == adapter.render(want, shorter[1])
+    body = orjson.loads(grown)
+    body["request"]["contents"][-1]["role"] = "robot"  # a new content the upstream would refuse
+    bad = orjson.dumps(body)
+    assert len(recent.prior("s", bad)) == 8  # (the grown body kept: all but the changed one shared)
+    with pytest.raises(Exception) as reused_error:
+        reuse.parse_seen(adapter, bad, counter, cfg, "s", recent.prior("s", bad), recent=recent)
+    with pytest.raises(Exception) as full_error:
+        adapter.parse(bad, counter, cfg)
+    assert str(reused_error.value) == str(full_error.value) and "valid role" in str(full_error.value)
+
+
+async def test_a_conversations_next_wrapped_body_reuses_the_previous_ones_parse(fake, make_proxy, monkeypatch):
+    from proxy import reuse
+
+    priors: list = []
+    real = reuse.parse_seen
+    monkeypatch.setattr(reuse, "parse_seen", lambda *a, **kw: priors.append(a[5]) or real(*a, **kw))
+    reuse.RECENT.clear()
+    try:
+        proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake, 1_000_000))
+        bodies = [wrapped(_history(n)) for n in (7, 9, 11)]
+        for raw in bodies:
+            answer = await post(proxy.root, raw, TOKEN, path="/v1internal:generateContent", expect=200)
+            assert answer.headers["x-compaction-status"] == "none"
+    finally:
+        reuse.RECENT.clear()
+    assert len(bodies[0]) > reuse.MIN_BYTES
+    assert [None if p is None else len(p) for p in priors] == [None, 7, 9]
+    assert [r.body for r in fake.requests] == bodies  # forwarded as they came
+
+
+async def test_what_a_callers_headers_say_is_worked_out_once(fake, make_proxy, monkeypatch):
+    """The OAuth token's scope (an HMAC) and the upstream headers, once per header list
+    (code_assist.CALLERS): a client's next request with the same headers works out none."""
+    from proxy import credentials
+
+    resolved: list[str] = []
+    real = credentials.resolve
+    monkeypatch.setattr(credentials, "resolve",
+                        lambda headers, *a, **kw: resolved.append(headers["Authorization"]) or real(headers, *a, **kw))
+    code_assist.CALLERS.clear()
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake, 1_000_000))
+    other = {"Authorization": "Bearer ya29.another-token"}
+    for headers in (TOKEN, TOKEN, other, TOKEN):
+        answer = await post(proxy.root, wrapped(_history(3)), headers, path="/v1internal:generateContent", expect=200)
+        assert answer.headers["x-compaction-status"] == "none"
+    assert resolved == [TOKEN["Authorization"], other["Authorization"]]
+    assert [r.headers["authorization"] for r in fake.requests] == [h["Authorization"] for h in (TOKEN, TOKEN, other, TOKEN)]

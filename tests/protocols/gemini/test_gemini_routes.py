@@ -147,3 +147,26 @@ async def test_a_count_of_a_wrapped_request_goes_to_the_upstream_as_it_came(fake
                         expect=200)
     assert answer.headers["x-compaction-status"] == "none" and fake.requests[-1].body == body
     assert answer.json()["totalTokens"] > 0
+
+
+async def test_what_a_callers_headers_and_query_key_say_is_worked_out_once(fake, make_proxy, monkeypatch):
+    """The credential's scope (an HMAC) and the upstream headers are worked out once per header
+    list and `?key=` (protocol.CALLERS), as the other protocols' are per header list: a client's
+    next request with the same ones works out none; another key in the query is another caller."""
+    from proxy import credentials
+    from proxy.protocols.gemini import protocol
+
+    resolved: list[str | None] = []
+    real = credentials.resolve
+    monkeypatch.setattr(credentials, "resolve",
+                        lambda headers, *a, **kw: resolved.append(headers.get("x-goog-api-key")) or real(headers, *a, **kw))
+    protocol.CALLERS.clear()
+    proxy = await make_proxy("http://127.0.0.1:9/v1", settings(fake, 1_000_000))
+    path = "/v1beta/models/gemini-2.5-flash:generateContent"
+    body = GEMINI.raw_body([{"role": "user", "content": "hi"}])
+    for headers, query in (({"x-goog-api-key": "k-1"}, ""), ({"x-goog-api-key": "k-1"}, ""), ({}, "?key=q-1"),
+                           ({}, "?key=q-1"), ({}, "?key=q-2")):
+        answer = await post(proxy.root, body, headers, path=path + query, expect=200)
+        assert answer.headers["x-compaction-status"] == "none"
+    assert resolved == ["k-1", "q-1", "q-2"]
+    assert [r.raw_path for r in GEMINI.model_calls(fake)][2:] == [f"{path}?key=q-1"] * 2 + [f"{path}?key=q-2"]
