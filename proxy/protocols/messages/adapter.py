@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
+from proxy.rendered import written_parts
 from proxy.adapter import BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, splice
 from proxy import reuse as prefix
 from proxy.reuse import Prior
@@ -170,11 +171,7 @@ class MessagesAdapter(Adapter):
         if dropped:
             log.info("cache breakpoints: %d of the client's gave way to stay within %d (%s)", len(dropped),
                      breakpoints.MAX_BREAKPOINTS, ", ".join(".".join(map(str, s.path)) for s in dropped))
-        at, parts = request.positions(values=True), []
-        for m in body["messages"]:
-            i = at(m)
-            parts.append(request.written[i] if i is not None else jsonbody.dumps(m))
-        return splice(body, "messages", parts)
+        return splice(body, "messages", written_parts(request, body["messages"], request.positions(values=True), jsonbody.dumps))
 
     @staticmethod
     def _summary_path(body: dict[str, Any]) -> tuple[Any, ...] | None:
