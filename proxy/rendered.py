@@ -27,13 +27,21 @@ def written_parts(request: Any, items: Sequence[Any], at: Callable[[Any], int | 
     """The bytes each forwarded item goes upstream as: None for one `apart` says is not in the array,
     the client's own (`request.written` at `at(item)`) for one it sent, else `write(item)`; the
     previous request's for the items it forwarded too at the same places."""
+    written = request.written
+
+    def one(x: Any) -> bytes | None:
+        return None if apart is not None and apart(x) else written[j] if (j := at(x)) is not None else write(x)
+    return per_item(request, RENDERED, items, one)
+
+
+def per_item(request: Any, name: str, items: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
+    """`fn` of each forwarded item: the previous request's result for the items it forwarded too
+    at the same places (kept under `name`), `fn` of the others."""
     owner = request.__dict__.get(_COPY_OF, request)  # (a copy declaring the recall tool: kept where the next reads)
-    seen, theirs = owner.before(RENDERED, ((), ()))
+    seen, theirs = owner.before(name, ((), ()))
     done = list(theirs[:len(items)])
     done += [None] * (len(items) - len(done))
-    written = request.written
     for i in changed(items, seen):
-        x = items[i]
-        done[i] = None if apart is not None and apart(x) else written[j] if (j := at(x)) is not None else write(x)
-    owner.__dict__[RENDERED] = (items, done)
+        done[i] = fn(items[i])
+    owner.__dict__[name] = (items, done)
     return done

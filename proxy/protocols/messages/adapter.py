@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import orjson
 
 from proxy import jsonbody
-from proxy.rendered import written_parts
+from proxy.rendered import per_item, written_parts
 from proxy.adapter import BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, splice
 from proxy import reuse as prefix
 from proxy.reuse import Prior
@@ -46,6 +46,7 @@ log = logging.getLogger("proxy.messages")
 _ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
 _SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
 # Stable digests without the cache breakpoints: clients move them, and they are not content.
+SLOTS = "messages.slots"  # a request's forwarded messages and their breakpoints (render), in its __dict__
 UNMARKED = DigestCache(canonical=breakpoints.unmarked)
 
 
@@ -167,7 +168,8 @@ class MessagesAdapter(Adapter):
         else:
             body.pop("system", None)
         body["messages"] = [e.value for e in envs]
-        body, dropped = breakpoints.fit(body, self._summary_path(body))
+        per = per_item(request, SLOTS, body["messages"], breakpoints.message_slots)
+        body, dropped = breakpoints.fit(body, self._summary_path(body), per)
         if dropped:
             log.info("cache breakpoints: %d of the client's gave way to stay within %d (%s)", len(dropped),
                      breakpoints.MAX_BREAKPOINTS, ", ".join(".".join(map(str, s.path)) for s in dropped))
