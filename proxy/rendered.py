@@ -38,10 +38,17 @@ def per_item(request: Any, name: str, items: Sequence[Any], fn: Callable[[Any], 
     """`fn` of each forwarded item: the previous request's result for the items it forwarded too
     at the same places (kept under `name`), `fn` of the others."""
     owner = request.__dict__.get(_COPY_OF, request)  # (a copy declaring the recall tool: kept where the next reads)
-    seen, theirs = owner.before(name, ((), ()))
+    done = owner.__dict__[name] = read_on(owner.before(name, ((), ())), items, fn)
+    return done[1]
+
+
+def read_on(before: tuple[Sequence[Any], Sequence[Any]], items: Sequence[Any],
+            fn: Callable[[Any], Any]) -> tuple[Sequence[Any], list[Any]]:
+    """(items, `fn` of each): `before`'s results (its items, and `fn` of each) for the items at
+    the same places there, `fn` of the others."""
+    seen, theirs = before
     done = list(theirs[:len(items)])
     done += [None] * (len(items) - len(done))
     for i in changed(items, seen):
         done[i] = fn(items[i])
-    owner.__dict__[name] = (items, done)
-    return done
+    return items, done

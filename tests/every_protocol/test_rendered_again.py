@@ -56,9 +56,10 @@ async def _played(protocol: str, calls: list[tuple[int, int]]) -> None:
 
 
 async def test_a_compacted_messages_request_reads_the_breakpoints_of_its_head_and_new_turn_only(monkeypatch) -> None:
-    """Fitting a compacted Messages request to the 4 cache breakpoints reads each message's
-    breakpoints: those of the messages the previous request forwarded at the same places are that
-    request's (each request read every message's blocks before)."""
+    """Fitting a compacted Messages request to the 4 cache breakpoints, and the summary's TTL (the
+    longest of the kept messages' breakpoints), read each message's breakpoints: those of the
+    messages the previous request forwarded (or kept) at the same places are that request's (each
+    request read every message's blocks twice before)."""
     from proxy.protocols.messages import adapter, breakpoints
 
     calls: list[tuple[int, int]] = []  # of requests whose previous one rendered: (messages, read)
@@ -67,16 +68,29 @@ async def test_a_compacted_messages_request_reads_the_breakpoints_of_its_head_an
     monkeypatch.setattr(breakpoints, "message_slots", lambda m: (read.append(1), real_slots(m))[1])
 
     def per(request, name, items, fn):
-        read.clear()
         before = request.__dict__.get(_COPY_OF, request).before(name)
         done = real_per(request, name, items, fn)
         assert done == [real_slots(m) for m in items]
-        if before is not None:
+        if before is not None:  # (and the injects of the request: the same history's)
             calls.append((len(items), len(read)))
+            injects.extend(pending)
+        read.clear()
+        pending.clear()
         return done
 
+    def ttl(per_message):  # the summary's TTL: the kept messages' breakpoints
+        pending.append((len(per_message), len(read)))
+        read.clear()
+        return real_ttl(per_message)
+
+    injects: list[tuple[int, int]] = []  # of requests whose previous one rendered: (kept messages, read)
+    pending: list[tuple[int, int]] = []
+    real_ttl = breakpoints.ttl_after
+    monkeypatch.setattr(breakpoints, "ttl_after", ttl)
     monkeypatch.setattr(adapter, "per_item", per)
     await _played("messages", calls)
+    # its new turn, and a message made afresh (this session's clamped output): not every kept one
+    assert injects and all(k <= 6 for _, k in injects) and sum(k for _, k in injects) < sum(n for n, _ in injects), injects
 
 
 @settings(max_examples=200, deadline=None)

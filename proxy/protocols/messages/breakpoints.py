@@ -63,6 +63,12 @@ def message_slots(m: Any) -> list[tuple[tuple[int, ...], str]]:
     return out
 
 
+def ttl_after(per_message: list[list[tuple[tuple[int, ...], str]]]) -> dict[str, Any]:
+    """The summary's cache_control ahead of messages with these breakpoints (`message_slots`)."""
+    return {"type": "ephemeral", "ttl": "1h"} if any(ttl == "1h" for found in per_message for _, ttl in found) \
+        else {"type": "ephemeral"}
+
+
 def summary_ttl(body: dict[str, Any], after: tuple[Any, ...]) -> dict[str, Any]:
     """The summary's cache_control: "1h" when a breakpoint after `after` (its own path) lives an
     hour, else the default."""
