@@ -45,9 +45,9 @@ log = logging.getLogger("proxy.messages")
 
 _ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
 _SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
-# Stable digests without the cache breakpoints: clients move them, and they are not content.
 MAX_KEPT = 4  # kept message lists whose breakpoints inject holds (a request applies two or three records)
 SLOTS = "messages.slots"  # a request's forwarded messages and their breakpoints (render), in its __dict__
+# Stable digests without the cache breakpoints: clients move them, and they are not content.
 UNMARKED = DigestCache(canonical=breakpoints.unmarked)
 
 
