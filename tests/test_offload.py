@@ -45,7 +45,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     where: dict[str, set[int]] = defaultdict(set)
     for module, name in [(chat, "parse_chat_body"), (hashing.DigestCache, "digests"), (making, "serialize_envelopes"),
                          (textfacts, "scan"), (extract, "tool_errors"), (ChatAdapter, "render"),
-                         (summarizer.HistorySummarizer, "_counts"), (layer, "find")]:
+                         (summarizer.HistorySummarizer, "_counts"), (layer, "find_again")]:
         spy(monkeypatch, where, module, name)
     msgs = chat_history(12, 50) if size == "small" else chat_history(12, 1500)
     body = orjson.dumps({"model": MODEL, "messages": msgs})
@@ -55,7 +55,7 @@ async def test_size_dependent_passes_run_off_the_loop_above_the_threshold(upstre
     loop_thread = threading.get_ident()
     assert (await post(proxy, body, auth("sk-t"), expect=200)).compaction == "summarized"
     assert set(where) == {"parse_chat_body", "digests", "serialize_envelopes", "scan",
-                          "tool_errors", "render", "_counts", "find"}
+                          "tool_errors", "render", "_counts", "find_again"}
     # The forwarded body is spliced from the bytes written at parse, a copy: on the loop up to
     # COPY_SHARE times the threshold (this body is not that large).
     assert len(body) // offload.COPY_SHARE <= offload.OFFLOAD_BYTES and where.pop("render") == {loop_thread}

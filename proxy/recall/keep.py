@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from proxy.recall import handles
+from proxy.rendered import changed
 from proxy.recall.originals import Original
 
 ARGS_LABEL_CHARS = 120
@@ -200,78 +201,132 @@ def unread_bytes(request: Any) -> int:
     return len(request.raw) if known is None else sum(len(w) for w in request.written[known.covered:])
 
 
-FORWARDED = "recall.forwarded"  # the parts of a request's changed forwarded envelopes, by id, in its __dict__
-
-
+FORWARDED = "recall.forwarded"  # a request's forwarded envelopes, their parts, the changed ones' by id: in its __dict__
 def forwarded_parts(request: Any, forwarded: Any) -> list[list[Part]]:
-    """The parts of a forwarded conversation: an envelope forwarded as the client sent it has the
-    request's own (made once per conversation), a changed one (a stub, a summary) the previous
-    request's when it forwarded that very envelope (a stored masking's stubs are); the rest are read."""
-    own = request_parts(request)
-    at = request.positions()
-    known = request.before(FORWARDED, {})
-    mine: dict[int, tuple[Any, list[Part]]] = {}
-    out = []
-    for e in forwarded.envelopes:
-        if (i := at(e)) is not None:
-            out.append(own[i])
+    """The parts of a forwarded conversation: the previous request's for the envelopes it forwarded
+    too at the same places (the same objects); of the others, an envelope forwarded as the client
+    sent it has the request's own (made once per conversation), a changed one (a stub, a summary)
+    the previous request's when it forwarded that very envelope; the rest are read."""
+    envs = forwarded.envelopes
+    seen, theirs, known = request.before(FORWARDED, ((), (), {}))
+    if len(known) > 2 * len(envs) + MAX_STALE:
+        known = {}
+    own, at = request_parts(request), request.positions()
+    done: list[Any] = list(theirs[:len(envs)])
+    done += [None] * (len(envs) - len(done))
+    for i in changed(envs, seen):
+        e = envs[i]
+        if (j := at(e)) is not None:
+            done[i] = own[j]
             continue
         k = known.get(id(e))  # (the envelope is kept with its parts: its id is not another's)
-        parts = k[1] if k is not None and k[0] is e else envelope_parts(e)
-        mine[id(e)] = (e, parts)
-        out.append(parts)
-    request.__dict__[FORWARDED] = mine
-    return out
+        done[i] = k[1] if k is not None and k[0] is e else envelope_parts(e)
+        known[id(e)] = (e, done[i])  # (read on in place: an id kept is checked against its envelope)
+    request.__dict__[FORWARDED] = (envs, done, known)
+    return done
 
 
 Span = tuple[str, int, int]  # a summary's span not written out yet: (handle, first, last)
 
 
-# id(a replaced tool result's part) -> (that part, the client's original, its call, the Original found)
-Replaced = dict[int, tuple[Part, Part, "Part | None", "Original | None"]]
-
-
 def find(maps: ClientMaps, forwarded: Sequence[Message], n_system: int, n_original: int,
-         known: Callable[[str], bool] = lambda handle: False,
-         replaced: tuple[Replaced, Replaced] | None = None) -> tuple[dict[str, Original], list[Span]]:
+         known: Callable[[str], bool] = lambda handle: False) -> tuple[dict[str, Original], list[Span]]:
     """The originals of every replacement the forwarded request carries, by handle, and the spans
-    among them whose text is still to be written (`written`): those not `known` (stored already).
-    `replaced`: the previous request's stubs read (the same parts, kept with the envelopes they
-    forward) and where this request's go (`_replaced`)."""
-    found: dict[str, Original] = {}
-    spans: list[Span] = []
-    replaced = replaced or ({}, {})
-    for msg in forwarded:
+    among them whose text is still to be written (`written`): those not `known` (stored already)."""
+    f = _Finding(maps, n_system, n_original, known)
+    for i, msg in enumerate(forwarded):
+        f.read(i, msg)
+    return f.found, f.spans
+
+
+class _Finding:
+    """`find`'s reading: the originals found and the spans to write, and what each message with a
+    replacement gave (`hits`, in order: the next request of the conversation takes them again)."""
+
+    def __init__(self, maps: ClientMaps, n_system: int, n_original: int, known: Callable[[str], bool]) -> None:
+        self.maps, self.n_system, self.n_original, self.known = maps, n_system, n_original, known
+        self.found: dict[str, Original] = {}
+        self.spans: list[Span] = []
+        self.hits: list[tuple[int, Part, Any]] = []  # (message, part, what it gave: an output's original, a block's spans)
+        self.ids: set[str] = set()  # the call ids of the tool results read: what new client maps change
+        self.named: dict[str, list[Span]] = {}  # a recall block's text -> its spans (the previous request's)
+
+    def read(self, i: int, msg: Message) -> None:
         for p in msg:
-            if p.role == "tool_result" and p.call_id and (orig := maps.result(p.call_id)) is not None:
-                if orig.text != p.text and (o := _replaced(maps, p, orig, replaced)) is not None \
-                        and o.handle not in found:  # (as the client sent it: compared first, most are)
-                    found[o.handle] = o
-            elif p.role == "user" and handles.RECALL_HEADING in p.text and not maps.user_sent(p.text):
-                for h, a, b in handles.spans_in(p.text):
-                    if h in found or a < 1 or b < a or n_system + b > n_original:
-                        continue
-                    found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation", "")
-                    if not known(h):
-                        spans.append((h, a, b))
-    return found, spans
+            if p.role == "tool_result" and p.call_id:
+                self.ids.add(p.call_id)
+                if (orig := self.maps.result(p.call_id)) is not None and orig.text != p.text:
+                    # (compared first: most are as the client sent them, and a scan costs)
+                    self.output(i, p, self._original(p, orig))
+            elif p.role == "user" and handles.RECALL_HEADING in p.text:
+                self.user(i, p)
+
+    def _original(self, p: Part, orig: Part) -> tuple[str, Original] | None:
+        named = handles.in_text(p.text)
+        if not named:
+            return None
+        call = self.maps.call(p.call_id or "")
+        return named[-1], Original(named[-1], "tool output",
+                                   _label(orig.name or (call.name if call else None), call.args if call else ""), orig.text)
+
+    def output(self, i: int, p: Part, got: tuple[str, Original] | None) -> None:
+        self.hits.append((i, p, got))
+        if got is not None and got[0] not in self.found:
+            self.found[got[0]] = got[1]
+
+    def user(self, i: int, p: Part) -> None:
+        """A summary's recall block: asked again each request (the user texts the client sent, what
+        is stored already and the history's length change), its spans read once a text."""
+        named = self.named.get(p.text)
+        if named is None:
+            named = handles.spans_in(p.text)
+        self.hits.append((i, p, named))
+        if self.maps.user_sent(p.text):
+            return
+        for h, a, b in named:
+            if h in self.found or a < 1 or b < a or self.n_system + b > self.n_original:
+                continue
+            self.found[h] = Original(h, "messages", f"messages {a}-{b} of the conversation", "")
+            if not self.known(h):
+                self.spans.append((h, a, b))
 
 
-def _replaced(maps: ClientMaps, p: Part, orig: Part, replaced: tuple[Replaced, Replaced]) -> Original | None:
-    """The original a replaced tool result names (its last handle), or None: the previous request's
-    answer when it read this very part against the same original and call (a masked history
-    resent with a turn more names the same stubs), else read (a scan of the text for handles)."""
-    before, mine = replaced
-    call = maps.call(p.call_id or "")
-    k = before.get(id(p))
-    if k is not None and k[0] is p and k[1] is orig and k[2] is call:
-        mine[id(p)] = k
-        return k[3]
-    named = handles.in_text(p.text)
-    o = Original(named[-1], "tool output", _label(orig.name or (call.name if call else None), call.args if call else ""),
-                 orig.text) if named else None
-    mine[id(p)] = (p, orig, call, o)
-    return o
+FOUND = "recall.found"  # a request's forwarded parts, find's reading of them and the maps' extent, in its __dict__
+MAX_STALE = 256  # call ids (or envelopes) of earlier requests a reading kept may hold beyond twice its own
+
+
+def find_again(request: Any, maps: ClientMaps, forwarded: Sequence[Message], n_system: int,
+               known: Callable[[str], bool] = lambda handle: False) -> tuple[dict[str, Original], list[Span]]:
+    """`find` for the request's own conversation, reading only the messages the previous request
+    of the conversation did not forward at the same places (the same parts): the others give what
+    they gave it, when its maps were these before they read the new envelopes and those add no
+    call id of a tool result it read (a summary's recall block is asked again)."""
+    f = _Finding(maps, n_system, len(request.conversation.envelopes), known)
+    before = request.before(FOUND)
+    if before is None or not _grown_only(request, maps, *before[1:]):
+        for i, msg in enumerate(forwarded):
+            f.read(i, msg)
+    else:
+        seen, f.ids = before[0], before[1].ids  # (read on in place: an id kept only asks for more reading)
+        f.named = {p.text: got for _, p, got in before[1].hits if p.role == "user"}  # (a summary's text: read once)
+        again = [(h[0], h) for h in before[1].hits if h[0] < len(forwarded) and forwarded[h[0]] is seen[h[0]]]
+        for i, hit in sorted([*again, *((i, None) for i in changed(forwarded, seen))], key=lambda x: x[0]):
+            if hit is None:
+                f.read(i, forwarded[i])
+            else:
+                f.user(i, hit[1]) if hit[1].role == "user" else f.output(i, hit[1], hit[2])
+    request.__dict__[FOUND] = (forwarded, f, maps.covered)
+    return f.found, f.spans
+
+
+def _grown_only(request: Any, maps: ClientMaps, f: _Finding, covered: int) -> bool:
+    """`maps` are the ones `f` read by with the envelopes after `covered` read too, and those add no
+    call id (of a result, or of the call a label names) among the tool results `f` read."""
+    base = _maps_before(request)  # (what request_maps read on from: these maps are it extended)
+    if base is None or base.covered != covered or len(f.ids) > 4 * covered + MAX_STALE:
+        return False
+    ids = f.ids
+    return not any(p.call_id in ids for msg in request_parts(request)[covered:maps.covered] for p in msg)
 
 
 def written(original: Sequence[Message], n_system: int, found: dict[str, Original], spans: list[Span]) -> list[Original]:

@@ -13,7 +13,7 @@ from proxy import offload
 from proxy.config import Config
 from proxy.ops.hooks import Hooks
 from proxy.prompts import Prompts
-from proxy.recall.keep import Span, find, forwarded_parts, request_maps, request_parts, unread_bytes, written
+from proxy.recall.keep import Span, find_again, forwarded_parts, request_maps, request_parts, unread_bytes, written
 from proxy.recall.originals import Original, Originals
 from proxy.recall.session import RecallSession
 from proxy.recall.tool import tool_name
@@ -83,11 +83,6 @@ class Recall:
                              protocol=protocol)
 
 
-REPLACED = "recall.replaced"  # a request's replaced tool results read (keep.find), in its __dict__
-
-
 def _find(request: Any, forwarded: Any, n_system: int,
           known: Callable[[str], bool]) -> tuple[dict[str, Original], list[Span]]:
-    mine = request.__dict__[REPLACED] = {}
-    return find(request_maps(request), forwarded_parts(request, forwarded), n_system,
-                len(request.conversation.envelopes), known, (request.before(REPLACED, {}), mine))
+    return find_again(request, request_maps(request), forwarded_parts(request, forwarded), n_system, known)

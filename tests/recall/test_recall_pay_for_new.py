@@ -175,3 +175,121 @@ async def test_the_request_that_first_carries_a_summary_made_ahead_reads_no_mess
         await proxy.state.compaction.idle()
     assert status == "summarized" and proxy.state.compaction.preparer.jobs >= 1
     assert found and [t for t in found if len(t) >= textfacts.MIN_CHARS] == []
+
+
+async def test_a_reused_summarys_forwarded_messages_are_read_for_the_new_ones_only(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch
+) -> None:
+    """Finding the originals a request carrying the previous request's record stands in for reads
+    the messages it forwards afresh (its head: the summary) and its new turn, and looks up only
+    their parts: the others give what they gave the previous request (each request read and
+    looked up every forwarded message before), and the summary's recall block read once. What it
+    finds is what reading them all finds."""
+    upstream.window = WINDOW
+    read: list[int] = []  # forwarded messages read by the request's finding
+    looked: list[int] = []  # forwarded envelopes whose parts were looked up by the request
+    named: list[str] = []  # recall blocks whose spans were read by the request
+    real_spans = handles.spans_in
+    monkeypatch.setattr(handles, "spans_in", lambda text: (named.append(text), real_spans(text))[1])
+    real_read, real_again, real_parts, real_at = keep._Finding.read, layer.find_again, layer.forwarded_parts, adapter.Positions.__call__
+
+    def counted(self, i, msg):
+        read.append(i)
+        return real_read(self, i, msg)
+
+    def checked(request, maps, forwarded, n_system, known=lambda h: False):
+        found, spans = real_again(request, maps, forwarded, n_system, known)
+        monkeypatch.setattr(keep._Finding, "read", real_read)  # (the check's own reading not counted)
+        n_named = len(named)
+        assert (found, spans) == keep.find(maps, forwarded, n_system, len(request.conversation.envelopes), known)
+        del named[n_named:]
+        monkeypatch.setattr(keep._Finding, "read", counted)
+        return found, spans
+
+    def parts(request, forwarded):
+        monkeypatch.setattr(adapter.Positions, "__call__", lambda self, obj: (looked.append(1), real_at(self, obj))[1])
+        try:
+            return real_parts(request, forwarded)
+        finally:
+            monkeypatch.setattr(adapter.Positions, "__call__", real_at)
+
+    monkeypatch.setattr(keep._Finding, "read", counted)
+    monkeypatch.setattr(layer, "find_again", checked)
+    monkeypatch.setattr(layer, "forwarded_parts", parts)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "compaction": {"learn_token_ratio": False}})
+    c = client_for(proxy)
+    _, sizes = await until_twice(c, proxy, coding_session(14), "reused", model=MODEL,
+                                 reset=lambda: (read.clear(), looked.clear(), named.clear()))
+    new = sizes[-1] - sizes[-2]
+    assert 0 < len(read) <= new + 2 < sizes[-1] // 2, (read, new, sizes[-1])
+    assert 0 < len(looked) <= new + 2, (len(looked), new)
+    assert named == []  # the summary's recall block: the same text as the previous request's
+
+
+def _stub(cid: str) -> keep.Part:
+    return keep.Part("tool_result", f"[stub: recall id {cid * 8}]", call_id=cid)
+
+
+class _Request:
+    """What find_again and request_maps ask of a request: its envelopes' parts, the previous
+    request and how many envelopes it shares with it."""
+
+    def __init__(self, parts: list[list[keep.Part]], previous: "_Request | None", shared: int) -> None:
+        self.previous, self.shared = previous, shared
+        self.conversation = type("C", (), {"envelopes": parts})()
+        self.__dict__["recall.parts"] = parts
+
+    def before(self, name, default=None):
+        return self.previous.__dict__.get(name, default) if self.previous is not None else default
+
+    def per_envelope(self, name, fn):
+        return self.__dict__[name]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.tuples(
+    st.sampled_from(["tool_result", "tool_call", "user", "assistant"]), st.sampled_from("abcd"),
+    st.sampled_from(["x", "y", "## Recall\n- recall id 0123456789ab: messages 1-2, verbatim"])), max_size=3)),
+    min_size=1, max_size=8), st.sets(st.sampled_from("abcd")))
+def test_finding_again_finds_what_reading_every_message_finds(turns, stubbed):
+    """A conversation growing a message a request (its call ids met again, its user texts sent
+    again, now and then a branch from the request before the last), forwarded behind a head made
+    afresh with some results stubbed (the same stub objects each request): find_again reading on
+    from the previous request finds what find reading everything finds."""
+    stubs = {cid: _stub(cid) for cid in stubbed}
+    requests: list[_Request] = []
+    for branch, message in turns:
+        prev = requests[-2] if branch and len(requests) > 1 else (requests[-1] if requests else None)
+        parts = (prev.conversation.envelopes if prev else []) + [
+            [keep.Part(role, text, call_id=cid) for role, cid, text in message]]
+        req = _Request(parts, prev, len(parts) - 1)
+        maps = keep.request_maps(req)
+        head = [[keep.Part("user", "## Recall\n- recall id 00000000000a: messages 1-1, verbatim")]]
+        forwarded = head + [[_forwarded(p, stubs) for p in m] if any(_forwarded(p, stubs) is not p for p in m)
+                            else m for m in parts]
+        forwarded = _same_lists(req, forwarded)
+        got = keep.find_again(req, maps, forwarded, 0)
+        assert got == keep.find(keep.NO_MAPS.extended(parts), forwarded, 0, len(parts))
+        requests.append(req)
+
+
+SUMMARY = keep.Part("user", "## Recall\n- recall id 0123456789ab: messages 1-2, verbatim")
+
+
+def _forwarded(p: keep.Part, stubs: dict[str, keep.Part]) -> keep.Part:
+    """A client's part as forwarded: a stubbed result's stub, a user's "x" as a summary naming a
+    span (the text a client may send too)."""
+    if p.role == "tool_result":
+        return stubs.get(p.call_id or "", p)
+    return SUMMARY if p.role == "user" and p.text == "x" else p
+
+
+def _same_lists(req: _Request, forwarded: list) -> list:
+    """The forwarded messages of the previous request where they are equal (a request forwards
+    the objects of the one before it again, as forwarded_parts gives them)."""
+    before = req.before(keep.FOUND)
+    if before is None:
+        return forwarded
+    theirs = before[0]
+    return [theirs[i] if 0 < i < len(theirs) and theirs[i] == m else m for i, m in enumerate(forwarded)]

@@ -24,6 +24,7 @@ from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, Summary
                            repeated_fields, splice)
 from proxy import reuse as prefix
 from proxy.reuse import Prior
+from proxy.rendered import written_parts
 from proxy.protocols.chat.body import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
@@ -140,13 +141,8 @@ class ChatAdapter(Adapter):
         original = request.conversation
         if forwarded is original:
             return request.raw
-        at = request.positions()
-        parts = []
-        for e in forwarded.envelopes:
-            i = at(e)
-            parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
-        out = dict(request.body)
-        return splice(out, "messages", parts)
+        parts = written_parts(request, forwarded.envelopes, request.positions(), _dumped)
+        return splice(dict(request.body), "messages", parts)
 
     # -- edits ---------------------------------------------------------------------------------
     def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
@@ -231,6 +227,10 @@ class ChatAdapter(Adapter):
         if not isinstance(content, str):
             raise SummarizerError("invalid", "the upstream's answer has no text content")
         return content
+
+
+def _dumped(env: Envelope) -> bytes:
+    return jsonbody.dumps(env.value)
 
 
 def default_cap_param(base_url: str) -> str:

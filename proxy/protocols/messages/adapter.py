@@ -23,6 +23,7 @@ import orjson
 from proxy import jsonbody
 from proxy.adapter import (
     BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, counted_after, splice)
+from proxy.rendered import per_item, read_on, written_parts
 from proxy import reuse as prefix
 from proxy.reuse import Prior
 from proxy.protocols.messages import binding, breakpoints
@@ -45,6 +46,8 @@ log = logging.getLogger("proxy.messages")
 
 _ROLE_KIND = {"user": Kind.USER, "assistant": Kind.ASSISTANT}
 _SYSTEM = "system"  # the system envelope's value: {"system": <the body's system>}
+MAX_KEPT = 4  # kept message lists whose breakpoints inject holds (a request applies two or three records)
+SLOTS = "messages.slots"  # a request's forwarded messages and their breakpoints (render), in its __dict__
 # Stable digests without the cache breakpoints: clients move them, and they are not content.
 UNMARKED = DigestCache(canonical=breakpoints.unmarked)
 
@@ -97,6 +100,7 @@ class MessagesAdapter(Adapter):
 
     # -- the body ------------------------------------------------------------------------------
     envelope_field = "messages"  # the array whose messages a body that grows shares (proxy/reuse.py)
+    _kept: tuple[Any, ...] = ()  # inject's last kept messages and their breakpoints, newest first
 
     def parse(self, raw: bytes, counter: TokenCounter, cfg: Config, *, ratio: float | None = None,
               prior: Prior | None = None) -> Request:
@@ -165,15 +169,12 @@ class MessagesAdapter(Adapter):
         else:
             body.pop("system", None)
         body["messages"] = [e.value for e in envs]
-        body, dropped = breakpoints.fit(body, self._summary_path(body))
+        per = per_item(request, SLOTS, body["messages"], breakpoints.message_slots)
+        body, dropped = breakpoints.fit(body, self._summary_path(body), per)
         if dropped:
             log.info("cache breakpoints: %d of the client's gave way to stay within %d (%s)", len(dropped),
                      breakpoints.MAX_BREAKPOINTS, ", ".join(".".join(map(str, s.path)) for s in dropped))
-        at, parts = request.positions(values=True), []
-        for m in body["messages"]:
-            i = at(m)
-            parts.append(request.written[i] if i is not None else jsonbody.dumps(m))
-        return splice(body, "messages", parts)
+        return splice(body, "messages", written_parts(request, body["messages"], request.positions(values=True), jsonbody.dumps))
 
     @staticmethod
     def _summary_path(body: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -204,13 +205,24 @@ class MessagesAdapter(Adapter):
         system = envs[0].value[_SYSTEM] if n_system else None
         head = [self._system_envelope({_SYSTEM: with_annotation(system, annotation)})]
         kept = envs[cut:]
-        later = {"messages": [e.value for e in kept]}
-        block = summary_block(summary, breakpoints.summary_ttl(later, ("messages", -1)))
+        done = self._kept_slots([e.value for e in kept])
+        block = summary_block(summary, breakpoints.ttl_after(done))
         merged = with_summary([e.value for e in kept[:1]], block)
         first = self._envelope_like(merged[0], kept[0].turn if kept else 1)
         if kept and kept[0].value.get("role") == "user":
             return Injected([*head, first, *kept[1:]], 2, cut + 1)
         return Injected([*head, first, *kept], 2, cut)
+
+    def _kept_slots(self, values: list[Any]) -> list[Any]:
+        """The breakpoints of the messages an inject keeps: those of an earlier inject's that start
+        with the same message (a request carrying the previous one's record, or its prepared one)
+        for the messages at the same places, the others read. MAX_KEPT lists held (the last
+        conversations'; a thread reads the tuple once and puts a new one)."""
+        held = self._kept
+        before = next((k for k in held if values and k[0] and k[0][0] is values[0]), ((), ()))
+        done = read_on(before, values, breakpoints.message_slots)
+        self._kept = (done, *(k for k in held if k is not before))[:MAX_KEPT]
+        return done[1]
 
     def binds_reasoning(self, request: Request) -> bool:
         return binding.binds(request.model)

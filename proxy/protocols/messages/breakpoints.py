@@ -31,27 +31,42 @@ def _ttl(cc: Any) -> str:
     return str(cc.get("ttl", "5m")) if isinstance(cc, dict) else "5m"
 
 
-def slots(body: dict[str, Any]) -> list[Slot]:
-    """The request's breakpoints in cache order (the top-level cache_control not included)."""
+def slots(body: dict[str, Any], per_message: list[list[tuple[tuple[int, ...], str]]] | None = None) -> list[Slot]:
+    """The request's breakpoints in cache order (the top-level cache_control not included).
+    `per_message`: each message's `message_slots`, when known."""
     out = [Slot(("tools", i), _ttl(t.get("cache_control"))) for i, t in enumerate(body.get("tools") or [])
            if isinstance(t, dict) and t.get("cache_control") is not None]
     system = body.get("system")
     if isinstance(system, list):
         out += [Slot(("system", j), _ttl(b["cache_control"])) for j, b in enumerate(system)
                 if isinstance(b, dict) and b.get("cache_control") is not None]
-    for i, m in enumerate(body.get("messages") or []):
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, b in enumerate(content):
-            if not isinstance(b, dict):
-                continue
-            if b.get("cache_control") is not None:
-                out.append(Slot(("messages", i, j), _ttl(b["cache_control"])))
-            if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
-                out += [Slot(("messages", i, j, k), _ttl(x["cache_control"])) for k, x in enumerate(b["content"])
-                        if isinstance(x, dict) and x.get("cache_control") is not None]
+    if per_message is None:
+        per_message = [message_slots(m) for m in body.get("messages") or []]
+    out += [Slot(("messages", i, *at), ttl) for i, found in enumerate(per_message) if found for at, ttl in found]
     return out
+
+
+def message_slots(m: Any) -> list[tuple[tuple[int, ...], str]]:
+    """One message's breakpoints: (block,) or (block, block inside its tool_result), and the TTL."""
+    content = m.get("content") if isinstance(m, dict) else None
+    if not isinstance(content, list):
+        return []
+    out = []
+    for j, b in enumerate(content):
+        if not isinstance(b, dict):
+            continue
+        if b.get("cache_control") is not None:
+            out.append(((j,), _ttl(b["cache_control"])))
+        if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+            out += [((j, k), _ttl(x["cache_control"])) for k, x in enumerate(b["content"])
+                    if isinstance(x, dict) and x.get("cache_control") is not None]
+    return out
+
+
+def ttl_after(per_message: list[list[tuple[tuple[int, ...], str]]]) -> dict[str, Any]:
+    """The summary's cache_control ahead of messages with these breakpoints (`message_slots`)."""
+    return {"type": "ephemeral", "ttl": "1h"} if any(ttl == "1h" for found in per_message for _, ttl in found) \
+        else {"type": "ephemeral"}
 
 
 def summary_ttl(body: dict[str, Any], after: tuple[Any, ...]) -> dict[str, Any]:
@@ -61,10 +76,11 @@ def summary_ttl(body: dict[str, Any], after: tuple[Any, ...]) -> dict[str, Any]:
     return {"type": "ephemeral", "ttl": "1h"} if any(s.ttl == "1h" for s in later) else {"type": "ephemeral"}
 
 
-def fit(body: dict[str, Any], keep: tuple[Any, ...] | None = None) -> tuple[dict[str, Any], list[Slot]]:
+def fit(body: dict[str, Any], keep: tuple[Any, ...] | None = None,
+        per_message: list[list[tuple[tuple[int, ...], str]]] | None = None) -> tuple[dict[str, Any], list[Slot]]:
     """`body` with at most 4 breakpoints, and the client's that gave way. `keep` is the path of the
-    summary's breakpoint. Copies only what it changes."""
-    found = slots(body)
+    summary's breakpoint (`per_message`: as `slots` takes it). Copies only what it changes."""
+    found = slots(body, per_message)
     over = len(found) + (body.get("cache_control") is not None) - MAX_BREAKPOINTS
     if over <= 0:
         return body, []

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
+from proxy.rendered import written_parts
 from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, built_before,
                            repeated_fields, splice)
 from proxy.protocols.chat.adapter import ChatAdapter
@@ -60,6 +61,10 @@ _Built = tuple[list[Envelope], ri.Grown, dict[str, Item]]  # envelopes, their pa
 
 def _is_instructions(value: Any) -> bool:
     return isinstance(value, _Instructions)
+
+
+def _dumped(env: Envelope) -> bytes:
+    return jsonbody.dumps(env.value)
 
 
 def _plain_output(output: Any) -> bool:
@@ -156,19 +161,12 @@ class ResponsesAdapter(Adapter):
         original = request.conversation
         if forwarded is original:
             return request.raw
-        at = request.positions()
-        parts: list[bytes] = []
-        instructions: str | None = None
-        for e in forwarded.envelopes:
-            if _is_instructions(e.value):
-                instructions = e.value["instructions"]
-                continue
-            i = at(e)
-            parts.append(request.written[i] if i is not None else jsonbody.dumps(e.value))
+        envs = forwarded.envelopes
+        written = written_parts(request, envs, request.positions(), _dumped, lambda e: _is_instructions(e.value))
         out = dict(request.body)
-        if instructions is not None:
-            out["instructions"] = instructions
-        return splice(out, "input", parts)
+        if instructions := [e for e, w in zip(envs, written) if w is None]:  # (not in the array: the field)
+            out["instructions"] = instructions[-1].value["instructions"]
+        return splice(out, "input", [w for w in written if w is not None])
 
     # -- edits ---------------------------------------------------------------------------------
     def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
