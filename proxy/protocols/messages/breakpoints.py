@@ -69,13 +69,6 @@ def ttl_after(per_message: list[list[tuple[tuple[int, ...], str]]]) -> dict[str,
         else {"type": "ephemeral"}
 
 
-def summary_ttl(body: dict[str, Any], after: tuple[Any, ...]) -> dict[str, Any]:
-    """The summary's cache_control: "1h" when a breakpoint after `after` (its own path) lives an
-    hour, else the default."""
-    later = [s for s in slots(body) if s.path > after and s.path[0] == "messages"]
-    return {"type": "ephemeral", "ttl": "1h"} if any(s.ttl == "1h" for s in later) else {"type": "ephemeral"}
-
-
 def fit(body: dict[str, Any], keep: tuple[Any, ...] | None = None,
         per_message: list[list[tuple[tuple[int, ...], str]]] | None = None) -> tuple[dict[str, Any], list[Slot]]:
     """`body` with at most 4 breakpoints, and the client's that gave way. `keep` is the path of the

@@ -293,6 +293,7 @@ def test_a_top_level_cache_control_counts_and_stays():
 def test_the_summary_lives_as_long_as_a_later_one_hour_breakpoint():
     body = {"messages": [{"role": "user", "content": [tb("S", None)]}, {"role": "assistant", "content": "a"},
                          {"role": "user", "content": [tb("q", {"type": "ephemeral", "ttl": "1h"})]}]}
-    assert breakpoints.summary_ttl(body, ("messages", 0, 0)) == {"type": "ephemeral", "ttl": "1h"}
+    after = lambda: breakpoints.ttl_after([breakpoints.message_slots(m) for m in body["messages"][1:]])  # noqa: E731
+    assert after() == {"type": "ephemeral", "ttl": "1h"}
     body["messages"][2]["content"][0]["cache_control"] = EPH
-    assert breakpoints.summary_ttl(body, ("messages", 0, 0)) == EPH
+    assert after() == EPH
