@@ -6,6 +6,7 @@ id), sent through the real `google-genai` client to the proxy's `/v1beta/models/
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 from google import genai
@@ -56,11 +57,17 @@ def gemini_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
                                       for t in tools]}] if tools else []
 
 
+# A new client loads the system's certificates into four TLS contexts (~50 ms each here) unless
+# it is given one; the tests talk plain HTTP on loopback, so one shared context serves them all.
+_TLS = ssl.create_default_context()
+
+
 def gemini_client(to: Any, key: str | None, headers: dict[str, str] | None = None) -> genai.Client:
     """The real client against a proxy's root (or a fake's), no retries."""
     root = to if isinstance(to, str) else getattr(to, "root", None) or base_url(to)
     options = types.HttpOptions(base_url=root, api_version=API_VERSION, headers=headers or {},
-                                retry_options=types.HttpRetryOptions(attempts=1))
+                                retry_options=types.HttpRetryOptions(attempts=1),
+                                client_args={"verify": _TLS}, async_client_args={"verify": _TLS, "ssl": _TLS})
     return genai.Client(api_key=key, http_options=options)
 
 
