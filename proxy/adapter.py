@@ -72,6 +72,11 @@ class Request:
         prev = self.previous
         return prev.__dict__.get(name, default) if prev is not None else default
 
+    def pass_on(self, name: str, value: Any) -> None:
+        """`value` kept under `name` where the next request of the conversation reads it (`before`):
+        in the request parsed, which a copy of it (`copied`) is not."""
+        self.__dict__.get(_COPY_OF, self).__dict__[name] = value
+
     def _known(self, name: str) -> list[Any]:
         """The previous request's lazily computed `name` for the shared envelopes ([] when it has none)."""
         done = self.before(name)
