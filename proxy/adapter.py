@@ -72,6 +72,11 @@ class Request:
         prev = self.previous
         return prev.__dict__.get(name, default) if prev is not None else default
 
+    def pass_on(self, name: str, value: Any) -> None:
+        """`value` kept under `name` where the next request of the conversation reads it (`before`):
+        in the request parsed, which a copy of it (`copied`) is not."""
+        self.__dict__.get(_COPY_OF, self).__dict__[name] = value
+
     def _known(self, name: str) -> list[Any]:
         """The previous request's lazily computed `name` for the shared envelopes ([] when it has none)."""
         done = self.before(name)
@@ -206,7 +211,7 @@ BUILT = "envelopes"  # Request.extra: {"state": ...} the envelopes its adapter m
 
 
 def built_before(prior: Any) -> Any:
-    """The previous request's envelopes of the values this one shares with it (a reuse.Prior) and
+    """The previous request's envelopes of the values this one shares with it (a recent_bodies.Prior) and
     the state their making ended in (the adapter's own tuple, its envelopes first), when it made
     them for exactly those values: a history grown by a turn makes the new turn's envelopes only."""
     prev = prior.request if prior is not None else None
@@ -216,7 +221,7 @@ def built_before(prior: Any) -> Any:
 
 def counted_after(tokens: list[int], prior: Any, encoding: str, n: int, count: Callable[[int], int]) -> list[int]:
     """`tokens` (the counts of the envelopes before the array: a system prompt made one) then the
-    array's: the prior's for those it shared (a reuse.Prior, counted with the same tokenizer),
+    array's: the prior's for those it shared (a recent_bodies.Prior, counted with the same tokenizer),
     `count(i)` for the others, up to `n` envelopes in all."""
     known = prior.tokens_for(encoding) if prior is not None else None
     tokens += known if known is not None else []

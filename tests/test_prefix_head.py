@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from proxy import jsonbody
+from proxy import jsonarray, jsonbody, recent_bodies
 from proxy import reuse as prefix
 from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.protocols.messages.adapter import MessagesAdapter
@@ -167,13 +167,13 @@ def test_an_array_first_in_the_body_has_an_empty_head(protocol):
 
 def test_key_at_and_fields_before():
     raw = b'{"a":1,"messages" :\n [{"x":1}]}'
-    start = prefix.array_start(raw, "messages")
-    assert raw[prefix.key_at(raw, start, "messages"):].startswith(b'"messages"')
-    assert prefix.key_at(raw, start, "input") is None  # another key
+    start = jsonarray.array_start(raw, "messages")
+    assert raw[jsonarray.key_at(raw, start, "messages"):].startswith(b'"messages"')
+    assert jsonarray.key_at(raw, start, "input") is None  # another key
     body = json.loads(raw)
-    assert prefix.fields_before(body, "messages") == {"a": 1}
-    assert prefix.fields_before(body, "input") is None
-    assert prefix.fields_before([1], "messages") is None
+    assert recent_bodies.fields_before(body, "messages") == {"a": 1}
+    assert recent_bodies.fields_before(body, "input") is None
+    assert recent_bodies.fields_before([1], "messages") is None
 
 
 def test_with_fields():
@@ -246,11 +246,11 @@ def test_a_request_with_our_compaction_item_has_every_item_looked_at_next_time(m
 def test_a_dotted_field_is_an_array_in_a_field_of_the_top_level_object(raw, found):
     """Code Assist's contents sit in its wrapper's `request` (`request.contents`); the fields
     before them are not the body's head (no key is found for them)."""
-    start = prefix.array_start(raw, "request.contents")
+    start = jsonarray.array_start(raw, "request.contents")
     if not found:
         assert start is None
         return
-    ends = prefix.elements(raw, start)
+    ends = jsonarray.elements(raw, start)
     close = raw.index(b"]", ends[-1] if ends else start)
     assert json.loads(raw[start - 1:close + 1]) == json.loads(raw)["request"]["contents"]  # that very array
-    assert prefix.key_at(raw, start, "request.contents") is None
+    assert jsonarray.key_at(raw, start, "request.contents") is None

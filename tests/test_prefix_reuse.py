@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonbody
+from proxy import jsonarray, jsonbody
 from proxy import reuse as prefix
 from proxy.protocols.chat.adapter import ChatAdapter
 from proxy.config import Config
@@ -269,9 +269,9 @@ def test_scopes_do_not_share_and_memory_is_bounded():
 def test_element_ends_are_where_each_value_ends(values, style):
     raw = ('{"a":[1,"]"],"messages":' + (json.dumps(values, ensure_ascii=style == 2, separators=None if style == 1 else
                                                     (",", ":"))) + ',"z":{"messages":[]}}').encode()
-    start = prefix.array_start(raw, "messages")
+    start = jsonarray.array_start(raw, "messages")
     assert start is not None and raw[start - 1:start] == b"["
-    ends = prefix.elements(raw, start)
+    ends = jsonarray.elements(raw, start)
     decoder = json.JSONDecoder()
     text_ = raw.decode()
     assert text_.isascii() or style != 2

@@ -31,18 +31,19 @@ def is_skipped(tool_name: str, skip: Sequence[str]) -> bool:
 
 def select(
     envelopes: Sequence[Envelope], tokens: Sequence[int], *, threshold: int, cap: int, skip: Sequence[str],
-    count_text: Callable[[str], int],
+    count_text: Callable[[str], int], start: int = 0,
 ) -> list[Candidate]:
     """Tool results over `threshold` tokens (a result alone in its envelope: the envelope's count,
     the output plus a few tokens of framing; one of several: its output's), in order, whose output
     is text only and answers a call id. The tool's name is that of the latest call with the same id
-    before the result (the adapter names results so)."""
-    if not tokens or max(tokens) <= threshold:
+    before the result (the adapter names results so). Only the envelopes from `start` on are read."""
+    if len(tokens) <= start or max(tokens[start:] if start else tokens) <= threshold:
         return []  # the common case: nothing to do, and no walk over a long history
     out: list[Candidate] = []
-    for i, e in enumerate(envelopes):
+    for i in range(start, len(tokens)):
         if tokens[i] <= threshold:
             continue  # no result inside can be larger than its envelope
+        e = envelopes[i]
         for j, result in e.results:
             n = result_tokens(e, tokens[i], result, count_text)
             if n <= threshold or not result.plain or result.call_id is None:

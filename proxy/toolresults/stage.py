@@ -38,6 +38,9 @@ log = logging.getLogger("proxy.toolresults")
 
 PAUSED = "the summarizer failed repeatedly and is paused"
 OVER_CAP = "the output is larger than the proxy's size cap"
+# What a request's selection read, for the next request of the conversation (Request.before):
+# (the settings it read with, how many envelopes it read, the candidates among them)
+_READ = "_tool_results_read"
 
 
 class ToolResultStage(Stage):
@@ -86,20 +89,31 @@ class ToolResultStage(Stage):
         tokens = flow.forwarded.tokens
         return not self.tcfg.enabled or not tokens or max(tokens) <= self.tcfg.threshold_tokens
 
+    def _candidates(self, flow: Flow) -> list[sel.Candidate]:
+        """`select` over flow.forwarded. When that is the client's conversation, the envelopes it
+        shares with the previous request that request read already (the same envelopes, counts and
+        settings give the same candidates): only the rest are read, not the whole history again."""
+        conv, request, t = flow.forwarded, flow.request, self.tcfg
+        encoding = request.encoding
+        settings = (t.threshold_tokens, t.max_payload_tokens, tuple(t.skip_tools), encoding)
+        start, known = 0, []
+        client = conv is request.conversation
+        if client and (before := request.before(_READ)) is not None and before[0] == settings:
+            start = min(before[1], request.shared)
+            known = [c for c in before[2] if c.index < start]
+        cands = known + sel.select(conv.envelopes, conv.tokens, threshold=t.threshold_tokens, cap=t.max_payload_tokens,
+                                   skip=t.skip_tools, count_text=lambda text: self.counter.count_text(text, encoding),
+                                   start=start)
+        if client:
+            request.pass_on(_READ, (settings, len(conv.tokens), cands))
+        return cands
+
     async def request(self, flow: Flow) -> None:
         """Oversized tool results in flow.forwarded become notes (or carry a notice)."""
         if self.idle(flow):
             return
-        conv = flow.forwarded
-        encoding = flow.request.encoding
-        cands = sel.select(
-            conv.envelopes,
-            conv.tokens,
-            threshold=self.tcfg.threshold_tokens,
-            cap=self.tcfg.max_payload_tokens,
-            skip=self.tcfg.skip_tools,
-            count_text=lambda text: self.counter.count_text(text, encoding),
-        )
+        conv, encoding = flow.forwarded, flow.request.encoding
+        cands = self._candidates(flow)
         if not cands:
             return
         started = time.perf_counter()

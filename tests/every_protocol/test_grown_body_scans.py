@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonarray, jsonbody, reuse
+from proxy import jsonarray, jsonbody, recent_bodies, reuse
 from proxy.config import Config
 from proxy.protocols.messages.adapter import MessagesAdapter
 from proxy.protocols.messages.ondemand import MARK
@@ -35,13 +35,13 @@ DRIVERS = {"messages": MESSAGES, "responses": RESPONSES}
 def searched(monkeypatch):
     """(needle, bytes searched) of every search for a marker."""
     seen: list[tuple[bytes, int]] = []
-    real = reuse._find
+    real = recent_bodies.find
 
     def spy(buf, needle, start, end):
         seen.append((needle, min(end, len(buf)) - start))
         return real(buf, needle, start, end)
 
-    monkeypatch.setattr(reuse, "_find", spy)
+    monkeypatch.setattr(recent_bodies, "find", spy)
     reuse.RECENT.clear()
     yield seen
     reuse.RECENT.clear()
@@ -146,8 +146,8 @@ async def test_a_grown_body_written_as_the_sdk_writes_it_is_not_scanned_for_its_
     off their written JSON when the client's bytes are it (the SDKs write compact JSON), not found
     by scanning the new bytes with a regular expression token by token."""
     scans: list[int] = []
-    real = reuse.elements
-    monkeypatch.setattr(reuse, "elements", lambda buf, start: scans.append(len(buf) - start) or real(buf, start))
+    real = recent_bodies.elements
+    monkeypatch.setattr(recent_bodies, "elements", lambda buf, start: scans.append(len(buf) - start) or real(buf, start))
     reuse.RECENT.clear()
     driver = DRIVERS3[protocol]
     fake = await driver.start_fake()

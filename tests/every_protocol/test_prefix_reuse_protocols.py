@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from proxy import adapter as adapter_module
 from proxy import jsonbody
-from proxy import reuse as prefix
+from proxy import recent_bodies, reuse as prefix
 from proxy.protocols.messages import adapter as messages_adapter
 from proxy.protocols.gemini import adapter as gemini_adapter
 from proxy.protocols.gemini.adapter import GeminiAdapter
@@ -490,8 +490,8 @@ async def test_the_kept_body_a_request_shares_most_with_is_looked_for_once(proto
     import aiohttp
 
     compared: list[int] = []
-    real = prefix._Entry.matched
-    monkeypatch.setattr(prefix._Entry, "matched", lambda self, raw: compared.append(1) or real(self, raw))
+    real = recent_bodies._Entry.matched
+    monkeypatch.setattr(recent_bodies._Entry, "matched", lambda self, raw: compared.append(1) or real(self, raw))
     driver = DRIVERS[protocol]
     fake = await driver.start_fake()
     try:

@@ -51,6 +51,16 @@ class TestSelect:
         got = select(msgs, tokens, threshold=100, cap=10_000, skip=[])
         assert [c.index for c in got] == [3, 7]
 
+    def test_reading_from_start_gives_the_whole_selections_candidates_from_there_on(self):
+        """What the stage asks of a grown conversation (its shared envelopes' candidates are the
+        previous request's): `start` leaves the envelopes before it out and nothing else."""
+        msgs = conversation()
+        for tokens in ([500, 500, 500, 101, 100, 500, 500, 900], [500] * len(msgs), [50] * 7 + [900]):
+            whole = select(msgs, tokens, threshold=100, cap=10_000, skip=[])
+            for start in range(len(msgs) + 2):
+                assert select(msgs, tokens, threshold=100, cap=10_000, skip=[], start=start) == \
+                    [c for c in whole if c.index >= start]
+
     def test_names_come_from_the_latest_call_with_that_id(self):
         msgs = conversation()
         got = select(msgs, [500] * len(msgs), threshold=100, cap=10_000, skip=[])

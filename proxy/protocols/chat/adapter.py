@@ -23,7 +23,7 @@ from proxy import jsonbody
 from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, built_before,
                            repeated_fields, splice)
 from proxy import reuse as prefix
-from proxy.reuse import Prior
+from proxy.recent_bodies import Prior
 from proxy.rendered import written_parts
 from proxy.protocols.chat.body import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config

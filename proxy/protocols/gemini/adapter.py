@@ -25,7 +25,7 @@ from proxy.errors import Uncompactable
 from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
-from proxy.reuse import Prior
+from proxy.recent_bodies import Prior
 from proxy.protocols.gemini import summary, turns
 from proxy.protocols.gemini.body import (
     CALL, CONTENTS, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text, too_deep)

@@ -25,7 +25,7 @@ from proxy.adapter import (
     BUILT, Adapter, Request, SummaryCall, SummaryRequest, built_before, counted_after, splice)
 from proxy.rendered import per_item, read_on, written_parts
 from proxy import reuse as prefix
-from proxy.reuse import Prior
+from proxy.recent_bodies import Prior
 from proxy.protocols.messages import binding, breakpoints
 from proxy.protocols.messages.body import block_text, blocks, parse_messages_body, too_deep
 from proxy.protocols.messages.count import count_message, count_system

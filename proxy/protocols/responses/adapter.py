@@ -27,7 +27,7 @@ from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, Summary
                            repeated_fields, splice)
 from proxy.protocols.chat.adapter import ChatAdapter
 from proxy import reuse as prefix
-from proxy.reuse import Prior
+from proxy.recent_bodies import Prior
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
 from proxy.sse import EventChecker, Read
