@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from support.client import openai_client
+from support.client import openai_client, untransformed
 from support.compaction_helpers import filler, tool_call
 
 MODEL = "gpt-4"  # cl100k_base on both sides
@@ -56,14 +56,16 @@ async def replay(base_url: str, points: list[list[dict[str, Any]]], *, key: str 
         for i, messages in enumerate(points):
             stream = i % 2 == 1
             if stream:
-                raw = await c.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True})
+                raw = await c.chat.completions.with_raw_response.create(**untransformed(
+                    {"model": MODEL, "messages": messages, "stream": True, "stream_options": {"include_usage": True}},
+                    "messages"))
                 usage = None
                 async for chunk in raw.parse():
                     if chunk.usage is not None:
                         usage = chunk.usage.model_dump()
             else:
-                raw = await c.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+                raw = await c.chat.completions.with_raw_response.create(**untransformed({"model": MODEL, "messages": messages},
+                                                                                        "messages"))
                 usage = raw.parse().usage.model_dump()
             out.append(Answer(dict(raw.headers), usage, stream))
     return out

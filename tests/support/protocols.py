@@ -24,7 +24,7 @@ from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.common import FakeError
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
-from support.client import BOUND_S, anthropic_client, openai_client, post
+from support.client import BOUND_S, anthropic_client, openai_client, post, untransformed
 from support.compaction_helpers import chat_history, filler
 from support.invariants import text_of
 
@@ -192,9 +192,10 @@ class Driver:
                              await _messages_text(await raw.parse(), stream))
         async with openai_client(proxy, key) as c:
             if self.name == "chat":
-                raw = await c.chat.completions.with_raw_response.create(**body, stream=stream, extra_headers=extra)
+                raw = await c.chat.completions.with_raw_response.create(**untransformed(body, "messages"), stream=stream,
+                                                                        extra_headers=extra)
             else:
-                raw = await c.responses.with_raw_response.create(**_untransformed(body), stream=stream,
+                raw = await c.responses.with_raw_response.create(**untransformed(body, "input"), stream=stream,
                                                                  extra_headers=extra)
             return Reply(raw.headers.get("x-compaction-status", ""), _lower(raw.headers),
                          await _openai_text(self.name, raw.parse(), stream))
@@ -229,17 +230,6 @@ class Driver:
     def summarizer_kind(self, fake: Any, arg: Any) -> str | None:
         """The kind of the summarizer call a `fake.summarizer` callable got (a body, or a view)."""
         return fake.summarizer_kind(arg.get("raw", arg) if isinstance(arg, dict) else arg)
-
-
-def _untransformed(body: dict[str, Any]) -> dict[str, Any]:
-    """The Responses body with its `input` sent as it is. The SDK walks a typed `input` item by item
-    against its unions of types (~0.7 s a call for these tests' long histories, most of a replay's
-    time) to rename aliased keys, and its input items have none: the bytes sent are the same but
-    for `input`'s place among the body's keys."""
-    if "input" not in body:
-        return body
-    rest = {k: v for k, v in body.items() if k not in ("input", "extra_body")}
-    return {**rest, "extra_body": {"input": body["input"], **(body.get("extra_body") or {})}}
 
 
 def _lower(headers: Any) -> dict[str, str]:

@@ -24,6 +24,7 @@ import orjson
 from proxy.fakes.chat import FakeUpstream
 from proxy.fakes.messages import FakeMessages
 from proxy.fakes.responses import FakeResponses
+from support.client import untransformed
 from support.proxy_server import ProxyHandle, start_proxy
 from support.recall_facts import TOOLS, build_session, model_reply
 
@@ -176,7 +177,7 @@ class Driver:
             kw = {"model": "m", "input": items, "instructions": instructions, "tools": RESPONSES_TOOLS, **self.extra}
             if self.protocol == "responses-ws":
                 return await self.ws_turn(kw)
-            r = await self.client.responses.create(**kw)
+            r = await self.client.responses.create(**untransformed(kw, "input"))
             return Answer(r.output_text, [], {}, r.status, r)
         system, msgs = messages_body(messages)
         msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.raw.content]},
@@ -188,15 +189,17 @@ class Driver:
     async def _chat(self, messages: list[dict[str, Any]], stream: bool) -> Answer:
         c: openai.AsyncOpenAI = self.client
         if not stream:
-            raw = await c.chat.completions.with_raw_response.create(model="m", messages=messages, tools=TOOLS)
+            raw = await c.chat.completions.with_raw_response.create(
+                **untransformed({"model": "m", "messages": messages, "tools": TOOLS}, "messages"))
             r = raw.parse()
             msg = r.choices[0].message
             calls = [{"id": t.id, "name": t.function.name, "arguments": orjson.loads(t.function.arguments)}
                      for t in msg.tool_calls or ()]
             return Answer(msg.content or "", calls, raw.headers, r.choices[0].finish_reason, r,
                           [msg.model_dump(exclude_none=True)])
-        raw = await c.chat.completions.with_raw_response.create(model="m", messages=messages, tools=TOOLS, stream=True,
-                                                                stream_options={"include_usage": True})
+        raw = await c.chat.completions.with_raw_response.create(**untransformed(
+            {"model": "m", "messages": messages, "tools": TOOLS, "stream": True,
+             "stream_options": {"include_usage": True}}, "messages"))
         text, acc, finish = "", {}, None
         async for chunk in raw.parse():
             for ch in chunk.choices:
@@ -221,11 +224,11 @@ class Driver:
         if instructions:
             kw["instructions"] = instructions
         if not stream:
-            raw = await c.responses.with_raw_response.create(**kw)
+            raw = await c.responses.with_raw_response.create(**untransformed(kw, "input"))
             r = raw.parse()
             headers = raw.headers
         else:
-            async with c.responses.stream(**kw) as s:
+            async with c.responses.stream(**untransformed(kw, "input")) as s:
                 async for _ in s:
                     pass
                 r = await s.get_final_response()
