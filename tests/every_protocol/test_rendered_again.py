@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonbody, rendered
-from proxy.adapter import _COPY_OF, splice, splice_value
+from proxy.adapter import splice, splice_value
 from support.recall_facts import build_session
 from support.recall_protocols import driver
 
@@ -29,8 +29,7 @@ async def test_a_compacted_request_writes_its_head_and_new_turn_only(protocol: s
 
     def counted(request, items, at, write, apart=None):
         looked: list[int] = []
-        owner = request.__dict__.get(_COPY_OF, request)
-        before = owner.before(rendered.RENDERED)
+        before = request.owner.before(rendered.RENDERED)
         done = real(request, items, lambda x: (looked.append(1), at(x))[1], write, apart)
         assert len(done) == len(items)
         if before is not None:
@@ -68,7 +67,7 @@ async def test_a_compacted_messages_request_reads_the_breakpoints_of_its_head_an
     monkeypatch.setattr(breakpoints, "message_slots", lambda m: (read.append(1), real_slots(m))[1])
 
     def per(request, name, items, fn):
-        before = request.__dict__.get(_COPY_OF, request).before(name)
+        before = request.owner.before(name)
         done = real_per(request, name, items, fn)
         assert done == [real_slots(m) for m in items]
         if before is not None:  # (and the injects of the request: the same history's)

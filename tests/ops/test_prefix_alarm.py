@@ -66,6 +66,36 @@ async def test_a_compacting_session_does_not_break(driver, fake, make_proxy):
     assert await breaks(proxy, driver) == 0
 
 
+async def test_a_compacted_request_fingerprints_its_head_and_new_turn_only(driver, fake, make_proxy, monkeypatch):
+    """A compacted request's fingerprints are the previous request's for the envelopes it forwards
+    again at the same places (its kept history): it looks up its head and its new turn only (each
+    looked every forwarded envelope up among the client's before)."""
+    from proxy.ops import prefix_alarm
+
+    calls: list[tuple[int, int]] = []  # of requests whose previous one fingerprinted: (forwarded, looked up)
+    real = prefix_alarm.per_item
+
+    def counted(request, name, items, fn):
+        looked: list[int] = []
+        before = request.owner.before(name)
+        done = real(request, name, items, lambda e: (looked.append(1), fn(e))[1])
+        assert done == [fn(e) for e in items]  # what looking every one up gives
+        if before is not None:
+            calls.append((len(items), len(looked)))
+        return done
+
+    monkeypatch.setattr(prefix_alarm, "per_item", counted)
+    proxy = await make_proxy(fake.base_url, driver.settings(fake, 6000, compaction={"prepare_percent": 0},
+                                                             tool_results={"enabled": False}))
+    messages = chat_history(8, 150)
+    for i in range(8):
+        messages = messages + [{"role": "assistant", "content": f"part {i}: " + filler(300, i)},
+                               {"role": "user", "content": f"Go on with part {i + 1}."}]
+        await driver.send_raw(proxy, messages, credential(driver))
+    # the head (system, summary) and the turn; a new summary moves the cut: that request reads all
+    assert len([k for n, k in calls if k <= 4 < n]) >= max(3, len(calls) - 1), calls
+
+
 def test_first_difference():
     assert first_difference([1, 2], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 9, 3, 4]) == 1
