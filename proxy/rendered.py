@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from proxy import jsonbody
 from proxy.adapter import changed
 
 RENDERED = "rendered"  # a request's forwarded items and their written bytes, in its __dict__
+
+
+def value_written(envelope: Any) -> bytes:
+    """An envelope's JSON written afresh (one the client did not send: `written_parts`' `write`)."""
+    return jsonbody.dumps(envelope.value)
 
 
 def written_parts(request: Any, items: Sequence[Any], at: Callable[[Any], int | None],
