@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from proxy import jsonbody, rendered
 from proxy.adapter import splice, splice_value
-from support.compaction_helpers import chat_history, filler
+from support.compaction_helpers import compacting_session
 from support.recall_facts import build_session
 from support.recall_protocols import driver as recall_driver
 from test_observe_mode import credential
@@ -61,13 +61,7 @@ async def test_every_protocols_compacted_request_writes_its_head_and_new_turn_on
 
     for name in ("chat", "responses", "messages", "gemini"):
         monkeypatch.setattr(f"proxy.protocols.{name}.adapter.written_parts", counted)
-    proxy = await make_proxy(fake.base_url, driver.settings(fake, 6000, compaction={"prepare_percent": 0},
-                                                             tool_results={"enabled": False}))
-    messages = chat_history(8, 150)
-    for i in range(8):
-        messages = messages + [{"role": "assistant", "content": f"part {i}: " + filler(300, i)},
-                               {"role": "user", "content": f"Go on with part {i + 1}."}]
-        await driver.send_raw(proxy, messages, credential(driver))
+    await compacting_session(driver, fake, make_proxy, credential(driver))
     # the system part, the summary and the turn; a new summary
     # moves the cut: that request looks all up
     assert len([k for n, k in calls if k <= 4 < n]) >= max(3, len(calls) - 1), calls
