@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import chain, compress, count, repeat
 from operator import is_not
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import orjson
 
@@ -75,7 +75,7 @@ class Request:
     def pass_on(self, name: str, value: Any) -> None:
         """`value` kept under `name` where the next request of the conversation reads it (`before`):
         in the request parsed, which a copy of it (`copied`) is not."""
-        self.__dict__.get(_COPY_OF, self).__dict__[name] = value
+        self.owner.__dict__[name] = value
 
     def _known(self, name: str) -> list[Any]:
         """The previous request's lazily computed `name` for the shared envelopes ([] when it has none)."""
@@ -107,19 +107,25 @@ class Request:
         """Where an object is among the client's envelopes (or their `values`), by identity: a
         forwarded envelope the proxy did not change is the client's, rendered from its bytes."""
         name = _VALUE_POSITIONS if values else _POSITIONS
-        owner = self.__dict__.get(_COPY_OF, self)  # (kept where the next request reads it: `before`)
+        owner = self.owner
         done = owner.__dict__.get(name)
         if done is None:
             items = self.conversation.values if values else self.conversation.envelopes
             done = owner.__dict__[name] = Positions(items, owner.before(name))
         return done
 
+    @property
+    def owner(self) -> "Request":
+        """The request this one is a copy of (`copied`), or itself: what is worked out about the
+        forwarded items is kept there, where the next request reads it (`before`)."""
+        return self.__dict__.get(_COPY_OF, self)
+
     def copied(self, **changes: Any) -> "Request":
         """This request with other fields but the same conversation (the recall tool declared):
         where its items are is asked of this one, which the next request reads on from."""
         copy = replace(self, **changes)
         if copy.conversation is self.conversation:
-            copy.__dict__[_COPY_OF] = self.__dict__.get(_COPY_OF, self)
+            copy.__dict__[_COPY_OF] = self.owner
         return copy
 
     def fresh_bytes(self) -> int:
@@ -187,9 +193,7 @@ class Positions:
         if before is None or len(before.at) > 2 * len(items) + MAX_STALE_POSITIONS:
             self.at: dict[int, int] = _indexed({}, items, range(len(items)))
             return
-        theirs, n = before.items, min(len(items), len(before.items))
-        moved = compress(count(), map(is_not, items[:n], theirs[:n]))  # (C-level: no Python loop)
-        self.at = _indexed(_indexed(before.at, items, moved), items, range(n, len(items)))
+        self.at = _indexed(before.at, items, changed(items, before.items))
 
     def __call__(self, obj: Any) -> int | None:
         i = self.at.get(id(obj))
@@ -198,6 +202,13 @@ class Positions:
             return i
         # (a request of another branch of the conversation put the same object elsewhere)
         return next((k for k, x in enumerate(items) if x is obj), None)
+
+
+def changed(now: Sequence[Any], before: Sequence[Any]) -> list[int]:
+    """The places of `now` whose item is not `before`'s there (the same object), in order: every
+    place past `before`'s end."""
+    n = min(len(now), len(before))
+    return [*compress(count(), map(is_not, now[:n], before[:n])), *range(n, len(now))]  # (C-level compares)
 
 
 def _indexed(at: dict[int, int], items: list[Any], where: Iterable[int]) -> dict[int, int]:

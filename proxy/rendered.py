@@ -6,20 +6,17 @@ annotated system envelope, and its new turn; only those are looked at).
 
 from __future__ import annotations
 
-from itertools import compress, count
-from operator import is_not
 from typing import Any, Callable, Sequence
 
-from proxy.adapter import _COPY_OF
+from proxy import jsonbody
+from proxy.adapter import changed
 
 RENDERED = "rendered"  # a request's forwarded items and their written bytes, in its __dict__
 
 
-def changed(now: Sequence[Any], before: Sequence[Any]) -> list[int]:
-    """The places of `now` whose item is not `before`'s there (the same object), in order: every
-    place past `before`'s end."""
-    n = min(len(now), len(before))
-    return [*compress(count(), map(is_not, now[:n], before[:n])), *range(n, len(now))]  # (C-level compares)
+def value_written(envelope: Any) -> bytes:
+    """An envelope's JSON written afresh (one the client did not send: `written_parts`' `write`)."""
+    return jsonbody.dumps(envelope.value)
 
 
 def written_parts(request: Any, items: Sequence[Any], at: Callable[[Any], int | None],
@@ -37,7 +34,7 @@ def written_parts(request: Any, items: Sequence[Any], at: Callable[[Any], int | 
 def per_item(request: Any, name: str, items: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
     """`fn` of each forwarded item: the previous request's result for the items it forwarded too
     at the same places (kept under `name`), `fn` of the others."""
-    owner = request.__dict__.get(_COPY_OF, request)  # (a copy declaring the recall tool: kept where the next reads)
+    owner = request.owner  # (a copy declaring the recall tool: kept where the next reads)
     done = owner.__dict__[name] = read_on(owner.before(name, ((), ())), items, fn)
     return done[1]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Generic, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, NamedTuple, Sequence, TypeVar
 
 from proxy import identifiers
 from proxy.farm import farm
@@ -27,6 +27,7 @@ MAX_CHARS = 64 << 20
 MIN_CHARS = 256
 
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 # What a text's token counts are charged against MAX_CHARS, a token (a dict entry and its key).
@@ -42,33 +43,35 @@ class Facts(NamedTuple):
         return len(text) + COUNT_CHARS * len(self.counts)
 
 
-class TextCache(Generic[V]):
-    """text -> what `compute` finds in it, least recently used evicted first, bounded by count and
-    by characters held (`weigh(text, value)`: the text and what its value holds)."""
+class TextCache(Generic[K, V]):
+    """key -> what `compute` finds in it, least recently used evicted first, bounded by count and
+    by characters held (`weigh(key, value)`: the key and what its value holds). A key is a text,
+    or anything hashable that `compute` and `weigh` read (inject.wrapped's: a template and a
+    summary); a text shorter than `min_chars` is computed each time (0: every key is kept)."""
 
-    def __init__(self, compute: Callable[[str], V], weigh: Callable[[str, V], int],
-                 max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+    def __init__(self, compute: Callable[[K], V], weigh: Callable[[K, V], int],
+                 max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS, min_chars: int = MIN_CHARS) -> None:
         self.compute, self.weigh = compute, weigh
-        self.max_entries, self.max_chars = max_entries, max_chars
+        self.max_entries, self.max_chars, self.min_chars = max_entries, max_chars, min_chars
         self.chars = 0
-        self.scans = 0  # texts scanned (misses): what the tests count
-        self._d: OrderedDict[str, V] = OrderedDict()
+        self.scans = 0  # values computed (misses): what the tests count
+        self._d: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __call__(self, text: str) -> V:
-        if len(text) < MIN_CHARS:
-            return self.compute(text)
+    def __call__(self, key: K) -> V:
+        if self.min_chars and len(key) < self.min_chars:  # type: ignore[arg-type]
+            return self.compute(key)
         with self._lock:
-            hit = self._d.get(text)
+            hit = self._d.get(key)
             if hit is not None:
-                self._d.move_to_end(text)
+                self._d.move_to_end(key)
                 return hit
-        value = self.compute(text)  # outside the lock: two threads may scan one text, both get equal values
+        value = self.compute(key)  # outside the lock: two threads may scan one text, both get equal values
         with self._lock:
             self.scans += 1
-            weight = self.weigh(text, value)
-            if text not in self._d and weight <= self.max_chars:
-                self._d[text] = value
+            weight = self.weigh(key, value)
+            if key not in self._d and weight <= self.max_chars:
+                self._d[key] = value
                 self.chars += weight
                 while len(self._d) > self.max_entries or self.chars > self.max_chars:
                     old, gone = self._d.popitem(last=False)
@@ -79,7 +82,7 @@ class TextCache(Generic[V]):
         return len(self._d)
 
 
-class FactsCache(TextCache[Facts]):
+class FactsCache(TextCache[str, Facts]):
     """text -> Facts."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:

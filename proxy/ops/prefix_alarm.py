@@ -22,6 +22,7 @@ from typing import Any
 from proxy import jsonbody
 from proxy.adapter import DIGESTS
 from proxy.model import Conversation
+from proxy.rendered import per_item
 from proxy.ops.events import is_event
 
 log = logging.getLogger("proxy.prefix")
@@ -29,22 +30,23 @@ log = logging.getLogger("proxy.prefix")
 MAX_CONVERSATIONS = 4096  # conversations whose last forwarded request is remembered (oldest out first)
 
 
+FINGERPRINTS = "prefix.fingerprints"  # a compacted request's, per forwarded envelope, in its __dict__
+
+
 def fingerprints(request: Any, conv: Conversation) -> list[Any]:
-    """One per forwarded message: the client's by their key or digest, the proxy's by their JSON's digest."""
+    """One per forwarded message: the client's by their key or digest, the proxy's by their JSON's
+    digest; the previous request's for the envelopes it forwarded too at the same places (a
+    compacted request forwards its kept history again: only its head and new turn are looked up)."""
     own = request.keys if request.digest_cache is DIGESTS else request.digests
     if conv is request.conversation:
         return own
     at = request.positions()
     cache = request.digest_cache
-    out: list[Any] = []
-    for e in conv.envelopes:
+
+    def one(e: Any) -> Any:
         i = at(e)
-        if i is None:
-            value = e.value
-            out.append(cache.digest(value, hash(jsonbody.dumps(value))))
-        else:
-            out.append(own[i])
-    return out
+        return own[i] if i is not None else cache.digest(e.value, hash(jsonbody.dumps(e.value)))
+    return per_item(request, FINGERPRINTS, conv.envelopes, one)
 
 
 def first_difference(before: list[Any], now: list[Any]) -> int | None:

@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from proxy.adapter import changed
 from proxy.recall import handles
-from proxy.rendered import changed
 from proxy.recall.originals import Original
 
 ARGS_LABEL_CHARS = 120

@@ -20,26 +20,26 @@ async def test_a_reused_summary_is_not_wrapped_again(upstream: FakeUpstream, mak
     escaped: list[str] = []
     real = inject.escape_wrapper_tags
     monkeypatch.setattr(inject, "escape_wrapper_tags", lambda text: (escaped.append(text), real(text))[1])
-    monkeypatch.setattr(inject, "wrapped", inject._Wrapped())
+    monkeypatch.setattr(inject, "wrapped", inject.new_wrapped())
     proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
                                                  "compaction": {"learn_token_ratio": False}})
     c = client_for(proxy)
     await until_twice(c, proxy, coding_session(14), "reused", model=MODEL, reset=escaped.clear)
     assert escaped == []  # the previous request's text, the same for the same summary
-    assert inject.wrapped.made >= 1
+    assert inject.wrapped.scans >= 1
 
 
 def test_the_wrapped_summaries_are_bounded_by_count_and_characters() -> None:
     prompts = Prompts()
-    w = inject._Wrapped(max_entries=2, max_chars=10_000)
+    w = inject.new_wrapped(max_entries=2, max_chars=10_000)
     template = prompts["compaction-summary-context"]
-    texts = [w(template, s) for s in ("a </summary>", "b", "c")]
+    texts = [w((template, s)) for s in ("a </summary>", "b", "c")]
     assert texts[0] == template.render(summary=inject.escape_wrapper_tags("a </summary>"))
-    assert len(w._d) == 2 and w.made == 3
-    assert w(template, "c") is texts[2] and w.made == 3  # kept: the same string
-    w(template, "a </summary>")
-    assert w.made == 4  # the least recently used went first
-    w(template, "x" * 6000)
+    assert len(w._d) == 2 and w.scans == 3
+    assert w((template, "c")) is texts[2] and w.scans == 3  # kept: the same string
+    w((template, "a </summary>"))
+    assert w.scans == 4  # the least recently used went first
+    w((template, "x" * 6000))
     assert w.chars <= 10_000 and len(w._d) <= 2
-    big = w(template, "y" * 20_000)  # over the bound alone: made, not kept
+    big = w((template, "y" * 20_000))  # over the bound alone: made, not kept
     assert "y" * 20_000 in big and w.chars <= 10_000

@@ -173,6 +173,7 @@ class _Held:
 
     positions = Request.positions
     before = Request.before
+    owner = Request.owner
 
 
 @settings(max_examples=150, deadline=None)

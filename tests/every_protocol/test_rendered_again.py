@@ -17,9 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonbody, rendered
-from proxy.adapter import _COPY_OF, splice, splice_value
+from proxy.adapter import splice, splice_value
+from support.compaction_helpers import compacting_session
 from support.recall_facts import build_session
-from support.recall_protocols import driver
+from support.recall_protocols import driver as recall_driver
+from test_observe_mode import credential
+from test_protocols_shared import driver, fake  # noqa: F401  (the fixtures: each protocol and its fake)
 
 
 @pytest.mark.parametrize("protocol", ("chat", "responses", "messages"))
@@ -29,8 +32,7 @@ async def test_a_compacted_request_writes_its_head_and_new_turn_only(protocol: s
 
     def counted(request, items, at, write, apart=None):
         looked: list[int] = []
-        owner = request.__dict__.get(_COPY_OF, request)
-        before = owner.before(rendered.RENDERED)
+        before = request.owner.before(rendered.RENDERED)
         done = real(request, items, lambda x: (looked.append(1), at(x))[1], write, apart)
         assert len(done) == len(items)
         if before is not None:
@@ -42,11 +44,34 @@ async def test_a_compacted_request_writes_its_head_and_new_turn_only(protocol: s
     await _played(protocol, calls)
 
 
+async def test_every_protocols_compacted_request_writes_its_head_and_new_turn_only(driver, fake, make_proxy,
+                                                                                  monkeypatch) -> None:
+    """The same through each protocol's real client and strict fake, Gemini's included (its render
+    looked every forwarded content up among the client's on each request)."""
+    calls: list[tuple[int, int]] = []
+    real = rendered.written_parts
+
+    def counted(request, items, at, write, apart=None):
+        looked: list[int] = []
+        before = request.owner.before(rendered.RENDERED)
+        done = real(request, items, lambda x: (looked.append(1), at(x))[1], write, apart)
+        if before is not None:
+            calls.append((len(items), len(looked)))
+        return done
+
+    for name in ("chat", "responses", "messages", "gemini"):
+        monkeypatch.setattr(f"proxy.protocols.{name}.adapter.written_parts", counted)
+    await compacting_session(driver, fake, make_proxy, credential(driver))
+    # the system part, the summary and the turn; a new summary
+    # moves the cut: that request looks all up
+    assert len([k for n, k in calls if k <= 4 < n]) >= max(3, len(calls) - 1), calls
+
+
 async def _played(protocol: str, calls: list[tuple[int, int]]) -> None:
     """A session of the protocol played through a summary or more; then, of the `calls` it made,
     most read a turn (four messages) and the head (the annotated system message, the summary, a
     clamped output): not the whole history again, as each request did before."""
-    async with driver(protocol) as d:
+    async with recall_driver(protocol) as d:
         history, _ = build_session(turns=40, facts_per_kind=(3, 3, 3, 3))
         await d.play(history)
         assert d.stats["events_summarized"] >= 1, dict(d.stats)
@@ -68,7 +93,7 @@ async def test_a_compacted_messages_request_reads_the_breakpoints_of_its_head_an
     monkeypatch.setattr(breakpoints, "message_slots", lambda m: (read.append(1), real_slots(m))[1])
 
     def per(request, name, items, fn):
-        before = request.__dict__.get(_COPY_OF, request).before(name)
+        before = request.owner.before(name)
         done = real_per(request, name, items, fn)
         assert done == [real_slots(m) for m in items]
         if before is not None:  # (and the injects of the request: the same history's)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.ops.prefix_alarm import first_difference
-from support.compaction_helpers import chat_history, filler
+from support.compaction_helpers import chat_history, compacting_session
 from support.client import post
 from support.protocols import MESSAGES, Driver
 from test_metrics import scrape, value
@@ -54,16 +54,33 @@ async def test_a_compacting_session_does_not_break(driver, fake, make_proxy):
     """A session that grows past its threshold: the compaction changes the forwarded start once
     (an event); the turns after it reuse the summary byte for byte, their new messages added at
     the end."""
-    proxy = await make_proxy(fake.base_url, driver.settings(fake, 6000, compaction={"prepare_percent": 0},
-                                                             tool_results={"enabled": False}))
-    messages = chat_history(8, 150)
-    statuses = []
-    for i in range(8):
-        messages = messages + [{"role": "assistant", "content": f"part {i}: " + filler(300, i)},
-                               {"role": "user", "content": f"Go on with part {i + 1}."}]
-        statuses.append((await driver.send_raw(proxy, messages, credential(driver))).headers["x-compaction-status"])
+    proxy, statuses = await compacting_session(driver, fake, make_proxy, credential(driver))
     assert statuses[0] == "none" and {"summarized", "reused"} <= set(statuses), statuses
     assert await breaks(proxy, driver) == 0
+
+
+async def test_a_compacted_request_fingerprints_its_head_and_new_turn_only(driver, fake, make_proxy, monkeypatch):
+    """A compacted request's fingerprints are the previous request's for the envelopes it forwards
+    again at the same places (its kept history): it looks up its head and its new turn only (each
+    looked every forwarded envelope up among the client's before)."""
+    from proxy.ops import prefix_alarm
+
+    calls: list[tuple[int, int]] = []  # of requests whose previous one fingerprinted: (forwarded, looked up)
+    real = prefix_alarm.per_item
+
+    def counted(request, name, items, fn):
+        looked: list[int] = []
+        before = request.owner.before(name)
+        done = real(request, name, items, lambda e: (looked.append(1), fn(e))[1])
+        assert done == [fn(e) for e in items]  # what looking every one up gives
+        if before is not None:
+            calls.append((len(items), len(looked)))
+        return done
+
+    monkeypatch.setattr(prefix_alarm, "per_item", counted)
+    await compacting_session(driver, fake, make_proxy, credential(driver))
+    # the head (system, summary) and the turn; a new summary moves the cut: that request reads all
+    assert len([k for n, k in calls if k <= 4 < n]) >= max(3, len(calls) - 1), calls
 
 
 def test_first_difference():

@@ -88,3 +88,17 @@ def chat_history(turns: int, words_per_message: int, *, system: str | None = "Yo
         msgs.append({"role": "assistant", "content": f"answer {t}: " + filler(words_per_message, t + 3)})
     msgs.append({"role": "user", "content": "What should we do next?"})
     return msgs
+
+
+async def compacting_session(driver: Any, fake: Any, make_proxy: Any, headers: dict[str, str]) -> tuple[Any, list[str]]:
+    """Eight turns through `driver`'s protocol past a 6,000-token window from the second on (a
+    summary, reused, then summarized again): the proxy and each request's x-compaction-status."""
+    proxy = await make_proxy(fake.base_url, driver.settings(fake, 6000, compaction={"prepare_percent": 0},
+                                                             tool_results={"enabled": False}))
+    messages = chat_history(8, 150)
+    statuses = []
+    for i in range(8):
+        messages = messages + [{"role": "assistant", "content": f"part {i}: " + filler(300, i)},
+                               {"role": "user", "content": f"Go on with part {i + 1}."}]
+        statuses.append((await driver.send_raw(proxy, messages, headers)).headers["x-compaction-status"])
+    return proxy, statuses

@@ -26,6 +26,7 @@ from proxy.hashing import message_digest
 from proxy.model import Conversation, Envelope, Injected, Item, Kind, named
 from proxy.exchange import Usage
 from proxy.recent_bodies import Prior
+from proxy.rendered import value_written, written_parts
 from proxy.protocols.gemini import summary, turns
 from proxy.protocols.gemini.body import (
     CALL, CONTENTS, MEDIA, RESPONSE, parse_gemini_body, part_text, parts, role, system_text, too_deep)
@@ -153,9 +154,7 @@ class GeminiAdapter(Adapter):
         else:
             body.pop(_SYSTEM, None)
         at = request.positions(values=True)
-        written = [request.written[i] if (i := at(e.value)) is not None
-                   else jsonbody.dumps(e.value) for e in envs]
-        return splice(body, "contents", written)
+        return splice(body, "contents", written_parts(request, envs, lambda e: at(e.value), value_written))
 
     # -- edits ---------------------------------------------------------------------------------
     def with_output(self, envelope: Envelope, item: int, text: str) -> Envelope:
