@@ -73,8 +73,7 @@ class Request:
         return prev.__dict__.get(name, default) if prev is not None else default
 
     def pass_on(self, name: str, value: Any) -> None:
-        """`value` kept under `name` where the next request of the conversation reads it (`before`):
-        in the request parsed, which a copy of it (`copied`) is not."""
+        """`value` kept under `name` in `owner`, where the next request reads it (`before`)."""
         self.owner.__dict__[name] = value
 
     def _known(self, name: str) -> list[Any]:
