@@ -10,6 +10,7 @@ from itertools import compress, count
 from operator import is_not
 from typing import Any, Callable, Sequence
 
+from proxy import jsonbody
 from proxy.adapter import _COPY_OF
 
 RENDERED = "rendered"  # a request's forwarded items and their written bytes, in its __dict__
@@ -20,6 +21,12 @@ def changed(now: Sequence[Any], before: Sequence[Any]) -> list[int]:
     place past `before`'s end."""
     n = min(len(now), len(before))
     return [*compress(count(), map(is_not, now[:n], before[:n])), *range(n, len(now))]  # (C-level compares)
+
+
+def value_written(envelope: Any) -> bytes:
+    """An envelope's value as JSON: how chat's and Responses' adapters write an envelope the
+    client did not send."""
+    return jsonbody.dumps(envelope.value)
 
 
 def written_parts(request: Any, items: Sequence[Any], at: Callable[[Any], int | None],

@@ -24,7 +24,7 @@ from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, Summary
                            repeated_fields, splice)
 from proxy import reuse as prefix
 from proxy.reuse import Prior
-from proxy.rendered import written_parts
+from proxy.rendered import value_written, written_parts
 from proxy.protocols.chat.body import SYSTEM_ROLES, parse_chat_body, too_deep, validate_message
 from proxy.config import Config
 from proxy.credentials import OPENAI_HEADERS
@@ -141,7 +141,7 @@ class ChatAdapter(Adapter):
         original = request.conversation
         if forwarded is original:
             return request.raw
-        parts = written_parts(request, forwarded.envelopes, request.positions(), _dumped)
+        parts = written_parts(request, forwarded.envelopes, request.positions(), value_written)
         return splice(dict(request.body), "messages", parts)
 
     # -- edits ---------------------------------------------------------------------------------
@@ -227,10 +227,6 @@ class ChatAdapter(Adapter):
         if not isinstance(content, str):
             raise SummarizerError("invalid", "the upstream's answer has no text content")
         return content
-
-
-def _dumped(env: Envelope) -> bytes:
-    return jsonbody.dumps(env.value)
 
 
 def default_cap_param(base_url: str) -> str:

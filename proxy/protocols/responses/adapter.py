@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonbody
-from proxy.rendered import written_parts
+from proxy.rendered import value_written, written_parts
 from proxy.adapter import (BUILT, OPENAI_CACHE_FIELDS, Adapter, Request, SummaryCall, SummaryRequest, built_before,
                            repeated_fields, splice)
 from proxy.protocols.chat.adapter import ChatAdapter
@@ -61,10 +61,6 @@ _Built = tuple[list[Envelope], ri.Grown, dict[str, Item]]  # envelopes, their pa
 
 def _is_instructions(value: Any) -> bool:
     return isinstance(value, _Instructions)
-
-
-def _dumped(env: Envelope) -> bytes:
-    return jsonbody.dumps(env.value)
 
 
 def _plain_output(output: Any) -> bool:
@@ -162,7 +158,7 @@ class ResponsesAdapter(Adapter):
         if forwarded is original:
             return request.raw
         envs = forwarded.envelopes
-        written = written_parts(request, envs, request.positions(), _dumped, lambda e: _is_instructions(e.value))
+        written = written_parts(request, envs, request.positions(), value_written, lambda e: _is_instructions(e.value))
         out = dict(request.body)
         if instructions := [e for e, w in zip(envs, written) if w is None]:  # (not in the array: the field)
             out["instructions"] = instructions[-1].value["instructions"]
