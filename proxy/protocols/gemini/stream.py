@@ -43,6 +43,19 @@ def gemini_usage(meta: Any) -> Usage | None:
     return Usage(meta["promptTokenCount"], cached if isinstance(cached, int) else 0, out)
 
 
+def _ends(answer: dict[str, Any]) -> bool:
+    """Whether an answer ends the stream: an error, or a candidate's finishReason. (A loop, not
+    any() over a generator: every event asks.)"""
+    if "error" in answer:
+        return True
+    candidates = answer.get("candidates")
+    if type(candidates) is list:
+        for c in candidates:
+            if type(c) is dict and c.get("finishReason"):
+                return True
+    return False
+
+
 class GeminiEventChecker(EventChecker):
     """Whole `data:` events of JSON objects; the end is a finishReason or an error."""
 
@@ -53,7 +66,20 @@ class GeminiEventChecker(EventChecker):
         n = len(chunk) - 4
         if chunk.find(b"\r") == n and chunk.find(b"\n") == n + 1 and chunk.endswith(b"\r\n\r\n") \
                 and chunk.startswith(b"data: ") and not self._pending:
-            why = self.judged(chunk[6:])  # (the line's end and the blank line are JSON whitespace)
+            if type(self) is GeminiEventChecker and not self.done:
+                # The Gemini API's usual event (an answer not wrapped): `judged` written out, a
+                # call an event less; anything it does not pass goes there for its verdict.
+                try:
+                    obj = orjson.loads(chunk[6:])  # (the line's end and the blank line are JSON whitespace)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if type(obj) is dict:
+                    if type(meta := obj.get("usageMetadata")) is dict:
+                        self.usage = meta
+                    if _ends(obj):
+                        self.done = True
+                    return chunk, None
+            why = self.judged(chunk[6:])
             if why is NOT_JSON:
                 why = self.event(chunk[:n])  # (spaces alone are a keep-alive: as event() reads them)
             return (chunk, None) if why is None else (b"", why)
@@ -84,7 +110,7 @@ class GeminiEventChecker(EventChecker):
         obj = self.answer(obj)
         if isinstance(obj.get("usageMetadata"), dict):
             self.usage = obj["usageMetadata"]
-        if "error" in obj or any(isinstance(c, dict) and c.get("finishReason") for c in obj.get("candidates") or ()):
+        if _ends(obj):
             self.done = True
         return None
 

@@ -23,7 +23,8 @@ LAST = {"candidates": [{"content": {"role": "model", "parts": [{"text": "."}]}, 
         "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 2}}
 PARTS = st.sampled_from([
     _data(TEXT), _data(LAST), _data({"usageMetadata": {"promptTokenCount": 3}}), _data({"error": {"code": 400}}),
-    _data({"response": LAST, "traceId": "t"}), _data([1]), _data("x"), b"data: {", b"data: ", b"data:   ", b"data:",
+    _data({"response": LAST, "traceId": "t"}), _data({"candidates": 5}), _data({"candidates": [7, {"finishReason": ""}]}),
+    _data([1]), _data("x"), b"data: {", b"data: ", b"data:   ", b"data:",
     b"data:  " + orjson.dumps(TEXT), b"data:\t" + orjson.dumps(TEXT), b"data: {}\r", b"data: {\"a\":\r\n1}",
     b": keep-alive", b"event: x\r\ndata: {}", b"data: [DONE]", b"", b"\r\n", b"data: {}\x0c",
 ])
@@ -52,3 +53,24 @@ def test_googles_usual_event_is_judged_without_the_general_reading(monkeypatch):
     assert checker.done and checker.usage == LAST["usageMetadata"]
     assert calls == []
     assert checker.feed(_data(TEXT) + b"\r\n\r\n") == (b"", "an event came after the end of the answer")
+
+
+def test_the_gemini_apis_usual_event_is_judged_in_feed_itself(monkeypatch):
+    """The Gemini API's usual event costs no call past `feed` (`judged`, the answer's unwrapping,
+    a generator over its candidates: as much as the event's parse); Code Assist's wrapped events,
+    and anything the usual reading does not pass, still go to `judged`."""
+    judged: list[bytes] = []
+    real = GeminiEventChecker.judged
+    monkeypatch.setattr(GeminiEventChecker, "judged", lambda self, data: judged.append(data) or real(self, data))
+    checker = GeminiEventChecker()
+    events = [_data(TEXT) + b"\r\n\r\n", _data(LAST) + b"\r\n\r\n"]
+    assert [checker.feed(e) for e in events] == [(e, None) for e in events]
+    assert checker.done and checker.usage == LAST["usageMetadata"] and judged == []
+    assert checker.feed(_data(TEXT) + b"\r\n\r\n") == (b"", "an event came after the end of the answer")
+    assert judged  # (after the end: the verdict is judged's)
+    judged.clear()
+    assert GeminiEventChecker().feed(b"data: {\r\n\r\n")[0] == b"" and judged
+    judged.clear()
+    wrapped = CodeAssistEventChecker()
+    event = _data({"response": LAST}) + b"\r\n\r\n"
+    assert wrapped.feed(event) == (event, None) and wrapped.done and judged == [event[6:]]
