@@ -393,7 +393,8 @@ def contains(protocol: str, scope: str | None, raw: bytes, needle: bytes) -> boo
     """`needle in raw`, without searching again the envelopes `raw` shares with a kept body of
     the scope that lacked it: a hook that looks for its marker before the parse (an agent's own
     compaction) then searches what is new in the body, not the history it resends every turn."""
-    return _find(raw, needle, RECENT.unsearched(_scoped(protocol, scope), raw, needle), len(raw)) >= 0
+    start = 0 if len(raw) < MIN_BYTES else RECENT.unsearched(_scoped(protocol, scope), raw, needle)  # (small: none kept)
+    return _find(raw, needle, start, len(raw)) >= 0
 
 
 def _scoped(protocol: str, scope: str | None) -> str | None:
