@@ -38,6 +38,9 @@ def test_whole_crlf_event_chunks_are_judged_as_byte_by_byte_feeding_judges_them(
     raw = b"".join(chunks)
     at = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
     assert feed_checker(cls, raw, at) == feed_checker(cls, raw, list(range(1, len(raw))))
+    # several whole events a read (a stream that outpaces the relay), judged in place too
+    some = sorted(set(seps.draw(st.lists(st.sampled_from(at), max_size=len(at))))) if at else []
+    assert feed_checker(cls, raw, some) == feed_checker(cls, raw, list(range(1, len(raw))))
 
 
 def test_googles_usual_event_is_judged_without_the_general_reading(monkeypatch):
@@ -53,6 +56,9 @@ def test_googles_usual_event_is_judged_without_the_general_reading(monkeypatch):
     assert checker.done and checker.usage == LAST["usageMetadata"]
     assert calls == []
     assert checker.feed(_data(TEXT) + b"\r\n\r\n") == (b"", "an event came after the end of the answer")
+    several = GeminiEventChecker()  # a read of several events (the stream outpaced the relay): the same
+    chunk = b"".join(events)
+    assert several.feed(chunk) == (chunk, None) and several.done and calls == []
 
 
 def test_the_gemini_apis_usual_event_is_judged_in_feed_itself(monkeypatch):
