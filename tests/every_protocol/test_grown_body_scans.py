@@ -180,3 +180,16 @@ def test_written_ends_are_the_scanned_ends_or_none(elements, style, drop):
     if style == 0 and not drop and all(isinstance(e, (dict, list)) for e in elements):  # as orjson writes them
         assert got is not None
     assert got is None or got == jsonarray.elements(raw, start)
+
+
+def test_a_small_body_is_searched_whole_without_the_kept_bodies_lookup(monkeypatch, searched):
+    """A body under reuse.MIN_BYTES is never kept, so none shares envelopes with it: its marker
+    search is one search of its bytes, without the scope's name made and its kept bodies looked
+    up (every small Responses and Messages request asks)."""
+    looked: list[object] = []
+    monkeypatch.setattr(reuse.RecentBodies, "unsearched", lambda self, *a: looked.append(a) or 0)
+    for raw, needle, found in ((b'{"input":[{"type":"compaction_trigger"}]}', NEEDLES["responses"], True),
+                               (b'{"messages":[{"role":"user","content":"hi"}]}', MARK, False)):
+        assert reuse.contains("responses", "scope", raw, needle) is found
+    assert looked == [] and [n for n, _ in searched] == [NEEDLES["responses"], MARK]
+    assert reuse.contains("responses", "scope", b" " * reuse.MIN_BYTES, MARK) is False and len(looked) == 1

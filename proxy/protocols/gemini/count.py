@@ -33,6 +33,8 @@ def count_part(counter: TokenCounter, part: Any, enc: str) -> int:
 
 
 def count_content(counter: TokenCounter, content: Any, enc: str, key: Hashable) -> int:
-    """One content, cached by `key`."""
-    return counter.count_message(content, enc, ("gemini", key),
-                                 count=lambda c, e: MESSAGE_OVERHEAD + sum(count_part(counter, p, e) for p in parts(c)))
+    """One content, cached by `key`; a count known looked up first (as messages' count_message)."""
+    key = ("gemini", key)
+    n = counter.cached(enc, key)
+    return n if n is not None else counter.count_message(
+        content, enc, key, count=lambda c, e: MESSAGE_OVERHEAD + sum(count_part(counter, p, e) for p in parts(c)))

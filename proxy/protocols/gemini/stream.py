@@ -43,21 +43,64 @@ def gemini_usage(meta: Any) -> Usage | None:
     return Usage(meta["promptTokenCount"], cached if isinstance(cached, int) else 0, out)
 
 
+def _ends(answer: dict[str, Any]) -> bool:
+    """Whether an answer ends the stream: an error, or a candidate's finishReason. (A loop, not
+    any() over a generator: every event asks.)"""
+    if "error" in answer:
+        return True
+    candidates = answer.get("candidates")
+    if type(candidates) is list:
+        for c in candidates:
+            if type(c) is dict and c.get("finishReason"):
+                return True
+    return False
+
+
 class GeminiEventChecker(EventChecker):
     """Whole `data:` events of JSON objects; the end is a finishReason or an error."""
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
-        # Google ends each event with CRLF CRLF: one `data: ` line and its end is judged in place,
-        # as the base class judges its own usual shape (a CR sends any chunk to its general path,
-        # which buffers, searches and copies it: every event of a Gemini stream went there).
+        # Google ends each event with CRLF CRLF: a chunk of whole events, each one `data: ` line,
+        # is judged in place, as the base class judges its own usual shape (a CR sends any chunk
+        # to its general path, which buffers, regex-searches and copies it). A read carries
+        # several events whenever the stream outpaces the relay.
         n = len(chunk) - 4
-        if chunk.find(b"\r") == n and chunk.find(b"\n") == n + 1 and chunk.endswith(b"\r\n\r\n") \
-                and chunk.startswith(b"data: ") and not self._pending:
-            why = self.judged(chunk[6:])  # (the line's end and the blank line are JSON whitespace)
-            if why is NOT_JSON:
-                why = self.event(chunk[:n])  # (spaces alone are a keep-alive: as event() reads them)
+        if self._pending or not chunk.endswith(b"\r\n\r\n") or not chunk.startswith(b"data: "):
+            return super().feed(chunk)
+        if chunk.find(b"\r") == n and chunk.find(b"\n") == n + 1:  # one event, the usual read
+            why = self._line(chunk)
             return (chunk, None) if why is None else (b"", why)
-        return super().feed(chunk)
+        lines = chunk.split(b"\r\n\r\n")
+        if lines.pop():  # (not ended by the last split: a blank line more, read generally)
+            return super().feed(chunk)
+        for line in lines:
+            if not line.startswith(b"data: ") or b"\r" in line or b"\n" in line:
+                return super().feed(chunk)
+        pos = 0
+        for line in lines:
+            if (why := self._line(line)) is not None:
+                return chunk[:pos], why
+            pos += len(line) + 4
+        return chunk, None
+
+    def _line(self, line: bytes) -> str | None:
+        """One `data: ` line (its CRLF CRLF end, if given, is JSON whitespace): why it is broken, or
+        None. The Gemini API's usual answer (not wrapped) is judged here, `judged` written out."""
+        if type(self) is GeminiEventChecker and not self.done:
+            try:
+                obj = orjson.loads(line[6:])
+            except orjson.JSONDecodeError:
+                obj = None
+            if type(obj) is dict:
+                if type(meta := obj.get("usageMetadata")) is dict:
+                    self.usage = meta
+                if _ends(obj):
+                    self.done = True
+                return None
+        why = self.judged(line[6:])
+        if why is NOT_JSON:
+            why = self.event(line.rstrip(b"\r\n"))  # (spaces alone are a keep-alive: as event() reads them)
+        return why
 
     def simple(self, chunk: bytes) -> Any:
         n = len(chunk) - 2
@@ -84,7 +127,7 @@ class GeminiEventChecker(EventChecker):
         obj = self.answer(obj)
         if isinstance(obj.get("usageMetadata"), dict):
             self.usage = obj["usageMetadata"]
-        if "error" in obj or any(isinstance(c, dict) and c.get("finishReason") for c in obj.get("candidates") or ()):
+        if _ends(obj):
             self.done = True
         return None
 

@@ -40,9 +40,12 @@ def count_content(counter: TokenCounter, content: Any, enc: str) -> int:
 
 
 def count_message(counter: TokenCounter, msg: dict[str, Any], enc: str, key: Hashable) -> int:
-    """One message, cached by `key` (any key that identifies it)."""
-    return counter.count_message(msg, enc, ("messages", key),
-                                 count=lambda m, e: MESSAGE_OVERHEAD + count_content(counter, m.get("content"), e))
+    """One message, cached by `key` (any key that identifies it). A count known is looked up first,
+    as chat's are: no counting closure made for it, every message of every request."""
+    key = ("messages", key)
+    n = counter.cached(enc, key)
+    return n if n is not None else counter.count_message(
+        msg, enc, key, count=lambda m, e: MESSAGE_OVERHEAD + count_content(counter, m.get("content"), e))
 
 
 def count_system(counter: TokenCounter, body: dict[str, Any], enc: str) -> int:
