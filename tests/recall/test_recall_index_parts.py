@@ -60,6 +60,20 @@ def test_names_and_words_read_once_each_are_what_every_occurrence_gives(text: st
     assert base.index_words(text) == plain_index_words(text)
 
 
+# The definitions' one pattern as it was: led by its look-behind (symbols._definitions is it, faster).
+PLAIN_DEFINITION = re.compile(rf"(?<![\w.]){symbols._DEFINERS}[ \t]+([A-Za-z_]\w*){symbols._AFTER}", re.MULTILINE)
+DEFINING = ["def f(", "async def g(x", "xasync def h(", "class C:", "a.class D:", "fn main() {", "type T = 1",
+            "record R(", "interface I extends J", "enum E {", "object O", "typedef int", "prototype P(", "impl X for Y",
+            "func (s *S) M(", "struct S<T>", "async  function k(", "def\tq(", "class\n", "def def(", "classclass K:"]
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(WORDS + DEFINING) | st.text(max_size=5), max_size=40).map(lambda w: "".join(
+    x + y for x, y in zip(w, [" ", "", "\n", ".", "x", "\t"] * 40))))
+def test_definitions_are_the_matches_of_the_pattern_led_by_its_look_behind(text: str) -> None:
+    assert symbols._definitions(text) == [m.group(1) for m in PLAIN_DEFINITION.finditer(text)]
+
+
 def plain_span_terms(text: str, parts: list[str]) -> list[str]:
     """The per-message rule plainly: each message (or piece of one the span's head and tail cut)
     read on its own, the names they define first, then what they mention, capped."""
