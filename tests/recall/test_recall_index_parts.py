@@ -190,3 +190,39 @@ def test_a_spans_symbols_found_ahead_are_those_of_the_texts_its_index_reads_whol
     originals.warm([Envelope([Item(Kind.ASSISTANT, t + "x")], i, True, None) for i, t in enumerate(texts)])
     assert 4 < len(calls) < 15 and calls[0] == texts[0] + "x" and texts[-1] + "x" in calls
     assert texts[30] + "x" not in calls
+
+
+def test_a_texts_runs_are_found_once_for_its_identifiers_and_its_symbols(monkeypatch) -> None:
+    """Recall reads a text's symbols after the identifier scan read it (a masked output, a
+    summarized span's messages): the runs that are not prose's words are found once for both."""
+    passes: list[str] = []
+
+    class Counted:
+        def __getattr__(self, name):
+            passes.append(name)
+            return getattr(real, name)
+
+    real = ids._WORDY_RUN
+    monkeypatch.setattr(ids, "_WORDY_RUN", Counted())
+    text = "src/ledger/charges.py:12: def settle_charge(x): LedgerWorker.flush() failed\n" * 8 + " the words" * 40
+    plain = symbols.mentioned(text, symbols.MAX_SYMBOLS)
+    assert len(passes) == 1
+    passes.clear()
+    ids.scan(text)
+    assert symbols.mentioned(text, symbols.MAX_SYMBOLS) == plain
+    assert len(passes) == 1, passes
+    symbols.mentioned(text, symbols.MAX_SYMBOLS)  # (taken: a text's symbols are cached, not read twice)
+    assert len(passes) == 2
+
+
+def test_the_runs_kept_for_the_symbols_read_are_bounded_by_entries_and_characters(monkeypatch) -> None:
+    kept = ids._Joined()
+    monkeypatch.setattr(kept, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(kept, "MAX_CHARS", 1000)
+    texts = [f"{i:04d}" + "x" * 300 for i in range(5)]
+    for t in texts:
+        kept.put(t, t[:400])
+    assert len(kept._d) == 3 and kept.chars == 3 * 304  # the oldest two dropped
+    kept.put("y" * 300, "y" * 900)
+    assert kept.chars <= 1000 and kept.take("y" * 300) == "y" * 900 and kept.chars == 0
+    assert kept.take(texts[0]) is None and kept.take("short") is None
