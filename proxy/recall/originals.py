@@ -170,6 +170,8 @@ class Originals:
     async def save(self, scope: str, *originals: Original) -> None:
         """Store (or refresh) originals with their indexes, in one write of the store (a masking
         keeps tens at once). Never raises on a store outage."""
+        if not originals:
+            return
         rows = await offload.sized(sum(len(o.text) for o in originals) * offload.SCAN_WEIGHT,  # off the loop
                                    self._rows, scope, originals)
         await self.store.put_originals(rows)
