@@ -71,7 +71,9 @@ DEFINING = ["def f(", "async def g(x", "xasync def h(", "class C:", "a.class D:"
 @given(st.lists(st.sampled_from(WORDS + DEFINING) | st.text(max_size=5), max_size=40).map(lambda w: "".join(
     x + y for x, y in zip(w, [" ", "", "\n", ".", "x", "\t"] * 40))))
 def test_definitions_are_the_matches_of_the_pattern_led_by_its_look_behind(text: str) -> None:
-    assert symbols._definitions(text) == [m.group(1) for m in PLAIN_DEFINITION.finditer(text)]
+    plain = [m.group(1) for m in PLAIN_DEFINITION.finditer(text)]
+    assert symbols._at_keywords(text) == plain  # (a long text's way, for every text)
+    assert symbols._definitions(text) == symbols._definitions(text + "\n" * symbols._SHORT) == plain
 
 
 def plain_span_terms(text: str, parts: list[str]) -> list[str]:
