@@ -25,8 +25,8 @@ _KEYWORDS = ("def", "class", "function", "fn", "func", "struct", "interface", "e
 _DEFINERS = rf"(?:async[ \t]+)?(?:{'|'.join(_KEYWORDS)})"
 # what follows a defined name in code (not in prose: "the class of problems")
 _AFTER = r"(?=[ \t]*[(:{<\[=]|[ \t]+(?:struct|interface|extends|implements|where)\b|[ \t]*$)"
-# A definition at a place where one starts (`_definitions` looks behind it: not after a word's
-# character or a dot). No leading look-behind or optional `async`: with them the engine tried the
+# A definition at a place where one starts (`_at_keywords` checks what is behind it: not a word's
+# character or a dot). No leading look-behind or optional `async`: with them the engine tries the
 # whole alternation at every character of a text.
 _DEFINITION_AT = re.compile(rf"(?:async[ \t]+(?:{'|'.join(_KEYWORDS)})|{'|'.join(_KEYWORDS)})[ \t]+([A-Za-z_]\w*){_AFTER}",
                             re.MULTILINE)
@@ -81,6 +81,7 @@ def _qualified(text: str) -> list[str]:
 
 
 def _definitions(text: str) -> list[str]:
+    """The names _DEFINITION finds in `text`, in order."""
     if len(text) < _SHORT:
         return [m.group(1) for m in _DEFINITION.finditer(text)]
     return _at_keywords(text)
