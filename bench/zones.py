@@ -284,6 +284,17 @@ def zone_rows(w: Walk) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def past_prepare(w: Walk) -> dict[str, Any]:
+    """The CPU summed over the steps from the prepare line on, per target, and its ratio to the
+    baseline's: what the session past the prepare line costs. A preparation's CPU counts wherever
+    the walk's settle lets it fall (the zones' figures move with that; this sum does not)."""
+    cpu = {name: sum(ms for zone, ms_list in by_zone.items() if zone != "under" for ms in ms_list)
+           for name, by_zone in w.cpu_ms.items()}
+    base = cpu.get(BASELINE)
+    return {"steps": sum(z != "under" for z in w.zones), "cpu_ms": cpu,
+            "vs_baseline": {name: (v / base if base else None) for name, v in cpu.items() if name != BASELINE}}
+
+
 async def zones(bench: Any) -> dict[str, Any]:
     """One session per protocol walked through every zone (see the module's docstring)."""
     out: dict[str, Any] = {}
@@ -294,7 +305,7 @@ async def zones(bench: Any) -> dict[str, Any]:
             bench.problems += w.problems
             # (a zone may be skipped: with larger turns, or more prose, masking alone may never serve)
             out[protocol] = {"model": MODELS[protocol], "window": _window(MODELS[protocol]), "steps": len(w.zones),
-                             "zones": zone_rows(w), "missing": [z for z in ZONES if z not in w.zones]}
+                             "zones": zone_rows(w), "past_prepare": past_prepare(w), "missing": [z for z in ZONES if z not in w.zones]}
     return {"description": "one session per protocol through every zone (defaults: masking on, the model's window), "
                            "CPU per request charged until the target's next request", "metric": "zones",
             "targets": {}, "protocols": out}

@@ -6,7 +6,9 @@ them by salience (design.md § What code keeps). Pure functions, shared by the t
 from __future__ import annotations
 
 import re
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from typing import Callable, Iterable
 
 from proxy.farm import farm
@@ -99,6 +101,7 @@ def _spans(text: str) -> list[tuple[int, int, str]]:
     text = scanned(text)
     starts, runs = _wordy_runs(text)
     joined = "\n".join(runs)
+    _joined.put(text, joined)
     found: list[tuple[int, int, str]] = []
     for pat, needs in _IDENT_NEEDS:
         if needs and not any(n in joined for n in needs):
@@ -113,8 +116,44 @@ def _spans(text: str) -> list[tuple[int, int, str]]:
 
 def unworded(text: str) -> str:
     """`text`'s runs that are not prose's words, joined by newlines: all that a pattern matching
-    no prose word and crossing no white space (seeing it as a text's edge) needs to read."""
-    return "\n".join(_WORDY_RUN.findall(text))
+    no prose word and crossing no white space (seeing it as a text's edge) needs to read. The
+    identifier scan's, when it read this text lately."""
+    joined = _joined.take(text)
+    return "\n".join(_WORDY_RUN.findall(text)) if joined is None else joined
+
+
+class _Joined:
+    """text -> its runs joined, as the identifier scan read them, until the symbols' read of the
+    same text takes them (recall reads a text's symbols after its identifiers: a masked output at
+    the crossing, a summarized span's messages in the preparation that ranked their identifiers),
+    so the runs are found once a text. Bounded by entries and characters, oldest dropped first."""
+
+    MAX_ENTRIES, MAX_CHARS, MIN_CHARS = 1024, 8 << 20, 256
+
+    def __init__(self) -> None:
+        self._d: OrderedDict[str, str] = OrderedDict()
+        self.chars = 0
+        self._lock = threading.Lock()  # (scans run in worker threads too)
+
+    def put(self, text: str, joined: str) -> None:
+        if len(text) < self.MIN_CHARS or len(joined) > self.MAX_CHARS:
+            return
+        with self._lock:
+            self.chars += len(joined) - len(self._d.pop(text, ""))
+            self._d[text] = joined
+            while len(self._d) > self.MAX_ENTRIES or self.chars > self.MAX_CHARS:
+                self.chars -= len(self._d.popitem(last=False)[1])
+
+    def take(self, text: str) -> str | None:
+        if len(text) < self.MIN_CHARS:
+            return None
+        with self._lock:
+            joined = self._d.pop(text, None)
+            self.chars -= len(joined or "")
+        return joined
+
+
+_joined = _Joined()
 
 
 def _wordy_runs(text: str) -> tuple[list[int], list[str]]:

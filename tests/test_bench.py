@@ -497,6 +497,19 @@ def test_zone_rows_charge_each_target_per_zone_and_divide_by_the_baseline():
     assert "masked" not in rows
 
 
+def test_the_session_past_the_prepare_line_is_its_steps_cpu_summed_against_the_baselines():
+    """Where a preparation's CPU lands (its own step or the next, by the walk's settle) moves the
+    zones' figures, not this sum: the steps from the prepare line on, the under zone left out."""
+    def walk(prepare: list[float], masked: list[float]) -> zones.Walk:
+        return zones.Walk(cpu_ms={"baseline": {"under": [1.0] * 2, "prepare": [2.0] * 2, "masked": [2.0]},
+                                  "proxy": {"under": [9.0, 9.0], "prepare": prepare, "masked": masked}},
+                          zones=["under", "under", "prepare", "prepare", "masked"], tokens=[1] * 5)
+    on_its_step, charged_later = walk([20.0, 2.0], [2.0]), walk([2.0, 2.0], [20.0])
+    assert zones.past_prepare(on_its_step) == zones.past_prepare(charged_later) == {
+        "steps": 3, "cpu_ms": {"baseline": 6.0, "proxy": 24.0}, "vs_baseline": {"proxy": 4.0}}
+    assert zones.zone_rows(on_its_step)["prepare"] != zones.zone_rows(charged_later)["prepare"]
+
+
 @pytest.mark.parametrize("protocol", zones.PROTOCOLS)
 def test_a_zones_session_grows_a_turn_a_request_and_passes_the_strict_fakes_checks(protocol):
     from proxy.fakes.gemini import validate as gv
@@ -570,17 +583,21 @@ async def test_fake_answers_every_protocol_summary_call_and_the_one_riding_the_c
 
 def test_issue_39_targets_are_checked_per_zone_and_protocol():
     zone = {"n": 1, "tokens": 1.0, "cpu_ms_per_req": {"baseline": 1.0, "proxy": 3.0}, "cpu_vs_baseline": {"proxy": 3.0}}
+    past = {"steps": 1, "cpu_ms": {"baseline": 2.0, "proxy": 3.0}, "vs_baseline": {"proxy": 1.5}}
     results = {"zones": {"description": "z", "metric": "zones", "targets": {},
-                         "protocols": {"chat": {"model": "m", "window": 1, "steps": 1, "zones": {"under": zone}, "missing": []}}},
+                         "protocols": {"chat": {"model": "m", "window": 1, "steps": 1, "zones": {"under": zone},
+                                                "past_prepare": past, "missing": []}}},
                "prepare_repeat": {"description": "r", "metric": "prepare_repeat", "targets": {},
                                   "protocols": {"chat": {"baseline": {"cpu_ms_per_req": 1.0},
                                                          "proxy": {"cpu_ms_per_req": 1.5, "cpu_vs_baseline": 1.5}, "tokens": 97000}}}}
     checks = {c["target"]: c for c in report.issue39_targets(results)}
     assert checks["issue 39, chat: zone under: CPU/req vs bare forwarder"]["met"] is False
+    assert checks["issue 39, chat: the session from the prepare line on: CPU summed vs bare forwarder"]["met"] is True
     assert checks["issue 39, chat: ~97k-token body repeated in the prepare zone: CPU/req vs bare forwarder"]["met"] is True
     assert checks["issue 39, messages: small, 1 client: CPU/req vs bare forwarder"]["met"] is None
     text = "\n".join(report.zones_lines(results["zones"]) + report.repeat_lines(results["prepare_repeat"]))
     assert "under" in text and "3.00" in text and "proxy 1.50 ms (1.50x)" in text
+    assert "from the prepare line on, 1 steps, CPU summed: baseline 2 ms, proxy 3 ms; proxy/base 1.50x" in text
 
 
 def test_a_proxys_worker_process_is_charged_to_the_proxy(tmp_path):

@@ -66,9 +66,7 @@ class Recall:
                 self._saved.move_to_end(f"{scope}:{o.handle}")
             return
         stored = await self.originals.saved(scope, [o.handle for o in new])
-        for o in new:
-            if o.handle not in stored:
-                await self.originals.save(scope, o)
+        await self.originals.save(scope, *(o for o in new if o.handle not in stored))
         if getattr(self.store, "healthy", True):  # else: try again on the next request
             for o in new:
                 self._saved[f"{scope}:{o.handle}"] = None

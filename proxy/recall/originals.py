@@ -20,7 +20,7 @@ from proxy.farm import farm
 from proxy.identifiers import find_identifiers, scanned
 from proxy.model import Envelope
 from proxy.recall import symbols
-from proxy.store.base import Store, index_words
+from proxy.store.base import OriginalRow, Store, index_words
 
 MAX_IDENTIFIERS = 2000  # indexed exactly per original, at most (first seen first)
 MAX_QUERY_CHARS = 1000  # of a search query, read (an identifier or some words; a longer one is cut)
@@ -167,11 +167,17 @@ class Originals:
         if getattr(self.store, "healthy", True) is False:
             raise RecallUnavailable("the store is unavailable")
 
-    async def save(self, scope: str, original: Original) -> None:
-        """Store (or refresh) an original with its index. Never raises on a store outage."""
-        value, idents, words = await offload.sized(len(original.text) * offload.SCAN_WEIGHT, index, original,  # off the loop
-                                                   not self.store.indexes_words)
-        await self.store.put_original(self.prefix(scope) + original.handle, value, idents, words)
+    async def save(self, scope: str, *originals: Original) -> None:
+        """Store (or refresh) originals with their indexes, in one write of the store (a masking
+        keeps tens at once). Never raises on a store outage."""
+        if not originals:
+            return
+        rows = await offload.sized(sum(len(o.text) for o in originals) * offload.SCAN_WEIGHT,  # off the loop
+                                   self._rows, scope, originals)
+        await self.store.put_originals(rows)
+
+    def _rows(self, scope: str, originals: Sequence[Original]) -> list[OriginalRow]:
+        return [OriginalRow(self.prefix(scope) + o.handle, *index(o, not self.store.indexes_words)) for o in originals]
 
     async def saved(self, scope: str, handles: list[str]) -> set[str]:
         """Which of these handles are stored already (their originals need no second write)."""

@@ -28,13 +28,22 @@ from __future__ import annotations
 import re
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from proxy import offload
 from proxy.farm import farm
 from proxy.identifiers import scanned
 
 Clock = Callable[[], float]
+
+
+class OriginalRow(NamedTuple):
+    """What put_original stores: the key, the value, its identifiers and (or None) its words."""
+
+    key: str
+    value: bytes
+    identifiers: Sequence[str]
+    words: Sequence[str] | None = None
 
 
 class StoreUnavailable(Exception):
@@ -84,6 +93,12 @@ class Store(ABC):
         """Store an original (an expiring key with the store's TTL) and index it: `identifiers`
         exactly, the words of `value` (UTF-8 text) for search: `words` when the caller knows them
         already (index_words of the value; a backend that indexes its text itself ignores them)."""
+
+    async def put_originals(self, rows: Sequence[OriginalRow]) -> None:
+        """put_original of each row: a backend that can writes them all at once (SQLite: one
+        transaction; a request that masks keeps tens of originals)."""
+        for row in rows:
+            await self.put_original(row.key, row.value, row.identifiers, row.words)
 
     @abstractmethod
     async def find_originals(

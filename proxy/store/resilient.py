@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Sequence, TypeVar
 
-from .base import Clock, Store, StoreUnavailable
+from .base import Clock, OriginalRow, Store, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -100,6 +100,9 @@ class ResilientStore(Store):
     async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
                            words: Sequence[str] | None = None) -> None:
         await self._guard(lambda: self.inner.put_original(key, value, identifiers, words), None)
+
+    async def put_originals(self, rows: Sequence[OriginalRow]) -> None:
+        await self._guard(lambda: self.inner.put_originals(rows), None)
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int

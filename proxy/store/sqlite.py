@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
-from .base import Clock, Store, StoreUnavailable
+from .base import Clock, OriginalRow, Store, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -207,16 +207,17 @@ class SqliteStore(Store):
         ).fetchall()
         return [(at, bytes(v)) for at, v in reversed(rows)]
 
-    def _put_original(
-        self, conn: sqlite3.Connection, key: str, value: bytes, identifiers: list[str], now: float
-    ) -> None:
+    def _put_originals(self, conn: sqlite3.Connection, rows: list[tuple[str, bytes, list[str]]], now: float) -> None:
+        """Every row in one transaction: a commit (and the eviction's count) per original was most
+        of a masking request's store time."""
         with _transaction(conn):
-            conn.execute("DELETE FROM kv WHERE key = ?", (key,))  # the trigger drops its old index
-            conn.execute(_UPSERT, (key, value, now + self.ttl_s, now))
-            doc = conn.execute("INSERT INTO orig_doc (key) VALUES (?)", (key,)).lastrowid
-            # the same expression as the triggers' 'delete': FTS5 must be told the very text it indexed
-            conn.execute("INSERT INTO orig_fts (rowid, body) VALUES (?, CAST(? AS TEXT))", (doc, value))
-            conn.executemany("INSERT INTO orig_ident (ident, doc) VALUES (?, ?)", [(i, doc) for i in identifiers])
+            for key, value, identifiers in rows:
+                conn.execute("DELETE FROM kv WHERE key = ?", (key,))  # the trigger drops its old index
+                conn.execute(_UPSERT, (key, value, now + self.ttl_s, now))
+                doc = conn.execute("INSERT INTO orig_doc (key) VALUES (?)", (key,)).lastrowid
+                # the same expression as the triggers' 'delete': FTS5 must be told the very text it indexed
+                conn.execute("INSERT INTO orig_fts (rowid, body) VALUES (?, CAST(? AS TEXT))", (doc, value))
+                conn.executemany("INSERT INTO orig_ident (ident, doc) VALUES (?, ?)", [(i, doc) for i in identifiers])
             self._after_write(conn, now)
 
     def _find_originals(
@@ -302,9 +303,14 @@ class SqliteStore(Store):
 
     async def put_original(self, key: str, value: bytes, identifiers: Sequence[str],
                            words: Sequence[str] | None = None) -> None:  # (FTS5 reads its words)
-        if not key.startswith("orig:"):
+        await self.put_originals([OriginalRow(key, value, identifiers, words)])
+
+    async def put_originals(self, rows: Sequence[OriginalRow]) -> None:
+        if any(not r.key.startswith("orig:") for r in rows):
             raise ValueError("an original's key starts with 'orig:'")
-        await self._run(self._put_original, key, value, list(dict.fromkeys(identifiers)), self.clock())
+        if rows:
+            await self._run(self._put_originals, [(r.key, r.value, list(dict.fromkeys(r.identifiers))) for r in rows],
+                            self.clock())
 
     async def find_originals(
         self, prefix: str, words: Sequence[str], identifiers: Sequence[str], limit: int

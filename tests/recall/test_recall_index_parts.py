@@ -60,6 +60,22 @@ def test_names_and_words_read_once_each_are_what_every_occurrence_gives(text: st
     assert base.index_words(text) == plain_index_words(text)
 
 
+# The definitions' one pattern as it was: led by its look-behind (symbols._definitions is it, faster).
+PLAIN_DEFINITION = re.compile(rf"(?<![\w.]){symbols._DEFINERS}[ \t]+([A-Za-z_]\w*){symbols._AFTER}", re.MULTILINE)
+DEFINING = ["def f(", "async def g(x", "xasync def h(", "class C:", "a.class D:", "fn main() {", "type T = 1",
+            "record R(", "interface I extends J", "enum E {", "object O", "typedef int", "prototype P(", "impl X for Y",
+            "func (s *S) M(", "struct S<T>", "async  function k(", "def\tq(", "class\n", "def def(", "classclass K:"]
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(WORDS + DEFINING) | st.text(max_size=5), max_size=40).map(lambda w: "".join(
+    x + y for x, y in zip(w, [" ", "", "\n", ".", "x", "\t"] * 40))))
+def test_definitions_are_the_matches_of_the_pattern_led_by_its_look_behind(text: str) -> None:
+    plain = [m.group(1) for m in PLAIN_DEFINITION.finditer(text)]
+    assert symbols._at_keywords(text) == plain  # (a long text's way, for every text)
+    assert symbols._definitions(text) == symbols._definitions(text + "\n" * symbols._SHORT) == plain
+
+
 def plain_span_terms(text: str, parts: list[str]) -> list[str]:
     """The per-message rule plainly: each message (or piece of one the span's head and tail cut)
     read on its own, the names they define first, then what they mention, capped."""
@@ -176,3 +192,39 @@ def test_a_spans_symbols_found_ahead_are_those_of_the_texts_its_index_reads_whol
     originals.warm([Envelope([Item(Kind.ASSISTANT, t + "x")], i, True, None) for i, t in enumerate(texts)])
     assert 4 < len(calls) < 15 and calls[0] == texts[0] + "x" and texts[-1] + "x" in calls
     assert texts[30] + "x" not in calls
+
+
+def test_a_texts_runs_are_found_once_for_its_identifiers_and_its_symbols(monkeypatch) -> None:
+    """Recall reads a text's symbols after the identifier scan read it (a masked output, a
+    summarized span's messages): the runs that are not prose's words are found once for both."""
+    passes: list[str] = []
+
+    class Counted:
+        def __getattr__(self, name):
+            passes.append(name)
+            return getattr(real, name)
+
+    real = ids._WORDY_RUN
+    monkeypatch.setattr(ids, "_WORDY_RUN", Counted())
+    text = "src/ledger/charges.py:12: def settle_charge(x): LedgerWorker.flush() failed\n" * 8 + " the words" * 40
+    plain = symbols.mentioned(text, symbols.MAX_SYMBOLS)
+    assert len(passes) == 1
+    passes.clear()
+    ids.scan(text)
+    assert symbols.mentioned(text, symbols.MAX_SYMBOLS) == plain
+    assert len(passes) == 1, passes
+    symbols.mentioned(text, symbols.MAX_SYMBOLS)  # (taken: a text's symbols are cached, not read twice)
+    assert len(passes) == 2
+
+
+def test_the_runs_kept_for_the_symbols_read_are_bounded_by_entries_and_characters(monkeypatch) -> None:
+    kept = ids._Joined()
+    monkeypatch.setattr(kept, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(kept, "MAX_CHARS", 1000)
+    texts = [f"{i:04d}" + "x" * 300 for i in range(5)]
+    for t in texts:
+        kept.put(t, t[:400])
+    assert len(kept._d) == 3 and kept.chars == 3 * 304  # the oldest two dropped
+    kept.put("y" * 300, "y" * 900)
+    assert kept.chars <= 1000 and kept.take("y" * 300) == "y" * 900 and kept.chars == 0
+    assert kept.take(texts[0]) is None and kept.take("short") is None

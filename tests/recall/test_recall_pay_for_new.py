@@ -6,12 +6,15 @@ envelopes whose parts are made and the client envelopes read into the maps of ca
 
 from __future__ import annotations
 
+import contextlib
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import adapter
 from proxy.fakes.chat import FakeUpstream
 from proxy.recall import handles, keep, layer
+from proxy.store import sqlite
 from support.client import until_twice
 from support.coding_session import coding_session
 
@@ -293,3 +296,33 @@ def _same_lists(req: _Request, forwarded: list) -> list:
         return forwarded
     theirs = before[0]
     return [theirs[i] if 0 < i < len(theirs) and theirs[i] == m else m for i, m in enumerate(forwarded)]
+
+
+async def test_the_originals_a_request_keeps_are_written_in_one_store_transaction(
+    upstream: FakeUpstream, make_proxy, client_for, monkeypatch, tmp_path
+) -> None:
+    """The request that crosses into masking keeps the originals of all its new stubs: one SQLite
+    transaction for them all (a commit and an eviction count each was most of the store's time)."""
+    upstream.window = WINDOW
+    writes: list[int] = []  # originals each transaction of the request added
+    real = sqlite._transaction
+
+    @contextlib.contextmanager
+    def counted(conn):
+        before = conn.execute("SELECT count(*) FROM orig_doc").fetchone()[0]
+        with real(conn):
+            yield
+            added = conn.execute("SELECT count(*) FROM orig_doc").fetchone()[0] - before
+        if added:
+            writes.append(added)
+
+    monkeypatch.setattr(sqlite, "_transaction", counted)
+    proxy = await make_proxy(upstream.base_url, {"models": {MODEL: {"context_window": WINDOW}},
+                                                 "store": {"url": f"sqlite:///{tmp_path / 'store.db'}"},
+                                                 "compaction": {"learn_token_ratio": False}})
+    per_request: list[list[int]] = []
+    await until_twice(client_for(proxy), proxy, coding_session(14), "masked", model=MODEL,
+                      reset=lambda: (per_request.append(list(writes)), writes.clear()))
+    per_request.append(list(writes))
+    assert max(map(sum, per_request)) >= 3  # the crossing request kept several originals ...
+    assert all(len(w) <= 1 for w in per_request), per_request  # ... each request in one transaction

@@ -21,6 +21,7 @@ from proxy.prompts import Prompts
 from proxy.recall.originals import Original, Originals
 from proxy.recall.tool import answer as tool_answer
 from proxy.store import Store, StoreUnavailable, open_store
+from proxy.store.base import OriginalRow
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.redis_cluster import RedisClusterStore
@@ -330,6 +331,22 @@ async def test_originals_are_found_by_identifier_and_by_words(store: Store) -> N
     assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 10) == [
         ORIG_A + "h2", ORIG_A + "h1"]
     assert await store.find_originals(ORIG_A, ["bad", "checksum", "block"], ["3f9a2c1e"], 1) == [ORIG_A + "h2"]
+
+
+async def test_originals_written_together_are_stored_and_found_as_one_by_one(store: Store) -> None:
+    """put_originals (a masking's originals at once) stores and indexes each row as put_original
+    does, a row rewritten among them included."""
+    await store.put_original(ORIG_A + "h0", b"stale text of h0", ["old-id-1x"])
+    await store.put_originals([OriginalRow(ORIG_A + "h0", b"fresh text of h0", ["new-id-1x"]),
+                               OriginalRow(ORIG_A + "h1", b"the deploy of commit 3f9a2c1e", ["3f9a2c1e"],
+                                           ["the", "deploy", "of", "commit", "3f9a2c1e"])])
+    await store.put_originals([])
+    assert await store.get_many([ORIG_A + "h0", ORIG_A + "h1"]) == {
+        ORIG_A + "h0": b"fresh text of h0", ORIG_A + "h1": b"the deploy of commit 3f9a2c1e"}
+    assert await store.find_originals(ORIG_A, [], ["3f9a2c1e"], 10) == [ORIG_A + "h1"]
+    assert await store.find_originals(ORIG_A, ["deploy"], [], 10) == [ORIG_A + "h1"]
+    assert await store.find_originals(ORIG_A, ["fresh"], ["new-id-1x"], 10) == [ORIG_A + "h0"]
+    assert await store.find_originals(ORIG_A, ["stale"], ["old-id-1x"], 10) == []
 
 
 async def test_an_identifier_query_finds_its_original_not_the_ones_sharing_its_words(store: Store) -> None:
