@@ -248,13 +248,16 @@ class _Finding:
         self.found: dict[str, Original] = {}
         self.spans: list[Span] = []
         self.hits: list[tuple[int, Part, Any]] = []  # (message, part, what it gave: an output's original, a block's spans)
-        self.ids: set[str] = set()  # the call ids of the tool results read: what new client maps change
+        # The call ids of the tool results read (what new client maps change) -> the messages carrying
+        # them: a new turn repeating one (Gemini's `name#rank` keys) has those messages read again.
+        # (A place is a message's index: a set holds fewer than the longest history forwarded.)
+        self.ids: dict[str, set[int]] = {}
         self.named: dict[str, list[Span]] = {}  # a recall block's text -> its spans (the previous request's)
 
     def read(self, i: int, msg: Message) -> None:
         for p in msg:
             if p.role == "tool_result" and p.call_id:
-                self.ids.add(p.call_id)
+                self.ids.setdefault(p.call_id, set()).add(i)
                 if (orig := self.maps.result(p.call_id)) is not None and orig.text != p.text:
                     # (compared first: most are as the client sent them, and a scan costs)
                     self.output(i, p, self._original(p, orig))
@@ -298,19 +301,23 @@ MAX_STALE = 256  # call ids (or envelopes) of earlier requests a reading kept ma
 def find_again(request: Any, maps: ClientMaps, forwarded: Sequence[Message], n_system: int,
                known: Callable[[str], bool] = lambda handle: False) -> tuple[dict[str, Original], list[Span]]:
     """`find` for the request's own conversation, reading only the messages the previous request
-    of the conversation did not forward at the same places (the same parts): the others give what
-    they gave it, when its maps were these before they read the new envelopes and those add no
-    call id of a tool result it read (a summary's recall block is asked again)."""
+    of the conversation did not forward at the same places (the same parts) and those carrying a
+    tool result whose call id the new envelopes send again: the others give what they gave it,
+    when its maps were these before they read the new envelopes (a summary's recall block is
+    asked again)."""
     f = _Finding(maps, n_system, len(request.conversation.envelopes), known)
     before = request.before(FOUND)
-    if before is None or not _grown_only(request, maps, *before[1:]):
+    sent = None if before is None else _sent_again(request, maps, *before[1:])
+    if sent is None:
         for i, msg in enumerate(forwarded):
             f.read(i, msg)
     else:
         seen, f.ids = before[0], before[1].ids  # (read on in place: an id kept only asks for more reading)
         f.named = {p.text: got for _, p, got in before[1].hits if p.role == "user"}  # (a summary's text: read once)
-        again = [(h[0], h) for h in before[1].hits if h[0] < len(forwarded) and forwarded[h[0]] is seen[h[0]]]
-        for i, hit in sorted([*again, *((i, None) for i in changed(forwarded, seen))], key=lambda x: x[0]):
+        redo = _carrying(f.ids, sent, forwarded).union(changed(forwarded, seen))
+        again = [(h[0], h) for h in before[1].hits if h[0] < len(forwarded) and h[0] not in redo
+                 and forwarded[h[0]] is seen[h[0]]]
+        for i, hit in sorted([*again, *((i, None) for i in redo)], key=lambda x: x[0]):
             if hit is None:
                 f.read(i, forwarded[i])
             else:
@@ -319,14 +326,24 @@ def find_again(request: Any, maps: ClientMaps, forwarded: Sequence[Message], n_s
     return f.found, f.spans
 
 
-def _grown_only(request: Any, maps: ClientMaps, f: _Finding, covered: int) -> bool:
-    """`maps` are the ones `f` read by with the envelopes after `covered` read too, and those add no
-    call id (of a result, or of the call a label names) among the tool results `f` read."""
+def _sent_again(request: Any, maps: ClientMaps, f: _Finding, covered: int) -> set[str] | None:
+    """The call ids among the tool results `f` read that the envelopes after `covered` send again
+    (a result, or the call a label names), when `maps` are the ones `f` read by with those read too;
+    None (everything is to be read) when they are not."""
     base = _maps_before(request)  # (what request_maps read on from: these maps are it extended)
     if base is None or base.covered != covered or len(f.ids) > 4 * covered + MAX_STALE:
-        return False
+        return None
     ids = f.ids
-    return not any(p.call_id in ids for msg in request_parts(request)[covered:maps.covered] for p in msg)
+    return {p.call_id for msg in request_parts(request)[covered:maps.covered] for p in msg
+            if p.call_id and p.call_id in ids}
+
+
+def _carrying(ids: dict[str, set[int]], sent: set[str], forwarded: Sequence[Message]) -> set[int]:
+    """The messages that carry a tool result of a call id `sent` again: of the places where one
+    was read, those whose message carries it still (a place kept from an earlier request may hold
+    another message now: a summary moved the history)."""
+    return {i for cid in sent for i in ids[cid] if i < len(forwarded)
+            and any(p.call_id == cid and p.role == "tool_result" for p in forwarded[i])}
 
 
 def written(original: Sequence[Message], n_system: int, found: dict[str, Original], spans: list[Span]) -> list[Original]:

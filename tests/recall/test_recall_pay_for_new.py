@@ -326,3 +326,48 @@ async def test_the_originals_a_request_keeps_are_written_in_one_store_transactio
     per_request.append(list(writes))
     assert max(map(sum, per_request)) >= 3  # the crossing request kept several originals ...
     assert all(len(w) <= 1 for w in per_request), per_request  # ... each request in one transaction
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["read", "grep", "run"]), min_size=1, max_size=3),
+                          st.sets(st.integers(0, 2)), st.booleans()), min_size=1, max_size=8))
+def test_finding_again_reads_what_gemini_keys_sent_again_carry_only(turns):
+    """Gemini keys an id-less call `name#rank` (its rank among the content's parts of that name),
+    so each turn sends ids already read: find_again reads the messages the new turn changed and
+    those carrying a result of a key it sends again, no other, and finds what find finds."""
+    requests: list[_Request] = []
+    stubs: dict[tuple[int, str], keep.Part] = {}  # (turn, key) -> its stub, the same object each request
+    for t, (names, stubbed, asks) in enumerate(turns):
+        keys = [f"{n}#{names[:k].count(n)}" for k, n in enumerate(names)]
+        prev = requests[-1] if requests else None
+        turn = [[keep.Part("tool_call", "", call_id=k, name=k.partition("#")[0], args=f"{t}") for k in keys],
+                [keep.Part("tool_result", f"output {t} {k}", call_id=k) for k in keys],
+                *([[keep.Part("user", "x" if t % 2 else f"ask {t}")]] if asks else [])]
+        parts = (prev.conversation.envelopes if prev else []) + turn
+        req = _Request(parts, prev, len(parts) - len(turn))
+        maps = keep.request_maps(req)
+        for r, k in enumerate(keys):
+            if r in stubbed:
+                stubs[(t, k)] = keep.Part("tool_result", f"[stub: recall id {t:06x}{r:06x}]", call_id=k)
+        forwarded = [[keep.Part("user", "## Recall\n- recall id 00000000000a: messages 1-1, verbatim")]]
+        turn_of = 0
+        for m in parts:
+            out = [stubs.get((turn_of, p.call_id or ""), p) if p.role == "tool_result" else _forwarded(p, {})
+                   for p in m]
+            forwarded.append(m if all(a is b for a, b in zip(out, m)) else out)
+            turn_of += any(p.role == "tool_result" for p in m)
+        forwarded = _same_lists(req, forwarded)
+        before = req.before(keep.FOUND)
+        read: list[int] = []
+        real = keep._Finding.read
+        keep._Finding.read = lambda self, i, msg: (read.append(i), real(self, i, msg))[1]
+        try:
+            got = keep.find_again(req, maps, forwarded, 0)
+        finally:
+            keep._Finding.read = real
+        assert got == keep.find(keep.NO_MAPS.extended(parts), forwarded, 0, len(parts))
+        if before is not None:
+            sent = {p.call_id for m in turn for p in m if p.call_id}
+            carrying = {i for i, m in enumerate(before[0]) for p in m if p.role == "tool_result" and p.call_id in sent}
+            assert set(read) <= carrying | set(adapter.changed(forwarded, before[0])), (read, carrying)
+        requests.append(req)

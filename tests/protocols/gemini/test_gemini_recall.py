@@ -88,3 +88,69 @@ def test_a_continuation_pairs_by_name_or_id_and_the_merged_answer_drops_the_call
     assert [p.get("text") for p in parts] == ["let me look", "found it", None]
     assert parts[2]["thoughtSignature"] == SKIP_SIGNATURE  # made under a prefix the client never sees
     assert merged["usageMetadata"] == {"promptTokenCount": 240, "candidatesTokenCount": 10}
+
+
+def _without_ids(contents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Contents as Gemini's clients send them: calls and responses without ids, paired by name and
+    rank (each turn keys its call `read_file#0` again)."""
+    def part(p: dict[str, Any]) -> dict[str, Any]:
+        key = next((k for k in ("functionCall", "functionResponse") if k in p), None)
+        return p if key is None else {key: {k: v for k, v in p[key].items() if k != "id"}}
+    return [{**c, "parts": [part(p) for p in c["parts"]]} for c in contents]
+
+
+async def test_a_reused_request_reads_its_new_contents_only_though_their_keys_repeat(make_proxy, monkeypatch):
+    """Finding a reused request's originals reads what it forwards anew (the system part, the
+    summary, the new turn) and the kept contents carrying a response whose `name#rank` key the new
+    turn sends again (their original changes), not the whole history again because keys repeat
+    across turns, as each request did before. What it finds is what reading them all finds."""
+    from proxy.recall import keep, layer
+    from support.coding_session import coding_session
+
+    read: list[int] = []  # forwarded contents read by the request's finding
+    real_read, real_again = keep._Finding.read, layer.find_again
+
+    def checked(request, maps, forwarded, n_system, known=lambda h: False):
+        monkeypatch.setattr(keep._Finding, "read", lambda self, i, msg: (read.append(i), real_read(self, i, msg))[1])
+        found = real_again(request, maps, forwarded, n_system, known)
+        monkeypatch.setattr(keep._Finding, "read", real_read)
+        assert found == keep.find(maps, forwarded, n_system, len(request.conversation.envelopes), known)
+        return found
+
+    monkeypatch.setattr(layer, "find_again", checked)
+    async with FakeGemini(window=12000) as fake:
+        proxy = await make_proxy("http://127.0.0.1:9/v1", {"models": {MODEL: {"context_window": 12000}},
+                                                            "compaction": {"learn_token_ratio": False},
+                                                            "gemini": {"base_url": fake.base_url}})
+        client, s = gemini_client(proxy, "k-recall"), coding_session(14)
+        statuses, bounds, reads = [], [], []
+        for history in s.request_points():
+            read.clear()
+            request = body(MODEL, history, s.tools)
+            sent = _without_ids(request["contents"])
+            config = types.GenerateContentConfig.model_validate({"system_instruction": request["systemInstruction"],
+                                                                 "tools": request["tools"]})
+            r = await client.aio.models.generate_content(
+                model=MODEL, contents=[types.Content.model_validate(c) for c in sent], config=config)
+            statuses.append(r.sdk_http_response.headers["x-compaction-status"])
+            reads.append(len(read))
+            bounds.append(_to_read(sent, fake.records("gemini")[-1].json["contents"], len(bounds) and bounds[-1][1]))
+            await proxy.state.compaction.idle()
+    # Each reused request after a reused one: its new contents, the head made afresh (two: the
+    # system part and the summary)
+    # and the kept contents carrying a response whose key the new turn sends again; no other.
+    again = [(reads[k], *bounds[k]) for k in range(1, len(reads)) if statuses[k - 1:k + 1] == ["reused", "reused"]]
+    assert len(again) >= 8, statuses
+    assert all(0 < n <= bound + 2 < forwarded for n, bound, _, forwarded in again), again
+    assert sum(n for n, *_ in again) < sum(forwarded for *_, forwarded in again) // 3, again
+
+
+def _to_read(sent: list[dict[str, Any]], forwarded: list[dict[str, Any]], before: int) -> tuple[int, int, int]:
+    """(the new contents and the forwarded ones carrying a response keyed as a call or response of
+    the new contents, the client's contents, the forwarded ones): what a reused request reads."""
+    from proxy.protocols.gemini.turns import call_ids
+
+    new = {k for c in sent[before:] for k in call_ids(c) if k}
+    carrying = sum(any(k in new and "functionResponse" in p for p, k in zip(c["parts"], call_ids(c)))
+                   for c in forwarded[:len(forwarded) - (len(sent) - before)])
+    return len(sent) - before + carrying, len(sent), len(forwarded)
