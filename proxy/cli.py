@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from proxy import __version__
 from proxy.cmdline import SWITCH_INTERVAL_S, flag_overrides, install_uvloop, parse_args
-from proxy.config import Config, ConfigError, load_config
-from proxy.logsafe import shown_url
-from proxy.ops.logs import setup_logging
+
+if TYPE_CHECKING:
+    from proxy.config import Config
+
+# The config (pydantic) and the app (aiohttp) are imported in `main`, not here: the worker process
+# of proxy/farm.py is spawned, and a spawned child runs the console script's `from proxy.cli import
+# main` again (not `python -m proxy`'s __main__), ~0.45 s of CPU for modules the worker never uses.
 
 log = logging.getLogger("proxy")
 
@@ -24,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and (command := _command(argv[0])) is not None:
         return command(argv[1:])
     args = parse_args(argv)
+    from proxy.config import ConfigError, load_config
+
     try:
         cfg: Config = load_config(args.config, overrides=flag_overrides(args))
     except ConfigError as e:
@@ -59,6 +65,9 @@ def _command(name: str) -> Callable[[list[str]], int] | None:
 
 def _serve(cfg: Config) -> int:
     """Serve until stopped: one process, or the configured workers."""
+    from proxy.logsafe import shown_url
+    from proxy.ops.logs import setup_logging
+
     setup_logging(cfg.server.log_level, cfg.server.log_format)
     install_uvloop()
     from proxy import heap

@@ -161,3 +161,29 @@ async def test_a_summarized_span_past_farm_chars_of_ordinary_messages_starts_no_
         await proxy.state.compaction.idle()
     assert status == "summarized" and proxy.state.compaction.preparer.jobs >= 1
     assert pool.calls == 0 and pool._pool is None
+
+
+def test_the_worker_of_a_proxy_started_by_its_console_script_imports_no_app(tmp_path):
+    """A spawned worker runs its parent's main script again; the console script's is pip's
+    `from proxy.cli import main`, so that import must not bring the config and the app (~0.45 s of
+    CPU a worker start, which a session's first large preparation paid under the console script and
+    not under `python -m proxy`)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "compaction-proxy"  # as pip writes a console script, and one call to the farm
+    script.write_text(
+        "import os, sys\nfrom proxy.cli import main\n\n"
+        "def loaded():\n"
+        "    return os.getpid(), sorted(m for m in ('aiohttp', 'pydantic', 'proxy.config', 'proxy.app') if m in sys.modules)\n\n"
+        "if __name__ == '__main__':\n"
+        "    from proxy.farm import Farm\n"
+        "    f = Farm(1)\n"
+        "    pid, modules = f.call(loaded)\n"
+        "    print(pid != os.getpid(), modules)\n"
+        "    f.close()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": root}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True []", out.stdout  # run in the worker process, which imported none
