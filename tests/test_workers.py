@@ -98,7 +98,12 @@ async def test_two_workers_share_one_port_one_summary_and_the_metrics(proxy: Rep
         assert time.monotonic() < deadline, "both workers never showed up in the access log"
         await asyncio.to_thread(urllib.request.urlopen, proxy.root + "/healthz", timeout=30)
         await asyncio.sleep(0.05)
-    # Whichever worker answers /metrics counts every worker's requests.
+    # Whichever worker answers /metrics counts every worker's requests. A request is counted in its
+    # worker's bookkeeping, which runs a moment after its answer (batched, ops/hooks.py): first until
+    # all ten are counted, then every answer, from either worker, counts them all.
+    while await asyncio.to_thread(chat_requests_total, proxy) != 10.0:
+        assert time.monotonic() < deadline, "the workers' metrics never counted the ten requests"
+        await asyncio.sleep(0.05)
     counts = {await asyncio.to_thread(chat_requests_total, proxy) for _ in range(8)}
     assert counts == {10.0}
     # access lines are written in batches, within 50 ms (ops/logs.LineHandler)
